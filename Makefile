@@ -1,0 +1,32 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test probe bench lint ledger clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+probe: $(STAMP)
+	$(BIN)/kvprobe probe expectations/emulated-vllm.yaml --artifacts artifacts/probe
+
+ledger: $(STAMP)
+	$(BIN)/kvprobe ledger --engine vllm --model meta-llama/Llama-3.1-8B --gpu-memory 24GiB --max-model-len 8192 --prompt-tokens 512 --output-tokens 256
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check kvprobe tests bench
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache

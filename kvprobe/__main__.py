@@ -1,0 +1,3 @@
+from kvprobe.cli import main
+
+raise SystemExit(main())

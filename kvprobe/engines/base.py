@@ -1,0 +1,58 @@
+"""What every engine dialect module provides, and the engine-neutral records built from it.
+
+A dialect module (`kvprobe/engines/vllm.py`, `kvprobe/engines/sglang.py`) is the one place where
+the facts about an engine are written: metric names, flags, log formats, error bodies, endpoint
+shapes, each with the engine version and source file it comes from. Everything else (emulator,
+sampler, launcher, tests) reads them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MetricMap:
+    """Prometheus family names of the common time-series schema, in one engine's dialect.
+
+    Names are *family* names as `prometheus_client.parser.text_string_to_metric_families`
+    yields them (a counter `x_total` is family `x`). `None` means the engine has no such metric.
+    """
+
+    running: str
+    waiting: str
+    usage: str  # the dashboard gauge, 0..1
+    usage_fallbacks: tuple[str, ...] = ()  # older names, tried in order when `usage` is absent
+    waiting_capacity: tuple[str, dict[str, str]] | None = None  # (family, label filter)
+    preemptions: str | None = None  # counter family (vLLM preemptions, SGLang retractions)
+    used_tokens: str | None = None  # gauge of KV tokens in use
+    pool_tokens: str | None = None  # gauge of the pool size in tokens
+    ttft: str | None = None  # histogram family
+    success: str | None = None  # counter family of finished requests
+    extra: dict[str, str] = field(default_factory=dict)  # dialect-specific names by role
+
+
+@dataclass(frozen=True)
+class ReportedCapacity:
+    """What the engine itself says about its pool: from its startup log and its info endpoints."""
+
+    kv_tokens: int | None = None  # vLLM "GPU KV cache size: N tokens"; SGLang max_total_num_tokens
+    num_blocks: int | None = None  # vLLM num_gpu_blocks (includes the null block)
+    block_size: int | None = None  # vLLM block_size / SGLang page_size
+    max_concurrency: float | None = None  # vLLM "Maximum concurrency for L tokens per request: Xx"
+    max_model_len: int | None = None  # vLLM max_model_len / SGLang context_len
+    max_running: int | None = None  # max_num_seqs / max_running_requests
+    token_budget: int | None = None  # max_num_batched_tokens / chunked_prefill_size
+    max_req_input_len: int | None = None  # SGLang only
+    version: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # field -> where it was read
+
+    def merged(self, other: ReportedCapacity) -> ReportedCapacity:
+        """Fields of `other` fill the gaps of `self`; `self` wins where both know a value."""
+        values = {}
+        for name in self.__dataclass_fields__:
+            if name == "sources":
+                continue
+            mine = getattr(self, name)
+            values[name] = mine if mine is not None else getattr(other, name)
+        return ReportedCapacity(**values, sources={**other.sources, **self.sources})
