@@ -56,3 +56,41 @@ class ReportedCapacity:
             mine = getattr(self, name)
             values[name] = mine if mine is not None else getattr(other, name)
         return ReportedCapacity(**values, sources={**other.sources, **self.sources})
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine command-line flag, by its real name (without `--`).
+
+    The emulator builds its argparse from these and `launch_command` renders them, so the name,
+    type and default of a flag are written once, in the dialect module.
+    """
+
+    name: str
+    type: type | None  # int / float / str; None for a boolean switch
+    default: object = None
+    help: str = ""
+    negatable: bool = False  # boolean with a real `--no-NAME` form (argparse BooleanOptionalAction)
+    emulated: bool = True  # the emulator accepts it (False: real-engine-only, dropped for the emulator)
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+
+def render_flags(flags: dict[str, object], known: dict[str, Flag]) -> list[str]:
+    """Real CLI arguments for `flags` ({name without --: value}): True → `--x`, False → `--no-x` where
+    the engine has that form (else omitted), None → omitted, anything else → `--x value`."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        flag = known.get(name)
+        if value is None:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            if flag is not None and flag.negatable:
+                argv.append(f"--no-{name}")
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv

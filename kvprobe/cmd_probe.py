@@ -1,0 +1,80 @@
+"""`kvprobe probe EXPECTATION.yaml [--url URL] [--artifacts DIR]` — one probe from the console."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from kvprobe.errors import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("probe", help="run the probe(s) of an expectation file and judge them")
+    p.add_argument("expectation", help="an expectations/*.yaml file")
+    p.add_argument("--url", help="attach to this running engine instead of launching one")
+    p.add_argument("--artifacts", default="artifacts", help="directory for results, records, metrics and the plot")
+    p.add_argument("--name", help="run only the expectation with this name")
+    p.add_argument("--profile", help="a load profile name or path replacing the expectation's")
+    p.add_argument("--budget", type=float, help="time budget per probe in seconds")
+    p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
+                   help="override one tolerance, e.g. rejection_point=2 (repeatable)")
+    p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (split on spaces)")
+    p.set_defaults(func=run)
+
+
+def parse_tolerances(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
+    return out
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args) -> int:
+    from kvprobe.probe import ProbeOptions, run_probe
+    from kvprobe.report import SUMMARY_HEADERS, levels_table, summary_row, verdict_table
+    from kvprobe.spec import load_expectations
+    from kvprobe.tables import render_table
+
+    # SIGTERM takes the same path as Ctrl-C: the probe's finally stops everything it started.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    expectations = load_expectations(args.expectation)
+    if args.name:
+        expectations = [e for e in expectations if e.name == args.name]
+        if not expectations:
+            raise ConfigError(f"no expectation named {args.name!r}", file=args.expectation, key="name")
+    root = Path(args.artifacts)
+    results = []
+    for exp in expectations:
+        options = ProbeOptions(
+            artifacts_dir=root / exp.name if len(expectations) > 1 else root,
+            url=args.url,
+            engine_command=args.engine_command.split() if args.engine_command else None,
+            tolerances=parse_tolerances(args.tolerance),
+            budget_seconds=args.budget,
+            profile=args.profile,
+            log=lambda line: print(line, flush=True),
+        )
+        result = run_probe(exp, options)
+        ledger_txt = Path(options.artifacts_dir) / "ledger.txt"
+        if ledger_txt.exists():
+            print(ledger_txt.read_text())
+        if result.levels:
+            print(levels_table(result))
+        print(verdict_table(result))
+        print(f"artifacts: {options.artifacts_dir}  (result.json, ramp.png, requests.jsonl, metrics.jsonl)")
+        results.append(result)
+    if len(results) > 1:
+        print(render_table(SUMMARY_HEADERS, [summary_row(r) for r in results], title="kvprobe summary"))
+    sys.stdout.flush()
+    return 0 if all(r.passed for r in results) else 1

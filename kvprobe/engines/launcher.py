@@ -1,0 +1,511 @@
+"""Bring an engine up (launch) or reach one that runs elsewhere (attach), and read what it reports.
+
+A launched engine runs in its own process group (`start_new_session=True`), so that stopping it
+stops everything it spawned (vLLM's engine core, SGLang's scheduler/detokenizer processes) and
+nothing else: signals go to that group id, never to a process found by name.
+
+The API key of an attached target lives only in a `_Secret` and in request headers built on
+demand; `repr`, `str`, facts, logs and exceptions never contain it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvprobe.engines.base import ReportedCapacity
+from kvprobe.errors import TargetError
+
+DEFAULT_HEALTH_PATH = "/health"
+LOG_TAIL_LINES = 40
+_MAX_LOG_READ = 4 * 2**20  # bytes of the start-up log handed to the dialect's parser
+_TAIL_LINE_CHARS = 400
+
+
+@dataclass
+class EngineFacts:
+    """What the engine says about itself, each field with the place it was read from."""
+
+    engine: str
+    version: str | None
+    url: str
+    reported: ReportedCapacity
+    log_path: str | None
+    mode: str  # "launch" | "attach"
+    # field -> {source: value} where two sources disagree (the winner is in `reported`)
+    conflicts: dict[str, dict[str, object]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # sources that could not be read, one line each
+
+
+class _Secret:
+    """Holds an API key; renders as *** everywhere a person or a log could see it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "_Secret('***')"
+
+    __str__ = __repr__
+
+
+# --------------------------------------------------------------------------- small HTTP helpers
+
+
+def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
+    """GET with an overall deadline: a server that drips bytes cannot hold us past ~2x `timeout`.
+
+    Returns (status, body) for any HTTP status; raises OSError/URLError when there is no answer.
+    """
+    deadline = time.monotonic() + timeout
+    req = urllib.request.Request(url, headers=dict(headers or {}), method="GET")
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 (http only, our URL)
+    except urllib.error.HTTPError as err:
+        with contextlib.closing(err):
+            return err.code, err.read() if err.fp is not None else b""
+    with contextlib.closing(resp):
+        chunks = []
+        while True:
+            if time.monotonic() > deadline:  # each recv is bounded by `timeout`, the total by 2x
+                raise TimeoutError(f"GET {url}: body not complete within {timeout:g} s")
+            chunk = resp.read1(65536)
+            if not chunk:
+                return resp.status, b"".join(chunks)
+            chunks.append(chunk)
+
+
+def _reason(err: BaseException) -> str:
+    """One line for a failed request, without headers (they may carry the API key)."""
+    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
+        return f"{type(err.reason).__name__}: {err.reason}"
+    return f"{type(err).__name__}: {err}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; a race with another process remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a listener holds host:port. SO_REUSEADDR as servers set it, so TIME_WAIT is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+# --------------------------------------------------------------------------- process groups
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of the group. Zombies count as gone: they hold no memory or GPU."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # a member we cannot signal still counts; fall through to the scan
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _stop_group(proc: subprocess.Popen, pgid: int, grace: float) -> tuple[bool, list[int]]:
+    """SIGTERM the group, SIGKILL it after `grace`; reap the leader. Returns (killed, survivors)."""
+    _signal_group(pgid, signal.SIGTERM)
+    if _wait_group_gone(proc, pgid, time.monotonic() + grace):
+        return False, []
+    _signal_group(pgid, signal.SIGKILL)
+    if _wait_group_gone(proc, pgid, time.monotonic() + 5.0):
+        return True, []
+    return True, group_members(pgid)
+
+
+def _wait_group_gone(proc: subprocess.Popen, pgid: int, deadline: float) -> bool:
+    delay = 0.01
+    while True:
+        proc.poll()  # reaps the leader; its pgid stays reserved while other members live
+        if proc.returncode is not None and not group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
+    """Finalizer/atexit path: the interpreter is going away and the Target was never stopped."""
+    if proc.returncode is None or group_members(pgid):
+        _stop_group(proc, pgid, grace=2.0)
+
+
+# --------------------------------------------------------------------------- dialects
+
+
+def _dialect(engine: str):
+    """The engine's dialect module, or None while `kvprobe.engines.get_dialect` does not exist."""
+    try:
+        from kvprobe.engines import get_dialect
+    except ImportError:
+        return None
+    return get_dialect(engine)  # ConfigError for an unknown engine
+
+
+def _health_path(dialect) -> str:
+    return getattr(dialect, "HEALTH_PATH", DEFAULT_HEALTH_PATH)
+
+
+def _with_sources(rc: ReportedCapacity, where: str) -> ReportedCapacity:
+    """Every known field gets a source; ones the dialect did not label are labelled `where`."""
+    sources = {}
+    for name in rc.__dataclass_fields__:
+        if name != "sources" and getattr(rc, name) is not None:
+            sources[name] = rc.sources.get(name, where)
+    values = {n: getattr(rc, n) for n in rc.__dataclass_fields__ if n != "sources"}
+    return ReportedCapacity(**values, sources=sources)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
+    return a == b
+
+
+def merge_reports(reports: list[tuple[str, ReportedCapacity]]) -> tuple[ReportedCapacity, dict]:
+    """Merge in the given order (earlier wins) and list the fields on which sources disagree."""
+    merged = ReportedCapacity()
+    seen: dict[str, dict[str, object]] = {}
+    for where, rc in reports:
+        rc = _with_sources(rc, where)
+        merged = merged.merged(rc)
+        for name in rc.sources:
+            seen.setdefault(name, {})[rc.sources[name]] = getattr(rc, name)
+    conflicts = {}
+    for name, by_source in seen.items():
+        values = list(by_source.values())
+        if any(not _same(values[0], v) for v in values[1:]):
+            conflicts[name] = by_source
+    return merged, conflicts
+
+
+# --------------------------------------------------------------------------- Target
+
+
+_LIVE: weakref.WeakSet[Target] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for target in list(_LIVE):
+        with contextlib.suppress(Exception):
+            target.stop(grace=2.0)
+
+
+class Target:
+    """A launched or attached engine. Use as a context manager: leaving it always stops a launch."""
+
+    def __init__(self, *, engine: str, url: str, mode: str, dialect=None, log_path: str | None = None,
+                 proc: subprocess.Popen | None = None, api_key: _Secret | None = None,
+                 api_key_env: str | None = None):
+        self.engine = engine
+        self.url = url.rstrip("/")
+        self.mode = mode
+        self.log_path = log_path
+        self.api_key_env = api_key_env
+        self._dialect = dialect
+        self._proc = proc
+        self._pgid = proc.pid if proc is not None else None
+        self._api_key = api_key
+        self._facts: EngineFacts | None = None
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+        self.stop_report: dict[str, object] = {}  # how the last stop went (signal used, survivors)
+        self._finalizer = None
+        if proc is not None:
+            self._finalizer = weakref.finalize(self, _emergency_stop, proc, proc.pid)
+            _LIVE.add(self)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def launch(cls, argv: list[str], *, engine: str, port: int | None = None, log_path: str,
+               startup_timeout: float, env: dict[str, str] | None = None, host: str = "127.0.0.1",
+               api_key_env: str | None = None) -> Target:
+        """Start `argv` in its own process group and wait until HEALTH_PATH answers 200.
+
+        `port=None` picks a free port and substitutes it for "{port}" in argv. Raises TargetError
+        (with the log tail, and with the group already stopped) when the binary is missing, the
+        port is taken, the process exits during start-up, or it is not healthy by the deadline.
+        """
+        dialect = _dialect(engine)
+        if port is None:
+            port = free_port(host)
+        argv = [str(a).replace("{port}", str(port)) for a in argv]
+        if port_in_use(host, port):
+            raise TargetError(f"cannot launch {engine}: port {port} on {host} is already in use")
+        log = Path(log_path)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        api_key = _read_key(api_key_env, child_env) if api_key_env else None
+        with open(log, "wb") as log_file:
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                        env=child_env, start_new_session=True, close_fds=True)
+            except FileNotFoundError:
+                raise TargetError(f"cannot launch {engine}: executable {argv[0]!r} not found") from None
+            except PermissionError:
+                raise TargetError(f"cannot launch {engine}: executable {argv[0]!r} is not executable") from None
+        target = cls(engine=engine, url=f"http://{host}:{port}", mode="launch", dialect=dialect,
+                     log_path=str(log), proc=proc, api_key=api_key, api_key_env=api_key_env)
+        try:
+            target._wait_healthy(startup_timeout)
+        except BaseException:
+            target.stop(grace=3.0)  # a failed start must not leave the group behind
+            raise
+        return target
+
+    @classmethod
+    def attach(cls, url: str, *, engine: str, api_key_env: str | None, timeout: float = 10.0) -> Target:
+        """Reach an engine at `url`; the API key is read from the environment variable `api_key_env`."""
+        dialect = _dialect(engine)
+        api_key = _read_key(api_key_env, os.environ) if api_key_env else None
+        target = cls(engine=engine, url=url, mode="attach", dialect=dialect, api_key=api_key,
+                     api_key_env=api_key_env)
+        target._wait_healthy(timeout)
+        return target
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Request headers (Authorization when an API key is configured). Never print these."""
+        if self._api_key is None:
+            return {}
+        return {"Authorization": f"Bearer {self._api_key.reveal()}"}
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        return self._pgid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def health_path(self) -> str:
+        return _health_path(self._dialect)
+
+    def __repr__(self) -> str:
+        key = f", api_key_env={self.api_key_env!r}" if self.api_key_env else ""
+        proc = f", pid={self.pid}" if self._proc is not None else ""
+        return f"Target({self.engine!r}, {self.url!r}, mode={self.mode!r}{proc}{key})"
+
+    __str__ = __repr__
+
+    def alive(self) -> bool:
+        """Launched: the process has not exited. Attached: /health answers 200 within 2 s."""
+        if self._stopped:
+            return False
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self._health_status(timeout=2.0)[0] == 200
+
+    def ensure_alive(self) -> None:
+        """Raise TargetError (exit code and log tail) when the engine has gone away."""
+        if self.alive():
+            return
+        if self._proc is not None:
+            raise TargetError(f"{self.engine} at {self.url} exited with code {self._proc.returncode}",
+                              log_tail=self.log_tail())
+        raise TargetError(f"{self.engine} at {self.url} is not healthy ({self.health_path})")
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last `n` lines of the engine log ("" when attached or nothing was written)."""
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - 256 * n - 4096))
+                data = fh.read()
+        except OSError:
+            return ""
+        lines = data.decode("utf-8", "replace").splitlines()[-n:]
+        return "\n".join(line[:_TAIL_LINE_CHARS] for line in lines)
+
+    # ------------------------------------------------------------------ health
+
+    def _health_status(self, timeout: float) -> tuple[int | None, str]:
+        try:
+            status, _ = http_get(self.url + self.health_path, headers=self.headers, timeout=timeout)
+            return status, f"HTTP {status}"
+        except (OSError, urllib.error.URLError, ValueError) as err:
+            return None, _reason(err)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        start = time.monotonic()
+        deadline = start + timeout
+        delay = 0.05
+        last = "no answer yet"
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise TargetError(
+                    f"{self.engine} exited with code {self._proc.returncode} during start-up "
+                    f"(after {time.monotonic() - start:.1f} s, log {self.log_path})",
+                    log_tail=self.log_tail())
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                where = f", log {self.log_path}" if self.log_path else ""
+                raise TargetError(
+                    f"{self.engine} at {self.url} not healthy within {timeout:g} s "
+                    f"(GET {self.health_path}: {last}{where})", log_tail=self.log_tail())
+            status, last = self._health_status(timeout=min(2.0, max(remaining, 0.05)))
+            if status == 200:
+                # Someone else may have answered on our port while our process died binding it.
+                if self._proc is not None and self._proc.poll() is not None:
+                    continue
+                return
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 0.5)
+
+    # ------------------------------------------------------------------ facts
+
+    def facts(self, *, refresh: bool = False, timeout: float = 5.0) -> EngineFacts:
+        """Capacity and limits the engine reports: /metrics, then info endpoints, then the start-up log.
+
+        Earlier sources win a field; `reported.sources` says where each field came from and
+        `conflicts` lists fields on which the sources disagree.
+        """
+        if self._facts is not None and not refresh:
+            return self._facts
+        reports: list[tuple[str, ReportedCapacity]] = []
+        errors: list[str] = []
+        d = self._dialect
+        if d is None:
+            errors.append(f"no dialect for {self.engine!r}: kvprobe.engines.get_dialect is not available")
+        else:
+            self._facts_from_metrics(d, timeout, reports, errors)
+            for path in getattr(d, "INFO_PATHS", ()):
+                self._facts_from_info(d, path, timeout, reports, errors)
+            if self.log_path and hasattr(d, "parse_startup_log"):
+                try:
+                    with open(self.log_path, "rb") as fh:
+                        text = fh.read(_MAX_LOG_READ).decode("utf-8", "replace")
+                    reports.append((f"log:{self.log_path}", d.parse_startup_log(text)))
+                except OSError as err:
+                    errors.append(f"start-up log {self.log_path}: {err}")
+        reported, conflicts = merge_reports(reports)
+        self._facts = EngineFacts(engine=self.engine, version=reported.version, url=self.url, reported=reported,
+                                  log_path=self.log_path, mode=self.mode, conflicts=conflicts, errors=errors)
+        return self._facts
+
+    def _get(self, path: str, timeout: float) -> bytes:
+        status, body = http_get(self.url + path, headers=self.headers, timeout=timeout)
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        return body
+
+    def _facts_from_metrics(self, d, timeout, reports, errors) -> None:
+        if not hasattr(d, "reported_from_metrics"):
+            return
+        try:
+            text = self._get("/metrics", timeout).decode("utf-8", "replace")
+            families = {fam.name: fam for fam in text_string_to_metric_families(text)}
+        except (OSError, urllib.error.URLError, ValueError) as err:
+            errors.append(f"GET /metrics: {_reason(err)}")
+            return
+        reports.append(("metrics", d.reported_from_metrics(families)))
+
+    def _facts_from_info(self, d, path, timeout, reports, errors) -> None:
+        try:
+            body = json.loads(self._get(path, timeout))
+        except (OSError, urllib.error.URLError, ValueError) as err:
+            errors.append(f"GET {path}: {_reason(err)}")
+            return
+        if isinstance(body, dict):
+            reports.append((f"GET {path}", d.reported_from_info(path, body)))
+        else:
+            errors.append(f"GET {path}: expected a JSON object, got {type(body).__name__}")
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, grace: float = 10) -> int | None:
+        """SIGTERM the group, SIGKILL it after `grace` s, reap, verify nothing of it is left.
+
+        Returns the leader's exit code (None when attached). Idempotent. Raises TargetError only
+        if processes of the group survive SIGKILL (which needs an uninterruptible sleep).
+        """
+        with self._stop_lock:
+            if self._proc is None:
+                self._stopped = True
+                return None
+            if self._stopped:
+                return self._proc.returncode
+            t0 = time.monotonic()
+            killed, survivors = _stop_group(self._proc, self._pgid, grace)
+            self._stopped = True
+            self.stop_report = {"sigkill": killed, "survivors": survivors,
+                                "seconds": round(time.monotonic() - t0, 3), "returncode": self._proc.returncode}
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            _LIVE.discard(self)
+            if survivors:
+                raise TargetError(f"{self.engine}: processes {survivors} of group {self._pgid} survived SIGKILL")
+            return self._proc.returncode
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _read_key(env_name: str, environ) -> _Secret:
+    value = environ.get(env_name)
+    if not value:
+        raise TargetError(f"API key environment variable {env_name!r} is not set or empty")
+    return _Secret(value)

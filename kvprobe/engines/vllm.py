@@ -1,0 +1,398 @@
+"""vLLM's wire facts: flags, startup lines, metric names, error bodies, endpoint shapes.
+
+Source: vLLM 0.33.0 (commit 4ba787ec9, PyPI wheel/sdist), with 0.11.0 / 0.9.2 differences where
+they matter; file:line citations are from shared/reference/vllm.md and shared/fixtures/*.md.
+Used by the emulator, the launcher, the sampler and the tests: a fact here is written once.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+from kvprobe.engines.base import Flag, MetricMap, ReportedCapacity, render_flags
+from kvprobe.errors import ConfigError
+
+NAME = "vllm"
+DEFAULT_VERSION = "0.33.0"
+DEFAULT_PORT = 8000  # entrypoints/common/cli_args.py L293-296
+HEALTH_PATH = "/health"  # 200, empty body; 503 when the engine is dead (serve/instrumentator/health.py L22-33)
+INFO_PATHS = ("/v1/models", "/version")
+
+# --- metrics (v1/metrics/loggers.py, 0.33.0; exposition checked against fixtures/vllm-0.33.0-metrics.txt)
+LABELS = ("model_name", "engine")  # loggers.py L499; engine = DP index "0"
+METRICS = MetricMap(
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    usage="vllm:kv_cache_usage_perc",
+    usage_fallbacks=("vllm:gpu_cache_usage_perc",),  # renamed after 0.9.2, removed by 0.33.0
+    waiting_capacity=("vllm:num_requests_waiting_by_reason", {"reason": "capacity"}),
+    preemptions="vllm:num_preemptions",
+    ttft="vllm:time_to_first_token_seconds",
+    success="vllm:request_success",
+    extra={
+        "cache_config": "vllm:cache_config_info",
+        "prefix_queries": "vllm:prefix_cache_queries",
+        "prefix_hits": "vllm:prefix_cache_hits",
+        "prompt_tokens": "vllm:prompt_tokens",
+        "generation_tokens": "vllm:generation_tokens",
+        "e2e": "vllm:e2e_request_latency_seconds",
+    },
+)
+WAITING_REASONS = ("capacity", "deferred")  # loggers.py L548
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # pre-created at 0, L808-819
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+# v1/metrics/buckets.py (0.33.0), as exposed in fixtures/vllm-0.33.0-metrics.txt
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)
+HELP = {
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:num_requests_waiting_by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = "
+    "waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV "
+    "transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    "vllm:engine_sleep_state": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine "
+    "is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_success": "Count of successfully processed requests.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
+}
+
+
+def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_prefix_caching: bool,
+                        num_gpu_blocks_override: int | None, engine: str = "0") -> dict[str, str]:
+    """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
+    CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture."""
+    tokens, concurrency = capacity_numbers(num_gpu_blocks, block_size, max_model_len)
+    labels = {
+        "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",
+        "cache_hit_alignment_tokens": "None", "effective_attention_block_size": str(block_size),
+        "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
+        "engine": engine, "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": str(concurrency),
+        "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": str(tokens), "kv_offloading_backend": "native",
+        "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto", "mamba_cache_mode": "none", "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks": str(num_gpu_blocks),
+        "num_gpu_blocks_override": str(num_gpu_blocks_override), "prefix_cache_retention_interval": "0",
+        "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
+        "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None", "sliding_window": "None",
+        "swa_bounded_replay": "True", "use_kda_recoverssm": "False", "use_replayssm": "False",
+        "user_specified_block_size": "False",
+    }
+    return labels
+
+
+# --- flags (engine/arg_utils.py::add_cli_args, 0.33.0). Defaults are the emulator's where the real one
+# depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
+FLAGS: dict[str, Flag] = {f.name: f for f in (
+    Flag("served-model-name", str, None, "name reported in /v1/models and the model_name label (L1031)"),
+    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)"),
+    Flag("block-size", int, 16, "tokens per KV block (L1387)"),
+    Flag("max-model-len", int, 8192, "longest sequence (prompt + output) (L991)"),
+    Flag("max-num-seqs", int, 256, "running-request cap (L1754)"),
+    Flag("max-num-batched-tokens", int, 2048, "per-step token budget (L1740)"),
+    Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True),
+    Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
+    Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
+         negatable=True),
+    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting"),
+    Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False),
+    Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False),
+    Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False),
+    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False),
+)}
+
+
+def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
+    """(kv tokens, max concurrency) as 0.33.0 logs them; theory owns the arithmetic."""
+    from kvprobe.theory.budget import vllm_capacity_numbers
+
+    return vllm_capacity_numbers(num_blocks, block_size, max_model_len)
+
+
+def _vt(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def is_legacy(version: str) -> bool:
+    """0.11.x and older: first-chunk admission, two-line capacity log, 400 for P + max_tokens > M."""
+    return _vt(version) < (0, 12)
+
+
+def policy(version: str, *, reserve_full_isl: bool = True) -> str:
+    """The schedsim policy name for this version (reference §2.8)."""
+    return "vllm-0.11" if is_legacy(version) or not reserve_full_isl else "vllm-0.33"
+
+
+def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int | None = None) -> str:
+    """vllm.logger _FORMAT: `(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
+    [%(fileinfo)s:%(lineno)d] ` with date format `%m-%d %H:%M:%S` (fixtures/vllm-0.33.0-startup.md)."""
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t))
+    return f"({process} pid={pid if pid is not None else 0}) INFO {stamp} [{fileinfo}] "
+
+
+def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version: str = DEFAULT_VERSION,
+                   *, pid: int | None = None, t: float | None = None) -> list[str]:
+    """The capacity line(s) as the engine prints them.
+
+    0.33.0: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity`.
+    0.11.0 / 0.9.2: two lines (0.11.0 kv_cache_utils.py L1087 and L1091), tokens = num_blocks * block_size.
+    """
+    tokens, conc = capacity_numbers(num_blocks, block_size, max_model_len)
+    if not is_legacy(version):
+        pre = log_prefix("EngineCore", "kv_cache_utils.py:1147", t=t, pid=pid)
+        return [pre + f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+                      f"{max_model_len:,} tokens per request: {conc:.2f}x"]
+    legacy_tokens = num_blocks * block_size  # num_blocks // len(groups) * min_block_size, one group
+    return [log_prefix("EngineCore_DP0", "kv_cache_utils.py:1087", t=t, pid=pid)
+            + f"GPU KV cache size: {legacy_tokens:,} tokens",
+            log_prefix("EngineCore_DP0", "kv_cache_utils.py:1091", t=t, pid=pid)
+            + f"Maximum concurrency for {max_model_len:,} tokens per request: {conc:.2f}x"]
+
+
+def startup_lines(*, num_blocks: int, block_size: int, max_model_len: int, max_num_batched_tokens: int,
+                  version: str = DEFAULT_VERSION, pid: int | None = None) -> list[str]:
+    """What the emulator prints before it serves: model.py:2170, scheduler.py:310, then the capacity line(s)."""
+    return [
+        log_prefix("APIServer", "model.py:2170", pid=pid) + f"Using max model len {max_model_len}",
+        log_prefix("APIServer", "scheduler.py:310", pid=pid)
+        + f"Chunked prefill is enabled with max_num_batched_tokens={max_num_batched_tokens}.",
+        *capacity_lines(num_blocks, block_size, max_model_len, version, pid=pid),
+    ]
+
+
+def serving_line(host: str, port: int) -> str:
+    """api_server startup line once the socket is bound."""
+    return log_prefix("APIServer", "api_server.py:1989") + f"Starting vLLM API server 0 on http://{host}:{port}"
+
+
+def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
+                    bytes_per_token: int = 131072) -> str | None:
+    """The ValueError vLLM raises when one max_model_len request does not fit in the usable blocks
+    (kv_cache_planning._check_enough_kv_cache_memory L50-87; condition num_blocks - 1 >= cdiv(M, B)).
+    The emulator has no bytes; GiB figures use `bytes_per_token` (Llama-3.1-8B bf16 by default)."""
+    needed = -(-max_model_len // block_size)
+    if num_blocks - 1 >= needed:
+        return None
+    per_block = bytes_per_token * block_size
+    need_gib = round(needed * per_block / 2**30, 2)
+    have_gib = round((num_blocks - 1) * per_block / 2**30, 2)
+    est = (num_blocks - 1) * block_size
+    return (f"To serve at least one request with the model's max seq len ({max_model_len}), ({need_gib} GiB KV "
+            f"cache is needed, which is larger than the available KV cache memory ({have_gib} GiB). Based on the "
+            f"available memory, the estimated maximum model length is {est}. Try increasing "
+            f"`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+            f"`max_model_len` when initializing the engine. See "
+            f"https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+
+
+# --- parsing what an engine says about itself
+_RE_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+_RE_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_RE_MAXLEN = re.compile(r"Using max model len (\d+)")
+_RE_BUDGET = re.compile(r"max_num_batched_tokens=(\d+)")
+_RE_OVERRIDE = re.compile(r"with num_gpu_blocks_override=(\d+)")
+_RE_BLOCKS = re.compile(r"cache_config_info with initialization after num_gpu_blocks is: (\d+)")
+_RE_AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from \d+ to (\d+)")
+
+
+def _last(regex: re.Pattern, text: str) -> re.Match | None:
+    found = None
+    for found in regex.finditer(text):
+        pass
+    return found
+
+
+def parse_startup_log(text: str) -> ReportedCapacity:
+    """Both capacity-line forms (0.33 one line, 0.11/0.9.2 two lines), plus the lines around them.
+    The last occurrence wins (a log may hold several starts)."""
+    values: dict[str, object] = {}
+    src: dict[str, str] = {}
+
+    def put(name, value, where):
+        values[name], src[name] = value, f"startup log: {where}"
+
+    if m := _last(_RE_TOKENS, text):
+        put("kv_tokens", int(m.group(1).replace(",", "")), "KV cache size")
+    if m := _last(_RE_CONC, text):
+        put("max_model_len", int(m.group(1).replace(",", "")), "Maximum concurrency for")
+        put("max_concurrency", float(m.group(2)), "Maximum concurrency")
+    elif m := (_last(_RE_AUTOFIT, text) or _last(_RE_MAXLEN, text)):
+        put("max_model_len", int(m.group(1)), "max model len")
+    if m := _last(_RE_BUDGET, text):
+        put("token_budget", int(m.group(1)), "Chunked prefill is enabled")
+    if m := (_last(_RE_BLOCKS, text) or _last(_RE_OVERRIDE, text)):
+        put("num_blocks", int(m.group(1)), "num_gpu_blocks")
+    return ReportedCapacity(**values, sources=src)
+
+
+def _label_int(value: str | None) -> int | None:
+    return None if value in (None, "None", "") else int(float(value))
+
+
+def reported_from_metrics(families: dict) -> ReportedCapacity:
+    """From `vllm:cache_config_info` labels (0.33.0 has kv_cache_size_tokens / kv_cache_max_concurrency)."""
+    fam = families.get("vllm:cache_config_info")
+    if fam is None or not fam.samples:
+        return ReportedCapacity()
+    labels = fam.samples[0].labels
+    src = "metrics: vllm:cache_config_info"
+    blocks, bsize = _label_int(labels.get("num_gpu_blocks")), _label_int(labels.get("block_size"))
+    tokens = _label_int(labels.get("kv_cache_size_tokens"))
+    conc = labels.get("kv_cache_max_concurrency")
+    out = {"num_blocks": blocks, "block_size": bsize, "kv_tokens": tokens,
+           "max_concurrency": None if conc in (None, "None") else float(conc)}
+    if tokens is None and blocks is not None and bsize is not None:
+        out["kv_tokens"] = blocks * bsize  # pre-0.33 labels: the legacy log's definition
+    return ReportedCapacity(**out, sources={k: src for k, v in out.items() if v is not None})
+
+
+def reported_from_info(path: str, body: dict) -> ReportedCapacity:
+    if path == "/v1/models":
+        data = body.get("data") or [{}]
+        mml = data[0].get("max_model_len")
+        return ReportedCapacity(max_model_len=mml, sources={"max_model_len": "/v1/models"} if mml else {})
+    if path == "/version":
+        v = body.get("version")
+        return ReportedCapacity(version=v, sources={"version": "/version"} if v else {})
+    return ReportedCapacity()
+
+
+# --- commands
+def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                   binary: list[str] | None = None) -> list[str]:
+    """`vllm serve MODEL --host H --port P ...` (entrypoints/cli/serve.py: positional model_tag)."""
+    return [*(binary or ["vllm", "serve"]), model, "--host", host, "--port", str(port), *render_flags(flags, FLAGS)]
+
+
+def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`python -m kvprobe emulate vllm ...`; flags the emulator does not model are dropped
+    (the pool must be given as num-gpu-blocks-override)."""
+    if flags.get("num-gpu-blocks-override") is None:
+        raise ConfigError("the vLLM emulator needs flags.num-gpu-blocks-override (the pool in blocks)",
+                          key="flags.num-gpu-blocks-override")
+    kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
+    return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model", model, "--host", host,
+            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+
+
+def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,
+                    stream: bool = True) -> dict:
+    """The fixed-length request: ignore_eos, min_tokens = max_tokens = O."""
+    body: dict = {"prompt": list(prompt_ids), "max_tokens": output_tokens, "min_tokens": output_tokens,
+                  "ignore_eos": True, "stream": stream}
+    if model:
+        body["model"] = model
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# --- error bodies and length checks (entrypoints/serve/exception_handling/error_response.py L14-108)
+def error_body(message: str, *, type: str = "BadRequestError", param: str | None = None, code: int = 400,
+               version: str = DEFAULT_VERSION) -> dict:
+    """Nested `{"error": {...}}` (0.11.0 and 0.33.0); flat `{"object": "error", ...}` in 0.9.2."""
+    info = {"message": message, "type": type, "param": param, "code": code}
+    if _vt(version) < (0, 10):
+        return {"object": "error", **info}
+    return {"error": info}
+
+
+def check_lengths(prompt_len: int, max_tokens: int, min_tokens: int, max_model_len: int, *,
+                  text_prompt: bool = False, version: str = DEFAULT_VERSION) -> tuple[int, dict | None]:
+    """-> (effective max_tokens, error body or None). Order of completion/serving.py `_create_completion`
+    L131-200 (0.33.0); messages as run in fixtures/errors.md."""
+    m = max_model_len
+
+    def err(msg, param=None, value=None):
+        if param is not None:
+            msg = f"{msg} (parameter={param}, value={value})"  # VLLMValidationError.__str__, exceptions.py L49-57
+        return max_tokens, error_body(msg, param=param, version=version)
+
+    if is_legacy(version):
+        # 0.11.0 entrypoints/renderer.py L384-387 with max_length = max_model_len - max_tokens
+        if prompt_len + max_tokens > m:
+            return err(f"This model's maximum context length is {m - max_tokens} tokens. However, your request "
+                       f"has {prompt_len} input tokens. Please reduce the length of the input messages.")
+    else:
+        if max_tokens > m:  # renderers/params.py L270-284
+            return err(f"max_tokens={max_tokens} cannot be greater than max_model_len={m}. Please request fewer "
+                       "output tokens.", "max_tokens", max_tokens)
+        if prompt_len > m:  # params.py L531-552; text is tokenized with truncation to M+1 ("at least")
+            shown = m + 1 if text_prompt else prompt_len
+            at_least = "at least " if shown == m + 1 else ""
+            return err(f"This model's maximum context length is {m} tokens. However, your prompt contains "
+                       f"{at_least}{shown} input tokens, which exceeds this limit even without any output tokens. "
+                       "Please reduce the length of the input prompt.", "input_tokens", shown)
+        max_tokens = min(max_tokens, m - prompt_len)  # api_utils.get_max_tokens L234-270: silent clamp
+    if max_tokens < 1:  # sampling_params.py L691-696
+        return err(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
+    if min_tokens > max_tokens:  # sampling_params.py L701-705: no parameter, param null
+        return err(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+    return max_tokens, None
+
+
+def unknown_model_error(model: str, version: str = DEFAULT_VERSION) -> dict:
+    """openai/models/serving.py L55-62: 404."""
+    return error_body(f"The model `{model}` does not exist.", type="NotFoundError", param="model", code=404,
+                      version=version)
+
+
+def bad_request(message: str, version: str = DEFAULT_VERSION) -> dict:
+    """Pydantic validation failures: 400 with type "Bad Request" (handlers/validation.py L149-195)."""
+    return error_body(message, type="Bad Request", version=version)
+
+
+STREAM_OPTIONS_ERROR = "Stream options can only be defined when `stream=True`."  # completion/protocol.py L599-610
+
+
+# --- response shapes (completion/serving.py; non-stream body as run in fixtures/errors.md §4)
+def stream_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                         "stop_reason": None}], "usage": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+
+
+def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The last chunk before `data: [DONE]` with include_usage: choices [] (serving.py L500-547)."""
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str, prompt_tokens: int,
+                        completion_tokens: int, version: str = DEFAULT_VERSION) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                         "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                         "prompt_token_ids": None, "routed_experts": None, "weight_versions": None}],
+            "service_tier": None, "system_fingerprint": f"vllm-{version}-emulated",
+            "usage": {**usage(prompt_tokens, completion_tokens), "completion_tokens_details": None},
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+
+
+def models_body(served: str, root: str, max_model_len: int, created: int) -> dict:
+    """GET /v1/models (openai/models/serving.py::show_available_models L64-77)."""
+    perm = {"id": f"modelperm-{created:x}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}
+    return {"object": "list", "data": [{"id": served, "object": "model", "created": created, "owned_by": "vllm",
+                                        "root": root, "parent": None, "max_model_len": max_model_len,
+                                        "permission": [perm]}]}

@@ -1,0 +1,154 @@
+"""Request, loop-lag and level records: one JSON object per line, one file per Locust process.
+
+Three kinds share one dataclass so the parent reads every file the same way:
+
+- ``kind="request"``: one per request — t_send, t_first (first content chunk), t_end (epoch seconds),
+  status (HTTP code, or an error kind such as ``"usage_mismatch"``), error text, the usage counts,
+  ``users`` (the global target user count when it was sent), worker and request id.
+- ``kind="lag"``: once a second per process — ``lag_ms`` (p99 oversleep of a 10 ms sleep during that
+  second), ``lag_max_ms``, ``cpu`` (process CPU in cores over that second).
+- ``kind="level"``: written by the process running the shape when Locust has actually reached a new
+  user count — ``t`` (spawning complete), ``t_set`` (the tick that asked for it), ``users``.
+
+No gevent or Locust here: the parent (pytest, the probe) imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+RECORD_SUFFIX = ".jsonl"
+
+# Error kinds used as `status` when there is no usable HTTP status.
+USAGE_MISMATCH = "usage_mismatch"
+NO_USAGE = "no_usage"
+CONNECTION = "connection"
+READ_ERROR = "read_error"
+ABORTED = "aborted"          # the user was stopped mid-request (ramp down, quit)
+EXCEPTION = "exception"
+
+
+@dataclass
+class Record:
+    t_send: float | None = None
+    t_first: float | None = None
+    t_end: float | None = None
+    status: int | str | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    users: int | None = None
+    worker: str | None = None
+    kind: str = "request"
+    request_id: str | None = None
+    # lag / level records
+    t: float | None = None
+    lag_ms: float | None = None
+    lag_max_ms: float | None = None
+    cpu: float | None = None
+    t_set: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "request" and self.status == 200
+
+    @property
+    def ttft(self) -> float | None:
+        if self.t_first is None or self.t_send is None:
+            return None
+        return self.t_first - self.t_send
+
+    @property
+    def time(self) -> float:
+        """The record's position on the time axis (send time for requests)."""
+        v = self.t_send if self.kind == "request" else self.t
+        return float(v) if v is not None else 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Record:
+        known = _FIELD_NAMES
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(Record))
+
+
+class RecordWriter:
+    """Buffered JSONL sink; the owner calls flush() regularly and close() on quit.
+
+    Lines are buffered in memory and written in one call so a killed process loses at most the
+    last flush interval, and a partly written last line is skipped by `read_records`.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._buf: list[str] = []
+
+    def write(self, rec: Record | dict) -> None:
+        line = rec.to_json() if isinstance(rec, Record) else json.dumps(rec, separators=(",", ":"))
+        self._buf.append(line)
+
+    def flush(self) -> None:
+        if self._buf and self._fh is not None:
+            buf, self._buf = self._buf, []
+            self._fh.write("\n".join(buf) + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self.flush()
+            self._fh.close()
+            self._fh = None
+
+
+def read_record_file(path: str | os.PathLike) -> list[Record]:
+    out: list[Record] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(Record.from_dict(json.loads(line)))
+            except (ValueError, TypeError):
+                # A process killed mid-write leaves at most one torn line; skip it.
+                continue
+    return out
+
+
+def read_records(directory: str | os.PathLike, *, kind: str | None = None) -> list[Record]:
+    """All records of every process file in `directory`, ordered by time."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    recs: list[Record] = []
+    for p in sorted(d.glob("*" + RECORD_SUFFIX)):
+        recs.extend(read_record_file(p))
+    if kind is not None:
+        recs = [r for r in recs if r.kind == kind]
+    recs.sort(key=lambda r: r.time)
+    return recs
+
+
+def level_windows(records: list[Record], t_stop: float | None = None) -> list[tuple[int, float, float]]:
+    """(users, t_start, t_end) per level from the level records: a level lasts until the next one.
+
+    The last level ends at `t_stop` (default: the last request end seen).
+    """
+    levels = sorted((r for r in records if r.kind == "level"), key=lambda r: r.time)
+    if t_stop is None:
+        ends = [r.t_end for r in records if r.kind == "request" and r.t_end is not None]
+        t_stop = max(ends) if ends else (levels[-1].time if levels else 0.0)
+    out = []
+    for i, lv in enumerate(levels):
+        end = levels[i + 1].time if i + 1 < len(levels) else t_stop
+        out.append((int(lv.users or 0), lv.time, max(end, lv.time)))
+    return out

@@ -1,0 +1,116 @@
+"""The LoadTestShape that follows a control file the parent writes.
+
+The parent (LocustRun) writes `{"users": N, "spawn_rate": R}` or `{"stop": true}` atomically;
+Locust calls tick() once a second on the process that runs the shape (the master in distributed
+mode) and the shape returns (users, spawn_rate), or None to end the test. A hard time limit makes
+Locust stop by itself even if the parent vanished.
+
+`ShapeControl` is the pure logic (tested without Locust); `make_shape_class()` imports Locust and
+is only called inside the Locust process, so importing this module never monkey-patches anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_control(path: str | os.PathLike, **payload) -> None:
+    """Atomically replace the control file (write a temp file in the same dir, then rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".control-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def default_spawn_rate(users: int) -> float:
+    # Spawn any level in about one second (Locust's shape granularity): a level is reached within
+    # one tick and the level record marks it.
+    return float(max(1, users))
+
+
+class ShapeControl:
+    """tick() -> (users, spawn_rate) | None from the control file, with a hard time limit.
+
+    A missing or unreadable control file keeps the last good value (initially 0 users): a torn
+    write cannot happen (atomic rename), but a stray edit must not crash the load generator.
+    """
+
+    def __init__(self, path: str | os.PathLike, time_limit: float, *, clock: Callable[[], float] = time.monotonic):
+        self.path = Path(path)
+        self.time_limit = float(time_limit)
+        self.clock = clock
+        self.t0 = clock()
+        self.current: tuple[int, float] = (0, 1.0)
+        self.stopped_reason: str | None = None
+        self.bad_reads = 0
+        self._stamp: tuple[int, int] | None = None
+
+    def _read(self) -> dict | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_ino)
+        if stamp == self._stamp:
+            return None  # unchanged since the last tick
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.bad_reads += 1
+            return None
+        self._stamp = stamp
+        return data if isinstance(data, dict) else None
+
+    def tick(self) -> tuple[int, float] | None:
+        if self.stopped_reason is not None:
+            return None
+        if self.clock() - self.t0 >= self.time_limit:
+            self.stopped_reason = "time_limit"
+            return None
+        data = self._read()
+        if data is not None:
+            if data.get("stop"):
+                self.stopped_reason = "control"
+                return None
+            users = data.get("users")
+            if isinstance(users, int) and users >= 0:
+                rate = data.get("spawn_rate")
+                rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else default_spawn_rate(users)
+                self.current = (users, rate)
+            else:
+                self.bad_reads += 1
+        return self.current
+
+
+def make_shape_class(on_new_level: Callable[[int, float], None] | None = None):
+    """The LoadTestShape subclass for the locustfile. `on_new_level(users, t_set)` is called when
+    tick() hands Locust a new user count (before Locust starts spawning it)."""
+    from locust import LoadTestShape  # imported here: only ever inside the Locust process
+
+    class ControlFileShape(LoadTestShape):
+        use_common_options = False
+        _control: ShapeControl | None = None
+        _last_users: int | None = None
+
+        def tick(self):
+            opts = self.runner.environment.parsed_options
+            if self._control is None:
+                self._control = ShapeControl(opts.kv_control, opts.kv_time_limit)
+            out = self._control.tick()
+            if out is not None and out[0] != self._last_users:
+                self._last_users = out[0]
+                if on_new_level is not None:
+                    on_new_level(out[0], time.time())
+            return out
+
+    return ControlFileShape

@@ -1,0 +1,138 @@
+"""What a person reads: the verdict table, the per-level table, the plot, and the artifact files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvprobe.verdict import fmt
+
+
+def verdict_table(result) -> str:
+    """ledger | engine | measured | binding | status | reason — one row per check."""
+    from kvprobe.tables import render_table
+
+    rows = [[c.name, fmt(c.predicted), fmt(c.reported), fmt(c.measured), c.binding or "", c.status, c.reason]
+            for c in result.checks]
+    exp = result.expectation
+    head = f"{exp.name}: {exp.engine} {exp.version}, {exp.model}"
+    if exp.expect_fail:
+        head += f" (fault expectation: '{exp.expect_fail}' must fail)"
+    table = render_table(["check", "ledger", "engine", "measured", "binding", "status", "reason"], rows, title=head)
+    if result.error:
+        table += f"\nprobe error: {result.error}"
+    verdict = "PASS" if result.passed else "FAIL"
+    return f"{table}\nverdict: {verdict}"
+
+
+def levels_table(result) -> str:
+    from kvprobe.tables import render_table
+
+    rows = [[lv.users, f"{lv.running_mean:.2f}", f"{lv.waiting_mean:.2f}", _pct(lv.usage_mean), f"{lv.preemptions:g}"]
+            for lv in result.levels]
+    return render_table(["users", "running", "waiting", "usage", "preemptions"], rows, title="per level (steady state)")
+
+
+def _pct(x) -> str:
+    return "—" if x is None or x != x else f"{x:.1%}"
+
+
+def summary_row(result) -> list[str]:
+    """One line of the end-of-session table shared by the console and the pytest plugin."""
+    rp = result.check("rejection_point")
+    pred = result.ledger["admission"]["limit"] if result.ledger and result.ledger.get("admission") else None
+    binding = result.ledger["admission"]["binding"] if result.ledger and result.ledger.get("admission") else ""
+    failed = [c.name for c in result.checks if not c.passed]
+    return [
+        result.expectation.name,
+        fmt(pred),
+        fmt(rp.measured if rp else None),
+        binding,
+        "PASS" if result.passed else "FAIL",
+        result.error or (", ".join(failed) if failed else ""),
+    ]
+
+
+SUMMARY_HEADERS = ["expectation", "predicted", "measured", "binding", "verdict", "failed checks"]
+
+
+def write_artifacts(result, directory: Path, *, series, records, windows) -> dict[str, str]:
+    """result.json, metrics.jsonl, requests.jsonl, ramp.png, report.txt; partial results included."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, str] = {}
+    if series is not None:
+        series.to_jsonl(directory / "metrics.jsonl")
+        paths["metrics"] = str(directory / "metrics.jsonl")
+    with open(directory / "requests.jsonl", "w") as fh:
+        for r in records or []:
+            fh.write(json.dumps(_record_dict(r)) + "\n")
+    paths["requests"] = str(directory / "requests.jsonl")
+    if series is not None and result.ledger:
+        try:
+            plot(result, series, windows, directory / "ramp.png")
+            paths["plot"] = str(directory / "ramp.png")
+        except Exception as err:  # noqa: BLE001 — a plot must never hide the verdict
+            paths["plot_error"] = f"{type(err).__name__}: {err}"
+    for name in ("engine.log", "ledger.txt"):
+        if (directory / name).exists():
+            paths[name.split(".")[0]] = str(directory / name)
+    paths["result"] = str(directory / "result.json")
+    paths["report"] = str(directory / "report.txt")
+    result.artifacts = paths
+    (directory / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    text = verdict_table(result) if result.checks or result.error else ""
+    if result.levels:
+        text = levels_table(result) + "\n\n" + text
+    (directory / "report.txt").write_text(text + "\n")
+    return paths
+
+
+def _record_dict(r) -> dict:
+    if hasattr(r, "__dataclass_fields__"):
+        return {k: getattr(r, k) for k in r.__dataclass_fields__}
+    return dict(r)
+
+
+def plot(result, series, windows, path: Path) -> None:
+    """Users, running and waiting against time with the predicted limit; the usage gauge beneath."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    a = series.arrays()
+    t0 = a["t"][0] if len(a["t"]) else 0.0
+    t = a["t"] - t0
+    adm = result.ledger.get("admission") or {}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    if windows:
+        xs, ys = [], []
+        for w in windows:
+            xs += [w.t_start - t0, w.t_end - t0]
+            ys += [w.users, w.users]
+        top.plot(xs, ys, color="0.6", lw=1.2, ls="--", label="users (closed loop)")
+    top.plot(t, a["running"], color="tab:blue", lw=1.4, label="running")
+    top.plot(t, a["waiting"], color="tab:orange", lw=1.2, label="waiting")
+    if adm.get("limit") is not None:
+        top.axhline(adm["limit"], color="tab:red", lw=1.2, label=f"predicted limit {adm['limit']:g} ({adm.get('binding')})")
+    if adm.get("no_preemption_limit") is not None and adm["no_preemption_limit"] != adm.get("limit"):
+        top.axhline(adm["no_preemption_limit"], color="tab:red", lw=0.8, ls=":", label=f"no-preemption {adm['no_preemption_limit']}")
+    rp = result.check("rejection_point")
+    if rp is not None and rp.measured is not None:
+        top.axhline(rp.measured, color="tab:green", lw=1.0, ls="-.", label=f"measured plateau {rp.measured:g}")
+    top.set_ylabel("requests")
+    top.legend(loc="upper left", fontsize=8)
+    verdict = "PASS" if result.passed else "FAIL"
+    exp = result.expectation
+    top.set_title(f"{exp.name} — {exp.engine} {exp.version} — {verdict}", fontsize=10)
+    bottom.plot(t, a["usage"], color="tab:purple", lw=1.2, label="usage gauge")
+    if adm.get("usage_at_limit") is not None:
+        bottom.axhline(adm["usage_at_limit"], color="tab:red", lw=0.9, ls="--", label=f"predicted at limit {adm['usage_at_limit']:.0%}")
+    bottom.set_ylim(0, max(1.05, float(np.nanmax(a["usage"])) + 0.05 if np.isfinite(a["usage"]).any() else 1.05))
+    bottom.set_ylabel("KV usage")
+    bottom.set_xlabel("seconds")
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

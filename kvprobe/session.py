@@ -1,0 +1,182 @@
+"""Run-level state of the pytest plugin: which files are expectations, one probe per expectation
+shared by its check items, the shared targets, the report header and the end-of-run table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvprobe.errors import KvprobeError
+
+SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
+
+
+class CheckFailed(Exception):
+    """A check's verdict was FAIL; its report is the ledger-versus-measurement table, not a traceback."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+class KvprobeSession:
+    def __init__(self, config):
+        from kvprobe.plugin import get_option
+
+        self.config = config
+        self.enabled = bool(get_option(config, "kvprobe"))
+        root = Path(str(config.rootpath))
+        paths = get_option(config, "expectations") or ["expectations"]
+        self.expectation_paths = [(root / p).resolve() if not Path(p).is_absolute() else Path(p) for p in map(str, paths)]
+        self.artifacts = Path(get_option(config, "artifacts") or root / "artifacts" / "kvprobe")
+        self.url = get_option(config, "url")
+        self.engine_command = get_option(config, "engine-command")
+        self.budget = get_option(config, "budget")
+        self.profile = get_option(config, "profile")
+        self.tolerances = get_option(config, "tolerance") or []
+        self.results: dict[str, object] = {}  # expectation name -> ProbeResult
+        self.targets: dict[tuple, object] = {}  # shared targets of the kvprobe_target fixture
+
+    # --- collection ---------------------------------------------------------------------------
+
+    def extend_args(self) -> None:
+        """Collect the expectation folders too when pytest was run without explicit paths."""
+        from _pytest.config import Config
+
+        if self.config.args_source == Config.ArgsSource.ARGS:
+            return
+        for path in self.expectation_paths:
+            if path.exists() and str(path) not in self.config.args:
+                self.config.args.append(str(path))
+
+    def is_expectation_file(self, path: Path) -> bool:
+        path = Path(path).resolve()
+        explicit = {Path(a).resolve() for a in self.config.args if a.endswith((".yaml", ".yml"))}
+        return path in explicit or any(path == p or p in path.parents for p in self.expectation_paths)
+
+    # --- probes -------------------------------------------------------------------------------
+
+    def options(self, exp):
+        from kvprobe.cmd_probe import parse_tolerances
+        from kvprobe.probe import ProbeOptions
+
+        tw = self.config.get_terminal_writer() if hasattr(self.config, "get_terminal_writer") else None
+        return ProbeOptions(
+            artifacts_dir=self.artifacts / exp.name,
+            url=self.url,
+            engine_command=self.engine_command.split() if self.engine_command else None,
+            tolerances=parse_tolerances(self.tolerances),
+            budget_seconds=float(self.budget) if self.budget else None,
+            profile=self.profile,
+            log=(lambda line: tw.line(line)) if tw else (lambda line: None),
+        )
+
+    def result_for(self, exp):
+        """Run the expectation's probe once; every check item of it reads the same result."""
+        if exp.name not in self.results:
+            from kvprobe.probe import run_probe
+
+            self.results[exp.name] = run_probe(exp, self.options(exp))
+        return self.results[exp.name]
+
+    # --- reporting ----------------------------------------------------------------------------
+
+    def header_lines(self) -> list[str]:
+        if not self.enabled:
+            return ["kvprobe: probes collected but skipped (enable with --kvprobe)"]
+        lines = [f"kvprobe: artifacts {self.artifacts}; target {'attach ' + self.url if self.url else 'launch per expectation'}"]
+        from kvprobe.spec import load_expectations
+
+        for base in self.expectation_paths:
+            files = sorted(base.rglob("*.y*ml")) if base.is_dir() else [base] if base.exists() else []
+            for f in files:
+                try:
+                    for e in load_expectations(f):
+                        lines.append(f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}")
+                except KvprobeError:
+                    continue  # reported as a collection error with file and key
+        return lines
+
+    def summary_table(self) -> str:
+        if not self.results:
+            return ""
+        from kvprobe.report import SUMMARY_HEADERS, summary_row
+        from kvprobe.tables import render_table
+
+        rows = [summary_row(r) for r in self.results.values()]
+        return render_table(SUMMARY_HEADERS, rows)
+
+    def close(self) -> None:
+        for target in list(self.targets.values()):
+            target.stop()
+        self.targets.clear()
+
+
+class ExpectationFile(pytest.File):
+    """An expectations YAML file: one item per expectation and check."""
+
+    def collect(self):
+        from kvprobe.spec import load_expectations
+
+        for exp in load_expectations(self.path):
+            checks = list(exp.checks)
+            if exp.expect_fail and exp.expect_fail not in checks:
+                checks.append(exp.expect_fail)
+            for check in checks:
+                yield KvprobeItem.from_parent(self, name=f"{exp.name}[{check}]", expectation=exp, check=check)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvprobeError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class KvprobeItem(pytest.Item):
+    def __init__(self, *, expectation, check, **kwargs):
+        super().__init__(**kwargs)
+        self.expectation = expectation
+        self.check = check
+        self.add_marker(pytest.mark.kvprobe)
+        disabled = getattr(expectation, "enabled", True) is False
+        if disabled:
+            self.add_marker(pytest.mark.skip(reason=f"{expectation.name}: disabled in its file (enabled: false)"))
+
+    def runtest(self):
+        from kvprobe.report import verdict_table
+
+        session = self.config._kvprobe
+        result = session.result_for(self.expectation)
+        check = result.check(self.check)
+        for key, value in _properties(result, check):
+            self.user_properties.append((key, value))
+        expected_fail = self.expectation.expect_fail == self.check
+        if check is None:
+            raise CheckFailed(f"{verdict_table(result)}\nartifacts: {session.artifacts / self.expectation.name}")
+        ok = (not check.passed and not check.inconclusive) if expected_fail else check.passed
+        if not ok:
+            lead = (f"fault expectation: check '{self.check}' should have FAILED but it "
+                    f"{'passed' if check.passed else 'was inconclusive'}\n") if expected_fail else ""
+            paths = "\n".join(f"  {k}: {v}" for k, v in result.artifacts.items())
+            raise CheckFailed(f"{lead}{verdict_table(result)}\nartifacts:\n{paths}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"kvprobe {self.name}"
+
+
+def _properties(result, check):
+    """JUnit properties: predicted, reported and measured values, so CI dashboards can plot them."""
+    props = [("kvprobe_expectation", result.expectation.name), ("kvprobe_passed", result.passed)]
+    if check is not None:
+        props += [("kvprobe_check", check.name), ("kvprobe_predicted", check.predicted),
+                  ("kvprobe_reported", check.reported), ("kvprobe_measured", check.measured),
+                  ("kvprobe_binding", check.binding), ("kvprobe_status", check.status),
+                  ("kvprobe_reason", check.reason)]
+    if result.error:
+        props.append(("kvprobe_error", result.error))
+    return props

@@ -1,0 +1,191 @@
+"""Checks: one prediction, the engine's own report and one measurement, side by side, judged.
+
+Each check function takes what the probe gathered and returns a `CheckResult`. A check that
+cannot be judged (no /metrics, the client was the bottleneck, the binding limit is not KV) says
+so in `reason` and is marked `inconclusive`, which fails the check: a probe must never pass
+by not measuring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class CheckResult:
+    name: str
+    predicted: object = None
+    reported: object = None
+    measured: object = None
+    binding: str | None = None
+    passed: bool = False
+    inconclusive: bool = False
+    reason: str = ""
+    tolerance: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def status(self) -> str:
+        if self.inconclusive:
+            return "INCONCLUSIVE"
+        return "PASS" if self.passed else "FAIL"
+
+
+def within(measured: float, predicted: float, *, absolute: float, relative: float) -> tuple[bool, float]:
+    """True when |measured − predicted| ≤ max(absolute, relative × predicted); returns the allowance."""
+    allowance = max(absolute, relative * abs(predicted))
+    return abs(measured - predicted) <= allowance + 1e-9, allowance
+
+
+def fmt(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+# --- the checks -----------------------------------------------------------------------------
+
+
+def check_reported_capacity(ledger: dict, reported, tol: float) -> CheckResult:
+    """The pool the engine says it built versus the ledger's pool (blocks for vLLM, tokens for SGLang)."""
+    cap = ledger["capacity"]
+    pairs = [("num_blocks", cap.get("num_blocks"), reported.num_blocks), ("kv_tokens", cap.get("kv_tokens"), reported.kv_tokens)]
+    judged = [(name, p, r) for name, p, r in pairs if p is not None and r is not None]
+    res = CheckResult("reported_capacity", tolerance=f"±{tol:.1%}")
+    if not judged:
+        res.inconclusive = True
+        res.reason = "the engine reported no pool size (no startup line, cache_config_info or max_total_num_tokens)"
+        return res
+    name, predicted, got = judged[0]
+    res.predicted, res.reported, res.measured = predicted, got, got
+    bad = [(n, p, r) for n, p, r in judged if abs(r - p) > tol * max(abs(p), 1)]
+    res.passed = not bad
+    if bad:
+        n, p, r = bad[0]
+        res.reason = f"engine reports {n}={r}, ledger predicts {p} ({(r - p) / max(p, 1):+.1%})"
+    else:
+        res.reason = f"engine reports {name}={got}, ledger predicts {predicted}"
+    return res
+
+
+def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool) -> CheckResult:
+    """The measured running plateau where waiting starts versus the predicted admission limit."""
+    res = CheckResult(
+        "rejection_point",
+        predicted=round(float(prediction.limit), 2),
+        binding=prediction.binding,
+        tolerance=f"±max({tol.rejection_point:g}, {tol.rejection_point_relative:.0%})",
+    )
+    if client_saturated:
+        res.inconclusive = True
+        res.reason = "the load generator was the bottleneck (loop lag / CPU), not the engine"
+        return res
+    if rejection.rejection_point is None:
+        res.inconclusive = True
+        top = max(rejection.levels_seen, default=None) if hasattr(rejection, "levels_seen") else None
+        res.reason = "no level saturated the engine (waiting never persisted)" + (f"; highest level {top}" if top else "")
+        return res
+    res.measured = round(float(rejection.rejection_point), 2)
+    ok, allowance = within(res.measured, res.predicted, absolute=tol.rejection_point, relative=tol.rejection_point_relative)
+    res.passed = ok
+    verb = "within" if ok else "outside"
+    res.reason = (
+        f"running plateaus at {res.measured:g} while requests wait; predicted {res.predicted:g} "
+        f"({prediction.binding} binds), {verb} ±{allowance:.2g}"
+    )
+    return res
+
+
+def check_no_preemption(prediction, rejection, tol) -> CheckResult:
+    """The largest N served with no waiting and no preemption versus the predicted bound."""
+    res = CheckResult("no_preemption", predicted=prediction.no_preemption_limit, binding=prediction.binding,
+                      tolerance=f"±{tol.rejection_point:g}")
+    if rejection.last_clean_users is None:
+        res.inconclusive = True
+        res.reason = "no level ran clean (every level waited or preempted)"
+        return res
+    res.measured = rejection.last_clean_users
+    # Real-time arrivals are staggered, so the clean region may extend past the in-phase bound
+    # up to the plateau; only running out of room *before* the bound is a failure.
+    low = prediction.no_preemption_limit - tol.rejection_point
+    res.passed = res.measured >= low
+    res.reason = (
+        f"clean up to N={res.measured}; guaranteed clean up to {prediction.no_preemption_limit}"
+        + ("" if res.passed else " — the engine queued or preempted earlier than its pool allows")
+    )
+    return res
+
+
+def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
+    """After the load stops, running, waiting and usage must return to zero."""
+    res = CheckResult("leak", predicted=0, tolerance="0")
+    if drain is None:
+        res.inconclusive = True
+        res.reason = "no /metrics to watch the drain"
+        return res
+    res.measured = drain.residual_usage
+    res.passed = bool(drain.drained)
+    if res.passed:
+        res.reason = f"drained to zero in {drain.time_to_zero:.1f}s"
+    else:
+        leaked = drain.leaked_blocks_estimate
+        res.reason = (
+            f"usage stayed at {drain.residual_usage:.3f} (running {drain.residual_running:g}, waiting "
+            f"{drain.residual_waiting:g}) after the load stopped"
+            + (f": ≈{leaked} {unit} leaked" if leaked else "")
+        )
+    return res
+
+
+def check_usage_gap(prediction, rejection, tol: float) -> CheckResult:
+    """What the dashboard gauge read when admission stopped, next to the predicted value."""
+    res = CheckResult("usage_gap", predicted=round(prediction.usage_at_limit, 3), tolerance=f"±{tol:g}")
+    if rejection.usage_at_rejection is None:
+        res.inconclusive = True
+        res.reason = "admission never stopped, so there is no gauge reading at the stop"
+        return res
+    res.measured = round(float(rejection.usage_at_rejection), 3)
+    res.passed = abs(res.measured - res.predicted) <= tol + 1e-9
+    res.reason = (
+        f"the usage gauge read {res.measured:.0%} when admission stopped; predicted {res.predicted:.0%}"
+        + ("" if res.passed else " — the dashboard misreports the pool")
+    )
+    return res
+
+
+def check_exactness(records, prompt_tokens: int, output_tokens: int) -> CheckResult:
+    """Every response's usage equals P and O exactly; one mismatch fails the probe."""
+    done = [r for r in records if r.kind == "request" and r.status == 200]
+    mismatched = [r for r in records if r.kind == "request" and r.status == "usage_mismatch"]
+    errors = [r for r in records if r.kind == "request" and r.status not in (200, "usage_mismatch", "aborted")]
+    res = CheckResult("exactness", predicted=f"{prompt_tokens}/{output_tokens}", tolerance="exact")
+    res.measured = f"{len(done)} exact, {len(mismatched)} mismatched, {len(errors)} errors"
+    if mismatched:
+        r = mismatched[0]
+        res.reason = f"usage {r.prompt_tokens}/{r.completion_tokens} != {prompt_tokens}/{output_tokens} ({len(mismatched)} requests)"
+    elif not done:
+        res.inconclusive = True
+        res.reason = "no request completed"
+    elif errors:
+        res.reason = f"{len(errors)} requests failed, first: {errors[0].status} {errors[0].error or ''}".strip()
+    else:
+        res.passed = True
+        res.reason = f"all {len(done)} completed requests returned exactly {prompt_tokens}/{output_tokens} tokens"
+    return res
+
+
+def check_length_limit(shot, expected_status: int, limit_desc: str) -> CheckResult:
+    """A request one token past the length limit is refused as the engine documents it."""
+    res = CheckResult("length_limit", predicted=expected_status, binding="length")
+    if shot is None:
+        res.inconclusive = True
+        res.reason = "no length limit known for this engine configuration"
+        return res
+    res.measured = shot.status
+    res.passed = shot.status == expected_status
+    res.reason = f"{limit_desc}: engine answered {shot.status}" + ("" if res.passed else f", expected {expected_status}")
+    return res
