@@ -23,7 +23,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines.base import MetricMap
-from kvprobe.engines.launcher import http_get
+from kvprobe.engines.launcher import http_get, redact_url
 
 FIELDS = ("running", "waiting", "waiting_capacity", "usage", "preemptions", "used_tokens")
 REQUIRED = ("running", "waiting")  # without these a sample says nothing about admission
@@ -167,16 +167,17 @@ def scrape_once(url: str, metrics: MetricMap, headers: dict[str, str] | None = N
                 timeout: float = 2.0) -> tuple[str, Sample]:
     """GET /metrics once. Any failure is an ok=False sample with the reason, never an exception."""
     target = metrics_url(url)
+    shown = redact_url(target)
     t0 = time.time()
     try:
         status, body = http_get(target, headers=headers, timeout=timeout)
     except (OSError, urllib.error.URLError, ValueError) as err:
         reason = err.reason if isinstance(err, urllib.error.URLError) else err
-        return "", Sample(t=(t0 + time.time()) / 2, ok=False, error=f"GET {target}: {type(reason).__name__}: {reason}")
+        return "", Sample(t=(t0 + time.time()) / 2, ok=False, error=f"GET {shown}: {type(reason).__name__}: {reason}")
     t = (t0 + time.time()) / 2  # the gauges were read somewhere between request and response
     text = body.decode("utf-8", "replace")
     if status != 200:
-        return text, Sample(t=t, ok=False, error=f"GET {target}: HTTP {status}")
+        return text, Sample(t=t, ok=False, error=f"GET {shown}: HTTP {status}")
     return text, parse_sample(text, metrics, t)
 
 
@@ -204,7 +205,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def __repr__(self) -> str:  # headers may carry an API key: never shown
-        return f"Sampler({self.url!r}, interval={self.interval}, samples={len(self.series)})"
+        return f"Sampler({redact_url(self.url)!r}, interval={self.interval}, samples={len(self.series)})"
 
     def start(self) -> Sampler:
         if self._thread is not None:

@@ -143,6 +143,8 @@ def emulator_args(options: dict) -> list[str]:
         if key == "faults":
             for fault in value:
                 args += ["--fault", str(fault)]
+        elif key == "args":
+            args += [str(a) for a in value]
         elif value is True:
             args.append(f"--{key.replace('_', '-')}")
         elif value not in (False, None):

@@ -166,7 +166,7 @@ class KvprobeItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"kvprobe {self.name}"
+        return self.path, 0, f"kvprobe {self.name}"
 
 
 def _properties(result, check):

@@ -12,6 +12,7 @@ import difflib
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -156,6 +157,104 @@ def _bounded(what: str, lo, hi, lo_open: bool = False, hi_open: bool = False) ->
     return what
 
 
+# -- the schema: what a loaded profile and expectation hold ------------------------------
+
+CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usage_gap", "length_limit", "exactness")
+ENGINES = ("vllm", "sglang")
+RAMP_STRATEGIES = ("explicit", "around-prediction", "bisect")
+# Fault names of `kvprobe emulate --fault NAME` (kvprobe/emulator); each makes one check fail.
+EMULATOR_FAULTS = ("zombie-blocks", "gauge-written-only", "stuck-admission", "underreported-pool")
+MIN_STEADY_SAMPLES = 3  # samples after warm-up that a level needs for a steady-state mean
+ESTIMATE_KEYS = ("activation_bytes", "cudagraph_bytes", "other_bytes")
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    prompt_tokens: int
+    output_tokens: int
+    stream: bool = True
+
+
+@dataclass(frozen=True)
+class RampSpec:
+    strategy: str  # "explicit" | "around-prediction" | "bisect"
+    levels: tuple[int, ...] = ()
+    below: int = 4
+    window: int = 2
+    above: int = 2
+    max_users: int | None = None
+    confirm: int = 1
+
+
+@dataclass(frozen=True)
+class HoldSpec:
+    seconds: float | None
+    lifetimes: float | None
+    warmup: float = 0.3  # fraction of each level's hold discarded before steady-state means
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: str | None
+    request: RequestShape
+    ramp: RampSpec
+    hold: HoldSpec
+    sample_interval: float = 0.1
+    budget_seconds: float = 120
+    drain_seconds: float = 10
+    processes: int = 1
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    reported_capacity: float = 0.01  # relative
+    rejection_point: float = 1.0  # absolute, requests
+    rejection_point_relative: float = 0.05
+    usage_gap: float = 0.05  # absolute, gauge units (0..1)
+
+
+@dataclass(frozen=True)
+class Target:
+    mode: str  # "emulator" | "launch" | "url"
+    command: tuple[str, ...] | None = None  # argv prefix (the engine binary) for mode "launch"
+    url: str | None = None
+    api_key_env: str | None = None  # the NAME of an environment variable, never the key
+    startup_timeout: float = 600
+    port: int | None = None
+    emulator: dict = field(default_factory=dict)  # step_ms, prefill_us_per_token, decode_us_per_seq, seed, faults, args
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu_memory_bytes: int | None = None
+    gpu_count: int = 1
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Expectation:
+    name: str
+    path: str
+    engine: str
+    version: str
+    model: str
+    model_base_dir: str
+    served_model_name: str | None
+    flags: dict
+    hardware: Hardware
+    target: Target
+    profile: Profile
+    tolerances: Tolerances
+    checks: tuple[str, ...]
+    expect_fail: str | None = None
+    description: str = ""
+    enabled: bool = True  # `enabled: false`: collected, skipped with a reason
+    model_config: str | None = None  # config.json for the theory when `model` is not a preset
+    estimates: dict = field(default_factory=dict)  # ledger overrides of non-KV terms, bytes
+
+
 # -- YAML -------------------------------------------------------------------------------------
 
 
@@ -204,7 +303,10 @@ def read_yaml(path: str | Path) -> object:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
-        problem = one_line(" ".join(p for p in (err.context, err.problem) if p))
+        problem = one_line(err.problem or err.context or "a syntax error")
+        cm = err.context_mark
+        if err.context and err.problem and cm is not None:  # where the unfinished construct began
+            problem += f" ({one_line(err.context)} at line {cm.line + 1}, column {cm.column + 1})"
         raise spec_error(file, where, "valid YAML", Shown(problem)) from None
     except yaml.YAMLError as err:
         raise spec_error(file, "(yaml)", "valid YAML", Shown(one_line(err))) from None
@@ -330,3 +432,110 @@ def parse_flag(node: Node, kind: str, lo: int | None) -> object:
     if lo is not None and value < lo:
         raise node.error(f"a value >= {lo}")
     return value
+
+
+def _plain_flag_value(node: Node) -> object:
+    """A flag kvprobe does not model: any scalar, or a list of scalars (a repeated/multi-value flag)."""
+    scalars = (str, int, float, bool)
+    v = node.value
+    if isinstance(v, scalars) or (isinstance(v, list) and v and all(isinstance(x, scalars) for x in v)):
+        return v
+    raise node.error("a value (a number, text, true for a bare flag, or a list)")
+
+
+def parse_flags(node: Node, engine: str) -> dict[str, object]:
+    """The engine's own flags, by their real names without `--`; known ones are typed and normalised
+    (counts and sizes to ints, aliases to one spelling), the rest are passed through as written."""
+    table, others, aliases = FLAG_TABLES[engine]
+    foreign = {f: e for e, (t, _, _) in FLAG_TABLES.items() if e != engine for f in t
+               if f not in table and f not in others and f not in aliases}
+    if not isinstance(node.value, dict):
+        raise node.error("a mapping of the engine's flags, e.g. {max-model-len: 2048}")
+    out: dict[str, object] = {}
+    for key in node.value:
+        child = node.child(key)
+        if not isinstance(key, str):
+            raise child.error("a flag name", Shown(repr(key)))
+        if key.startswith("-"):
+            raise child.error(f"the flag name without '--' ({key.lstrip('-')!r})", Shown(repr(key)))
+        if "_" in key:
+            raise child.error(f"the command-line spelling with '-' ({key.replace('_', '-')!r})", Shown(repr(key)))
+        if key in MANAGED_FLAGS:
+            raise child.error(f"no {key!r} flag here: {MANAGED_FLAGS[key]}", Shown(repr(key)))
+        name = aliases.get(key, key)
+        if name in out:
+            raise child.error(f"one spelling of the flag {name!r}", Shown("both spellings"))
+        if name in table:
+            out[name] = parse_flag(child, *table[name])
+            continue
+        if key in foreign:
+            raise child.error(f"a {engine} flag ({key!r} is a {foreign[key]} flag)", Shown(repr(key)))
+        if key not in others:
+            close = difflib.get_close_matches(key, [*table, *others], n=1, cutoff=0.85)
+            if close:
+                raise child.error(f"a {engine} flag (did you mean {close[0]!r}?)", Shown(repr(key)))
+        out[name] = _plain_flag_value(child)
+    return out
+
+
+def length_limits(engine: str, flags: dict) -> list[tuple[str, int, str]]:
+    """(flag, largest P+O, why) for each length rule the flags make known.
+
+    vLLM 0.33.0: P + max_tokens > max_model_len is clamped, and with min_tokens = O that is a 400
+    (shared/reference/vllm.md, summary 13). SGLang 0.5.23: max_new_tokens is clipped silently to
+    min(context_len, M) - P - 2, so exactly O tokens need P + O <= context_len - 2 and <= M - 2
+    (scheduler.py::init_req_max_new_tokens; shared/reference/sglang.md §1.5).
+    """
+    rules = []
+    if engine == "vllm":
+        mml = flags.get("max-model-len")
+        if isinstance(mml, int) and mml > 0:
+            rules.append(("max-model-len", mml, "vLLM answers 400 when min_tokens no longer fits"))
+    elif engine == "sglang":
+        if isinstance(flags.get("context-length"), int):
+            rules.append(("context-length", flags["context-length"] - 2,
+                          "SGLang clips output to context_len - P - 2"))
+        if isinstance(flags.get("max-total-tokens"), int):
+            rules.append(("max-total-tokens", flags["max-total-tokens"] - 2,
+                          "SGLang clips output to max_total_tokens - P - 2"))
+    return rules
+
+
+def parallel_sizes(engine: str, flags: dict) -> tuple[int, int, int]:
+    if engine == "vllm":
+        names = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
+    else:
+        names = ("tp-size", "pp-size", "dp-size")
+    return tuple(int(flags.get(n, 1)) for n in names)  # type: ignore[return-value]
+
+
+def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
+    """Keyword arguments of `kvprobe.theory.ledger.LedgerInputs` for one expectation."""
+    f = exp.flags
+    tp, pp, dp = parallel_sizes(exp.engine, f)
+    kw: dict = dict(
+        engine=exp.engine, model=exp.model_config or exp.model, engine_version=exp.version,
+        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, dtype=f.get("dtype"),
+        kv_cache_dtype=f.get("kv-cache-dtype", "auto"), tp=tp, pp=pp, dp=dp,
+        prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
+        users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir,
+    )
+    if exp.engine == "vllm":
+        mml = f.get("max-model-len")
+        kw.update(
+            max_model_len=-1 if mml in ("auto", -1) else mml,  # -1: vLLM's auto-fit to the pool
+            block_size=f.get("block-size"), gpu_memory_utilization=f.get("gpu-memory-utilization"),
+            max_num_seqs=f.get("max-num-seqs"), max_num_batched_tokens=f.get("max-num-batched-tokens"),
+            num_gpu_blocks_override=f.get("num-gpu-blocks-override"),
+            kv_cache_memory_bytes=f.get("kv-cache-memory-bytes"),
+            enable_prefix_caching=f.get("enable-prefix-caching"),
+            reserve_full_isl=f.get("scheduler-reserve-full-isl", True),
+        )
+    else:
+        kw.update(
+            page_size=f.get("page-size"), context_length=f.get("context-length"),
+            max_running_requests=f.get("max-running-requests"), chunked_prefill_size=f.get("chunked-prefill-size"),
+            max_total_tokens=f.get("max-total-tokens"), mem_fraction_static=f.get("mem-fraction-static"),
+            disable_radix_cache=f.get("disable-radix-cache", False),
+        )
+    return kw

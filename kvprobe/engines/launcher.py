@@ -10,7 +10,6 @@ demand; `repr`, `str`, facts, logs and exceptions never contain it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import json
@@ -21,6 +20,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from dataclasses import dataclass, field
@@ -72,6 +72,10 @@ class _Secret:
 
 # --------------------------------------------------------------------------- small HTTP helpers
 
+# No proxy: an engine is reached directly, and an http_proxy from the environment must neither
+# intercept 127.0.0.1 nor ever see the API key.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 
 def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
     """GET with an overall deadline: a server that drips bytes cannot hold us past ~2x `timeout`.
@@ -81,7 +85,7 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
     deadline = time.monotonic() + timeout
     req = urllib.request.Request(url, headers=dict(headers or {}), method="GET")
     try:
-        resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 (http only, our URL)
+        resp = _OPENER.open(req, timeout=timeout)
     except urllib.error.HTTPError as err:
         with contextlib.closing(err):
             return err.code, err.read() if err.fp is not None else b""
@@ -230,16 +234,6 @@ def merge_reports(reports: list[tuple[str, ReportedCapacity]]) -> tuple[Reported
 # --------------------------------------------------------------------------- Target
 
 
-_LIVE: weakref.WeakSet[Target] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all_at_exit() -> None:
-    for target in list(_LIVE):
-        with contextlib.suppress(Exception):
-            target.stop(grace=2.0)
-
-
 class Target:
     """A launched or attached engine. Use as a context manager: leaving it always stops a launch."""
 
@@ -261,8 +255,9 @@ class Target:
         self.stop_report: dict[str, object] = {}  # how the last stop went (signal used, survivors)
         self._finalizer = None
         if proc is not None:
+            # Runs when the Target is garbage-collected unstopped, and at interpreter exit
+            # (weakref.finalize's atexit hook), so a forgotten stop() never leaves the group running.
             self._finalizer = weakref.finalize(self, _emergency_stop, proc, proc.pid)
-            _LIVE.add(self)
 
     # ------------------------------------------------------------------ construction
 
@@ -307,6 +302,9 @@ class Target:
     def attach(cls, url: str, *, engine: str, api_key_env: str | None, timeout: float = 10.0) -> Target:
         """Reach an engine at `url`; the API key is read from the environment variable `api_key_env`."""
         dialect = _dialect(engine)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TargetError(f"cannot attach to {redact_url(url)!r}: expected http(s)://host:port")
         api_key = _read_key(api_key_env, os.environ) if api_key_env else None
         target = cls(engine=engine, url=url, mode="attach", dialect=dialect, api_key=api_key,
                      api_key_env=api_key_env)
@@ -341,7 +339,7 @@ class Target:
     def __repr__(self) -> str:
         key = f", api_key_env={self.api_key_env!r}" if self.api_key_env else ""
         proc = f", pid={self.pid}" if self._proc is not None else ""
-        return f"Target({self.engine!r}, {self.url!r}, mode={self.mode!r}{proc}{key})"
+        return f"Target({self.engine!r}, {redact_url(self.url)!r}, mode={self.mode!r}{proc}{key})"
 
     __str__ = __repr__
 
@@ -358,9 +356,9 @@ class Target:
         if self.alive():
             return
         if self._proc is not None:
-            raise TargetError(f"{self.engine} at {self.url} exited with code {self._proc.returncode}",
+            raise TargetError(f"{self.engine} at {redact_url(self.url)} exited with code {self._proc.returncode}",
                               log_tail=self.log_tail())
-        raise TargetError(f"{self.engine} at {self.url} is not healthy ({self.health_path})")
+        raise TargetError(f"{self.engine} at {redact_url(self.url)} is not healthy ({self.health_path})")
 
     def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
         """The last `n` lines of the engine log ("" when attached or nothing was written)."""
@@ -401,7 +399,7 @@ class Target:
             if remaining <= 0:
                 where = f", log {self.log_path}" if self.log_path else ""
                 raise TargetError(
-                    f"{self.engine} at {self.url} not healthy within {timeout:g} s "
+                    f"{self.engine} at {redact_url(self.url)} not healthy within {timeout:g} s "
                     f"(GET {self.health_path}: {last}{where})", log_tail=self.log_tail())
             status, last = self._health_status(timeout=min(2.0, max(remaining, 0.05)))
             if status == 200:
@@ -439,8 +437,9 @@ class Target:
                 except OSError as err:
                     errors.append(f"start-up log {self.log_path}: {err}")
         reported, conflicts = merge_reports(reports)
-        self._facts = EngineFacts(engine=self.engine, version=reported.version, url=self.url, reported=reported,
-                                  log_path=self.log_path, mode=self.mode, conflicts=conflicts, errors=errors)
+        self._facts = EngineFacts(engine=self.engine, version=reported.version, url=redact_url(self.url),
+                                  reported=reported, log_path=self.log_path, mode=self.mode,
+                                  conflicts=conflicts, errors=errors)
         return self._facts
 
     def _get(self, path: str, timeout: float) -> bytes:
@@ -492,7 +491,6 @@ class Target:
                                 "seconds": round(time.monotonic() - t0, 3), "returncode": self._proc.returncode}
             if self._finalizer is not None:
                 self._finalizer.detach()
-            _LIVE.discard(self)
             if survivors:
                 raise TargetError(f"{self.engine}: processes {survivors} of group {self._pgid} survived SIGKILL")
             return self._proc.returncode
@@ -502,6 +500,16 @@ class Target:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password@ (a URL is a place people paste credentials into)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _read_key(env_name: str, environ) -> _Secret:

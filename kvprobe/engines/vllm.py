@@ -7,6 +7,7 @@ Used by the emulator, the launcher, the sampler and the tests: a fact here is wr
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -139,7 +140,7 @@ def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int 
     """vllm.logger _FORMAT: `(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
     [%(fileinfo)s:%(lineno)d] ` with date format `%m-%d %H:%M:%S` (fixtures/vllm-0.33.0-startup.md)."""
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t))
-    return f"({process} pid={pid if pid is not None else 0}) INFO {stamp} [{fileinfo}] "
+    return f"({process} pid={pid if pid is not None else os.getpid()}) INFO {stamp} [{fileinfo}] "
 
 
 def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version: str = DEFAULT_VERSION,
@@ -179,22 +180,21 @@ def serving_line(host: str, port: int) -> str:
 
 def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
                     bytes_per_token: int = 131072) -> str | None:
-    """The ValueError vLLM raises when one max_model_len request does not fit in the usable blocks
-    (kv_cache_planning._check_enough_kv_cache_memory L50-87; condition num_blocks - 1 >= cdiv(M, B)).
-    The emulator has no bytes; GiB figures use `bytes_per_token` (Llama-3.1-8B bf16 by default)."""
-    needed = -(-max_model_len // block_size)
-    if num_blocks - 1 >= needed:
-        return None
+    """The ValueError text vLLM raises when one max_model_len request does not fit the usable blocks
+    (kv_cache_planning._check_enough_kv_cache_memory L50-87: num_blocks - 1 >= cdiv(M, B)); theory
+    holds the message. The emulator has no bytes: GiB figures use `bytes_per_token` (Llama-3.1-8B bf16)."""
+    from kvprobe.errors import ConfigError as _Refused
+    from kvprobe.theory.budget import vllm_check_fits
+
     per_block = bytes_per_token * block_size
-    need_gib = round(needed * per_block / 2**30, 2)
-    have_gib = round((num_blocks - 1) * per_block / 2**30, 2)
-    est = (num_blocks - 1) * block_size
-    return (f"To serve at least one request with the model's max seq len ({max_model_len}), ({need_gib} GiB KV "
-            f"cache is needed, which is larger than the available KV cache memory ({have_gib} GiB). Based on the "
-            f"available memory, the estimated maximum model length is {est}. Try increasing "
-            f"`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
-            f"`max_model_len` when initializing the engine. See "
-            f"https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    try:
+        vllm_check_fits(num_blocks, per_block, block_size, max_model_len, num_blocks * per_block)
+    except _Refused as err:
+        return str(err)
+    return None
+
+
+STARTUP_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
 
 
 # --- parsing what an engine says about itself
@@ -208,10 +208,8 @@ _RE_AUTOFIT = re.compile(r"Auto-fit max_model_len: reduced from \d+ to (\d+)")
 
 
 def _last(regex: re.Pattern, text: str) -> re.Match | None:
-    found = None
-    for found in regex.finditer(text):
-        pass
-    return found
+    matches = list(regex.finditer(text))
+    return matches[-1] if matches else None
 
 
 def parse_startup_log(text: str) -> ReportedCapacity:

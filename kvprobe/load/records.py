@@ -94,6 +94,11 @@ class RecordWriter:
 
     def write(self, rec: Record | dict) -> None:
         line = rec.to_json() if isinstance(rec, Record) else json.dumps(rec, separators=(",", ":"))
+        if self._fh is None:
+            # After close (a greenlet finishing during shutdown): append directly, never drop.
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+            return
         self._buf.append(line)
 
     def flush(self) -> None:

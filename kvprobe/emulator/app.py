@@ -1,0 +1,190 @@
+"""One emulated engine: its configuration, scheduler, metrics, fault hooks, and the process around it.
+
+`Emulator(settings)` builds everything (and refuses to start where the real engine would);
+`serve(settings)` is the `kvprobe emulate` process: print the startup lines, bind, run until
+SIGTERM/SIGINT, shut down within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from kvprobe.emulator.faults import Hooks, parse_faults, real_pool
+from kvprobe.emulator.metrics import SglangMetrics, VllmMetrics
+from kvprobe.emulator.runtime import Runtime, TimeModel
+from kvprobe.engines import get_dialect
+from kvprobe.errors import ConfigError
+
+
+@dataclass
+class Settings:
+    engine: str  # "vllm" | "sglang"
+    model: str = "emulated/model"
+    flags: dict[str, object] = field(default_factory=dict)  # real flag names (dashes) -> value
+    version: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    time_model: TimeModel = field(default_factory=TimeModel)
+    seed: int = 0
+    faults: list[str] = field(default_factory=list)
+    trace: str | None = None
+
+
+class Emulator:
+    def __init__(self, settings: Settings):
+        from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
+
+        self.settings = s = settings
+        self.engine = s.engine
+        self.dialect = d = get_dialect(s.engine)
+        self.version = s.version or d.DEFAULT_VERSION
+        self.faults = parse_faults(s.faults)
+        f = {name: (s.flags[name] if s.flags.get(name) is not None else flag.default)
+             for name, flag in d.FLAGS.items() if flag.emulated}
+        self.flags = f
+        self.model = s.model
+        self.served_model_name = f.get("served-model-name") or s.model
+        self.created = int(time.time())
+        if self.engine == "vllm":
+            blocks = f["num-gpu-blocks-override"]
+            if not blocks or blocks < 2:
+                raise ConfigError("--num-gpu-blocks-override is required (the pool in blocks, >= 2)",
+                                  key="--num-gpu-blocks-override")
+            self.num_blocks_reported, self.block_size = blocks, f["block-size"]
+            self.max_model_len = f["max-model-len"]
+            self.refusal = d.startup_refusal(blocks, self.block_size, self.max_model_len)
+            config = VllmConfig(num_gpu_blocks=real_pool(blocks, self.faults), block_size=self.block_size,
+                                max_num_seqs=f["max-num-seqs"], max_num_batched_tokens=f["max-num-batched-tokens"],
+                                max_model_len=self.max_model_len, enable_prefix_caching=f["enable-prefix-caching"],
+                                enable_chunked_prefill=f["enable-chunked-prefill"],
+                                policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
+                                watermark=f["watermark"])
+            cap, unit = config.max_num_seqs, self.block_size
+            self.metrics_enabled = True
+            self.metrics = VllmMetrics(self.served_model_name, d.cache_config_labels(
+                num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
+                enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks))
+        else:
+            m = f["max-total-tokens"]
+            if not m or m < 2:
+                raise ConfigError("--max-total-tokens is required (the pool in tokens)", key="--max-total-tokens")
+            self.pool_tokens_reported, self.max_model_len = m, f["context-length"]
+            self.page_size, self.refusal = f["page-size"], None
+            self.max_running = d.resolve_max_running_requests(m, self.max_model_len, f["max-running-requests"])
+            self.max_req_input_len = d.max_req_input_len(self.max_model_len, m)
+            config = SglangConfig(max_total_num_tokens=real_pool(m, self.faults), page_size=self.page_size,
+                                  max_running_requests=self.max_running,
+                                  chunked_prefill_size=f["chunked-prefill-size"],
+                                  max_prefill_tokens=f["max-prefill-tokens"], context_len=self.max_model_len,
+                                  disable_radix_cache=f["disable-radix-cache"], policy=d.policy(self.version),
+                                  schedule_conservativeness=f["schedule-conservativeness"],
+                                  overlap=not f["disable-overlap-schedule"])
+            cap, unit = self.max_running, self.page_size
+            self.metrics_enabled = bool(f["enable-metrics"])
+            self.metrics = SglangMetrics(self.served_model_name, max_total_num_tokens=m,
+                                         context_len=self.max_model_len, page_size=self.page_size,
+                                         decode_log_interval=f["decode-log-interval"])
+        self.config = config
+        self.scheduler = make_scheduler(config)
+        self.hooks = Hooks(self.scheduler, self.faults, running_cap=cap, unit=unit, clock=time.monotonic)
+        self.runtime = Runtime(self.scheduler, s.time_model, self.metrics, self.hooks, make_request=SimRequest,
+                               seed=s.seed, trace_path=s.trace)
+        self._loop_task: asyncio.Task | None = None
+
+    # --- what the engine prints and reports
+    def startup_lines(self) -> list[str]:
+        d, f = self.dialect, self.flags
+        if self.engine == "vllm":
+            return d.startup_lines(num_blocks=self.num_blocks_reported, block_size=self.block_size,
+                                   max_model_len=self.max_model_len,
+                                   max_num_batched_tokens=f["max-num-batched-tokens"], version=self.version)
+        return d.startup_lines(max_total_num_tokens=self.pool_tokens_reported,
+                               chunked_prefill_size=f["chunked-prefill-size"],
+                               max_prefill_tokens=f["max-prefill-tokens"], max_running_requests=self.max_running,
+                               context_len=self.max_model_len)
+
+    def serving_lines(self, host: str, port: int) -> list[str]:
+        if self.engine == "vllm":
+            return [self.dialect.serving_line(host, port)]
+        return self.dialect.serving_lines(host, port)
+
+    def server_info(self) -> dict:
+        args = {k.replace("-", "_"): v for k, v in self.flags.items()}
+        args.update(model_path=self.model, served_model_name=self.served_model_name,
+                    context_length=self.max_model_len, max_running_requests=self.flags["max-running-requests"])
+        return self.dialect.server_info_body(args=args, max_total_num_tokens=self.pool_tokens_reported,
+                                             max_req_input_len=self.max_req_input_len,
+                                             effective_max_running=self.max_running, version=self.version)
+
+    # --- lifecycle inside a running event loop
+    def start_loop(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self.runtime.run())
+
+    async def stop_loop(self) -> None:
+        self.runtime.stop()
+        if self._loop_task is not None:
+            try:
+                await asyncio.wait_for(self._loop_task, 1.0)
+            except (TimeoutError, asyncio.CancelledError):
+                self._loop_task.cancel()
+        self.runtime.close()
+
+
+async def start_server(emu: Emulator, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Bind and serve `emu` in the running loop; returns the runner and the bound port."""
+    from kvprobe.emulator.server import build_app
+
+    # handler_cancellation: a client that disconnects cancels its handler -> its request is aborted
+    runner = web.AppRunner(build_app(emu), handler_cancellation=True, access_log=None, shutdown_timeout=0.25)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    await site.start()
+    emu.start_loop()
+    bound = site._server.sockets[0].getsockname()[1]  # port 0 -> the one the OS chose
+    return runner, bound
+
+
+async def stop_server(emu: Emulator, runner: web.AppRunner) -> None:
+    await emu.stop_loop()
+    await runner.cleanup()
+
+
+def serve(settings: Settings) -> int:
+    """The `kvprobe emulate` process. Startup lines go to stdout (flushed) before the socket is bound,
+    like the real engines: once /health answers, the capacity line is already in the log."""
+    emu = Emulator(settings)
+    if emu.refusal:  # vLLM refuses to start (kv_cache_planning._check_enough_kv_cache_memory)
+        print(f"ValueError: {emu.refusal}", file=sys.stderr)
+        print(emu.dialect.STARTUP_FAILED, file=sys.stderr, flush=True)
+        return 1
+    for line in emu.startup_lines():
+        print(line)
+    sys.stdout.flush()
+    port = settings.port if settings.port is not None else emu.dialect.DEFAULT_PORT
+    return asyncio.run(_serve(emu, settings.host, port))
+
+
+async def _serve(emu: Emulator, host: str, port: int) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        runner, bound = await start_server(emu, host, port)
+    except OSError as err:
+        print(f"ERROR: cannot bind {host}:{port}: {err}", file=sys.stderr, flush=True)
+        return 1
+    for line in emu.serving_lines(host, bound):
+        print(line)
+    sys.stdout.flush()
+    await stop.wait()
+    await asyncio.wait_for(stop_server(emu, runner), 1.0)
+    print(f"kvprobe emulator (pid {os.getpid()}): shut down", flush=True)
+    return 0

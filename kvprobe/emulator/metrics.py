@@ -1,0 +1,237 @@
+"""/metrics of the emulator, through prometheus_client, in each engine's exact names, types and labels.
+
+Gauges are written when the real engine writes them: vLLM after every step's update_from_output;
+SGLang at prefill batches, every decode_log_interval decode batches and on idle (when stale or every
+30 s). Counters and histograms move when their event happens. Names, labels and buckets come from the
+dialect module. The emulator adds its own `kvprobe_emulator_*` families (step lag, true pool usage).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvprobe.engines import sglang as sg
+from kvprobe.engines import vllm as vl
+
+
+@dataclass
+class Snapshot:
+    """The scheduler state as the engine's gauges would show it (after fault hooks)."""
+
+    running: int
+    waiting: int
+    usage: float  # the engine's own gauge definition (0..1)
+    used_tokens: int
+    pool_tokens: int
+    preemptions_total: int
+    prefix_queries_total: int = 0
+    prefix_hits_total: int = 0
+    new_token_ratio: float = 0.0
+    true_usage: float = 0.0  # what the pool really holds (differs from `usage` under a gauge fault)
+
+
+class _NoCreated:
+    """A registry view without `_created` samples: SGLang serves the multiprocess collector, which has none."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._registry = registry
+
+    def collect(self):
+        for metric in self._registry.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
+class _Base:
+    def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.lag_gauge = Gauge("kvprobe_emulator_step_lag_seconds",
+                               "How far the last step ran behind the emulator's time model.", registry=r)
+        self.lag_total = Counter("kvprobe_emulator_lag_seconds",
+                                 "Real time lost behind the time model (ratio to model_seconds = step lag).",
+                                 registry=r)
+        self.model_total = Counter("kvprobe_emulator_model_seconds", "Modelled engine-step time.", registry=r)
+        self.steps_total = Counter("kvprobe_emulator_steps", "Engine steps run.", registry=r)
+        self.true_usage = Gauge("kvprobe_emulator_pool_usage",
+                                "Fraction of the real pool held by requests (not the engine's gauge).", registry=r)
+        self._last: dict[str, float] = {}
+
+    def on_lag(self, lag_s: float, lost_s: float, model_s: float) -> None:
+        self.lag_gauge.set(lag_s)
+        if lost_s > 0:
+            self.lag_total.inc(lost_s)
+        self.model_total.inc(model_s)
+        self.steps_total.inc()
+
+    def _delta(self, key: str, total: float) -> float:
+        prev = self._last.get(key, 0.0)
+        self._last[key] = total
+        return max(0.0, total - prev)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class VllmMetrics(_Base):
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, model_name: str, cache_labels: dict[str, str]):
+        super().__init__()
+        r, ln, h = self.registry, list(vl.LABELS), vl.HELP
+        lv = {"model_name": model_name, "engine": "0"}
+
+        def gauge(name, extra=()):
+            return Gauge(name, h[name], ln + list(extra), registry=r)
+
+        def counter(name, extra=()):
+            return Counter(name, h[name], ln + list(extra), registry=r)
+
+        self.running = gauge("vllm:num_requests_running").labels(**lv)
+        self.waiting = gauge("vllm:num_requests_waiting").labels(**lv)
+        by_reason = gauge("vllm:num_requests_waiting_by_reason", ["reason"])
+        self.waiting_capacity = by_reason.labels(**lv, reason="capacity")
+        by_reason.labels(**lv, reason="deferred").set(0)
+        sleep = gauge("vllm:engine_sleep_state", ["sleep_state"])
+        for state in vl.SLEEP_STATES:
+            sleep.labels(**lv, sleep_state=state).set(1 if state == "awake" else 0)
+        self.usage = gauge("vllm:kv_cache_usage_perc").labels(**lv)
+        self.prefix_queries = counter("vllm:prefix_cache_queries").labels(**lv)
+        self.prefix_hits = counter("vllm:prefix_cache_hits").labels(**lv)
+        self.preemptions = counter("vllm:num_preemptions").labels(**lv)
+        self.prompt_tokens = counter("vllm:prompt_tokens").labels(**lv)
+        self.generation_tokens = counter("vllm:generation_tokens").labels(**lv)
+        success = counter("vllm:request_success", ["finished_reason"])
+        self.success = {reason: success.labels(**lv, finished_reason=reason) for reason in vl.FINISHED_REASONS}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", h["vllm:time_to_first_token_seconds"], ln,
+                              buckets=vl.TTFT_BUCKETS, registry=r).labels(**lv)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", h["vllm:e2e_request_latency_seconds"], ln,
+                             buckets=vl.E2E_BUCKETS, registry=r).labels(**lv)
+        info = Gauge("vllm:cache_config_info", h["vllm:cache_config_info"], sorted(cache_labels), registry=r)
+        info.labels(**cache_labels).set(1)
+
+    def publish(self, s: Snapshot) -> None:
+        self.running.set(s.running)
+        self.waiting.set(s.waiting)
+        self.waiting_capacity.set(s.waiting)  # no deferral reasons are emulated
+        self.usage.set(s.usage)
+        self.true_usage.set(s.true_usage)
+        self.preemptions.inc(self._delta("pre", s.preemptions_total))
+        self.prefix_queries.inc(self._delta("pq", s.prefix_queries_total))
+        self.prefix_hits.inc(self._delta("ph", s.prefix_hits_total))
+
+    def on_step(self, s: Snapshot, *, prefill_tokens: int, decode_seqs: int, emitted: int, now: float) -> None:
+        """vLLM records scheduler stats at the end of every update_from_output (scheduler.py L2660-2674)."""
+        self.prompt_tokens.inc(prefill_tokens)
+        self.generation_tokens.inc(emitted)
+        self.publish(s)
+
+    def on_idle(self, s: Snapshot, now: float) -> None:
+        self.publish(s)
+
+    def on_first_token(self, ttft: float, stream: bool) -> None:
+        self.ttft.observe(ttft)
+
+    def on_finished(self, reason: str, e2e: float, stream: bool, prompt_tokens: int = 0,
+                    completion_tokens: int = 0) -> None:
+        self.success.get(reason, self.success["error"]).inc()
+        if reason != "abort":
+            self.e2e.observe(e2e)
+
+
+class SglangMetrics(_Base):
+    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, model_name: str, *, max_total_num_tokens: int, context_len: int, page_size: int,
+                 decode_log_interval: int = sg.DECODE_LOG_INTERVAL):
+        super().__init__()
+        r, ln, h = self.registry, list(sg.LABELS), sg.HELP
+        lv = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        self._tok = {"model_name": model_name, "engine_type": "unified"}
+
+        def gauge(name, extra=()):
+            return Gauge(name, h.get(name, name), ln + list(extra), registry=r)
+
+        self.running = gauge("sglang:num_running_reqs").labels(**lv)
+        self.queue = gauge("sglang:num_queue_reqs").labels(**lv)
+        self.usage = gauge("sglang:token_usage").labels(**lv)
+        self.used = gauge("sglang:num_used_tokens").labels(**lv)
+        self.kv_used = gauge("sglang:kv_used_tokens").labels(**lv)
+        self.kv_available = gauge("sglang:kv_available_tokens").labels(**lv)
+        self.kv_evictable = gauge("sglang:kv_evictable_tokens").labels(**lv)
+        self.ratio = gauge("sglang:new_token_ratio").labels(**lv)
+        # no multiprocess_mode -> "all" mode adds a pid label (fixture: pid="1607")
+        self.retracted_gauge = gauge("sglang:num_retracted_reqs", ["pid"]).labels(**lv, pid=str(os.getpid()))
+        self.retracted = Counter("sglang:num_retracted_requests", h["sglang:num_retracted_requests"], ln,
+                                 registry=r).labels(**lv)
+        for name, value in (("sglang:max_total_num_tokens", max_total_num_tokens), ("sglang:page_size", page_size),
+                            ("sglang:num_pages", max_total_num_tokens // page_size),
+                            ("sglang:context_len", context_len)):
+            gauge(name).labels(**lv).set(value)  # emit_constants, once at startup
+        tl = list(sg.TOKENIZER_LABELS) + ["is_streaming"]
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", h["sglang:time_to_first_token_seconds"], tl,
+                              buckets=sg.TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", h["sglang:e2e_request_latency_seconds"], tl,
+                             buckets=sg.E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", h["sglang:prompt_tokens"], tl, registry=r)
+        self.generation_tokens = Counter("sglang:generation_tokens", h["sglang:generation_tokens"], tl, registry=r)
+        self.requests = Counter("sglang:num_requests", h["sglang:num_requests"], tl, registry=r)
+        self.interval = decode_log_interval
+        self._decode_steps = 0
+        self._prev_running = 0
+        self._reported: tuple[int, int] | None = None
+        self._reported_at = 0.0
+        self._pending_tokens = (0, 0)
+
+    def publish(self, s: Snapshot, *, running: int | None = None, now: float = 0.0) -> None:
+        self.running.set(s.running if running is None else running)
+        self.queue.set(s.waiting)
+        self.usage.set(round(s.usage, 2))  # PoolStats rounds token_usage to 2 places
+        self.used.set(s.used_tokens)
+        self.kv_used.set(s.used_tokens)
+        self.kv_available.set(max(0, s.pool_tokens - s.used_tokens))
+        self.kv_evictable.set(0)
+        self.ratio.set(s.new_token_ratio)
+        self.true_usage.set(s.true_usage)
+        retracted = self._delta("ret", s.preemptions_total)
+        self.retracted_gauge.set(retracted)  # "number retracted since the last report"
+        if retracted:
+            self.retracted.inc(retracted)
+        self._reported = (s.running, s.waiting)
+        self._reported_at = now
+
+    def on_step(self, s: Snapshot, *, prefill_tokens: int, decode_seqs: int, emitted: int, now: float) -> None:
+        if prefill_tokens > 0:
+            # PrefillStats.from_adder: the running count *before* this pass's new requests
+            self.publish(s, running=self._prev_running, now=now)
+        elif decode_seqs > 0:
+            self._decode_steps += 1
+            if self._decode_steps % self.interval == 0:
+                self.publish(s, now=now)
+        self._prev_running = s.running
+
+    def on_idle(self, s: Snapshot, now: float) -> None:
+        if self._reported != (s.running, s.waiting) or now - self._reported_at >= sg.IDLE_REPORT_SECONDS:
+            self.publish(s, now=now)
+        self._prev_running = s.running
+
+    def _labels(self, stream: bool) -> dict[str, str]:
+        return {**self._tok, "is_streaming": "true" if stream else "false"}
+
+    def on_first_token(self, ttft: float, stream: bool) -> None:
+        self.ttft.labels(**self._labels(stream)).observe(ttft)
+
+    def on_finished(self, reason: str, e2e: float, stream: bool, prompt_tokens: int = 0,
+                    completion_tokens: int = 0) -> None:
+        lab = self._labels(stream)
+        self.requests.labels(**lab).inc()
+        self.prompt_tokens.labels(**lab).inc(prompt_tokens)
+        self.generation_tokens.labels(**lab).inc(completion_tokens)
+        if reason != "abort":
+            self.e2e.labels(**lab).observe(e2e)
+
+    def exposition(self) -> bytes:
+        return generate_latest(_NoCreated(self.registry))

@@ -1,0 +1,277 @@
+"""HTTP face of the emulator (aiohttp): the engine's endpoints, request validation and SSE streaming.
+
+Every body shape, message and status code comes from the dialect module; this file only routes.
+A client that disconnects (handler cancelled or a write fails) aborts its request in the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aiohttp import web
+
+from kvprobe.emulator.tokens import EOS_TOKEN_ID, text_to_ids, token_text
+
+_DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # pydantic model_dump_json is compact
+_MARK = "\x00TOKEN\x00"
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def _json(body: dict, status: int = 200) -> web.Response:
+    return web.Response(body=_DUMPS(body).encode(), status=status, content_type="application/json")
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, str) else _DUMPS(obj)).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _int_field(body: dict, key: str, default):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{key}: Input should be a valid integer")
+    return value
+
+
+def parse_prompt(prompt) -> tuple[list[int], bool]:
+    """-> (token ids, was text). Text goes through the emulator's whitespace rule (tokens.py)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return text_to_ids(prompt), True
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        if not prompt:
+            raise BadRequest("prompt: the prompt is empty")
+        return list(prompt), False
+    raise BadRequest("prompt: expected a string or a list of token ids (batched prompts are not emulated)")
+
+
+class Handlers:
+    def __init__(self, emu):
+        self.emu = emu
+        self.d = emu.dialect
+        self.inflight = 0
+
+    # --- common endpoints
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        e = self.emu
+        if e.engine == "vllm":
+            return _json(self.d.models_body(e.served_model_name, e.model, e.max_model_len, e.created))
+        return _json(self.d.models_body(e.served_model_name, e.max_model_len, e.created))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.emu.metrics_enabled:
+            return _json({"detail": "Not Found"}, 404)  # the real route is not mounted without --enable-metrics
+        return web.Response(body=self.emu.metrics.exposition(),
+                            headers={"Content-Type": self.emu.metrics.CONTENT_TYPE})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": self.emu.version})
+
+    async def load(self, request: web.Request) -> web.Response:
+        return _json({"server_load": self.inflight})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return _json(self.emu.server_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        e = self.emu
+        return _json({"model_path": e.model, "served_model_name": e.served_model_name, "tokenizer_path": e.model,
+                      "is_generation": True, "model_type": "emulated", "architectures": ["EmulatedForCausalLM"]})
+
+    # --- generation
+    def _error(self, body: dict, status: int) -> web.Response:
+        return _json(body, status)
+
+    def _bad_request(self, message: str) -> web.Response:
+        return _json(self.d.bad_request(message), 400)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        e, d = self.emu, self.d
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("expected a JSON object")
+            ids, was_text = parse_prompt(body.get("prompt"))
+            max_tokens = _int_field(body, "max_tokens", 16)  # default 16 on both engines
+            min_tokens = _int_field(body, "min_tokens", 0)
+        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as err:
+            return self._bad_request(str(err))
+        stream = bool(body.get("stream", False))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        ignore_eos = bool(body.get("ignore_eos", False))
+        model = body.get("model")
+        if e.engine == "vllm":
+            if model is not None and model not in (e.served_model_name, e.model):
+                return self._error(d.unknown_model_error(model, e.version), 404)
+            if body.get("stream_options") is not None and not stream:
+                return self._bad_request(d.STREAM_OPTIONS_ERROR)
+            max_tokens, err = d.check_lengths(len(ids), max_tokens, min_tokens, e.max_model_len,
+                                              text_prompt=was_text, version=e.version)
+            if err is not None:
+                return self._error(err, err.get("error", err)["code"])
+        else:
+            if max_tokens <= 0:
+                return self._bad_request("max_tokens must be positive")
+            msg = d.check_tokenizer(len(ids), max_tokens, min_tokens, e.max_model_len)
+            if msg:
+                return self._error(d.error_body(msg), 400)
+            msg = d.check_scheduler(len(ids), e.max_req_input_len)
+            if msg:
+                if stream:  # the scheduler aborts after the 200 went out
+                    return await self._sse_error(request, _sse(d.streaming_abort_chunk(msg)))
+                return self._error(d.error_body(msg), 400)
+            max_tokens = d.clip_max_new(len(ids), max_tokens, context_len=e.max_model_len,
+                                        max_total_num_tokens=e.pool_tokens_reported, page_size=e.page_size)
+            min_tokens = min(min_tokens, max_tokens)
+        s = e.runtime.submit(ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, stream=stream,
+                             trace_id=request.headers.get("X-Request-Id"))
+        created = int(time.time())
+        name = model or e.served_model_name
+        self.inflight += 1
+        try:
+            if stream:
+                try:
+                    return await self._stream_completion(request, s, created, name, include_usage)
+                except ConnectionResetError:  # the client went away mid-stream: abort below
+                    return web.Response(status=499)
+            tokens = []
+            while True:
+                batch, done = await s.take()
+                tokens += batch
+                if done:
+                    break
+            if s.finish_reason == "abort":
+                return _json(d.error_body("Request aborted", type="InternalServerError", code=500), 500)
+            text = "".join(token_text(t) for t in tokens)
+            return _json(d.completion_response(s.rid, created, name, text, s.finish_reason, s.prompt_len,
+                                               len(tokens), version=e.version))
+        finally:
+            self.inflight -= 1
+            if not s.done:
+                e.runtime.abort(s.rid)
+
+    async def _sse_error(self, request: web.Request, event: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        await resp.write(event + DONE)
+        await resp.write_eof()
+        return resp
+
+    async def _stream_completion(self, request, s, created: int, name: str, include_usage: bool):
+        d = self.d
+        head, tail = _DUMPS(d.stream_chunk(s.rid, created, name, _MARK, None)).split(_DUMPS(_MARK)[1:-1])
+        head, tail = b"data: " + head.encode(), tail.encode() + b"\n\n"
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        sent = 0
+        while True:
+            batch, done = await s.take()
+            if done and s.finish_reason == "abort":
+                break
+            last = len(batch) - 1 if done else -1
+            out = [head + token_text(t).encode() + tail for i, t in enumerate(batch) if i != last]
+            if last >= 0:
+                out.append(_sse(d.stream_chunk(s.rid, created, name, token_text(batch[last]), s.finish_reason)))
+            elif done:
+                out.append(_sse(d.stream_chunk(s.rid, created, name, "", s.finish_reason)))
+            sent += len(batch)
+            if done:
+                if include_usage:
+                    out.append(_sse(d.usage_chunk(s.rid, created, name, s.prompt_len, sent)))
+                out.append(DONE)
+            await resp.write(b"".join(out))
+            if done:
+                break
+        await resp.write_eof()
+        return resp
+
+    async def generate(self, request: web.Request) -> web.Response:
+        """SGLang native /generate: input_ids or text, sampling_params, stream."""
+        e, d = self.emu, self.d
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("expected a JSON object")
+            ids, _ = parse_prompt(body["input_ids"] if body.get("input_ids") is not None else body.get("text"))
+            sp = body.get("sampling_params") or {}
+            max_new = _int_field(sp, "max_new_tokens", 128)
+            min_new = _int_field(sp, "min_new_tokens", 0)
+        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as err:
+            return _json({"error": str(err)}, 400)
+        stream = bool(body.get("stream", False))
+        msg = d.check_tokenizer(len(ids), max_new, min_new, e.max_model_len) or d.check_scheduler(
+            len(ids), e.max_req_input_len)
+        if msg:
+            if stream:
+                return await self._sse_error(request, _sse({"error": {"message": msg, "type": "invalid_request_error",
+                                                                      "code": 400, "retryable": False}}))
+            return _json(d.generate_error_body(msg), 400)
+        max_new = d.clip_max_new(len(ids), max_new, context_len=e.max_model_len,
+                                 max_total_num_tokens=e.pool_tokens_reported, page_size=e.page_size)
+        s = e.runtime.submit(ids, max_new, min_tokens=min(min_new, max_new), ignore_eos=bool(sp.get("ignore_eos")),
+                             stream=stream, trace_id=request.headers.get("X-Request-Id"))
+        try:
+            if not stream:
+                tokens = []
+                while True:
+                    batch, done = await s.take()
+                    tokens += batch
+                    if done:
+                        break
+                return _json(d.generate_response(s.rid, "".join(token_text(t) for t in tokens), tokens,
+                                                 s.finish_reason, s.prompt_len, time.monotonic() - s.t_arrival,
+                                                 EOS_TOKEN_ID))
+            resp = web.StreamResponse(headers=SSE_HEADERS)
+            await resp.prepare(request)
+            tokens, text = [], []
+            while True:
+                batch, done = await s.take()
+                tokens += batch
+                text += [token_text(t) for t in batch]
+                if batch or done:
+                    body = d.generate_response(s.rid, "".join(text), [], s.finish_reason or "length", s.prompt_len,
+                                               time.monotonic() - s.t_arrival, EOS_TOKEN_ID)
+                    body["meta_info"]["completion_tokens"] = len(tokens)
+                    if not done:
+                        body["meta_info"]["finish_reason"] = None
+                    await resp.write(_sse(body) + (DONE if done else b""))
+                if done:
+                    break
+            await resp.write_eof()
+            return resp
+        finally:
+            if not s.done:
+                e.runtime.abort(s.rid)
+
+
+def build_app(emu) -> web.Application:
+    h = Handlers(emu)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get(emu.dialect.HEALTH_PATH, h.health)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/metrics", h.metrics)
+    app.router.add_post("/v1/completions", h.completions)
+    if emu.engine == "vllm":
+        app.router.add_get("/version", h.version)
+        app.router.add_get("/load", h.load)
+    else:
+        for path in ("/server_info", "/get_server_info"):
+            app.router.add_get(path, h.server_info)
+        for path in ("/model_info", "/get_model_info"):
+            app.router.add_get(path, h.model_info)
+        app.router.add_post("/generate", h.generate)
+        app.router.add_get("/health_generate", h.health)
+    return app

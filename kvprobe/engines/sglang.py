@@ -1,0 +1,349 @@
+"""SGLang's wire facts: flags, startup lines, metric names, error bodies, endpoint shapes.
+
+Source: SGLang 0.5.23 (PyPI wheel, no git commit recorded), file:line from shared/reference/sglang.md
+and shared/fixtures/ (errors.md, sglang-*.md). Older-version differences are noted where they matter.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+from kvprobe.engines.base import Flag, MetricMap, ReportedCapacity, render_flags
+from kvprobe.errors import ConfigError
+
+NAME = "sglang"
+DEFAULT_VERSION = "0.5.23"
+DEFAULT_PORT = 30000  # arg_groups/fields/serving.py L65-66
+# /health submits a 1-token generate and answers 200 once the scheduler replies (http_server.py L721-799);
+# 503 while starting or shutting down.
+HEALTH_PATH = "/health"
+INFO_PATHS = ("/server_info", "/v1/models")
+
+# --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
+LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
+TOKENIZER_LABELS = ("model_name", "engine_type")  # L1804-1819 (+ is_streaming on request histograms)
+METRICS = MetricMap(
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    usage="sglang:token_usage",
+    preemptions="sglang:num_retracted_requests",  # counter, exposed as ..._total
+    used_tokens="sglang:num_used_tokens",
+    pool_tokens="sglang:max_total_num_tokens",
+    ttft="sglang:time_to_first_token_seconds",
+    success="sglang:num_requests",
+    extra={
+        "new_token_ratio": "sglang:new_token_ratio",
+        "retracted_gauge": "sglang:num_retracted_reqs",
+        "context_len": "sglang:context_len",
+        "page_size": "sglang:page_size",
+        "kv_used_tokens": "sglang:kv_used_tokens",
+        "kv_available_tokens": "sglang:kv_available_tokens",
+        "kv_evictable_tokens": "sglang:kv_evictable_tokens",
+    },
+)
+# Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle
+# (metrics_reporter.py L719-1140, L1476-1520).
+DECODE_LOG_INTERVAL = 40
+IDLE_REPORT_SECONDS = 30.0
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
+                400.0)  # L1965-1985
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
+               400.0, 600.0, 1200.0, 1800.0, 2400.0)
+HELP = {
+    "sglang:num_running_reqs": "The number of running requests.",
+    "sglang:num_queue_reqs": "The number of requests in the waiting queue.",
+    "sglang:token_usage": "The token usage.",
+    "sglang:num_used_tokens": "The number of used tokens.",
+    "sglang:kv_used_tokens": "Number of actively used token slots in the KV cache pool.",
+    "sglang:kv_available_tokens": "Number of free token slots in the KV cache pool.",
+    "sglang:kv_evictable_tokens": "Number of evictable (radix-cached) token slots in the KV cache pool.",
+    "sglang:max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
+    "sglang:page_size": "KV cache page size in tokens.",
+    "sglang:num_pages": "Number of KV cache pages.",
+    "sglang:context_len": "Maximum context length.",
+    "sglang:new_token_ratio": "The new token ratio.",
+    "sglang:num_retracted_reqs": "The number of retracted requests.",
+    "sglang:num_retracted_requests": "Total number of retracted requests.",
+    "sglang:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "sglang:e2e_request_latency_seconds": "Histogram of End-to-end request latency in seconds",
+    "sglang:prompt_tokens": "Number of prefill tokens processed.",
+    "sglang:generation_tokens": "Number of generation tokens processed.",
+    "sglang:num_requests": "Number of requests processed.",
+}
+
+# --- flags (server_args.py / arg_groups/fields/*.py, 0.5.23). GPU-tier defaults are the emulator's.
+FLAGS: dict[str, Flag] = {f.name: f for f in (
+    Flag("served-model-name", str, None, "model_name label / /v1/models id"),
+    Flag("max-total-tokens", int, None, "KV pool size in tokens (schedule.py L39-51)"),
+    Flag("context-length", int, 8192, "context_len (model.py L110-116)"),
+    Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs"),
+    Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)"),
+    Flag("max-prefill-tokens", int, 16384, "per-pass prefill token budget (L71-81)"),
+    Flag("page-size", int, 1, "tokens per page (L143-145)"),
+    Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)"),
+    Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)"),
+    Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
+    Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
+    Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports"),
+    Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False),
+    Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False),
+    Flag("tp-size", int, 1, "tensor parallel size", emulated=False),
+)}
+
+
+def _vt(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def policy(version: str) -> str:
+    """0.5.22 reserves ignore_eos requests at ratio 1.0; 0.5.21 and older scale by new_token_ratio."""
+    return "sglang-0.5.21" if _vt(version) <= (0, 5, 21) else "sglang-0.5.22"
+
+
+def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:
+    """managers/tp_worker.py L568-572: min(context_len - 1, M - 1) - 5 (theory owns it)."""
+    from kvprobe.theory.budget import sglang_max_req_input_len
+
+    return sglang_max_req_input_len(context_len, max_total_num_tokens)
+
+
+def resolve_max_running_requests(max_total_num_tokens: int, context_len: int, user_value: int | None) -> int:
+    """resolve_max_num_reqs (kv_cache_configurator.py, reference §1.4); theory owns it."""
+    from kvprobe.theory.budget import sglang_default_max_running_requests
+
+    return sglang_default_max_running_requests(max_total_num_tokens, context_len, user_value)
+
+
+# --- startup lines: `[%Y-%m-%d %H:%M:%S{prefix}] message` (utils/common.py configure_logger L2618-2638);
+# the ` TPn` part appears only with TP > 1.
+def log_prefix(t: float | None = None) -> str:
+    return "[" + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + "] "
+
+
+def capacity_line(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,
+                  max_running_requests: int, context_len: int, available_gpu_mem: float = 0.0) -> str:
+    """managers/scheduler.py L1267-1276 (TP rank 0)."""
+    return (log_prefix() + f"max_total_num_tokens={max_total_num_tokens}, chunked_prefill_size={chunked_prefill_size}, "
+            f"max_prefill_tokens={max_prefill_tokens}, max_running_requests={max_running_requests}, "
+            f"context_len={context_len}, available_gpu_mem={available_gpu_mem:.2f} GB")
+
+
+def startup_lines(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,
+                  max_running_requests: int, context_len: int, bytes_per_token: int = 131072) -> list[str]:
+    """KV line (mem_cache/memory_pool.py L2087-2091, nominal bytes: the emulator has none), the
+    context warning of tp_worker.py get_worker_info, then the capacity line."""
+    k_gb = max_total_num_tokens * bytes_per_token / 2 / 2**30
+    lines = [log_prefix() + f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max_total_num_tokens}, "
+             f"K size: {k_gb:.2f} GB, V size: {k_gb:.2f} GB"]
+    if max_total_num_tokens < context_len:
+        lines.append(log_prefix() + f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length "
+                     f"{context_len}. Requests are limited by the pool size.")
+    lines.append(capacity_line(max_total_num_tokens=max_total_num_tokens, chunked_prefill_size=chunked_prefill_size,
+                               max_prefill_tokens=max_prefill_tokens, max_running_requests=max_running_requests,
+                               context_len=context_len))
+    return lines
+
+
+def serving_lines(host: str, port: int) -> list[str]:
+    return [f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)",
+            log_prefix() + "The server is fired up and ready to roll!"]
+
+
+_RE_CAP = re.compile(r"max_total_num_tokens=(\d+)(?P<rest>[^\n]*)")
+_RE_KV = re.compile(r"KV Cache is allocated\.[^\n]*?#tokens: (\d+)")
+
+
+def _opt_int(rest: str, key: str) -> int | None:
+    m = re.search(rf"\b{key}=(-?\d+|None)", rest)
+    if not m or m.group(1) == "None" or int(m.group(1)) < 0:
+        return None
+    return int(m.group(1))
+
+
+def parse_startup_log(text: str) -> ReportedCapacity:
+    """Capacity line of every format seen (fixtures/sglang-startup-real-quotes.log): chunked_prefill_size,
+    max_running_requests and available_*_mem optional; optional timestamp/rank prefix. Last line wins."""
+    values: dict[str, object] = {}
+    src: dict[str, str] = {}
+    caps = list(_RE_CAP.finditer(text))
+    if caps:
+        m = caps[-1]
+        rest = m.group("rest")
+        values["kv_tokens"] = int(m.group(1))
+        for field, key in (("max_model_len", "context_len"), ("max_running", "max_running_requests"),
+                           ("token_budget", "chunked_prefill_size")):
+            if (v := _opt_int(rest, key)) is not None:
+                values[field] = v
+        src = {k: "startup log: max_total_num_tokens line" for k in values}
+    elif kvs := list(_RE_KV.finditer(text)):
+        values["kv_tokens"] = int(kvs[-1].group(1))
+        src["kv_tokens"] = "startup log: KV Cache is allocated"
+    return ReportedCapacity(**values, sources=src)
+
+
+def _gauge(families: dict, name: str) -> float | None:
+    fam = families.get(name)
+    return fam.samples[0].value if fam is not None and fam.samples else None
+
+
+def reported_from_metrics(families: dict) -> ReportedCapacity:
+    out = {}
+    for field, name in (("kv_tokens", "sglang:max_total_num_tokens"), ("max_model_len", "sglang:context_len"),
+                        ("block_size", "sglang:page_size")):
+        if (v := _gauge(families, name)) is not None:
+            out[field] = int(v)
+    return ReportedCapacity(**out, sources={k: "metrics" for k in out})
+
+
+def reported_from_info(path: str, body: dict) -> ReportedCapacity:
+    if path == "/v1/models":
+        data = body.get("data") or [{}]
+        mml = data[0].get("max_model_len")
+        return ReportedCapacity(max_model_len=mml, sources={"max_model_len": "/v1/models"} if mml else {})
+    if path in ("/server_info", "/get_server_info"):
+        states = body.get("internal_states") or [{}]
+        cps = body.get("chunked_prefill_size")
+        out = {"kv_tokens": body.get("max_total_num_tokens"), "max_req_input_len": body.get("max_req_input_len"),
+               "max_model_len": body.get("context_length"), "block_size": body.get("page_size"),
+               "max_running": states[0].get("effective_max_running_requests_per_dp"),
+               "token_budget": cps if isinstance(cps, int) and cps > 0 else None, "version": body.get("version")}
+        out = {k: v for k, v in out.items() if v is not None}
+        return ReportedCapacity(**out, sources={k: path for k in out})
+    return ReportedCapacity()
+
+
+# --- commands
+def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                   binary: list[str] | None = None) -> list[str]:
+    """`python -m sglang.launch_server --model-path MODEL --host H --port P ...` (launch_server.py)."""
+    return [*(binary or ["python", "-m", "sglang.launch_server"]), "--model-path", model, "--host", host,
+            "--port", str(port), *render_flags(flags, FLAGS)]
+
+
+def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`python -m kvprobe emulate sglang ...`; flags the emulator does not model are dropped (the pool
+    must be given as max-total-tokens). --enable-metrics is added: a probe needs /metrics."""
+    if flags.get("max-total-tokens") is None:
+        raise ConfigError("the SGLang emulator needs flags.max-total-tokens (the pool in tokens)",
+                          key="flags.max-total-tokens")
+    kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
+    kept.setdefault("enable-metrics", True)
+    return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model-path", model, "--host", host,
+            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+
+
+def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,
+                    stream: bool = True) -> dict:
+    body: dict = {"prompt": list(prompt_ids), "max_tokens": output_tokens, "min_tokens": output_tokens,
+                  "ignore_eos": True, "stream": stream}
+    if model:
+        body["model"] = model
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# --- errors (fixtures/errors.md, SGLang part)
+def error_body(message: str, *, type: str = "BadRequestError", code: int = 400) -> dict:
+    """/v1/completions: flat ErrorResponse (openai/serving_base.py create_error_response L205-221)."""
+    return {"object": "error", "message": message, "type": type, "param": None, "code": code}
+
+
+def generate_error_body(message: str) -> dict:
+    """/generate: http_server.py `_create_error_response` L2246-2250."""
+    return {"error": {"message": message}}
+
+
+def streaming_abort_chunk(message: str) -> dict:
+    """Scheduler-side abort while streaming /v1/completions: one SSE event, HTTP 200
+    (create_streaming_error_response L223-238)."""
+    return {"error": {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}}
+
+
+def bad_request(message: str) -> dict:
+    """Pydantic validation errors: 400 (not 422), type "Bad Request" (http_server.py L635-693)."""
+    return error_body(message, type="Bad Request")
+
+
+def check_tokenizer(prompt_len: int, max_new: int | None, min_new: int, context_len: int) -> str | None:
+    """Tokenizer-side checks, in order (tokenizer_manager.py L1307-1378, sampling_params.py L280-294).
+    A message means 400 before anything streams."""
+    if prompt_len >= context_len:
+        return f"The input ({prompt_len} tokens) is longer than the model's context length ({context_len} tokens)."
+    if max_new is not None and prompt_len + max_new > context_len:
+        return (f"Requested token count exceeds the model's maximum context length of {context_len} tokens. You "
+                f"requested a total of {prompt_len + max_new} tokens: {prompt_len} tokens from the input messages "
+                f"and {max_new} tokens for the completion. Please reduce the number of tokens in the input messages "
+                "or the completion to fit within the limit.")
+    if max_new is not None and not 0 <= min_new <= max_new:
+        return f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
+    return None
+
+
+def check_scheduler(prompt_len: int, max_req_input: int) -> str | None:
+    """Scheduler-side check (managers/utils.py validate_input_length L259-289): an abort with status 400."""
+    if prompt_len >= max_req_input:
+        return (f"Input length ({prompt_len} tokens) exceeds the maximum allowed length ({max_req_input} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate.")
+    return None
+
+
+def clip_max_new(prompt_len: int, max_new: int, *, context_len: int, max_total_num_tokens: int,
+                 page_size: int = 1) -> int:
+    """Silent clipping (scheduler.py init_req_max_new_tokens L2693-2740, allocator max_new_tokens_for_memory)."""
+    max_req_len = min(context_len - 1, max_total_num_tokens - 1)
+    ceil_page = -(-prompt_len // page_size) * page_size
+    return max(0, min(max_new, max_req_len - prompt_len - 1, max_total_num_tokens - ceil_page - page_size - 1))
+
+
+# --- response shapes (openai/serving_completions.py, protocol.py)
+def stream_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                         "matched_stop": None}], "usage": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+
+
+def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str, prompt_tokens: int,
+                        completion_tokens: int, version: str = DEFAULT_VERSION) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                         "matched_stop": None}], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def generate_response(rid: str, text: str, output_ids: list[int], finish_reason: str, prompt_tokens: int,
+                      e2e_latency: float, eos_id: int | None = None) -> dict:
+    """Native /generate body (cumulative text; meta_info.finish_reason as a dict)."""
+    reason = ({"type": "length", "length": len(output_ids)} if finish_reason == "length"
+              else {"type": "stop", "matched": eos_id})
+    return {"text": text, "output_ids": output_ids,
+            "meta_info": {"id": rid, "finish_reason": reason, "prompt_tokens": prompt_tokens,
+                          "completion_tokens": len(output_ids), "cached_tokens": 0, "e2e_latency": e2e_latency}}
+
+
+def models_body(served: str, context_len: int, created: int) -> dict:
+    """GET /v1/models (http_server.py L1993-2022)."""
+    return {"object": "list", "data": [{"id": served, "object": "model", "created": created, "owned_by": "sglang",
+                                        "root": served, "parent": None, "max_model_len": context_len}]}
+
+
+def server_info_body(*, args: dict, max_total_num_tokens: int, max_req_input_len: int,
+                     effective_max_running: int, version: str) -> dict:
+    """GET /server_info (utils/common.py build_server_info L3584-3593): resolved args + scheduler info."""
+    return {**args, "status": "ready", "max_total_num_tokens": max_total_num_tokens,
+            "max_req_input_len": max_req_input_len, "version": version, "frontend": "python",
+            "internal_states": [{"effective_max_running_requests_per_dp": effective_max_running,
+                                 "last_gen_throughput": 0.0,
+                                 "memory_usage": {"token_capacity": max_total_num_tokens}}]}

@@ -1,0 +1,443 @@
+"""The locustfile LocustRun starts: closed-loop fixed-length completion requests, recorded per request.
+
+Runs only inside the Locust subprocess (it imports Locust, which monkey-patches with gevent).
+Facts it relies on are measured in shared/reference/locust.md: FastHttpUser + `resp.stream.readline`
+for the first token (§3), Accept-Encoding identity (§3), drain to the end of the message so the
+connection is reused (§3), gc.freeze (§3), the SIGTERM-during-shape fix (§2), events.request only
+on workers and the shape on the master (§5).
+
+Cheap reads: only the lines up to the first content chunk are parsed; the rest of the stream is
+read in bulk (`read(64 KiB)` returns at the end of the message) keeping an 8 KiB tail in which the
+usage chunk is found with one regex. This is what lets one process hold several hundred streams.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import itertools
+import json
+import os
+import re
+import signal
+import time
+
+import gevent
+from gevent import GreenletExit
+from locust import FastHttpUser, constant, events, task
+from locust.runners import MasterRunner, WorkerRunner
+
+from kvprobe.load.records import (
+    ABORTED,
+    CONNECTION,
+    EXCEPTION,
+    NO_USAGE,
+    READ_ERROR,
+    USAGE_MISMATCH,
+    Record,
+    RecordWriter,
+)
+from kvprobe.load.shape import make_shape_class
+
+BULK = 1 << 16
+TAIL = 8192
+ERROR_TEXT = 300
+FLUSH_INTERVAL = 0.5
+_USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
+_SENTINELS = (-987654301, -987654302)
+
+
+class _State:
+    """Per-process state (each Locust process imports this file once, before any fork)."""
+
+    writer: RecordWriter | None = None
+    role = "local"
+    label = "w0"
+    index: int | None = None
+    target_users = 0
+    pending_level: tuple[int, float] | None = None
+    seq = itertools.count()
+    inflight: dict[int, Record] = {}
+    body_parts: list[bytes] | None = None
+    headers: dict[str, str] = {}
+    opts = None
+
+
+S = _State()
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser) -> None:
+    g = parser.add_argument_group("kvprobe")
+    g.add_argument("--kv-control", default="", help="control file written by the parent")
+    g.add_argument("--kv-records-dir", default="", help="directory for the per-process JSONL records")
+    g.add_argument("--kv-time-limit", type=float, default=600.0, help="hard limit (s): the shape ends the test")
+    g.add_argument("--kv-model", default="", help="model name sent in the request body")
+    g.add_argument("--kv-engine", default="vllm", help="request dialect (kvprobe.engines.<name>)")
+    g.add_argument("--kv-path", default="/v1/completions")
+    g.add_argument("--kv-prompt-tokens", type=int, default=16)
+    g.add_argument("--kv-output-tokens", type=int, default=16)
+    g.add_argument("--kv-stream", type=int, default=1)
+    g.add_argument("--kv-api-key-env", default="", help="NAME of the env var holding the API key")
+    g.add_argument("--kv-seed", type=int, default=0)
+    g.add_argument("--kv-run-id", default="run")
+    g.add_argument("--kv-workers", type=int, default=1, help="number of load-generating processes")
+    g.add_argument("--kv-token-base", type=int, default=1000)
+    g.add_argument("--kv-token-range", type=int, default=30000)
+    g.add_argument("--kv-network-timeout", type=float, default=600.0)
+
+
+# --- request body -------------------------------------------------------------------------------
+
+def _fallback_completion_body(prompt_ids, output_tokens, *, model=None, stream=True) -> dict:
+    # Used until the engine dialect exposes completion_body (CONTRACTS.md, engines/*).
+    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": output_tokens,
+            "min_tokens": output_tokens, "ignore_eos": True, "stream": bool(stream)}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if model is None:
+        del body["model"]
+    return body
+
+
+def completion_body_fn(engine: str):
+    try:
+        return importlib.import_module(f"kvprobe.engines.{engine}").completion_body
+    except (ImportError, AttributeError):
+        return _fallback_completion_body
+
+
+def body_template(opts) -> list[bytes]:
+    """The request body split around the first two token ids, which are the only ones that vary.
+
+    Serialising a P-token list per request would cost ~P µs; splicing two ints costs ~1 µs.
+    """
+    p, base, rng = opts.kv_prompt_tokens, opts.kv_token_base, opts.kv_token_range
+    filler = [base + (i * 7919 + 13) % rng for i in range(2, p)]
+    ids = list(_SENTINELS[: min(p, 2)]) + filler
+    make = completion_body_fn(opts.kv_engine)
+    text = json.dumps(make(ids, opts.kv_output_tokens, model=opts.kv_model or None, stream=bool(opts.kv_stream)))
+    parts = [text]
+    for s in _SENTINELS[: min(p, 2)]:
+        head, sep, rest = parts[-1].partition(str(s))
+        if not sep:
+            raise RuntimeError("completion_body did not keep the prompt ids")
+        parts[-1:] = [head, rest]
+    return [x.encode() for x in parts]
+
+
+def first_tokens(k: int, base: int, rng: int) -> tuple[int, int]:
+    """Global request number k -> the first two ids: unique first token for k < rng, pair < rng²."""
+    return base + k % rng, base + (k // rng) % rng
+
+
+def make_body(k: int) -> bytes:
+    o = S.opts
+    a, b = first_tokens(k, o.kv_token_base, o.kv_token_range)
+    parts = S.body_parts
+    if len(parts) == 2:
+        return parts[0] + str(a).encode() + parts[1]
+    return parts[0] + str(a).encode() + parts[1] + str(b).encode() + parts[2]
+
+
+# --- process setup ------------------------------------------------------------------------------
+
+@events.init.add_listener
+def _on_init(environment, **_kw) -> None:
+    opts = environment.parsed_options
+    S.opts = opts
+    runner = environment.runner
+    S.role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
+    S.label = "master" if S.role == "master" else "w0"
+    S.body_parts = body_template(opts)
+    S.headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
+    key = os.environ.get(opts.kv_api_key_env) if opts.kv_api_key_env else None
+    if key:
+        S.headers["Authorization"] = f"Bearer {key}"
+    if opts.kv_records_dir:
+        S.writer = RecordWriter(os.path.join(opts.kv_records_dir, f"{S.role}-{os.getpid()}.jsonl"))
+    if S.role == "worker":
+        runner.register_message("kv_level", _on_level_message)
+    gevent.spawn(_flusher)
+    gevent.spawn(_lag_monitor)
+    # A full gen-2 collection stalls every greenlet for ~100 ms (locust.md §3); freeze what exists.
+    gc.collect()
+    gc.freeze()
+
+    def _on_term():
+        # Locust installs its own SIGTERM handler only after the shape ends (locust.md §2).
+        environment.process_exit_code = 143
+        _flush()
+        environment.runner.quit()
+
+    gevent.signal_handler(signal.SIGTERM, _on_term)
+
+
+def _on_level_message(environment, msg, **_kw) -> None:
+    S.target_users = int(msg.data["users"])
+
+
+def _on_new_level(users: int, t_set: float) -> None:
+    """Called by the shape (local or master) when it hands Locust a new user count."""
+    S.target_users = users
+    S.pending_level = (users, t_set)
+    runner = _env_ref.runner if _env_ref is not None else None
+    if isinstance(runner, MasterRunner):
+        runner.send_message("kv_level", {"users": users})
+
+
+_env_ref = None
+
+
+@events.init.add_listener
+def _keep_env(environment, **_kw) -> None:
+    global _env_ref
+    _env_ref = environment
+
+
+@events.spawning_complete.add_listener
+def _on_spawning_complete(user_count: int, **_kw) -> None:
+    if S.role == "worker" or S.writer is None:
+        return
+    t_set = S.pending_level[1] if S.pending_level and S.pending_level[0] == user_count else None
+    S.writer.write(Record(kind="level", t=time.time(), t_set=t_set, users=user_count, worker=S.label))
+    S.writer.flush()  # the parent polls for this record
+
+
+@events.quitting.add_listener
+def _on_quitting(**_kw) -> None:
+    _flush()
+
+
+@events.quit.add_listener
+def _on_quit(**_kw) -> None:
+    # On SIGTERM the main greenlet can reach sys.exit while killed users have not yet run their
+    # GreenletExit handler: record every request still in flight as aborted before closing.
+    _abort_inflight()
+    if S.writer is not None:
+        S.writer.close()
+
+
+def _finish(rec: Record) -> None:
+    """Write a request record exactly once (the quit listener may have written it as aborted)."""
+    if S.inflight.pop(id(rec), None) is not None and S.writer is not None:
+        S.writer.write(rec)
+
+
+def _abort_inflight() -> None:
+    now = time.time()
+    for rec in list(S.inflight.values()):
+        rec.status, rec.t_end = ABORTED, now
+        _finish(rec)
+
+
+def _flush() -> None:
+    if S.writer is not None:
+        try:
+            S.writer.flush()
+        except ValueError:  # already closed
+            pass
+
+
+def _flusher() -> None:
+    while True:
+        gevent.sleep(FLUSH_INTERVAL)
+        _flush()
+
+
+def _lag_monitor() -> None:
+    """Oversleep of a 10 ms sleep, p99 per second, and this process's CPU in cores (locust.md §4)."""
+    lags: list[float] = []
+    t_last, cpu_last = time.monotonic(), time.process_time()
+    while True:
+        t0 = time.perf_counter()
+        gevent.sleep(0.01)
+        lags.append(max(0.0, (time.perf_counter() - t0 - 0.01) * 1000.0))
+        now = time.monotonic()
+        if now - t_last >= 1.0:
+            cpu_now = time.process_time()
+            lags.sort()
+            p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+            if S.writer is not None:
+                S.writer.write(Record(kind="lag", t=time.time(), lag_ms=round(p99, 3), lag_max_ms=round(lags[-1], 3),
+                                      cpu=round((cpu_now - cpu_last) / (now - t_last), 4), worker=_label()))
+            lags = []
+            t_last, cpu_last = now, cpu_now
+
+
+def _label() -> str:
+    if S.role == "worker" and S.index is None and _env_ref is not None:
+        idx = getattr(_env_ref.runner, "worker_index", -1)
+        if idx is not None and idx >= 0:
+            S.index = idx
+            S.label = f"w{idx}"
+    return S.label
+
+
+# --- one request --------------------------------------------------------------------------------
+
+def _next_k() -> tuple[int, int]:
+    """(global request number, local sequence) — the number space is partitioned by worker index."""
+    _label()
+    seq = next(S.seq)
+    o = S.opts
+    idx = S.index or 0
+    return o.kv_seed * 1_000_003 + seq * max(1, o.kv_workers) + idx, seq
+
+
+def _is_content(payload: bytes) -> bool | None:
+    """True for a chunk carrying a choice, None for an error object, False otherwise (usage-only)."""
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return False
+    if isinstance(obj, dict):
+        if obj.get("choices"):
+            return True
+        if "error" in obj:
+            return None
+    return False
+
+
+def _usage_from_tail(tail: bytes) -> dict | None:
+    last = None
+    for last in _USAGE_RE.finditer(tail):
+        pass
+    if last is None:
+        return None
+    start = tail.rfind(b"data:", 0, last.start())
+    end = tail.find(b"\n", last.start())
+    try:
+        obj = json.loads(tail[start + 5 if start >= 0 else 0: end if end >= 0 else len(tail)])
+        usage = obj.get("usage")
+        return usage if isinstance(usage, dict) else None
+    except ValueError:
+        return None
+
+
+def read_stream(stream) -> tuple[float | None, bytes]:
+    """Time the first content chunk, then drain the message in bulk; returns (t_first, tail)."""
+    t_first = None
+    tail = b""
+    while True:
+        line = stream.readline(b"\n")
+        if not line:
+            return None, tail
+        if line.startswith(b"data:"):
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                tail += line
+                break
+            c = _is_content(payload)
+            if c:
+                t_first = time.time()
+                tail = line
+                break
+            tail = (tail + line)[-TAIL:]
+            if c is None:
+                break
+    while True:
+        data = stream.read(BULK)
+        if not data:
+            return t_first, tail
+        tail = (tail + data)[-TAIL:]
+
+
+class ProbeUser(FastHttpUser):
+    """One closed-loop user: the next request goes out when the previous one ends."""
+
+    wait_time = constant(0)
+    connection_timeout = 10.0
+    concurrency = 1
+    _backoff = 0.0
+
+    def on_start(self) -> None:
+        self.network_timeout = S.opts.kv_network_timeout
+
+    @task
+    def one_request(self) -> None:
+        rec = Record(users=S.target_users, worker=_label())
+        S.inflight[id(rec)] = rec
+        try:
+            ok = self._request(rec)
+        except GreenletExit:
+            rec.status, rec.t_end = ABORTED, time.time()
+            _finish(rec)
+            raise
+        except Exception as err:  # noqa: BLE001 — one record, no traceback storm (locust.md §2)
+            rec.status, rec.error, rec.t_end = EXCEPTION, f"{type(err).__name__}: {err}"[:ERROR_TEXT], time.time()
+            ok = False
+        _finish(rec)
+        if ok:
+            self._backoff = 0.0
+        else:
+            # A dead server must not turn into thousands of failing requests a second.
+            self._backoff = min(1.0, max(0.05, self._backoff * 2))
+            gevent.sleep(self._backoff)
+
+    def _request(self, rec: Record) -> bool:
+        o = S.opts
+        k, seq = _next_k()
+        rid = f"{o.kv_run_id}-{rec.worker}-{seq}"
+        rec.request_id = rid
+        headers = dict(S.headers)
+        headers["X-Request-Id"] = rid
+        body = make_body(k)
+        stream = bool(o.kv_stream)
+        rec.t_send = time.time()
+        with self.client.request("POST", o.kv_path, data=body, headers=headers, stream=stream,
+                                 catch_response=True, name="completion") as resp:
+            code = resp.status_code or 0
+            if code != 200:
+                return self._failed(resp, rec, code)
+            try:
+                if stream:
+                    rec.t_first, tail = read_stream(resp.stream)
+                    usage = _usage_from_tail(tail)
+                else:
+                    payload = json.loads(resp.content or b"{}")
+                    usage = payload.get("usage") if isinstance(payload, dict) else None
+                    tail = resp.content or b""
+            except Exception as err:  # noqa: BLE001 — a broken stream is a record, not a crash
+                rec.t_end = time.time()
+                rec.status, rec.error = READ_ERROR, f"{type(err).__name__}: {err}"[:ERROR_TEXT]
+                resp.failure(rec.error)
+                return False
+            rec.t_end = time.time()
+            resp.request_meta["response_time"] = (rec.t_end - rec.t_send) * 1000.0
+            return self._judge(resp, rec, usage, tail)
+
+    def _judge(self, resp, rec: Record, usage: dict | None, tail: bytes) -> bool:
+        o = S.opts
+        if usage is None:
+            rec.status, rec.error = NO_USAGE, tail[-ERROR_TEXT:].decode(errors="replace")
+            resp.failure(NO_USAGE)
+            return True
+        rec.prompt_tokens = usage.get("prompt_tokens")
+        rec.completion_tokens = usage.get("completion_tokens")
+        if rec.prompt_tokens != o.kv_prompt_tokens or rec.completion_tokens != o.kv_output_tokens:
+            rec.status = USAGE_MISMATCH
+            rec.error = (f"usage prompt_tokens={rec.prompt_tokens} completion_tokens={rec.completion_tokens}, "
+                         f"expected {o.kv_prompt_tokens}/{o.kv_output_tokens}")
+            resp.failure(rec.error)
+            return True
+        rec.status = 200
+        resp.success()
+        return True
+
+    def _failed(self, resp, rec: Record, code: int) -> bool:
+        rec.t_end = time.time()
+        if code == 0:
+            rec.status = CONNECTION
+            rec.error = f"{type(resp.error).__name__}: {resp.error}"[:ERROR_TEXT]
+        else:
+            rec.status = code
+            try:
+                rec.error = (resp.content or b"").decode(errors="replace")[:ERROR_TEXT]
+            except Exception as err:  # noqa: BLE001
+                rec.error = f"HTTP {code} ({type(err).__name__})"
+        resp.failure(rec.error or f"HTTP {code}")
+        return False
+
+
+ControlFileShape = make_shape_class(_on_new_level)

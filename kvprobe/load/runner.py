@@ -1,0 +1,292 @@
+"""LocustRun: the Locust subprocess (one process, or a master with N workers) driven by a control file.
+
+Locust runs as a subprocess so its gevent monkey-patching never reaches the caller (locust.md §1).
+The parent writes the control file, Locust's shape follows it once a second, and every process
+writes its own JSONL records, read back with `records()`. Everything runs in one process group
+the parent owns; stop = control-file stop, then SIGTERM to the group, then SIGKILL — every wait
+has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import kvprobe
+from kvprobe.errors import ConfigError, ProbeError
+from kvprobe.load.records import RECORD_SUFFIX, Record, read_record_file, read_records
+from kvprobe.load.shape import default_spawn_rate, write_control
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+# Client health thresholds (locust.md §4): loop lag tracks TTFT distortion; 3–7 ms is healthy on
+# this class of VM, tens of ms means the client, not the engine, sets the timing.
+LAG_SATURATED_MS = 15.0
+CPU_SATURATED = 0.9  # cores: a gevent process cannot use more than one
+
+
+@dataclass
+class ClientHealth:
+    cpu: float | None           # mean CPU (cores) of the busiest load-generating process
+    cpu_total: float | None     # mean CPU (cores) of all load-generating processes together
+    lag_p99_ms: float | None    # median over seconds of the per-second p99 loop lag (busiest process)
+    lag_worst_ms: float | None  # the worst per-second p99 loop lag seen
+    processes: int
+    seconds: int                # lag samples (one per process-second) the figures come from
+    saturated: bool
+    reason: str = ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def client_health(records: list[Record], t0: float | None = None, t1: float | None = None) -> ClientHealth:
+    """Summarise the lag records of the load-generating processes (not the master) in [t0, t1]."""
+    lag = [r for r in records if r.kind == "lag" and r.worker != "master"
+           and (t0 is None or (r.t or 0) >= t0) and (t1 is None or (r.t or 0) <= t1)]
+    by_worker: dict[str, list[Record]] = {}
+    for r in lag:
+        by_worker.setdefault(r.worker or "?", []).append(r)
+    if not by_worker:
+        return ClientHealth(None, None, None, None, 0, 0, False, "no loop-lag records")
+    cpu = {w: sum(r.cpu or 0.0 for r in rs) / len(rs) for w, rs in by_worker.items()}
+    lag_med = {w: _median([r.lag_ms or 0.0 for r in rs]) for w, rs in by_worker.items()}
+    worst = max(r.lag_ms or 0.0 for r in lag)
+    h = ClientHealth(cpu=max(cpu.values()), cpu_total=sum(cpu.values()), lag_p99_ms=max(lag_med.values()),
+                     lag_worst_ms=worst, processes=len(by_worker), seconds=len(lag), saturated=False)
+    reasons = []
+    if h.lag_p99_ms > LAG_SATURATED_MS:
+        reasons.append(f"loop lag p99 {h.lag_p99_ms:.1f} ms > {LAG_SATURATED_MS:g} ms")
+    if h.cpu > CPU_SATURATED:
+        reasons.append(f"a load process used {h.cpu:.2f} cores (> {CPU_SATURATED:g})")
+    h.saturated = bool(reasons)
+    h.reason = "; ".join(reasons) or "client healthy"
+    return h
+
+
+class LocustRun:
+    """One Locust run against `url`; see the module doc. Use as a context manager or call stop()."""
+
+    def __init__(self, url: str, *, model: str | None, prompt_tokens: int, output_tokens: int,
+                 workdir: str | os.PathLike, api_key_env: str | None = None, processes: int = 1, seed: int = 0,
+                 stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
+                 startup_timeout: float = 60.0, path: str = "/v1/completions", token_base: int = 1000,
+                 token_range: int = 30000, network_timeout: float = 600.0):
+        if prompt_tokens < 1 or output_tokens < 1:
+            raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
+        if processes < 1:
+            raise ConfigError(f"processes must be >= 1, got {processes}")
+        self.url = url.rstrip("/")
+        self.model = model
+        self.prompt_tokens, self.output_tokens = int(prompt_tokens), int(output_tokens)
+        self.workdir = Path(workdir)
+        self.api_key_env = api_key_env
+        self.processes = int(processes)
+        self.seed = int(seed)
+        self.stream = bool(stream)
+        self.engine = engine
+        self.time_limit = float(time_limit)
+        self.startup_timeout = float(startup_timeout)
+        self.path = path
+        self.token_base, self.token_range = int(token_base), int(token_range)
+        self.network_timeout = float(network_timeout)
+        self.records_dir = self.workdir / "records"
+        self.control_path = self.workdir / "control.json"
+        self.log_path = self.workdir / "locust.log"
+        self.run_id = uuid.uuid4().hex[:8]
+        self.master_port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self._log_fh = None
+        self._stopped = False
+        self._last_users = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+               "--loglevel", "WARNING", "--host", self.url, "--exit-code-on-error", "0",
+               "--kv-control", str(self.control_path), "--kv-records-dir", str(self.records_dir),
+               "--kv-time-limit", str(self.time_limit), "--kv-model", self.model or "",
+               "--kv-engine", self.engine, "--kv-path", self.path,
+               "--kv-prompt-tokens", str(self.prompt_tokens), "--kv-output-tokens", str(self.output_tokens),
+               "--kv-stream", "1" if self.stream else "0", "--kv-seed", str(self.seed), "--kv-run-id", self.run_id,
+               "--kv-workers", str(self.processes), "--kv-token-base", str(self.token_base),
+               "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout)]
+        if self.api_key_env:
+            cmd += ["--kv-api-key-env", self.api_key_env]  # the name only; the key stays in the environment
+        if self.processes > 1:
+            # Fork mode binds *:5557 by default and two runs collide (locust.md §5): bind loopback on
+            # a port of our own and tell the children the same port.
+            self.master_port = self.master_port or free_port()
+            cmd += ["--processes", str(self.processes), "--master-bind-host", "127.0.0.1",
+                    "--master-bind-port", str(self.master_port), "--master-port", str(self.master_port),
+                    "--expect-workers-max-wait", str(int(self.startup_timeout))]
+        return cmd
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("LOCUST_SKIP_MONKEY_PATCH", None)
+        root = str(Path(kvprobe.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def start(self, *, users: int = 0) -> LocustRun:
+        """Start Locust and wait (bounded) until its shape has applied the first level."""
+        if self.proc is not None:
+            raise ProbeError("LocustRun.start() called twice")
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        for old in self.records_dir.glob("*" + RECORD_SUFFIX):
+            old.unlink()  # a reused workdir must not mix runs
+        write_control(self.control_path, users=int(users), spawn_rate=default_spawn_rate(users))
+        self._last_users = int(users)
+        self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        t0 = time.time()
+        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=self._env(),
+                                     cwd=str(self.workdir))
+        try:
+            self.wait_level(users, since=t0, timeout=self.startup_timeout)
+        except ProbeError:
+            self.stop(timeout=5)
+            raise
+        return self
+
+    def set_users(self, n: int, spawn_rate: float | None = None) -> None:
+        if n < 0:
+            raise ConfigError(f"user count must be >= 0, got {n}")
+        # A rate of at least the change makes Locust apply the whole step at once (its dispatcher
+        # moves `spawn_rate` users per second, ramping down too).
+        rate = spawn_rate or max(default_spawn_rate(n), float(abs(n - self._last_users)))
+        write_control(self.control_path, users=int(n), spawn_rate=float(rate))
+        self._last_users = int(n)
+
+    def level_records(self) -> list[Record]:
+        out: list[Record] = []
+        for p in self.records_dir.glob("*" + RECORD_SUFFIX):
+            if p.name.startswith(("local-", "master-")):
+                out.extend(r for r in read_record_file(p) if r.kind == "level")
+        out.sort(key=lambda r: r.time)
+        return out
+
+    def wait_level(self, n: int, *, since: float | None = None, timeout: float = 30.0) -> float:
+        """Wait until Locust has reached `n` users; returns the level record's time (epoch s).
+
+        The level record is written when spawning completes. If Locust was already at `n` (no new
+        level was needed) the current level's record is returned.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            levels = self.level_records()
+            if levels and levels[-1].users == n and (since is None or levels[-1].time >= since - 600):
+                return levels[-1].time
+            if not self.alive():
+                raise ProbeError(f"Locust exited (rc={self.returncode}) before reaching {n} users: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ProbeError(f"Locust did not reach {n} users within {timeout:g} s: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def pgid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def group_alive(self) -> bool:
+        """Any process left in the run's process group (the forked workers included)."""
+        if self.proc is None:
+            return False
+        self.proc.poll()
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _wait_group(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if not self.group_alive():
+                return True
+            time.sleep(0.05)
+        return not self.group_alive()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Ask the shape to stop, then SIGTERM the group, then SIGKILL it; idempotent, bounded."""
+        if self.proc is None:
+            return None
+        if not self._stopped:
+            self._stopped = True
+            deadline = time.monotonic() + timeout
+            if self.alive():
+                write_control(self.control_path, stop=True)
+                # the shape ticks once a second; the master then tells its workers to quit
+                self._wait_group(min(4.0, timeout / 2))
+            if self.group_alive():
+                self._signal_group(signal.SIGTERM)
+                self._wait_group(max(1.0, deadline - time.monotonic()))
+            if self.group_alive():
+                self._signal_group(signal.SIGKILL)
+                self._wait_group(5.0)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+        return self.proc.poll()
+
+    def terminate(self) -> None:
+        """SIGTERM only (what a supervisor would send); records are flushed by the locustfile."""
+        if self.alive():
+            self._signal_group(signal.SIGTERM)
+
+    def __enter__(self) -> LocustRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # --- results ----------------------------------------------------------------------------
+
+    def records(self, kind: str | None = None) -> list[Record]:
+        return read_records(self.records_dir, kind=kind)
+
+    def client_health(self, t0: float | None = None, t1: float | None = None) -> ClientHealth:
+        return client_health(self.records(), t0, t1)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])

@@ -1,0 +1,447 @@
+"""Model geometry from a Hugging Face config.json: KV bytes per token and weight bytes per rank.
+
+The KV layouts are the engines' own (vLLM 0.33.0 `v1/kv_cache_interface.py`,
+`layers/attention/mla_attention.py`; SGLang 0.5.23 `model_executor/pool_configurator.py`):
+
+* standard attention (MHA/GQA): K and V per KV head, ``kv_heads_per_rank = max(1, kv_heads // tp)``
+  (both engines replicate KV heads when TP exceeds them);
+* MLA: one latent of ``kv_lora_rank + qk_rope_head_dim`` per token per layer, held whole on every
+  TP rank, no factor 2; ``fp8_ds_mla`` packs it into 656 bytes (512 fp8 + 4 fp32 scales + 64 bf16
+  rope, the general rule being ``r + r//128*4 + rope*2``);
+* DSA indexer (configs with ``index_head_dim``): an fp8 key plus one fp32 scale per 128 elements,
+  132 bytes for a 128-dim key, only on layers marked ``"full"`` in ``indexer_types`` (all layers
+  when the list is absent); its dtype does not follow ``--kv-cache-dtype``.
+
+Reading the packaged presets and a user's config.json is the only I/O in `kvprobe.theory`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+from kvprobe.errors import ConfigError
+
+# HF id -> packaged file. Values written from the public config.json files on the Hugging Face hub
+# (no download at run time); provenance per entry:
+PRESETS: dict[str, str] = {
+    # meta-llama/Llama-3.1-8B config.json (transformers 4.43); 8,030,261,248 parameters, untied.
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b.json",
+    # meta-llama/Llama-3.1-70B config.json; same family, 80 layers, hidden 8192.
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b.json",
+    # Qwen/Qwen2.5-7B config.json; q/k/v biases implied by model_type qwen2; 7,615,616,512
+    # parameters (= the checkpoint's index total_size 15,231,233,024 B / 2).
+    "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
+    # Qwen/Qwen3-8B config.json; q_norm/k_norm per layer; 8,190,735,360 parameters
+    # (= index total_size 16,381,470,720 B / 2).
+    "Qwen/Qwen3-8B": "qwen3-8b.json",
+    # mistralai/Mistral-7B-v0.3 config.json. v0.3, not v0.1: v0.1 declares sliding_window 4096,
+    # which makes vLLM plan a sliding-window KV group (different capacity rules, reference §1.8).
+    "mistralai/Mistral-7B-v0.3": "mistral-7b-v0.3.json",
+    # deepseek-ai/DeepSeek-V3 config.json: MLA 512+64, 61 layers, 256 routed + 1 shared expert,
+    # first 3 layers dense, fp8 block-quantised checkpoint.
+    "deepseek-ai/DeepSeek-V3": "deepseek-v3.json",
+    # zai-org/GLM-5.3 (glm_moe_dsa) geometry per seed 002 and the published config fields: 78 layers,
+    # MLA 512+64, indexer on 21 "full" layers (3 full, then 18 x [3 shared + 1 full], 3 shared),
+    # index_head_dim 128, 256 routed experts 8 active, fp8 weights, 1M context as deployed in seed 002.
+    "zai-org/GLM-5.3": "glm-5.3.json",
+}
+
+_DTYPE_BYTES = {
+    "float32": 4, "float": 4, "fp32": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "fp8": 1, "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+_FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", *_FP8_KV, "fp8_ds_mla")
+_SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla latents
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def _read_json(path: str, source: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except OSError as err:
+        raise ConfigError(f"cannot read model config: {err.strerror or err}", file=source) from err
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"not valid JSON: {err.msg} at line {err.lineno}", file=source) from err
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"expected a JSON object, got {type(cfg).__name__}", file=source)
+    return cfg
+
+
+def load_model_config(model: str, *, base_dir: str | None = None) -> tuple[dict, str]:
+    """A preset HF id, a config.json path or a directory holding one -> (config dict, source)."""
+    if model in PRESETS:
+        text = resources.files("kvprobe.theory").joinpath("presets", PRESETS[model]).read_text("utf-8")
+        return json.loads(text), f"preset {model} (kvprobe/theory/presets/{PRESETS[model]})"
+    path = model if os.path.isabs(model) or base_dir is None else os.path.join(base_dir, model)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if os.path.isfile(path):
+        return _read_json(path, path), path
+    looks_like_id = "/" in model and not model.startswith((".", "/")) and not model.endswith(".json")
+    if looks_like_id:
+        raise ConfigError(
+            f"unknown model {model!r}: not a packaged preset ({', '.join(list_presets())}) and no "
+            f"config.json at {path!r}; pass a path to the model's config.json (nothing is downloaded)"
+        )
+    raise ConfigError(f"no model config at {path!r} (expected a config.json or a directory holding one)")
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    """One group of parameters: how many, their bytes, and how TP/PP distribute them."""
+
+    name: str
+    params: int  # per layer for layer parts
+    nbytes: int  # per layer for layer parts, including fp8 block scales
+    shard: str  # "tp" (split by TP), "replicated", "kv" (KV heads: max(1, kv//tp) of kv)
+    layers: tuple[int, ...] = ()  # layer indices holding it; empty = a model-level part
+    stage: str = "layer"  # "first" (embeddings), "last" (final norm, lm_head) or "layer"
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    attention: str  # "gqa" | "mla"
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    indexer_layers: int  # 0 without a DSA indexer
+    indexer_head_dim: int
+    indexer_layer_ids: tuple[int, ...]
+    dtype: str
+    dtype_bytes: int
+    weight_dtype_bytes: int
+    quantized_fp8: bool
+    param_count: int
+    max_position_embeddings: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    moe: bool
+    weight_parts: tuple[WeightPart, ...]
+
+    @property
+    def weight_bytes_total(self) -> int:
+        return sum(p.nbytes * max(1, len(p.layers)) for p in self.weight_parts)
+
+
+def _get(cfg: dict, key: str, source: str, *, default=None, kind=int):
+    value = cfg.get(key, default)
+    if value is None:
+        if default is None:
+            raise ConfigError(f"expected {kind.__name__}, the key is missing", file=source, key=key)
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError(f"expected a non-negative integer, got {value!r}", file=source, key=key)
+    return value
+
+
+def _dtype_of(cfg: dict, override: str | None, source: str) -> str:
+    name = override or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    name = {"auto": cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"}.get(name, name)
+    name = str(name).removeprefix("torch.")
+    if name not in _DTYPE_BYTES or _DTYPE_BYTES[name] < 2:
+        raise ConfigError(f"expected a model dtype (bfloat16, float16, float32), got {name!r}",
+                          file=source, key="dtype")
+    return name
+
+
+def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
+    q = cfg.get("quantization_config") or {}
+    if str(q.get("quant_method", "")).lower() != "fp8":
+        return False, None
+    block = q.get("weight_block_size")
+    return True, (tuple(block) if block else None)
+
+
+def _indexer_layer_ids(cfg: dict, num_layers: int, source: str) -> tuple[int, ...]:
+    if not cfg.get("index_head_dim"):
+        return ()
+    types = cfg.get("indexer_types")
+    if types is None:
+        return tuple(range(num_layers))
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(f"expected a list of {num_layers} entries ('full'/'shared')",
+                          file=source, key="indexer_types")
+    return tuple(i for i, t in enumerate(types) if t == "full")
+
+
+def _dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
+    """Layers with a dense MLP; the rest are MoE (DeepSeek/GLM: first_k_dense_replace, moe_layer_freq)."""
+    if not (cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")):
+        return set(range(num_layers))
+    types = cfg.get("mlp_layer_types")
+    if isinstance(types, list) and len(types) == num_layers:
+        return {i for i, t in enumerate(types) if t == "dense"}
+    first_k = cfg.get("first_k_dense_replace") or 0
+    freq = cfg.get("moe_layer_freq") or 1
+    return {i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0}
+
+
+class _Parts:
+    """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
+
+    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None):
+        self.dtype_bytes, self.fp8, self.block = dtype_bytes, fp8, block
+        self.parts: list[WeightPart] = []
+
+    def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
+        params = out_f * in_f
+        if self.fp8 and quantizable:
+            nbytes = params  # one byte per weight, plus one fp32 scale per weight block
+            if self.block:
+                nbytes += math.ceil(out_f / self.block[0]) * math.ceil(in_f / self.block[1]) * 4
+        else:
+            nbytes = params * self.dtype_bytes
+        if bias:
+            params += out_f
+            nbytes += out_f * self.dtype_bytes
+        self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers)))
+
+    def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None):
+        nb = params * self.dtype_bytes if nbytes is None else nbytes
+        self.parts.append(WeightPart(name, params, nb, shard, tuple(layers), stage))
+
+
+def _attention_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
+    h, heads = g["hidden"], g["heads"]
+    if g["attention"] == "mla":
+        r, rope, nope, v = g["kv_lora_rank"], g["rope"], g["nope"], g["v_head_dim"]
+        q_lora = cfg.get("q_lora_rank")
+        if q_lora:  # DeepSeek-V3 q path: q_a (replicated) -> norm -> q_b (column parallel)
+            p.linear("q_a_proj", q_lora, h, "replicated", layers)
+            p.plain("q_a_layernorm", q_lora, "replicated", layers)
+            p.linear("q_b_proj", heads * (nope + rope), q_lora, "tp", layers)
+        else:
+            p.linear("q_proj", heads * (nope + rope), h, "tp", layers)
+        p.linear("kv_a_proj_with_mqa", r + rope, h, "replicated", layers)
+        p.plain("kv_a_layernorm", r, "replicated", layers)
+        p.linear("kv_b_proj", heads * (nope + v), r, "tp", layers)
+        p.linear("o_proj", h, heads * v, "tp", layers)
+        return
+    kv, hd = g["kv_heads"], g["head_dim"]
+    qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe")
+    p.linear("q_proj", heads * hd, h, "tp", layers, bias=qkv_bias)
+    p.linear("k_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
+    p.linear("v_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
+    p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")))
+    if g["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm on q and k
+        p.plain("q_norm+k_norm", 2 * hd, "replicated", layers)
+
+
+def _indexer_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
+    """DSA lightning indexer (DeepSeek-V3.2 / GLM-5 style): wq_b, wk, k_norm, weights_proj."""
+    if not layers:
+        return
+    d, n = cfg["index_head_dim"], cfg.get("index_n_heads") or 64
+    q_in = cfg.get("q_lora_rank") or g["hidden"]
+    p.linear("indexer.wq_b", n * d, q_in, "replicated", layers)
+    p.linear("indexer.wk", d, g["hidden"], "replicated", layers)
+    p.plain("indexer.k_norm", 2 * d, "replicated", layers)
+    p.linear("indexer.weights_proj", n, g["hidden"], "replicated", layers, quantizable=False)
+
+
+def _mlp_parts(p: _Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[int, ...]) -> None:
+    h = g["hidden"]
+    inter = cfg.get("intermediate_size") or 4 * h
+    bias = bool(cfg.get("mlp_bias"))
+    if dense:
+        p.linear("mlp.gate_up_proj", 2 * inter, h, "tp", dense, bias=bias)
+        p.linear("mlp.down_proj", h, inter, "tp", dense, bias=bias)
+    if not moe:
+        return
+    n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
+    mi = cfg.get("moe_intermediate_size") or inter
+    p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
+    p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
+    shared = cfg.get("n_shared_experts") or 0
+    if shared:
+        p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
+        p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
+    # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
+    p.linear("router.gate", n_routed, h, "replicated", moe, quantizable=False)
+    if cfg.get("topk_method") == "noaux_tc":
+        p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)
+
+
+def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
+                         source: str = "") -> ModelGeometry:
+    """Everything kvprobe needs from a config.json. `dtype` overrides the model dtype (--dtype)."""
+    source = source or name or "config.json"
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    layers_n = _get(cfg, "num_hidden_layers", source)
+    hidden = _get(cfg, "hidden_size", source)
+    heads = _get(cfg, "num_attention_heads", source)
+    if layers_n == 0 or hidden == 0 or heads == 0:
+        raise ConfigError("expected num_hidden_layers, hidden_size and num_attention_heads > 0", file=source)
+    kv_heads = _get(cfg, "num_key_value_heads", source, default=heads)
+    model_type = str(cfg.get("model_type", ""))
+    mla = bool(cfg.get("kv_lora_rank"))
+    head_dim = cfg.get("head_dim") or hidden // heads
+    g = {
+        "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+        "model_type": model_type, "attention": "mla" if mla else "gqa",
+        "kv_lora_rank": cfg.get("kv_lora_rank") or 0, "rope": cfg.get("qk_rope_head_dim") or 0,
+        "nope": cfg.get("qk_nope_head_dim") or 0, "v_head_dim": cfg.get("v_head_dim") or head_dim,
+    }
+    if mla and not g["rope"]:
+        raise ConfigError("expected qk_rope_head_dim for an MLA model (kv_lora_rank is set)",
+                          file=source, key="qk_rope_head_dim")
+    dtype_name = _dtype_of(cfg, dtype, source)
+    dbytes = _DTYPE_BYTES[dtype_name]
+    fp8, block = _is_fp8_checkpoint(cfg)
+    vocab = _get(cfg, "vocab_size", source, default=32000)
+    tied = bool(cfg.get("tie_word_embeddings", False))
+
+    all_layers = tuple(range(layers_n))
+    dense_ids = _dense_layer_ids(cfg, layers_n)
+    indexer_ids = _indexer_layer_ids(cfg, layers_n, source)
+    p = _Parts(dbytes, fp8, block)
+    p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
+    _attention_parts(p, cfg, g, all_layers)
+    _indexer_parts(p, cfg, g, indexer_ids)
+    _mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
+    p.plain("input_layernorm+post_attention_layernorm", 2 * hidden, "replicated", all_layers)
+    p.plain("norm", hidden, "replicated", stage="last")
+    if not tied:
+        p.plain("lm_head", vocab * hidden, "tp", stage="last")
+    params = sum(w.params * max(1, len(w.layers)) for w in p.parts)
+
+    return ModelGeometry(
+        name=name or str(cfg.get("_name_or_path", "")) or model_type,
+        model_type=model_type,
+        num_layers=layers_n,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=1 if mla else kv_heads,
+        head_dim=(g["kv_lora_rank"] + g["rope"]) if mla else head_dim,
+        v_head_dim=0 if mla else g["v_head_dim"],
+        attention=g["attention"],
+        kv_lora_rank=g["kv_lora_rank"],
+        qk_rope_head_dim=g["rope"],
+        indexer_layers=len(indexer_ids),
+        indexer_head_dim=cfg.get("index_head_dim") or 0,
+        indexer_layer_ids=indexer_ids,
+        dtype=dtype_name,
+        dtype_bytes=dbytes,
+        weight_dtype_bytes=1 if fp8 else dbytes,
+        quantized_fp8=fp8,
+        param_count=params,
+        max_position_embeddings=_get(cfg, "max_position_embeddings", source, default=2048),
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        moe=len(dense_ids) < layers_n,
+        weight_parts=tuple(p.parts),
+    )
+
+
+def pp_stages(num_layers: int, pp: int) -> list[range]:
+    """Layer ranges per pipeline stage, ceil split: every stage but the last holds ceil(L/pp)."""
+    if pp < 1 or pp > num_layers:
+        raise ConfigError(f"expected 1 <= pp <= {num_layers} (layers), got {pp}", key="pp")
+    per = math.ceil(num_layers / pp)
+    return [range(i * per, min(num_layers, (i + 1) * per)) for i in range(pp)]
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    """KV bytes per token on the rank that holds the most (it binds: engines take the minimum pool)."""
+
+    per_layer_main: int
+    per_layer_indexer: int
+    layers_per_rank: int
+    indexer_layers_per_rank: int
+    kv_heads_per_rank: int
+    main: int
+    indexer: int
+    total: int
+    dtype: str  # the resolved KV cache dtype
+
+
+def _kv_dtype_bytes(geom: ModelGeometry, kv_cache_dtype: str) -> tuple[str, int]:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"expected one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}",
+                          key="kv_cache_dtype")
+    if kv_cache_dtype == "fp8_ds_mla":
+        if geom.attention != "mla":
+            raise ConfigError("fp8_ds_mla is an MLA layout; this model uses standard attention",
+                              key="kv_cache_dtype")
+        return kv_cache_dtype, 1
+    if kv_cache_dtype == "auto":
+        return geom.dtype, geom.dtype_bytes
+    return kv_cache_dtype, _DTYPE_BYTES[kv_cache_dtype]
+
+
+def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp: int = 1,
+                       pp: int = 1) -> KVBytes:
+    if tp < 1:
+        raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
+    dtype, nbytes = _kv_dtype_bytes(geom, kv_cache_dtype)
+    if geom.attention == "mla":
+        kv_heads = 1  # the latent is not split by TP
+        if dtype == "fp8_ds_mla":
+            r = geom.kv_lora_rank
+            per_layer = r + r // _SCALE_BLOCK * 4 + geom.qk_rope_head_dim * 2
+        else:
+            per_layer = (geom.kv_lora_rank + geom.qk_rope_head_dim) * nbytes
+    else:
+        kv_heads = max(1, geom.num_kv_heads // tp)
+        per_layer = kv_heads * (geom.head_dim + geom.v_head_dim) * nbytes
+    d = geom.indexer_head_dim
+    per_indexer = d + d // _SCALE_BLOCK * 4 if d else 0
+    indexer_ids = set(geom.indexer_layer_ids)
+    best = None
+    for stage in pp_stages(geom.num_layers, pp):
+        n_idx = sum(1 for i in stage if i in indexer_ids)
+        total = len(stage) * per_layer + n_idx * per_indexer
+        if best is None or total > best[0]:
+            best = (total, len(stage), n_idx)
+    total, n_layers, n_idx = best
+    return KVBytes(per_layer, per_indexer, n_layers, n_idx, kv_heads, n_layers * per_layer,
+                   n_idx * per_indexer, total, dtype)
+
+
+def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int) -> int:
+    if part.shard == "tp":
+        return math.ceil(nbytes / tp)
+    if part.shard == "kv":
+        return math.ceil(nbytes * max(1, geom.num_kv_heads // tp) / geom.num_kv_heads)
+    return nbytes
+
+
+def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1) -> int:
+    """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last)."""
+    if tp < 1:
+        raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
+    stages = pp_stages(geom.num_layers, pp)
+    loads = []
+    for s, stage in enumerate(stages):
+        total = 0
+        for part in geom.weight_parts:
+            if part.layers:
+                n = sum(1 for i in part.layers if i in stage)
+            elif part.stage == "first":
+                n = 1 if s == 0 else 0
+            elif part.stage == "last":
+                n = 1 if s == len(stages) - 1 else 0
+            else:
+                n = 1
+            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp)
+        loads.append(total)
+    return max(loads)

@@ -1,0 +1,422 @@
+"""The capacity ledger (seed 000 §7): model -> budget -> capacity -> request -> admission.
+
+One object holds every number kvprobe predicts for a configuration, with the binding limit named,
+so a person can check the arithmetic line by line and a probe can compare it with the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvprobe.errors import ConfigError
+from kvprobe.tables import render_table
+from kvprobe.theory import budget as B
+from kvprobe.theory.geometry import (
+    KVBytes,
+    ModelGeometry,
+    geometry_from_config,
+    kv_bytes_per_token,
+    load_model_config,
+    weight_bytes,
+)
+from kvprobe.units import format_bytes, parse_bytes, parse_count
+
+ENGINES = ("vllm", "sglang")
+SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
+
+
+@dataclass
+class LedgerInputs:
+    engine: str
+    model: str
+    engine_version: str | None = None
+    gpu_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    mem_fraction_static: float | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    page_size: int | None = None
+    max_model_len: int | None = None  # -1 = vLLM's `auto` (fit the pool)
+    context_length: int | None = None
+    max_num_seqs: int | None = None
+    max_running_requests: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    num_gpu_blocks_override: int | None = None
+    max_total_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    users: int | None = None
+    policy: str | None = None
+    enable_prefix_caching: bool | None = None
+    disable_radix_cache: bool = False
+    reserve_full_isl: bool = True
+    estimates: dict[str, int] = field(default_factory=dict)
+    base_dir: str | None = None
+
+
+@dataclass
+class ModelSection:
+    geometry: ModelGeometry
+    kv: KVBytes
+    weight_bytes: int  # per rank
+    source: str
+
+
+@dataclass
+class Capacity:
+    num_blocks: int  # vLLM: as logged (null block included); SGLang: pages in the pool
+    usable_blocks: int
+    block_size: int
+    bytes_per_block: int
+    kv_tokens: int
+    kv_tokens_upper: int | None
+    max_concurrency_at_max_model_len: float
+    max_model_len: int  # vLLM max_model_len / SGLang context_len
+    max_running: int  # max_num_seqs / max_running_requests
+    token_budget: int  # max_num_batched_tokens / chunked_prefill_size
+
+
+@dataclass
+class RequestSection:
+    prompt_tokens: int
+    output_tokens: int
+    blocks_admission: int  # vLLM: blocks to admit; SGLang: tokens reserved at admission
+    blocks_peak: int  # vLLM: peak blocks of one request; SGLang: peak tokens held
+    unit: str  # "blocks" | "tokens"
+    length_limit: int
+
+
+def _schedsim():
+    """THEORY-SCHED's modules; the ledger still prints budget and capacity without them."""
+    try:
+        from kvprobe.theory import admission, schedsim
+    except ImportError:
+        return None, None
+    return admission, schedsim
+
+
+@dataclass
+class Ledger:
+    inputs: LedgerInputs
+    model: ModelSection
+    budget: B.VllmBudget | B.SglangBudget
+    capacity: Capacity
+    request: RequestSection | None
+    admission: object | None  # admission.Prediction
+    scheduler_config: object | None  # schedsim.VllmConfig | schedsim.SglangConfig
+    engine_version: str = ""
+
+    def to_dict(self) -> dict:
+        g, kv = self.model.geometry, self.model.kv
+        out = {
+            "engine": self.inputs.engine,
+            "engine_version": self.engine_version,
+            "model": {
+                "name": g.name, "source": self.model.source, "attention": g.attention,
+                "num_layers": g.num_layers, "layers_per_rank": kv.layers_per_rank,
+                "param_count": g.param_count, "dtype": g.dtype, "quantized_fp8": g.quantized_fp8,
+                "kv_cache_dtype": kv.dtype, "kv_bytes_per_token": kv.total,
+                "kv_bytes_per_token_main": kv.main, "kv_bytes_per_token_indexer": kv.indexer,
+                "kv_bytes_per_token_per_layer": kv.per_layer_main, "indexer_layers": g.indexer_layers,
+                "weight_bytes": self.model.weight_bytes,
+                "tp": self.inputs.tp, "pp": self.inputs.pp, "dp": self.inputs.dp,
+            },
+            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items()},
+            "capacity": dataclasses.asdict(self.capacity),
+            "request": dataclasses.asdict(self.request) if self.request else None,
+            "admission": None,
+            "scheduler_config": dataclasses.asdict(self.scheduler_config) if self.scheduler_config else None,
+        }
+        if self.admission is not None:
+            a = dataclasses.asdict(self.admission)
+            a["replicas"] = self.inputs.dp
+            a["total_limit"] = a["limit"] * self.inputs.dp
+            out["admission"] = a
+        return out
+
+    def render(self) -> str:
+        return "\n\n".join(_render_sections(self))
+
+
+# ------------------------------------------------------------------------------------- build
+
+
+def _positive(name: str, value: int | None, *, allow_none=True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"expected a positive integer, got {value!r}", key=name)
+
+
+def _validate(inp: LedgerInputs) -> None:
+    if inp.engine not in ENGINES:
+        raise ConfigError(f"expected one of {', '.join(ENGINES)}, got {inp.engine!r}", key="engine")
+    for name in ("tp", "pp", "dp"):
+        _positive(name, getattr(inp, name), allow_none=False)
+    for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
+                 "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
+                 "kv_cache_memory_bytes", "gpu_memory_bytes", "prompt_tokens", "output_tokens", "users"):
+        _positive(name, getattr(inp, name))
+    if inp.max_model_len is not None and inp.max_model_len != -1:
+        _positive("max_model_len", inp.max_model_len)
+    if (inp.prompt_tokens is None) != (inp.output_tokens is None):
+        raise ConfigError("give both prompt_tokens and output_tokens, or neither", key="prompt_tokens")
+
+
+_BYTE_FIELDS = ("gpu_memory_bytes", "kv_cache_memory_bytes")
+_COUNT_FIELDS = ("block_size", "page_size", "max_model_len", "context_length", "max_num_seqs",
+                 "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
+                 "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users")
+
+
+def _normalized(inp: LedgerInputs) -> LedgerInputs:
+    """Accept sizes and counts as written in flags ("24GiB", "8k", "auto" for max_model_len)."""
+    changes = {}
+    for name in _BYTE_FIELDS:
+        value = getattr(inp, name)
+        if isinstance(value, str):
+            changes[name] = parse_bytes(value, key=name)
+    for name in _COUNT_FIELDS:
+        value = getattr(inp, name)
+        if isinstance(value, str):
+            changes[name] = -1 if name == "max_model_len" and value.strip() in ("auto", "-1") \
+                else parse_count(value, key=name)
+    for name in ("gpu_memory_utilization", "mem_fraction_static"):
+        value = getattr(inp, name)
+        if isinstance(value, str):
+            try:
+                changes[name] = float(value)
+            except ValueError as err:
+                raise ConfigError(f"expected a fraction such as 0.9, got {value!r}", key=name) from err
+    return dataclasses.replace(inp, **changes) if changes else inp
+
+
+def build_ledger(inputs: LedgerInputs) -> Ledger:
+    inputs = _normalized(inputs)
+    _validate(inputs)
+    cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
+    geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
+    kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
+    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source)
+    build = _build_vllm if inputs.engine == "vllm" else _build_sglang
+    return build(inputs, model)
+
+
+def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, key: str) -> int:
+    if asked is None or asked == -1:
+        return geom.max_position_embeddings
+    if asked > geom.max_position_embeddings:
+        raise ConfigError(f"{asked} is greater than the derived maximum length of the model "
+                          f"(max_position_embeddings={geom.max_position_embeddings}); both engines refuse "
+                          f"this unless their allow-longer environment variable is set", key=key)
+    return asked
+
+
+def _build_vllm(inputs: LedgerInputs, model: ModelSection) -> Ledger:
+    geom = model.geometry
+    version = inputs.engine_version or B.VLLM_DEFAULT_VERSION
+    max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
+    seqs, tokens = B.vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
+    seqs = inputs.max_num_seqs or seqs
+    tokens = inputs.max_num_batched_tokens or min(tokens, seqs * max_len)
+    if tokens < seqs:  # config/scheduler.py L317-336
+        raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
+                          f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
+    bud = B.vllm_budget(
+        geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
+        max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,
+        block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
+        pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
+        auto_fit=inputs.max_model_len == -1)
+    cap = Capacity(bud.num_blocks, bud.usable_blocks, bud.block_size, bud.bytes_per_block, bud.kv_tokens,
+                   bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, seqs, tokens)
+    request = None
+    if inputs.prompt_tokens is not None:
+        p, o, blk = inputs.prompt_tokens, inputs.output_tokens, bud.block_size
+        if p + o > bud.max_model_len:
+            raise ConfigError(f"prompt_tokens + output_tokens = {p + o} is beyond max_model_len "
+                              f"{bud.max_model_len}; vLLM rejects such a request (HTTP 400)",
+                              key="output_tokens")
+        # reference §2.6: admission needs the prompt's blocks; the last output's KV is never written
+        request = RequestSection(p, o, -(-p // blk), -(-(p + o - 1) // blk), "blocks", bud.max_model_len)
+    admission_mod, schedsim = _schedsim()
+    sched = pred = None
+    if schedsim is not None:
+        policy = inputs.policy or admission_mod.policy_for("vllm", version,
+                                                           reserve_full_isl=inputs.reserve_full_isl)
+        sched = schedsim.VllmConfig(
+            num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
+            max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
+            enable_prefix_caching=True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching,
+            enable_chunked_prefill=True,
+            policy=policy if policy.startswith("vllm") else admission_mod.policy_for("vllm", version))
+        pred = _predict(admission_mod, sched, inputs, policy, request)
+    return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+
+
+def _build_sglang(inputs: LedgerInputs, model: ModelSection) -> Ledger:
+    geom = model.geometry
+    version = inputs.engine_version or B.SGLANG_DEFAULT_VERSION
+    ctx = _derived_len(inputs, geom, inputs.context_length or inputs.max_model_len, "context_length")
+    bud = B.sglang_budget(
+        geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
+        context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
+        chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
+        max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
+        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates)
+    m, page = bud.max_total_num_tokens, bud.page_size
+    cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
+                   bud.max_running_requests, bud.chunked_prefill_size)
+    request = None
+    if inputs.prompt_tokens is not None:
+        p, o = inputs.prompt_tokens, inputs.output_tokens
+        limit = min(ctx, m) - 2  # sglang.md §1.5: exactly O tokens need P + O <= min(ctx, M) - 2
+        if p > bud.max_req_input_len or p + o > limit:
+            raise ConfigError(f"prompt_tokens + output_tokens = {p + o} (prompt {p}) is beyond SGLang's "
+                              f"length limit: P <= max_req_input_len {bud.max_req_input_len} and "
+                              f"P + O <= min(context_len, pool) - 2 = {limit}", key="output_tokens")
+        # reserved at admission: prompt + min(max_new_tokens, 4096) (clip_max_new_tokens_estimation)
+        request = RequestSection(p, o, p + min(o, 4096), p + o - 1, "tokens", limit)
+    admission_mod, schedsim = _schedsim()
+    sched = pred = None
+    if schedsim is not None:
+        policy = inputs.policy or admission_mod.policy_for("sglang", version)
+        sched = schedsim.SglangConfig(
+            max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
+            chunked_prefill_size=bud.chunked_prefill_size,
+            max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
+            disable_radix_cache=inputs.disable_radix_cache,
+            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version))
+        pred = _predict(admission_mod, sched, inputs, policy, request)
+    return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+
+
+def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None):
+    if request is None:
+        return None
+    pred = admission_mod.predict(sched, request.prompt_tokens, request.output_tokens, inputs.users,
+                                 policy=policy)
+    # The admission model owns the per-request accounting; keep the request section consistent.
+    request.blocks_admission, request.blocks_peak = pred.blocks_admission, pred.blocks_peak
+    return pred
+
+
+# ------------------------------------------------------------------------------------ render
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _render_sections(led: Ledger) -> list[str]:
+    inp, g, kv, b, c = led.inputs, led.model.geometry, led.model.kv, led.budget, led.capacity
+    vllm = inp.engine == "vllm"
+    par = f"TP{inp.tp} PP{inp.pp} DP{inp.dp}"
+    kv_note = f"{kv.layers_per_rank} layers x {kv.per_layer_main} B"
+    if kv.indexer:
+        kv_note += f" + {kv.indexer_layers_per_rank} indexer layers x {kv.per_layer_indexer} B"
+    model_rows = [
+        ["model", g.name, led.model.source],
+        ["attention", g.attention, f"{g.num_layers} layers, {g.num_kv_heads} KV heads" if g.attention == "gqa"
+         else f"latent {g.kv_lora_rank}+{g.qk_rope_head_dim}, not split by TP"],
+        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")],
+        ["weights per rank", format_bytes(led.model.weight_bytes), par],
+        ["KV bytes per token per rank", kv.total, f"{kv.dtype}: {kv_note}"],
+    ]
+    out = [render_table(["model", "value", "how"], model_rows, title=f"capacity ledger: {inp.engine} "
+                        f"{led.engine_version}", align="lrl")]
+    out.append(render_table(["budget", "value", "how"], _budget_rows(led), align="lrl"))
+    unit = "blocks" if vllm else "pages"
+    cap_rows = [
+        [f"pool ({unit})", c.num_blocks, "num_gpu_blocks as logged (null block included)" if vllm
+         else f"max_total_num_tokens / page_size {c.block_size}"],
+        [f"usable {unit}", c.usable_blocks, "minus the null block" if vllm else "-"],
+        ["block size (tokens)", c.block_size, f"{format_bytes(c.bytes_per_block)} per block"],
+        ["pool (tokens)", c.kv_tokens, "GPU KV cache size" if vllm else "max_total_num_tokens"],
+        ["upper bound (tokens)", c.kv_tokens_upper, "weights only subtracted" if vllm else "profiled pool"],
+        ["max length", c.max_model_len, "max_model_len" if vllm else "context_len"],
+        ["concurrency at max length", f"{c.max_concurrency_at_max_model_len:.2f}x",
+         "Maximum concurrency" if vllm else "pool / context_len"],
+        ["max running", c.max_running, "max_num_seqs" if vllm else "max_running_requests"],
+        ["token budget per step", c.token_budget, "max_num_batched_tokens" if vllm else "chunked_prefill_size"],
+    ]
+    if not vllm:
+        cap_rows.append(["max_req_input_len", b.max_req_input_len, "min(ctx-1, pool-1) - 5"])
+    out.append(render_table(["capacity", "value", "how"], cap_rows, align="lrl"))
+    r = led.request
+    if r is not None:
+        req_rows = [
+            ["prompt + output tokens", f"{r.prompt_tokens} + {r.output_tokens}", f"length limit {r.length_limit}"],
+            [f"{r.unit} to admit", r.blocks_admission, "prompt blocks (full ISL)" if vllm
+             else "prompt + min(O, 4096) reserved"],
+            [f"peak {r.unit}", r.blocks_peak, "ceil((P+O-1)/B)" if vllm else "P + O - 1"],
+            ["requests the pool holds at peak", (c.usable_blocks if vllm else c.kv_tokens) // r.blocks_peak,
+             f"usable {r.unit} // peak"],
+        ]
+        out.append(render_table(["request", "value", "how"], req_rows, align="lrl"))
+    out.append(_admission_text(led))
+    return out
+
+
+def _budget_rows(led: Ledger) -> list[list[object]]:
+    b = led.budget
+    est = getattr(b, "estimates", {}) or {}
+
+    def how(key: str, measured: str) -> str:
+        return f"estimate ({measured})" if key in est else "given"
+
+    if isinstance(b, B.VllmBudget):
+        total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
+        rows = [
+            ["GPU memory", total, "per GPU"],
+            ["gpu_memory_utilization", b.fraction, "requested = ceil(total x fraction)"],
+            ["requested", None if b.requested_bytes is None else format_bytes(b.requested_bytes), "-"],
+            ["- weights", format_bytes(b.weights), "from config.json"],
+            ["- other", format_bytes(b.other), how("other_bytes", "CUDA context, NCCL")],
+            ["- activation peak", format_bytes(b.activation), how("activation_bytes", "profile run")],
+            ["- CUDA graphs", format_bytes(b.cudagraph), how("cudagraph_bytes", "graph pool")],
+            ["= KV pool", None if b.kv_pool_bytes is None else format_bytes(b.kv_pool_bytes), b.source],
+            ["KV pool upper bound", None if b.kv_pool_bytes_upper is None else format_bytes(b.kv_pool_bytes_upper),
+             "requested - weights"],
+        ]
+        return rows
+    total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
+    return [
+        ["GPU memory", total, "per GPU, assumed empty before load"],
+        ["mem_fraction_static", b.fraction, b.fraction_source],
+        ["reserved (MiB)", b.reserved_mib, f"chunked_prefill {b.chunked_prefill_size}, decode graph bs "
+         f"{b.cuda_graph_max_bs}" if b.reserved_mib is not None else "-"],
+        ["- weights", format_bytes(b.weights), "from config.json"],
+        ["= KV pool", None if b.kv_pool_bytes is None else format_bytes(b.kv_pool_bytes),
+         "total x fraction - weights"],
+    ]
+
+
+def _admission_text(led: Ledger) -> str:
+    a = led.admission
+    if a is None:
+        why = "give --prompt-tokens and --output-tokens" if led.request is None else \
+            "admission model (kvprobe.theory.admission) not available"
+        return f"admission: not predicted ({why})"
+    rows = [
+        ["policy", a.policy, a.method],
+        ["admission limit", a.limit, "running when saturated, per replica"],
+        ["no-preemption limit", a.no_preemption_limit, "largest N with no waiting, no preemption"],
+        ["usage gauge at the limit", _pct(a.usage_at_limit), "what the dashboard shows"],
+    ]
+    if led.inputs.dp > 1:
+        rows.append(["admission limit, all replicas", a.limit * led.inputs.dp, f"DP{led.inputs.dp}"])
+    if a.users is not None:
+        rows += [["users", a.users, "closed loop"], ["running at users", a.running, "steady state"],
+                 ["waiting at users", a.waiting, "steady state"],
+                 ["preemptions per 1k steps", a.preemption_rate, "at users"]]
+    table = render_table(["admission", "value", "how"], rows, align="lrl")
+    return f"{table}\nbinding limit: {a.binding}"

@@ -1,0 +1,131 @@
+"""`kvprobe ledger` through cli.main and a real subprocess; units.py and tables.py it relies on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvprobe.cli import main
+from kvprobe.errors import ConfigError
+from kvprobe.tables import format_cell, render_table
+from kvprobe.units import format_bytes, parse_bytes, parse_count
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = ["--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "24GiB"]
+
+
+def run(capsys, *argv):
+    rc = main(["ledger", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_vllm(capsys):
+    rc, out, err = run(capsys, "--engine", "vllm", *LLAMA, "--max-model-len", "8k", "--prompt-tokens", "512",
+                       "--output-tokens", "256", "--estimate", "activation_bytes=0", "--estimate",
+                       "cudagraph_bytes=0", "--estimate", "other_bytes=0", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["capacity"]["num_blocks"] == 3646 and d["capacity"]["kv_tokens"] == 58_336
+    assert d["capacity"]["max_model_len"] == 8000  # "8k" is vLLM's decimal kilo
+
+
+def test_table_sglang(capsys):
+    rc, out, _ = run(capsys, "--engine", "sglang", *LLAMA, "--chunked-prefill-size", "2048")
+    assert rc == 0
+    assert "0.831" in out and "capacity ledger: sglang" in out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--engine", "vllm", "--model", "acme/Nope", "--gpu-memory", "24GiB"], "unknown model"),
+    (["--engine", "vllm", *LLAMA[:2], "--gpu-memory", "24 parsecs"], "--gpu-memory"),
+    (["--engine", "vllm", *LLAMA], "estimated maximum model length"),
+    (["--engine", "vllm", *LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8000", "--output-tokens", "500"],
+     "beyond max_model_len"),
+    (["--engine", "vllm", *LLAMA, "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+    (["--engine", "vllm", *LLAMA, "--estimate", "activation_bytes"], "NAME=BYTES"),
+])
+def test_errors_exit_2_with_one_line(capsys, argv, match):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert match in err and err.count("\n") == 1 and err.startswith("kvprobe ledger: error: ")
+
+
+def test_real_subprocess():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvprobe", "ledger", "--engine", "vllm", "--model", "zai-org/GLM-5.3",
+         "--gpu-memory", "141GiB", "--tp", "8", "--kv-cache-dtype", "fp8_ds_mla", "--max-model-len", "131072",
+         "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    model = json.loads(proc.stdout)["model"]
+    assert model["kv_bytes_per_token"] == 53_940
+    bad = subprocess.run([sys.executable, "-m", "kvprobe", "ledger", "--engine", "vllm", "--model", "x/y"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert bad.returncode == 2 and "unknown model" in bad.stderr
+
+
+# ---- units.py
+
+
+@pytest.mark.parametrize("text,value", [
+    ("24GiB", 24 * 2**30), ("24 GiB", 24 * 2**30), ("80GB", 80 * 10**9), ("512MiB", 512 * 2**20),
+    ("10G", 10 * 2**30), ("10g", 10 * 10**9), ("1.5GiB", 3 * 2**29), (4096, 4096), ("4096", 4096),
+    ("81559MiB", 81559 * 2**20), ("2KiB", 2048), ("1kb", 1000),
+])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "24 parsecs", "-1", -1, "1.5", "GiB", True, "1.0000001KiB"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ConfigError, match="gpu_memory"):
+        parse_bytes(text, key="gpu_memory")
+
+
+@pytest.mark.parametrize("text,value", [("1k", 1000), ("1K", 1024), ("8192", 8192), (8192, 8192),
+                                        ("25.6k", 25600), ("2M", 2 * 2**20)])
+def test_parse_count(text, value):
+    assert parse_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["1KiB", "eight", "1.5", "-3"])
+def test_parse_count_rejects(text):
+    with pytest.raises(ConfigError, match="max_model_len"):
+        parse_count(text, key="max_model_len")
+
+
+def test_format_bytes():
+    assert format_bytes(7_647_696_978) == "7.12 GiB"
+    assert format_bytes(512 * 2**20) == "512.00 MiB"
+    assert format_bytes(100) == "100 B"
+    assert format_bytes(-3 * 2**40) == "-3.00 TiB"
+
+
+# ---- tables.py
+
+
+def test_render_table_aligns_numbers_right():
+    text = render_table(["name", "tokens"], [["vllm", 58336], ["sglang", 15879]], title="pool")
+    lines = text.splitlines()
+    assert lines[0] == "pool"
+    assert lines[1].split() == ["name", "tokens"]
+    assert lines[3] == "vllm    58,336" and lines[4] == "sglang  15,879"
+    assert set(lines[2].replace(" ", "")) == {"-"}
+
+
+def test_render_table_explicit_align_and_errors():
+    text = render_table(["a", "b"], [["x", "1"]], align="rl")
+    assert text.splitlines()[-1] == "x  1"
+    with pytest.raises(ValueError):
+        render_table(["a"], [["x", "y"]])
+    with pytest.raises(ValueError):
+        render_table(["a"], [["x"]], align="q")
+
+
+def test_format_cell():
+    assert [format_cell(v) for v in (None, True, 1234567, 7.12109375, 2.0, "x")] == \
+        ["-", "yes", "1,234,567", "7.1211", "2", "x"]
