@@ -13,7 +13,7 @@ import numpy as np
 
 from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
 
-USERS, STEPS, P, O = 1000, 10_000, 128, 1024
+USERS, STEPS, P, O = 1000, 10_000, 128, 1024  # noqa: E741
 
 
 def _run(config) -> tuple[float, float]:

@@ -35,7 +35,10 @@ class LevelStats:
     preemptions: float  # counter increase inside the steady part of the window
     preemption_rate_per_s: float
     samples: int  # usable samples in the steady part
-    client_running_mean: float | None = None
+    client_running_mean: float | None = None  # from the request records: first token, not finished
+    client_waiting_mean: float | None = None  # from the request records: sent, no first token yet
+    client_inflight_mean: float | None = None  # from the request records: sent, not finished
+    running_source: str = "engine"  # "client" when the engine's gauge is not trusted (see use_client_counts)
     waiting_capacity_mean: float | None = None
     t_start: float = 0.0
     t_end: float = 0.0
@@ -44,17 +47,18 @@ class LevelStats:
 
 @dataclass
 class RejectionPoint:
-    rejection_point: float | None  # the running plateau where waiting persists (median over those levels)
+    rejection_point: float | None  # the running plateau once saturated (median over the plateau levels)
     last_clean_users: int | None  # highest N with running ~ N, waiting below threshold, no preemption
     plateau: float | None  # mean running over the levels where waiting persists
     saturated_levels: list[int]  # every level with waiting at or above the threshold
-    usage_at_rejection: float | None  # the usage gauge where waiting first persisted ("26% yet full")
+    usage_at_rejection: float | None  # the usage gauge on the plateau, where admission stopped ("26% yet full")
     onset_users: int | None = None  # lowest N from which every higher level waits
     plateau_spread: float | None = None  # max - min of running over those levels (falling: stuck admission)
     transient_levels: list[int] = field(default_factory=list)  # waited once, but a higher level did not
     preempting_levels: list[int] = field(default_factory=list)
     skipped_levels: list[int] = field(default_factory=list)  # too few samples
     levels_seen: list[int] = field(default_factory=list)  # every usable level, ascending
+    follow: float | None = None  # fitted running/N below the knee (closed-loop duty cycle)
 
 
 @dataclass
@@ -135,6 +139,43 @@ def time_grid(t0: float, t1: float, step: float) -> np.ndarray:
     return t0 + step * np.arange(n)
 
 
+def client_side_waiting(records, t0: float, t1: float, step: float) -> np.ndarray:
+    """Requests sent and still without a first token, on `time_grid(t0, t1, step)`: queued in the
+    engine (or in prefill) as the client sees them."""
+    grid = time_grid(t0, t1, step)
+    sends, firsts = [], []
+    for r in records or ():
+        if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
+            continue
+        first = _rec(r, "t_first")
+        end = _rec(r, "t_end")
+        sends.append(float(_rec(r, "t_send")))
+        firsts.append(float(first) if first is not None else (float(end) if end is not None else np.inf))
+    if grid.size == 0 or not sends:
+        return np.zeros(grid.size)
+    sent = np.searchsorted(np.sort(np.asarray(sends)), grid, side="right")
+    got_first = np.searchsorted(np.sort(np.asarray(firsts)), grid, side="right")
+    return (sent - got_first).astype(float)
+
+
+def client_side_inflight(records, t0: float, t1: float, step: float) -> np.ndarray:
+    """Requests sent and not yet finished, on `time_grid(t0, t1, step)`: what the engine holds,
+    running or queued, minus the client's own turnaround between one request and the next."""
+    grid = time_grid(t0, t1, step)
+    sends, ends = [], []
+    for r in records or ():
+        if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
+            continue
+        end = _rec(r, "t_end")
+        sends.append(float(_rec(r, "t_send")))
+        ends.append(float(end) if end is not None else np.inf)
+    if grid.size == 0 or not sends:
+        return np.zeros(grid.size)
+    sent = np.searchsorted(np.sort(np.asarray(sends)), grid, side="right")
+    done = np.searchsorted(np.sort(np.asarray(ends)), grid, side="right")
+    return (sent - done).astype(float)
+
+
 def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarray:
     """Requests running as the client sees them, on `time_grid(t0, t1, step)`: first token
     received and not yet finished. Used when the engine exposes no /metrics."""
@@ -164,11 +205,15 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
         preempt = counter_increase(cols["preemptions"][sel])
         ts = t[sel][np.isfinite(cols["preemptions"][sel])]
         span = float(ts[-1] - ts[0]) if ts.size >= 2 else 0.0
-        client = None
+        client = client_waiting = client_inflight = None
         if records is not None:
-            step = float(np.median(np.diff(t))) if t.size >= 2 and np.all(np.isfinite(t)) else 0.1
-            counts = client_side_running(records, start, w.t_end, max(step, 1e-3))
+            step = 0.05
+            counts = client_side_running(records, start, w.t_end, step)
             client = float(counts.mean()) if counts.size else None
+            queued = client_side_waiting(records, start, w.t_end, step)
+            client_waiting = float(queued.mean()) if queued.size else None
+            held = client_side_inflight(records, start, w.t_end, step)
+            client_inflight = float(held.mean()) if held.size else None
         wcap = _stat(cols["waiting_capacity"][sel], np.mean)
         out.append(LevelStats(
             users=int(w.users),
@@ -176,60 +221,112 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
             waiting_mean=_stat(waiting, np.mean), waiting_max=_stat(waiting, np.max),
             usage_mean=_stat(usage, np.mean), usage_max=_stat(usage, np.max),
             preemptions=preempt, preemption_rate_per_s=preempt / span if span > 0 else 0.0,
-            samples=usable, client_running_mean=client,
+            samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
+            client_inflight_mean=client_inflight,
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
             t_start=w.t_start, t_end=w.t_end, too_few_samples=usable < min_samples,
         ))
     return out
 
 
+def use_client_counts(levels: list[LevelStats], *, waiting_too: bool) -> list[LevelStats]:
+    """Replace the engine's running (and, without /metrics, waiting) by what the client saw.
+
+    For engines whose running gauge is a sample taken at scheduler events rather than a count
+    after every step (SGLang reports at prefill batches, before the new requests, and every 40
+    decode steps), running = requests in flight − the engine's queue. Without /metrics the
+    streams are all there is: running = first token received and not finished, waiting = sent
+    and no first token yet (prefill counts as waiting, a slight underestimate of running)."""
+    for lv in levels:
+        if waiting_too:
+            if lv.client_running_mean is not None:
+                lv.running_mean, lv.running_source = lv.client_running_mean, "client"
+                lv.too_few_samples = False
+            if lv.client_waiting_mean is not None:
+                lv.waiting_mean = lv.client_waiting_mean
+        elif lv.client_inflight_mean is not None and np.isfinite(lv.waiting_mean):
+            lv.running_mean = max(0.0, lv.client_inflight_mean - lv.waiting_mean)
+            lv.running_source = "client-inflight"
+    return levels
+
+
 # -- the rejection point ----------------------------------------------------------------------
 
 
-def find_rejection_point(levels: list[LevelStats], *, waiting_threshold: float = 0.5,
-                         running_tolerance: float = 0.5) -> RejectionPoint:
-    """Where running stops following N and waiting persists.
+def fit_hinge(users: np.ndarray, running: np.ndarray) -> tuple[float, float, int, float, float]:
+    """Least-squares fit of running = min(follow × N, plateau), levels sorted by N.
 
-    A level *waits* when its mean waiting is at least `waiting_threshold`. Waiting *persists* from
-    the lowest N at which every higher usable level also waits (`onset_users`); a level that waited
-    below that is transient (noise, a burst) and is listed, not used. The rejection point is the
-    median running count over the persisting levels; the usage gauge is read at the onset.
+    Returns (follow, plateau, knee_index, sse_hinge, sse_line): levels [knee_index:] are on the
+    plateau; `sse_line` is the error of a plain line through the origin (no plateau at all).
+    Closed-loop clients never run at exactly N (each user spends part of its cycle between
+    requests, and a request waits a step before it is scheduled), so `follow` is fitted, not 1.
+    """
+    n = users.size
+    line = float(np.dot(users, running) / np.dot(users, users))
+    sse_line = float(np.sum((running - line * users) ** 2))
+    best = (line, float("inf"), n, sse_line)
+    for k in range(1, n):
+        lo_n, lo_r = users[:k], running[:k]
+        follow = float(np.dot(lo_n, lo_r) / np.dot(lo_n, lo_n))
+        plateau = float(running[k:].mean())
+        sse = float(np.sum((lo_r - follow * lo_n) ** 2) + np.sum((running[k:] - plateau) ** 2))
+        if sse < best[3]:
+            best = (follow, plateau, k, sse)
+    follow, plateau, knee, sse = best
+    return follow, plateau, knee, sse, sse_line
+
+
+def find_rejection_point(levels: list[LevelStats], *, waiting_threshold: float = 0.5,
+                         min_gap: float = 1.0) -> RejectionPoint:
+    """Where running stops following N: the plateau of a hinge fit over the levels.
+
+    Mean waiting alone cannot tell saturation from the queueing every engine shows between steps
+    (a request that arrives mid-step waits for the next one), so the levels are fitted with
+    running = min(follow × N, plateau). The engine is saturated when the plateau sits at least
+    `min_gap` requests below where the line would have gone at the highest level, and the
+    plateau levels wait. The rejection point is the plateau; the usage gauge is read there.
     """
     usable = sorted((lv for lv in levels if not lv.too_few_samples and np.isfinite(lv.running_mean)),
                     key=lambda lv: lv.users)
     skipped = sorted(lv.users for lv in levels if lv not in usable)
-
-    def waits(lv: LevelStats) -> bool:
-        return bool(np.isfinite(lv.waiting_mean) and lv.waiting_mean >= waiting_threshold)
-
-    saturated = [lv.users for lv in usable if waits(lv)]
+    seen = [lv.users for lv in usable]
     preempting = [lv.users for lv in usable if lv.preemptions > 0]
-    clean = [lv.users for lv in usable
-             if abs(lv.running_mean - lv.users) <= running_tolerance and not waits(lv) and lv.preemptions == 0]
-    onset_index = None
-    for i in range(len(usable) - 1, -1, -1):
-        if not waits(usable[i]):
-            break
-        onset_index = i
-    if onset_index is None:
-        return RejectionPoint(None, max(clean) if clean else None, None, saturated, None,
-                              transient_levels=saturated, preempting_levels=preempting, skipped_levels=skipped,
-                              levels_seen=[lv.users for lv in usable])
-    persisting = usable[onset_index:]
-    running = np.array([lv.running_mean for lv in persisting])
-    onset = persisting[0]
+    waits = [lv.users for lv in usable if np.isfinite(lv.waiting_mean) and lv.waiting_mean >= waiting_threshold]
+    if len(usable) < 2:
+        return RejectionPoint(None, None, None, [], None, preempting_levels=preempting,
+                              skipped_levels=skipped, levels_seen=seen)
+    users = np.array([lv.users for lv in usable], dtype=float)
+    running = np.array([lv.running_mean for lv in usable], dtype=float)
+    follow, plateau, knee, _sse, _sse_line = fit_hinge(users, running)
+    # A level at the knee fits the line and the plateau equally well; it is not saturated.
+    while knee < len(usable) and follow * users[knee] - running[knee] < min_gap / 2:
+        knee += 1
+    on_plateau = usable[knee:]
+    shortfall = follow * users[knee:] - running[knee:]
+    waiting_levels = [lv for lv in on_plateau if np.isfinite(lv.waiting_mean) and lv.waiting_mean >= waiting_threshold]
+    if not on_plateau or shortfall.max() < min_gap or len(waiting_levels) * 2 < len(on_plateau):
+        clean = [lv.users for lv in usable if lv.preemptions == 0]
+        return RejectionPoint(None, max(clean) if clean else None, None, [], None,
+                              transient_levels=waits, preempting_levels=preempting, skipped_levels=skipped,
+                              levels_seen=seen, follow=follow)
+    plateau_running = np.array([lv.running_mean for lv in on_plateau])
+    usage = np.array([lv.usage_mean for lv in on_plateau], dtype=float)
+    usage = usage[np.isfinite(usage)]
+    clean = [lv.users for lv in usable[:knee] if lv.preemptions == 0]
+    last_clean = max(clean) if clean else None
     return RejectionPoint(
-        rejection_point=float(np.median(running)),
-        last_clean_users=max(clean) if clean else None,
-        plateau=float(running.mean()),
-        saturated_levels=saturated,
-        usage_at_rejection=None if np.isnan(onset.usage_mean) else float(onset.usage_mean),
-        onset_users=onset.users,
-        plateau_spread=float(running.max() - running.min()),
-        transient_levels=[u for u in saturated if u < onset.users],
+        rejection_point=float(np.median(plateau_running)),
+        last_clean_users=last_clean,
+        plateau=float(plateau_running.mean()),
+        saturated_levels=[lv.users for lv in on_plateau],
+        usage_at_rejection=float(np.median(usage)) if usage.size else None,
+        onset_users=on_plateau[0].users,
+        plateau_spread=float(plateau_running.max() - plateau_running.min()),
+        transient_levels=[u for u in waits if u < on_plateau[0].users],
         preempting_levels=preempting,
         skipped_levels=skipped,
-        levels_seen=[lv.users for lv in usable],
+        levels_seen=seen,
+        follow=follow,
     )
 
 

@@ -180,7 +180,10 @@ def hold_seconds(exp, lifetime: float | None) -> float:
 def level_result(stats):
     from kvprobe.load.ramps import LevelResult
 
-    saturated = stats.waiting_mean >= 0.5 or stats.running_mean < stats.users - 0.5
+    # Every engine queues a request for up to one step after it arrives, and a closed-loop user
+    # spends part of its cycle between requests, so "waiting > 0" or "running < N" alone is not
+    # saturation; a queue of a tenth of the users, or running far below N, is.
+    saturated = stats.waiting_mean >= max(1.0, 0.1 * stats.users) or stats.running_mean < 0.8 * stats.users
     return LevelResult(users=stats.users, running=stats.running_mean, waiting=stats.waiting_mean,
                        preemption_rate=stats.preemption_rate_per_s, saturated=saturated)
 
@@ -279,7 +282,7 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         series = sampler.stop()
         sampler = None
         records = run.records()
-        _analyse(result, exp, prediction, series, records, t_stop, dialect, target)
+        _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows)
     except KvprobeError as err:
         result.error = str(err).splitlines()[0]
         if isinstance(err, TargetError) and target is not None:
@@ -307,8 +310,14 @@ def _safe(fn, default):
         return default
 
 
-def _analyse(result, exp, prediction, series, records, t_stop, dialect, target) -> None:
+def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows) -> None:
     arrays = series.arrays()
+    metrics_ok = bool(arrays["ok"].any()) if len(arrays["ok"]) else False
+    if not metrics_ok or not getattr(dialect, "RUNNING_GAUGE_EXACT", True):
+        # Recompute every level now that all request records are flushed.
+        result.levels = analysis.use_client_counts(
+            analysis.level_stats(arrays, windows, warmup_fraction=exp.profile.hold.warmup, records=records),
+            waiting_too=not metrics_ok)
     result.rejection = analysis.find_rejection_point(result.levels)
     result.drain = analysis.drain_check(arrays, t_stop, deadline_s=exp.profile.drain_seconds,
                                         pool_units=_pool_units(result.ledger))

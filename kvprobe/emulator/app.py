@@ -8,6 +8,7 @@ SIGTERM/SIGINT, shut down within a second.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -181,6 +182,9 @@ async def _serve(emu: Emulator, host: str, port: int) -> int:
     except OSError as err:
         print(f"ERROR: cannot bind {host}:{port}: {err}", file=sys.stderr, flush=True)
         return 1
+    gc.collect()
+    gc.freeze()  # long-lived setup objects leave the collector's view
+    gc.set_threshold(50_000, 20, 20)  # per-token garbage is short-lived: collect young gen less often
     for line in emu.serving_lines(host, bound):
         print(line)
     sys.stdout.flush()

@@ -50,9 +50,9 @@ class _Base:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.lag_gauge = Gauge("kvprobe_emulator_step_lag_seconds",
-                               "How far the last step ran behind the emulator's time model.", registry=r)
+                               "How far the engine loop is behind the emulator's time model (after the last step).", registry=r)
         self.lag_total = Counter("kvprobe_emulator_lag_seconds",
-                                 "Real time lost behind the time model (ratio to model_seconds = step lag).",
+                                 "Real time given up behind the time model (lag = (d this + d step_lag_seconds) / d model_seconds).",
                                  registry=r)
         self.model_total = Counter("kvprobe_emulator_model_seconds", "Modelled engine-step time.", registry=r)
         self.steps_total = Counter("kvprobe_emulator_steps", "Engine steps run.", registry=r)

@@ -3,9 +3,11 @@
 One asyncio task runs `scheduler.step()`, waits until the step's modelled duration has passed, then
 hands the emitted tokens to the waiting streams and updates /metrics, like an engine's
 `update_from_output`. The loop keeps a virtual timeline: a step that starts late is made up by the
-next one's shorter wait (so the token rate follows the time model exactly); only when it falls more
-than `SLACK` behind does it give the time up and count it as *lag*. `lag / modelled time` is the
-emulator's step lag, exported as `kvprobe_emulator_lag_seconds_total / kvprobe_emulator_model_seconds_total`.
+next one's shorter wait, so the token rate follows the time model exactly while the CPU keeps up.
+`behind` (gauge `kvprobe_emulator_step_lag_seconds`) is how far the loop is behind that timeline;
+when it exceeds `MAX_BEHIND` the time is given up (counter `kvprobe_emulator_lag_seconds_total`) so
+that a stall never turns into a burst. Step lag over a window = (Δlag_seconds_total + Δstep_lag_seconds)
+/ Δmodel_seconds_total: the real time the emulator ran past the modelled time, as a fraction of it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from kvprobe.emulator.tokens import pseudo_eos
 
-SLACK = 0.002  # epoll waits round up to whole milliseconds: less than this behind is timer noise
+MAX_BEHIND = 0.25  # seconds behind the timeline before the time is given up (counted as lost)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Stream:
     """One request as its HTTP handler sees it: tokens arrive in batches, one wake-up per step."""
 
     __slots__ = ("rid", "trace_id", "prompt_len", "max_tokens", "stream", "t_arrival", "t_first", "t_end",
-                 "tokens", "_pending", "finish_reason", "_waiter", "sim")
+                 "tokens", "_pending", "finish_reason", "_waiter", "sim", "sink")
 
     def __init__(self, rid: str, prompt_len: int, max_tokens: int, *, stream: bool, trace_id: str | None,
                  now: float):
@@ -50,6 +52,9 @@ class Stream:
         self.finish_reason: str | None = None
         self._waiter: asyncio.Future | None = None
         self.sim = None
+        # sink(token, finish_reason | None) -> bool: writes straight to the client from the engine loop
+        # (no task switch per token); False means the client is gone.
+        self.sink = None
 
     @property
     def done(self) -> bool:
@@ -78,6 +83,7 @@ class Runtime:
         self.seed = seed
         self.clock, self.wall = clock, wall
         self.streams: dict[str, Stream] = {}
+        self._intake: dict[str, object] = {}
         self._serial = itertools.count()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -85,15 +91,16 @@ class Runtime:
 
     # --- requests
     def submit(self, prompt: list[int], max_tokens: int, *, min_tokens: int = 0, ignore_eos: bool = False,
-               stream: bool = True, trace_id: str | None = None) -> Stream:
+               stream: bool = True, trace_id: str | None = None, sink=None) -> Stream:
         serial = next(self._serial)
         rid = f"cmpl-{serial:x}-{self.seed:x}"
         s = Stream(rid, len(prompt), max_tokens, stream=stream, trace_id=trace_id, now=self.clock())
+        s.sink = sink
         eos = pseudo_eos(self.seed, serial, min_tokens, max_tokens, ignore_eos)
         s.sim = self.make_request(rid=rid, prompt=prompt, max_tokens=max_tokens, ignore_eos=eos is None,
                                   eos_after=eos)
         self.streams[rid] = s
-        self.hooks.add(s.sim)
+        self._intake[rid] = s.sim  # enters the scheduler between steps, like EngineCore's input queue
         self._wake.set()
         return s
 
@@ -102,7 +109,8 @@ class Runtime:
         s = self.streams.get(rid)
         if s is None or s.done:
             return
-        self.hooks.abort(rid)
+        if self._intake.pop(rid, None) is None:
+            self.hooks.abort(rid)
         self._finish(s, "abort", self.clock())
         self._wake.set()
 
@@ -132,16 +140,17 @@ class Runtime:
     async def run(self) -> None:
         t_virtual = self.clock()
         while not self._stopping:
+            self._admit_intake()
             if not self.scheduler.has_work():
                 self.metrics.on_idle(self.hooks.snapshot(), self.clock())
                 self._wake.clear()
-                if not self.scheduler.has_work():
+                if not self.scheduler.has_work() and not self._intake:
                     await self._wake.wait()
                 t_virtual = self.clock()
                 continue
             now = self.clock()
-            behind, lost = now - t_virtual, 0.0
-            if behind > SLACK:
+            behind, lost = max(0.0, now - t_virtual), 0.0
+            if behind > MAX_BEHIND:
                 lost, t_virtual, behind = behind, now, 0.0
             result = self.scheduler.step()
             duration = self.time_model.step_seconds(result.prefill_tokens, result.decode_seqs)
@@ -152,28 +161,45 @@ class Runtime:
             else:
                 await asyncio.sleep(0)  # let handlers run even when behind
             self._deliver(result)
-            self.metrics.on_lag(max(behind, 0.0) + lost, lost, duration)
+            self.metrics.on_lag(max(0.0, self.clock() - t_virtual), lost, duration)
         self.close()
+
+    def _admit_intake(self) -> None:
+        if self._intake:
+            intake, self._intake = self._intake, {}
+            for req in intake.values():
+                self.hooks.add(req)
 
     def _deliver(self, result) -> None:
         now = self.clock()
-        touched = set()
+        touched, gone = set(), []
+        finishing = {req.rid for req in result.finished}
+        streams = self.streams
         for req, token in result.emitted:
-            s = self.streams.get(req.rid)
+            s = streams.get(req.rid)
             if s is None:
                 continue
             if s.t_first is None:
                 s.t_first = now
                 self.metrics.on_first_token(now - s.t_arrival, s.stream)
             s.tokens.append(token)
-            s._pending.append(token)
-            touched.add(s)
+            if s.sink is None:
+                s._pending.append(token)
+                touched.add(s)
+                continue
+            reason = None
+            if req.rid in finishing:
+                reason = "length" if len(s.tokens) >= s.max_tokens else "stop"
+            if not s.sink(token, reason):
+                gone.append(s.rid)
         for req in result.finished:
-            s = self.streams.get(req.rid)
+            s = streams.get(req.rid)
             if s is not None:
                 self._finish(s, "length" if len(s.tokens) >= s.max_tokens else "stop", now)
         for s in touched:
             s._wake()
+        for rid in gone:
+            self.abort(rid)
         self.hooks.after_step(result)
         self.metrics.on_step(self.hooks.snapshot(), prefill_tokens=result.prefill_tokens,
                              decode_seqs=result.decode_seqs, emitted=len(result.emitted), now=now)

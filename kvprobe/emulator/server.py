@@ -136,17 +136,16 @@ class Handlers:
             max_tokens = d.clip_max_new(len(ids), max_tokens, context_len=e.max_model_len,
                                         max_total_num_tokens=e.pool_tokens_reported, page_size=e.page_size)
             min_tokens = min(min_tokens, max_tokens)
-        s = e.runtime.submit(ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, stream=stream,
-                             trace_id=request.headers.get("X-Request-Id"))
         created = int(time.time())
         name = model or e.served_model_name
+        trace_id = request.headers.get("X-Request-Id")
+        if stream:
+            return await self._stream_completion(request, ids, max_tokens, min_tokens, ignore_eos, trace_id,
+                                                 created, name, include_usage)
+        s = e.runtime.submit(ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, stream=False,
+                             trace_id=trace_id)
         self.inflight += 1
         try:
-            if stream:
-                try:
-                    return await self._stream_completion(request, s, created, name, include_usage)
-                except ConnectionResetError:  # the client went away mid-stream: abort below
-                    return web.Response(status=499)
             tokens = []
             while True:
                 batch, done = await s.take()
@@ -170,33 +169,56 @@ class Handlers:
         await resp.write_eof()
         return resp
 
-    async def _stream_completion(self, request, s, created: int, name: str, include_usage: bool):
-        d = self.d
-        head, tail = _DUMPS(d.stream_chunk(s.rid, created, name, _MARK, None)).split(_DUMPS(_MARK)[1:-1])
-        head, tail = b"data: " + head.encode(), tail.encode() + b"\n\n"
+    async def _stream_completion(self, request, ids, max_tokens, min_tokens, ignore_eos, trace_id, created: int,
+                                 name: str, include_usage: bool):
+        """SSE written by the engine loop itself through a sink: one transport write per token, as
+        chunked transfer encoding (the headers are flushed first, so framing is ours from then on)."""
+        d, e = self.d, self.emu
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        sent = 0
-        while True:
-            batch, done = await s.take()
-            if done and s.finish_reason == "abort":
-                break
-            last = len(batch) - 1 if done else -1
-            out = [head + token_text(t).encode() + tail for i, t in enumerate(batch) if i != last]
-            if last >= 0:
-                out.append(_sse(d.stream_chunk(s.rid, created, name, token_text(batch[last]), s.finish_reason)))
-            elif done:
-                out.append(_sse(d.stream_chunk(s.rid, created, name, "", s.finish_reason)))
-            sent += len(batch)
-            if done:
+        await resp.write(b"")  # flush the buffered headers now
+        transport = request.transport
+        rid_box: list = []
+        head = tail = b""
+
+        def frame(data: bytes) -> bool:
+            if transport is None or transport.is_closing():
+                return False
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            return True
+
+        def sink(token: int, reason: str | None) -> bool:
+            if reason is None:
+                return frame(head + token_text(token).encode() + tail)
+            s = rid_box[0]
+            data = _sse(d.stream_chunk(s.rid, created, name, token_text(token), reason))
+            if include_usage:
+                data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens)))
+            rid_box.append(True)  # the final events went out
+            return frame(data + DONE)
+
+        s = e.runtime.submit(ids, max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos, stream=True,
+                             trace_id=trace_id, sink=sink)
+        rid_box.append(s)
+        head, tail = _DUMPS(d.stream_chunk(s.rid, created, name, _MARK, None)).split(_DUMPS(_MARK)[1:-1])
+        head, tail = b"data: " + head.encode(), tail.encode() + b"\n\n"
+        self.inflight += 1
+        try:
+            while not s.done:
+                await s.take()
+            if s.finish_reason == "abort" or transport is None or transport.is_closing():
+                return resp
+            if len(rid_box) == 1:  # finished without a final token event
+                data = _sse(d.stream_chunk(s.rid, created, name, "", s.finish_reason))
                 if include_usage:
-                    out.append(_sse(d.usage_chunk(s.rid, created, name, s.prompt_len, sent)))
-                out.append(DONE)
-            await resp.write(b"".join(out))
-            if done:
-                break
-        await resp.write_eof()
-        return resp
+                    data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens)))
+                frame(data + DONE)
+            await resp.write_eof()
+            return resp
+        finally:
+            self.inflight -= 1
+            if not s.done:
+                e.runtime.abort(s.rid)
 
     async def generate(self, request: web.Request) -> web.Response:
         """SGLang native /generate: input_ids or text, sampling_params, stream."""

@@ -347,3 +347,9 @@ def server_info_body(*, args: dict, max_total_num_tokens: int, max_req_input_len
             "internal_states": [{"effective_max_running_requests_per_dp": effective_max_running,
                                  "last_gen_throughput": 0.0,
                                  "memory_usage": {"token_capacity": max_total_num_tokens}}]}
+
+# sglang:num_running_reqs is published only at prefill batches — as the count *before* the
+# newly admitted requests (PrefillStats.from_adder) — and every decode_log_interval (40) decode
+# steps (observability/metrics_reporter.py L719–899, L901–1140, 0.5.23). It is a sample biased
+# low, not a count per step, so the probe measures running from the client's streams instead.
+RUNNING_GAUGE_EXACT = False

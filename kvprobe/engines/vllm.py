@@ -394,3 +394,8 @@ def models_body(served: str, root: str, max_model_len: int, created: int) -> dic
     return {"object": "list", "data": [{"id": served, "object": "model", "created": created, "owned_by": "vllm",
                                         "root": root, "parent": None, "max_model_len": max_model_len,
                                         "permission": [perm]}]}
+
+# The running/waiting gauges are set from SchedulerStats built at the end of every
+# update_from_output (v1/core/sched/scheduler.py L2660–2674, 0.33.0): a count after each step,
+# so the probe can read the running plateau straight from them.
+RUNNING_GAUGE_EXACT = True

@@ -18,6 +18,7 @@ import importlib
 import itertools
 import json
 import os
+import random
 import re
 import signal
 import time
@@ -85,6 +86,8 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-token-base", type=int, default=1000)
     g.add_argument("--kv-token-range", type=int, default=30000)
     g.add_argument("--kv-network-timeout", type=float, default=600.0)
+    g.add_argument("--kv-start-jitter", type=float, default=0.0,
+                   help="each new user waits uniform(0, S) s before its first request (desynchronise)")
 
 
 # --- request body -------------------------------------------------------------------------------
@@ -353,6 +356,8 @@ class ProbeUser(FastHttpUser):
 
     def on_start(self) -> None:
         self.network_timeout = S.opts.kv_network_timeout
+        if S.opts.kv_start_jitter > 0:
+            gevent.sleep(random.uniform(0.0, S.opts.kv_start_jitter))
 
     @task
     def one_request(self) -> None:

@@ -87,7 +87,7 @@ class LocustRun:
                  workdir: str | os.PathLike, api_key_env: str | None = None, processes: int = 1, seed: int = 0,
                  stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
                  startup_timeout: float = 60.0, path: str = "/v1/completions", token_base: int = 1000,
-                 token_range: int = 30000, network_timeout: float = 600.0):
+                 token_range: int = 30000, network_timeout: float = 600.0, start_jitter: float = 0.0):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
@@ -106,6 +106,7 @@ class LocustRun:
         self.path = path
         self.token_base, self.token_range = int(token_base), int(token_range)
         self.network_timeout = float(network_timeout)
+        self.start_jitter = float(start_jitter)
         self.records_dir = self.workdir / "records"
         self.control_path = self.workdir / "control.json"
         self.log_path = self.workdir / "locust.log"
@@ -127,7 +128,8 @@ class LocustRun:
                "--kv-prompt-tokens", str(self.prompt_tokens), "--kv-output-tokens", str(self.output_tokens),
                "--kv-stream", "1" if self.stream else "0", "--kv-seed", str(self.seed), "--kv-run-id", self.run_id,
                "--kv-workers", str(self.processes), "--kv-token-base", str(self.token_base),
-               "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout)]
+               "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout),
+               "--kv-start-jitter", str(self.start_jitter)]
         if self.api_key_env:
             cmd += ["--kv-api-key-env", self.api_key_env]  # the name only; the key stays in the environment
         if self.processes > 1:

@@ -122,6 +122,22 @@ def _cap(limit: int, cap: int, name: str) -> str:
 # --------------------------------------------------------------------------- SGLang
 
 
+def sglang_published_usage(running: int, P: int, O: int, M: int, decode_log_interval: int = 40) -> float:  # noqa: E741
+    """The time average of sglang:token_usage as published with `running` requests admitted.
+
+    The gauge is written only at prefill batches and every `decode_log_interval` decode steps
+    (observability/metrics_reporter.py L719–899, L901–1140, 0.5.23) and holds its value between.
+    In a closed loop, per request lifetime of O steps there are `running` prefill reports — each
+    taken just after a request finished, whose tokens are evictable and so count as free, before
+    its replacement is allocated: running − 1 requests held — and O / interval decode reports
+    with all of them held. A held request averages its prompt and half its output. (The peak
+    physical usage, running × (P + O − 1) / M, is what the dashboard never shows.)"""
+    held = P + (O - 1) / 2
+    prefill_reports, decode_reports = running, O / decode_log_interval
+    mean_requests = (prefill_reports * max(running - 1, 0) + decode_reports * running) / (prefill_reports + decode_reports)
+    return round(mean_requests * held / M, 2)
+
+
 def _sglang(cfg: SglangConfig, P: int, O: int, policy: str) -> Prediction:  # noqa: E741
     M, ps, mrr = cfg.max_total_num_tokens, cfg.page_size, cfg.max_running_requests
     if P + O > cfg.context_len - 2 or P + O > M - 2:  # max_new clipped silently (sglang.md §1.5)
@@ -146,7 +162,7 @@ def _sglang(cfg: SglangConfig, P: int, O: int, policy: str) -> Prediction:  # no
              and not cfg.disable_radix_cache and P <= max(cfg.chunked_prefill_size, 1))
     if exact:
         return Prediction(limit=reserved, no_preemption_limit=reserved, binding=binding,
-                          usage_at_limit=round(reserved * peak / M, 2), method="closed-form", **common)
+                          usage_at_limit=sglang_published_usage(reserved, P, O, M), method="closed-form", **common)
     # drift (0.5.21 ratio), clipped reservations (O > 4096), pages, --disable-radix-cache: simulate,
     # staggered (completions spread out is where the drift shows) and long enough for the ratio decay
     probe = min(mrr, 2 * max(reserved, M // max(P + O // 2, 1)) + 4)

@@ -65,12 +65,14 @@ def test_worst_case_policy_reserves_prompt_plus_output():
 def test_sglang_example_a():
     p = predict(EX_A, 512, 256)
     assert (p.limit, p.no_preemption_limit, p.binding, p.method) == (21, 21, "kv", "closed-form")
-    assert p.blocks_admission == 769 and p.usage_at_limit == pytest.approx(0.98, abs=0.01)
+    # the reference's 0.98 is the peak physical usage; the published gauge averages 0.79
+    assert p.blocks_admission == 769 and p.usage_at_limit == pytest.approx(0.79, abs=0.01)
 
 
 def test_sglang_example_b():
     p = predict(EX_A, 512, 4096)
-    assert p.limit == 3 and p.usage_at_limit == pytest.approx(0.84, abs=0.01)
+    # 0.84 is the peak (3 x 4607 / 16384); the gauge, published mostly at decode reports, averages 0.46
+    assert p.limit == 3 and p.usage_at_limit == pytest.approx(0.46, abs=0.01)
 
 
 def test_sglang_max_running_requests_binds():

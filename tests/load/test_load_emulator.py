@@ -1,0 +1,68 @@
+"""The load path against kvprobe's own vLLM emulator (real HTTP, real Locust subprocess)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import group_gone
+
+from kvprobe.load.runner import LocustRun, free_port
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def emulator(tmp_path):
+    try:
+        import kvprobe.emulator.cli  # noqa: F401
+    except ImportError:
+        pytest.skip("kvprobe.emulator not available")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvprobe", "emulate", "vllm", "--port", str(port),
+                             "--num-gpu-blocks-override", "2000", "--trace", str(tmp_path / "trace.jsonl")],
+                            stdout=open(tmp_path / "emulator.log", "wb"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail("emulator did not become healthy: " + (tmp_path / "emulator.log").read_text()[-2000:])
+            time.sleep(0.1)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def test_exact_fixed_length_requests_against_the_emulator(emulator, tmp_path):
+    p, o = 50, 12
+    run = LocustRun(emulator, model=None, prompt_tokens=p, output_tokens=o, workdir=tmp_path / "locust",
+                    time_limit=60)
+    with run:
+        run.start()
+        run.set_users(4)
+        run.wait_level(4, timeout=20)
+        deadline = time.monotonic() + 20
+        while sum(1 for r in run.records("request") if r.status == 200) < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert group_gone(run.pgid)
+    done = [r for r in run.records("request") if r.status != "aborted"]
+    assert len(done) >= 20
+    assert all(r.status == 200 and (r.prompt_tokens, r.completion_tokens) == (p, o) for r in done), done[:3]
+    assert all(r.t_send < r.t_first <= r.t_end for r in done)
