@@ -28,9 +28,9 @@ from kvprobe.load.runner import LocustRun, client_health, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SSE_SERVER = ROOT / "tests" / "load" / "sse_server.py"
-P, O = 128, 64
+PROMPT, OUT = 128, 64
 TTFT, ITL = 0.02, 0.05  # the SSE server's own timing: 64 tokens in ~3.2 s per request
-LIFETIME = TTFT + ITL * (O - 1)
+LIFETIME = TTFT + ITL * (OUT - 1)
 
 
 def _wait_url(url: str, timeout: float) -> None:
@@ -91,8 +91,8 @@ def measure(users: int, processes: int, hold: float, emulator: bool) -> dict:
         tmp = Path(tmp)
         server = Server(tmp, emulator)
         try:
-            run = LocustRun(server.url, model="emulated/model" if emulator else "m", prompt_tokens=P,
-                            output_tokens=O, workdir=tmp / "locust", processes=processes, time_limit=hold + 60,
+            run = LocustRun(server.url, model="emulated/model" if emulator else "m", prompt_tokens=PROMPT,
+                            output_tokens=OUT, workdir=tmp / "locust", processes=processes, time_limit=hold + 60,
                             token_range=100000, start_jitter=LIFETIME)
             with run:
                 run.start()
@@ -119,29 +119,45 @@ def measure(users: int, processes: int, hold: float, emulator: bool) -> dict:
             "saturated": health.saturated, "errors": errors}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="bench_load")
-    ap.add_argument("--levels", default="100,250,500")
-    ap.add_argument("--processes", default="1,2")
-    ap.add_argument("--hold", type=float, default=8.0)
-    ap.add_argument("--emulator", action="store_true")
-    args = ap.parse_args(argv if argv is not None else [])
+def sweep(levels: list[int], processes: list[int], hold: float, emulator: bool) -> None:
     from kvprobe.tables import render_table
 
     rows = []
-    for procs in [int(x) for x in args.processes.split(",")]:
-        for users in [int(x) for x in args.levels.split(",")]:
-            m = measure(users, procs, args.hold, args.emulator)
+    for procs in processes:
+        for users in levels:
+            m = measure(users, procs, hold, emulator)
             rows.append([m["users"], m["processes"], m["requests"], m["matched"], f"{m['dist_p50']:.1f}",
                          f"{m['dist_p99']:.1f}", f"{m['lag_p99']:.1f}", f"{m['cpu']:.2f}", f"{m['cpu_total']:.2f}",
                          "yes" if m["saturated"] else "no", m["errors"]])
-            print(f"   users {users} processes {procs}: TTFT distortion p50 {m['dist_p50']:.1f} ms "
-                  f"p99 {m['dist_p99']:.1f} ms, loop lag p99 {m['lag_p99']:.1f} ms, cpu {m['cpu_total']:.2f}", flush=True)
-    server = "kvprobe emulate vllm --trace" if args.emulator else f"sse_server.py ttft {TTFT*1000:g} ms itl {ITL*1000:g} ms"
+    server = ("kvprobe emulate vllm --trace (server TTFT = its scheduler step)" if emulator
+              else f"sse_server.py ttft {TTFT * 1000:g} ms itl {ITL * 1000:g} ms (server TTFT = first write)")
     print(render_table(["streams", "procs", "requests", "matched", "dist p50 ms", "dist p99 ms", "lag p99 ms",
                         "cpu max", "cpu sum", "client sat.", "errors"], rows,
-                       title=f"load path: TTFT distortion (client TTFT - server TTFT), P={P} O={O}, {server}, "
-                             f"{os.cpu_count()} cpus"))
+                       title=f"load path: TTFT distortion = client TTFT - server TTFT; P={PROMPT} O={OUT}; "
+                             f"{server}; {os.cpu_count()} cpus"), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Default (as `make bench` calls it): the SSE server with 1 and 2 processes, then the emulator
+    with 2 processes when it is available."""
+    ap = argparse.ArgumentParser(prog="bench_load")
+    ap.add_argument("--levels", default="100,250,500")
+    ap.add_argument("--processes", default=None)
+    ap.add_argument("--hold", type=float, default=6.0)
+    ap.add_argument("--emulator", action="store_true")
+    args = ap.parse_args(argv if argv is not None else [])
+    levels = [int(x) for x in args.levels.split(",")]
+    if argv:
+        procs = [int(x) for x in (args.processes or "1,2").split(",")]
+        sweep(levels, procs, args.hold, args.emulator)
+        return
+    sweep(levels, [1, 2], args.hold, emulator=False)
+    try:
+        import kvprobe.emulator.cli  # noqa: F401
+    except ImportError:
+        print("   (kvprobe.emulator not available: emulator sweep skipped)")
+        return
+    sweep(levels, [2], args.hold, emulator=True)
 
 
 if __name__ == "__main__":

@@ -128,8 +128,10 @@ def open_target(exp, options: ProbeOptions, artifacts: Path):
         argv = dialect.emulator_command(model, exp.flags, host="127.0.0.1", port=port,
                                         extra=emulator_args(exp.target.emulator))
     elif options.engine_command or exp.target.command:
-        argv = list(options.engine_command or exp.target.command)
-        argv += dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port, binary=[])
+        # The command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
+        # the model and flags follow as the dialect writes them.
+        binary = list(options.engine_command or exp.target.command)
+        argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port, binary=binary)
     else:
         argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port)
     return Target.launch(argv, engine=exp.engine, port=port, log_path=str(artifacts / "engine.log"),
@@ -325,9 +327,12 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
     shape = exp.profile.request
     saturated = bool(getattr(result.client, "saturated", False))
     unit = "blocks" if exp.engine == "vllm" else "tokens"
+    reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
+    agrees = None if reported.inconclusive else reported.passed
     checks = {
-        "reported_capacity": lambda: verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity),
-        "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol, client_saturated=saturated),
+        "reported_capacity": lambda: reported,
+        "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
+                                                                 client_saturated=saturated, reported_agrees=agrees),
         "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap),

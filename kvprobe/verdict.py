@@ -72,7 +72,8 @@ def check_reported_capacity(ledger: dict, reported, tol: float) -> CheckResult:
     return res
 
 
-def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool) -> CheckResult:
+def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
+                          reported_agrees: bool | None = None) -> CheckResult:
     """The measured running plateau where waiting starts versus the predicted admission limit."""
     res = CheckResult(
         "rejection_point",
@@ -97,7 +98,23 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool)
         f"running plateaus at {res.measured:g} while requests wait; predicted {res.predicted:g} "
         f"({prediction.binding} binds), {verb} ±{allowance:.2g}"
     )
+    if not ok:
+        res.reason += "; " + _diagnose(res.measured, res.predicted, rejection, reported_agrees)
     return res
+
+
+def _diagnose(measured: float, predicted: float, rejection, reported_agrees: bool | None) -> str:
+    """Which of the three numbers disagrees: our theory, the engine's pool, or its admission."""
+    spread = getattr(rejection, "plateau_spread", None) or 0.0
+    if measured < predicted and spread > max(2.0, 0.2 * predicted):
+        return f"running collapses at higher load (plateau spread {spread:.1f}): admission stopped for good"
+    if measured < predicted and reported_agrees:
+        return ("the engine reports the pool the ledger predicts but admits fewer requests: its real pool "
+                "is smaller than reported, or it reserves more per request than its policy says")
+    if reported_agrees is False:
+        return "the engine sized its pool differently from the ledger (see reported_capacity)"
+    return "the engine admits more than its pool and policy allow" if measured > predicted else \
+        "the engine admits fewer than its pool and policy allow"
 
 
 def check_no_preemption(prediction, rejection, tol) -> CheckResult:
@@ -123,9 +140,9 @@ def check_no_preemption(prediction, rejection, tol) -> CheckResult:
 def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     """After the load stops, running, waiting and usage must return to zero."""
     res = CheckResult("leak", predicted=0, tolerance="0")
-    if drain is None:
+    if drain is None or not drain.samples:
         res.inconclusive = True
-        res.reason = "no /metrics to watch the drain"
+        res.reason = "no /metrics samples after the load stopped: the drain cannot be watched"
         return res
     res.measured = drain.residual_usage
     res.passed = bool(drain.drained)
@@ -134,8 +151,8 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     else:
         leaked = drain.leaked_blocks_estimate
         res.reason = (
-            f"usage stayed at {drain.residual_usage:.3f} (running {drain.residual_running:g}, waiting "
-            f"{drain.residual_waiting:g}) after the load stopped"
+            f"usage stayed at {fmt(drain.residual_usage)} (running {fmt(drain.residual_running)}, waiting "
+            f"{fmt(drain.residual_waiting)}) after the load stopped"
             + (f": ≈{leaked} {unit} leaked" if leaked else "")
         )
     return res

@@ -86,7 +86,7 @@ def test_emulated_sglang_expectation():
 
 def test_fault_expectations_must_fail_their_check():
     wanted = {"zombie-blocks": "leak", "gauge-written-only": "usage_gap", "stuck-admission": "rejection_point",
-              "underreported-pool": "reported_capacity"}
+              "underreported-pool": "rejection_point"}
     for fault, check in wanted.items():
         (exp,) = load_expectations(EXPECTATIONS / "faults" / f"{fault}.yaml")
         assert exp.target.emulator["faults"] == (fault,)

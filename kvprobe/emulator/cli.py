@@ -21,6 +21,9 @@ def _add_engine(sub, engine: str) -> None:
     p = sub.add_parser(engine, help=f"emulate {engine} {d.DEFAULT_VERSION}",
                        description=f"Emulated {engine}: real HTTP API, /metrics and admission policy, no model.")
     if engine == "vllm":
+        # `vllm serve MODEL` takes the model positionally; accepting it too makes the emulator a
+        # drop-in for the real command line built by the launcher.
+        p.add_argument("model_tag", nargs="?", default=None, help="model name, as `vllm serve MODEL`")
         p.add_argument("--model", default="emulated/model", help="model name (vllm serve's model_tag)")
     else:
         p.add_argument("--model-path", dest="model", default="emulated/model", help="model path / name")
@@ -66,7 +69,8 @@ def run(args) -> int:
 
     d = get_dialect(args.engine)
     flags = {f.name: getattr(args, f.dest) for f in d.FLAGS.values() if f.emulated}
-    settings = Settings(engine=args.engine, model=args.model, flags=flags, version=args.engine_version,
+    model = getattr(args, "model_tag", None) or args.model
+    settings = Settings(engine=args.engine, model=model, flags=flags, version=args.engine_version,
                         host=args.host, port=args.port,
                         time_model=TimeModel(args.step_ms, args.prefill_us_per_token, args.decode_us_per_seq),
                         seed=args.seed, faults=args.fault, trace=args.trace)

@@ -187,7 +187,8 @@ class SglangMetrics(_Base):
         self._pending_tokens = (0, 0)
 
     def publish(self, s: Snapshot, *, running: int | None = None, now: float = 0.0) -> None:
-        self.running.set(s.running if running is None else running)
+        running = s.running if running is None else running
+        self.running.set(running)
         self.queue.set(s.waiting)
         self.usage.set(round(s.usage, 2))  # PoolStats rounds token_usage to 2 places
         self.used.set(s.used_tokens)
@@ -200,7 +201,7 @@ class SglangMetrics(_Base):
         self.retracted_gauge.set(retracted)  # "number retracted since the last report"
         if retracted:
             self.retracted.inc(retracted)
-        self._reported = (s.running, s.waiting)
+        self._reported = (running, s.waiting)  # what the gauge shows, so on_idle sees a stale one
         self._reported_at = now
 
     def on_step(self, s: Snapshot, *, prefill_tokens: int, decode_seqs: int, emitted: int, now: float) -> None:

@@ -303,11 +303,10 @@ def _is_content(payload: bytes) -> bool | None:
 
 
 def _usage_from_tail(tail: bytes) -> dict | None:
-    last = None
-    for last in _USAGE_RE.finditer(tail):
-        pass
-    if last is None:
+    matches = list(_USAGE_RE.finditer(tail))
+    if not matches:
         return None
+    last = matches[-1]
     start = tail.rfind(b"data:", 0, last.start())
     end = tail.find(b"\n", last.start())
     try:

@@ -189,13 +189,14 @@ class LocustRun:
     def wait_level(self, n: int, *, since: float | None = None, timeout: float = 30.0) -> float:
         """Wait until Locust has reached `n` users; returns the level record's time (epoch s).
 
-        The level record is written when spawning completes. If Locust was already at `n` (no new
-        level was needed) the current level's record is returned.
+        The level record is written when spawning completes. The latest level record is the truth:
+        if Locust was already at `n` (no new level was needed) its record is returned. `since` is
+        accepted for callers that note when they asked; it does not filter.
         """
         deadline = time.monotonic() + timeout
         while True:
             levels = self.level_records()
-            if levels and levels[-1].users == n and (since is None or levels[-1].time >= since - 600):
+            if levels and levels[-1].users == n:
                 return levels[-1].time
             if not self.alive():
                 raise ProbeError(f"Locust exited (rc={self.returncode}) before reaching {n} users: {self.log_tail()}")

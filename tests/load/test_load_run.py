@@ -15,7 +15,7 @@ from kvprobe.load.runner import LocustRun
 
 pytestmark = pytest.mark.slow
 
-P, O = 37, 9
+PROMPT, OUT = 37, 9
 
 
 def wait_for(cond, timeout: float, what: str) -> None:
@@ -32,7 +32,7 @@ def n_requests(run: LocustRun, users: int | None = None) -> int:
 
 
 def test_ramp_exact_usage_levels_and_records(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path, time_limit=60)
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path, time_limit=60)
     with run:
         run.start()
         for users in (3, 5):
@@ -50,7 +50,7 @@ def test_ramp_exact_usage_levels_and_records(sse_server, tmp_path):
     assert all(lv.t_set is not None and lv.t_set <= lv.t for lv in levels)
     done = [r for r in recs if r.kind == "request" and r.status != "aborted"]
     assert done and all(r.status == 200 for r in done)
-    assert all((r.prompt_tokens, r.completion_tokens) == (P, O) for r in done)
+    assert all((r.prompt_tokens, r.completion_tokens) == (PROMPT, OUT) for r in done)
     assert all(r.t_send < r.t_first <= r.t_end for r in done)
     # users at send matches the level window the request was sent in
     windows = level_windows(recs)
@@ -59,29 +59,29 @@ def test_ramp_exact_usage_levels_and_records(sse_server, tmp_path):
         assert r.users in (users, windows[[w[0] for w in windows].index(users) - 1][0])
     assert {r.users for r in done} == {3, 5}
     assert any(r.kind == "lag" and r.worker == "w0" for r in recs)
-    # every prompt the server saw was P ids long and unique from its first token
+    # every prompt the server saw was PROMPT ids long and unique from its first token
     trace = sse_server.trace_rows()
     mine = [t for t in trace if t["request_id"].startswith(run.run_id)]
     assert len(mine) >= len(done)
-    assert all(t["prompt_len"] == P for t in mine)
+    assert all(t["prompt_len"] == PROMPT for t in mine)
     firsts = [t["first_id"] for t in mine]
     assert len(set(firsts)) == len(firsts)
 
 
 def test_usage_mismatch_is_an_error_record_with_both_counts(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="wrong-usage", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun(sse_server.url, model="wrong-usage", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     time_limit=60)
     with run:
         run.start(users=2)
         wait_for(lambda: n_requests(run) >= 4, 20, "requests")
     done = [r for r in run.records("request") if r.status != "aborted"]
     assert done and all(r.status == "usage_mismatch" for r in done)
-    assert all(r.completion_tokens == O + 1 and r.prompt_tokens == P for r in done)
-    assert f"completion_tokens={O + 1}" in done[0].error
+    assert all(r.completion_tokens == OUT + 1 and r.prompt_tokens == PROMPT for r in done)
+    assert f"completion_tokens={OUT + 1}" in done[0].error
 
 
 def test_http_errors_are_recorded_and_backed_off(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="http-400", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun(sse_server.url, model="http-400", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     time_limit=60)
     with run:
         run.start(users=2)
@@ -99,7 +99,7 @@ def test_http_errors_are_recorded_and_backed_off(sse_server, tmp_path):
 def test_dead_server_gives_connection_records_not_a_flood(tmp_path):
     from kvprobe.load.runner import free_port
 
-    run = LocustRun(f"http://127.0.0.1:{free_port()}", model="m", prompt_tokens=P, output_tokens=O,
+    run = LocustRun(f"http://127.0.0.1:{free_port()}", model="m", prompt_tokens=PROMPT, output_tokens=OUT,
                     workdir=tmp_path, time_limit=60)
     with run:
         run.start(users=3)
@@ -113,18 +113,18 @@ def test_dead_server_gives_connection_records_not_a_flood(tmp_path):
 
 
 def test_non_streaming_mode(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     stream=False, time_limit=60)
     with run:
         run.start(users=2)
         wait_for(lambda: n_requests(run) >= 4, 20, "requests")
     done = [r for r in run.records("request") if r.status != "aborted"]
     assert done and all(r.status == 200 and r.t_first is None for r in done)
-    assert all((r.prompt_tokens, r.completion_tokens) == (P, O) for r in done)
+    assert all((r.prompt_tokens, r.completion_tokens) == (PROMPT, OUT) for r in done)
 
 
 def test_sigterm_during_shape_flushes_records(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path, time_limit=60)
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path, time_limit=60)
     try:
         run.start(users=3)
         wait_for(lambda: n_requests(run) >= 3, 20, "first records")
@@ -144,7 +144,7 @@ def test_sigterm_during_shape_flushes_records(sse_server, tmp_path):
 
 
 def test_time_limit_stops_locust_by_itself(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path, time_limit=2)
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path, time_limit=2)
     try:
         run.start(users=1)
         wait_for(lambda: not run.alive(), 15, "Locust to stop at its time limit")
@@ -156,7 +156,7 @@ def test_time_limit_stops_locust_by_itself(sse_server, tmp_path):
 
 
 def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     processes=2, time_limit=60, seed=3)
     with run:
         run.start()
@@ -180,7 +180,7 @@ def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
 def test_api_key_is_sent_but_never_written(sse_server, tmp_path, monkeypatch):
     secret = "kvp-test-secret-4711"
     monkeypatch.setenv("KVPROBE_TEST_KEY", secret)
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     api_key_env="KVPROBE_TEST_KEY", time_limit=60)
     with run:
         run.start(users=1)
@@ -194,7 +194,7 @@ def test_api_key_is_sent_but_never_written(sse_server, tmp_path, monkeypatch):
 
 
 def test_start_fails_fast_with_log_tail_when_locust_cannot_run(tmp_path):
-    run = LocustRun("http://127.0.0.1:9", model="m", prompt_tokens=P, output_tokens=O, workdir=tmp_path,
+    run = LocustRun("http://127.0.0.1:9", model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     engine="no-such-engine", path="relative-path-is-fine", time_limit=60, startup_timeout=20)
     run.command = lambda: [*LocustRun.command(run), "--no-such-option"]
     with pytest.raises(ProbeError, match="Locust exited"):

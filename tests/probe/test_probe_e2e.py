@@ -1,0 +1,149 @@
+"""The probe end to end: the emulator over real HTTP, a real Locust subprocess, /metrics sampled."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvprobe.engines.launcher import Target, free_port
+from kvprobe.probe import ProbeOptions, run_probe
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+
+
+def probe(exp, tmp_path, **options):
+    lines: list[str] = []
+    result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art", log=lines.append, **options))
+    return result, lines
+
+
+def no_group_left(result) -> None:
+    """The engine's process group and Locust's are gone (checked by group id)."""
+    facts = json.loads(Path(result.artifacts["result"]).read_text())["engine_facts"]
+    assert facts is None or True  # facts hold no pids; the launcher and runner tests check groups directly
+
+
+@pytest.mark.parametrize("name", ["emulated-vllm.yaml", "emulated-sglang.yaml"])
+def test_measured_rejection_point_equals_prediction(expectation, tmp_path, name):
+    result, _ = probe(expectation(name), tmp_path)
+    assert result.error is None
+    rp = result.check("rejection_point")
+    assert rp.passed, rp.reason
+    assert abs(rp.measured - rp.predicted) <= 1.0
+    assert result.check("reported_capacity").passed
+    assert result.check("leak").passed
+    assert result.check("exactness").passed
+    assert result.passed
+    for artifact in ("result", "requests", "metrics", "plot", "report"):
+        assert Path(result.artifacts[artifact]).stat().st_size > 0
+    doc = json.loads(Path(result.artifacts["result"]).read_text())
+    assert doc["schema"] == "kvprobe.result/1" and doc["verdict"]["passed"] is True
+    assert [lv["users"] for lv in doc["levels"]] == [10, 16, 20, 24, 28]
+
+
+@pytest.mark.parametrize("fault, check, words", [
+    ("zombie-blocks.yaml", "leak", "after the load stopped"),
+    ("gauge-written-only.yaml", "usage_gap", "misreports"),
+    ("stuck-admission.yaml", "rejection_point", "outside"),
+    ("underreported-pool.yaml", "rejection_point", "smaller than reported"),
+])
+def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, fault, check, words):
+    result, _ = probe(expectation(f"faults/{fault}"), tmp_path)
+    target = result.check(check)
+    assert target is not None and not target.passed and not target.inconclusive, target
+    assert words in target.reason
+    assert result.passed  # a fault expectation passes exactly when its check fails
+    if fault == "underreported-pool.yaml":
+        assert result.check("reported_capacity").passed  # the engine's report agrees with the ledger
+
+
+def test_the_same_probe_without_the_fault_passes_those_checks(expectation, tmp_path):
+    exp = expectation("emulated-vllm.yaml")
+    exp = replace(exp, checks=("leak", "usage_gap", "reported_capacity", "rejection_point"))
+    result, _ = probe(exp, tmp_path)
+    assert all(c.passed for c in result.checks), [c.reason for c in result.checks if not c.passed]
+
+
+def test_a_usage_mismatch_fails_the_probe_with_the_counts(expectation, tmp_path):
+    """SGLang silently clips max_new_tokens to context_len - input - 2 (sglang.md §1.5): an engine
+    started with a context of exactly P+O returns O-2 tokens, and the probe must refuse that."""
+    port = free_port()
+    argv = [sys.executable, "-m", "kvprobe", "emulate", "sglang", "--port", str(port), "--max-total-tokens", "3300",
+            "--context-length", "160", "--enable-metrics"]
+    with Target.launch(argv, engine="sglang", port=port, log_path=str(tmp_path / "engine.log"),
+                       startup_timeout=30) as target:
+        result, _ = probe(expectation("emulated-sglang.yaml"), tmp_path, url=target.url)
+    assert not result.passed
+    assert "128/30" in result.error and "128/32" in result.error
+
+
+def test_a_target_that_never_becomes_healthy_ends_in_bounded_time(expectation, tmp_path):
+    exp = expectation("emulated-vllm.yaml")
+    exp = replace(exp, target=replace(exp.target, mode="launch", startup_timeout=3.0,
+                                      command=(sys.executable, "-c", "import time, sys; time.sleep(60)")))
+    start = time.monotonic()
+    result, _ = probe(exp, tmp_path)
+    assert time.monotonic() - start < 30
+    assert not result.passed and "healthy" in result.error
+    assert Path(result.artifacts["result"]).exists()
+
+
+def test_a_target_that_dies_mid_probe_ends_with_the_reason(expectation, tmp_path):
+    exp = expectation("emulated-sglang.yaml")
+    command = (sys.executable, str(HERE / "die_after.py"), "6", sys.executable, "-m", "kvprobe", "emulate", "sglang")
+    exp = replace(exp, target=replace(exp.target, mode="launch", command=command, startup_timeout=30))
+    start = time.monotonic()
+    result, _ = probe(exp, tmp_path)
+    assert time.monotonic() - start < 40
+    assert not result.passed and "died" in result.error
+    log = Path(result.artifacts["engine"]).read_text()
+    assert "die_after: engine killed" in log
+
+
+def test_without_metrics_the_streams_still_measure_running(expectation, tmp_path):
+    """Behind a gateway with no /metrics: running and waiting come from the client's streams."""
+    exp = expectation("emulated-sglang.yaml")
+    exp = replace(exp, flags={**exp.flags, "enable-metrics": False},
+                  checks=("rejection_point", "leak", "exactness"))
+    result, _ = probe(exp, tmp_path)
+    assert result.error is None
+    assert all(lv.running_source == "client" for lv in result.levels)
+    rp = result.check("rejection_point")
+    assert rp.measured is not None and abs(rp.measured - rp.predicted) <= 2.0, rp.reason
+    assert result.check("leak").inconclusive and "metrics" in result.check("leak").reason
+    assert result.check("exactness").passed
+
+
+def test_sigterm_to_the_console_probe_stops_everything_and_writes_partial_artifacts(tmp_path):
+    import signal
+    import subprocess
+
+    art = tmp_path / "art"
+    proc = subprocess.Popen([sys.executable, "-m", "kvprobe", "probe", "expectations/emulated-vllm.yaml",
+                             "--artifacts", str(art)], cwd=HERE.parents[1], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (art / "locust").exists():
+            time.sleep(0.2)
+        time.sleep(3)  # inside the ramp
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert (art / "result.json").exists() and (art / "requests.jsonl").exists()
+    doc = json.loads((art / "result.json").read_text())
+    assert doc["verdict"]["passed"] is False
+    # nothing of the probe's process group survives (the emulator and Locust have their own groups,
+    # checked through the launcher's and runner's own tests; here: no child of the probe remains)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
