@@ -64,6 +64,9 @@ def test_stuck_admission_never_recovers(serve):
     clients = StreamClients(s.url, streams(n, prompt, out))
     wait_for(lambda: s.value("vllm:num_requests_running") == 0 and s.value("vllm:num_requests_waiting") == 11,
              timeout=15, what="running drained while 11 wait")
+    # the server finished them; their client threads record the end a moment later
+    wait_for(lambda: sum(1 for r in clients.results if r is not None) == 9, timeout=10,
+             what="the first 9 served, and only them")
     assert sum(1 for r in clients.results if r is not None) == 9, "only the first 9 were ever served"
     assert s.value("vllm:kv_cache_usage_perc") == 0.0, "the pool is empty, yet nothing is admitted"
     clients.cancel()

@@ -87,7 +87,7 @@ def test_ini_options_reach_the_header(project):
 
 
 def test_marker_kvprobe_skips_hand_written_tests_without_flag(project):
-    project.makepyfile(test_hand="""
+    project.makepyfile(test_kvp_hand="""
         import pytest
 
         @pytest.mark.kvprobe
@@ -97,18 +97,18 @@ def test_marker_kvprobe_skips_hand_written_tests_without_flag(project):
         def test_plain():
             pass
     """)
-    result = project.runpytest("-rs", "test_hand.py")
+    result = project.runpytest("-rs", "test_kvp_hand.py")
     result.assert_outcomes(passed=1, skipped=1)
 
 
 def test_ledger_fixture_needs_no_server(project):
-    project.makepyfile(test_ledger="""
+    project.makepyfile(test_kvp_ledger_fixture="""
         def test_ledger(kvprobe_ledger):
             ledger = kvprobe_ledger("expectations/good.yaml")
             assert ledger.to_dict()["capacity"]["num_blocks"] == 201
             assert ledger.admission.no_preemption_limit == 20
     """)
-    project.runpytest("test_ledger.py").assert_outcomes(passed=1)
+    project.runpytest("test_kvp_ledger_fixture.py").assert_outcomes(passed=1)
 
 
 @pytest.mark.slow
@@ -154,8 +154,8 @@ TARGET_TEST = """
 
 @pytest.mark.slow
 def test_shared_target_torn_down_when_a_test_fails(project):
-    project.makepyfile(test_target=TARGET_TEST.format(body="assert False, 'boom'"))
-    result = project.runpytest_subprocess("--kvprobe", "test_target.py", timeout=120)
+    project.makepyfile(test_kvp_target=TARGET_TEST.format(body="assert False, 'boom'"))
+    result = project.runpytest_subprocess("--kvprobe", "test_kvp_target.py", timeout=120)
     result.assert_outcomes(failed=1)
     pgid = int((project.path / "pgid").read_text())
     assert not pgid_alive(pgid)
@@ -163,8 +163,8 @@ def test_shared_target_torn_down_when_a_test_fails(project):
 
 @pytest.mark.slow
 def test_shared_target_torn_down_on_ctrl_c(project):
-    project.makepyfile(test_target=TARGET_TEST.format(body="time.sleep(120)"))
-    proc = project.popen([sys.executable, "-m", "pytest", "--kvprobe", "-p", "no:locust", "test_target.py"],
+    project.makepyfile(test_kvp_target=TARGET_TEST.format(body="time.sleep(120)"))
+    proc = project.popen([sys.executable, "-m", "pytest", "--kvprobe", "-p", "no:locust", "test_kvp_target.py"],
                          stdin=None)
     try:
         pgid = int(_wait_for(project.path / "pgid", 60))
