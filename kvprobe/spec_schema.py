@@ -163,7 +163,14 @@ CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usag
 ENGINES = ("vllm", "sglang")
 RAMP_STRATEGIES = ("explicit", "around-prediction", "bisect")
 # Fault names of `kvprobe emulate --fault NAME` (kvprobe/emulator); each makes one check fail.
-EMULATOR_FAULTS = ("zombie-blocks", "gauge-written-only", "stuck-admission", "underreported-pool")
+
+def _emulator_faults() -> tuple[str, ...]:
+    from kvprobe.emulator.faults import FAULTS  # the emulator owns its fault names
+
+    return tuple(FAULTS)
+
+
+EMULATOR_FAULTS = _emulator_faults()
 MIN_STEADY_SAMPLES = 3  # samples after warm-up that a level needs for a steady-state mean
 ESTIMATE_KEYS = ("activation_bytes", "cudagraph_bytes", "other_bytes")
 
@@ -313,69 +320,17 @@ def read_yaml(path: str | Path) -> object:
 
 
 # -- engine flags -----------------------------------------------------------------------------
-# Kinds: "int", "count" (vLLM human units "2k"), "len" (count or auto/-1), "bytes", "frac"
-# (0 < x <= 1), "float", "bool", "str". `lo` is the smallest value the engine accepts.
+# The flags themselves (names, kinds, smallest values, aliases, the real flags kvprobe does not
+# model) are engine facts: they live in kvprobe/engines/<engine>.py and are read from there.
 
-# vLLM 0.33.0, engine/arg_utils.py::add_cli_args (see shared/reference/vllm.md §6).
-VLLM_FLAGS: dict[str, tuple[str, int | None]] = {
-    "num-gpu-blocks-override": ("int", 1),
-    "block-size": ("int", 1),
-    "max-model-len": ("len", 1),
-    "max-num-seqs": ("int", 1),
-    "max-num-batched-tokens": ("count", 1),
-    "gpu-memory-utilization": ("frac", None),
-    "kv-cache-memory-bytes": ("bytes", 1),
-    "enable-prefix-caching": ("bool", None),
-    "enable-chunked-prefill": ("bool", None),
-    "scheduler-reserve-full-isl": ("bool", None),
-    "kv-cache-dtype": ("str", None),
-    "dtype": ("str", None),
-    "tensor-parallel-size": ("int", 1),
-    "pipeline-parallel-size": ("int", 1),
-    "data-parallel-size": ("int", 1),
-    "watermark": ("float", 0),
-}
-# Real vLLM flags kvprobe does not model; listed so a near-miss typo check does not refuse them.
-VLLM_OTHER_FLAGS = (
-    "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
-    "scheduling-policy", "async-scheduling", "prefill-schedule-interval", "max-num-queued-reqs",
-    "max-num-queued-tokens", "disable-log-stats", "enforce-eager", "disable-hybrid-kv-cache-manager",
-    "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
-    "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
-)
-VLLM_ALIASES = {"device-memory-utilization": "gpu-memory-utilization"}
 
-# SGLang 0.5.23, srt/server_args.py and arg_groups/fields/*.py (see shared/reference/sglang.md §11).
-SGLANG_FLAGS: dict[str, tuple[str, int | None]] = {
-    "max-total-tokens": ("int", 1),
-    "context-length": ("int", 1),
-    "chunked-prefill-size": ("int", None),  # -1 disables chunking
-    "max-prefill-tokens": ("int", 1),
-    "max-running-requests": ("int", 1),
-    "page-size": ("int", 1),
-    "mem-fraction-static": ("frac", None),
-    "schedule-conservativeness": ("float", 0),
-    "disable-radix-cache": ("bool", None),
-    "kv-cache-dtype": ("str", None),
-    "dtype": ("str", None),
-    "tp-size": ("int", 1),
-    "pp-size": ("int", 1),
-    "dp-size": ("int", 1),
-    "cuda-graph-max-bs": ("int", 1),
-    "enable-metrics": ("bool", None),
-    "disable-overlap-schedule": ("bool", None),
-}
-SGLANG_OTHER_FLAGS = (
-    "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
-    "allow-auto-truncate", "decode-log-interval", "enable-priority-scheduling", "radix-eviction-policy",
-    "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
-    "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
-)
-SGLANG_ALIASES = {
-    "tensor-parallel-size": "tp-size",
-    "pipeline-parallel-size": "pp-size",
-    "data-parallel-size": "dp-size",
-}
+def _flag_table(engine: str) -> tuple[dict[str, tuple[str, float | None]], tuple[str, ...], dict[str, str]]:
+    from kvprobe.engines import get_dialect
+
+    d = get_dialect(engine)
+    known = {name: (f.value_kind, f.lo) for name, f in d.FLAGS.items() if name != "served-model-name"}
+    return known, tuple(d.OTHER_FLAGS), dict(d.FLAG_ALIASES)
+
 
 # Flags the launcher owns; writing them in `flags:` would fight it.
 MANAGED_FLAGS = {
@@ -387,10 +342,7 @@ MANAGED_FLAGS = {
     "api-key": "secrets never live in YAML; use target.api_key_env",
 }
 
-FLAG_TABLES = {
-    "vllm": (VLLM_FLAGS, VLLM_OTHER_FLAGS, VLLM_ALIASES),
-    "sglang": (SGLANG_FLAGS, SGLANG_OTHER_FLAGS, SGLANG_ALIASES),
-}
+FLAG_TABLES = {engine: _flag_table(engine) for engine in ("vllm", "sglang")}
 
 
 def parse_units(node: Node, kind: str) -> int:

@@ -159,7 +159,7 @@ def test_closed_loop_duty_cycle_and_queueing_between_steps_are_not_saturation():
     running = [3.76, 6.62, 10.52, 13.29, 16.45, 17.24, 18.33, 19.57, 20.05, 20.10, 20.19, 19.71]
     waiting = [0.14, 0.19, 0.29, 0.19, 0.75, 0.76, 1.14, 0.62, 1.33, 2.19, 4.10, 6.05]
     stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, usage_mean=0.9, preemptions=0 if u <= 20 else 5,
-                             too_few_samples=False) for u, r, w in zip(users, running, waiting)]
+                             too_few_samples=False) for u, r, w in zip(users, running, waiting, strict=True)]
     rp = find_rejection_point(stats)
     assert 19.7 <= rp.rejection_point <= 20.3
     assert rp.onset_users >= 22 and rp.last_clean_users == 20

@@ -72,10 +72,17 @@ class Flag:
     help: str = ""
     negatable: bool = False  # boolean with a real `--no-NAME` form (argparse BooleanOptionalAction)
     emulated: bool = True  # the emulator accepts it (False: real-engine-only, dropped for the emulator)
+    kind: str = ""  # how an expectation's value is validated: int, count ("2k"), len (count or auto),
+    #                 bytes ("10G"), frac (0 < x <= 1), float, bool, str; "" derives it from `type`
+    lo: float | None = None  # the smallest value the engine accepts
 
     @property
     def dest(self) -> str:
         return self.name.replace("-", "_")
+
+    @property
+    def value_kind(self) -> str:
+        return self.kind or {int: "int", float: "float", str: "str", None: "bool"}.get(self.type, "str")
 
 
 def render_flags(flags: dict[str, object], known: dict[str, Flag]) -> list[str]:

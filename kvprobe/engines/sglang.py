@@ -76,21 +76,35 @@ HELP = {
 # --- flags (server_args.py / arg_groups/fields/*.py, 0.5.23). GPU-tier defaults are the emulator's.
 FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("served-model-name", str, None, "model_name label / /v1/models id"),
-    Flag("max-total-tokens", int, None, "KV pool size in tokens (schedule.py L39-51)"),
-    Flag("context-length", int, 8192, "context_len (model.py L110-116)"),
-    Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs"),
+    Flag("max-total-tokens", int, None, "KV pool size in tokens (schedule.py L39-51)", lo=1),
+    Flag("context-length", int, 8192, "context_len (model.py L110-116)", lo=1),
+    Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs", lo=1),
     Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)"),
-    Flag("max-prefill-tokens", int, 16384, "per-pass prefill token budget (L71-81)"),
-    Flag("page-size", int, 1, "tokens per page (L143-145)"),
-    Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)"),
+    Flag("max-prefill-tokens", int, 16384, "per-pass prefill token budget (L71-81)", lo=1),
+    Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1),
+    Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)", lo=0),
     Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)"),
     Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
     Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
-    Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports"),
-    Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False),
+    Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports", lo=1),
+    Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False,
+         kind="frac"),
     Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False),
-    Flag("tp-size", int, 1, "tensor parallel size", emulated=False),
+    Flag("dtype", str, "auto", "model dtype", emulated=False),
+    Flag("tp-size", int, 1, "tensor parallel size (parallel.py L45-51)", emulated=False, lo=1),
+    Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1),
+    Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1),
+    Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
 )}
+# Real SGLang flags kvprobe does not model: passed through as written; listed for the typo check.
+OTHER_FLAGS = (
+    "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
+    "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
+    "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
+    "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
+)
+FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
+                "data-parallel-size": "dp-size"}
 
 
 def _vt(version: str) -> tuple[int, ...]:

@@ -98,21 +98,36 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
 # depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
 FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("served-model-name", str, None, "name reported in /v1/models and the model_name label (L1031)"),
-    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)"),
-    Flag("block-size", int, 16, "tokens per KV block (L1387)"),
-    Flag("max-model-len", int, 8192, "longest sequence (prompt + output) (L991)"),
-    Flag("max-num-seqs", int, 256, "running-request cap (L1754)"),
-    Flag("max-num-batched-tokens", int, 2048, "per-step token budget (L1740)"),
+    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)", lo=1),
+    Flag("block-size", int, 16, "tokens per KV block (L1387)", lo=1),
+    Flag("max-model-len", int, 8192, "longest sequence (prompt + output); also -1/auto (L991)", kind="len", lo=1),
+    Flag("max-num-seqs", int, 256, "running-request cap (L1754)", lo=1),
+    Flag("max-num-batched-tokens", int, 2048, "per-step token budget, human units (L1740)", kind="count", lo=1),
     Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True),
     Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True),
-    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting"),
-    Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False),
-    Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False),
+    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False,
+         kind="frac"),
+    Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
+         kind="bytes", lo=1),
     Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False),
-    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False),
+    Flag("dtype", str, "auto", "model dtype", emulated=False),
+    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1),
+    Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1),
+    Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1),
 )}
+# Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
+# that an expectation's near-miss typo check does not refuse them.
+OTHER_FLAGS = (
+    "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
+    "scheduling-policy", "async-scheduling", "prefill-schedule-interval", "max-num-queued-reqs",
+    "max-num-queued-tokens", "disable-log-stats", "enforce-eager", "disable-hybrid-kv-cache-manager",
+    "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
+    "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
+)
+FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
 
 def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def kvp(pytester):
     """A pytester project with the repo's load profiles and a probe-sized emulated expectation."""
-    pytester.makeini("[pytest]\naddopts = -p no:locust -p no:cacheprovider\n")
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     (pytester.path / "loadprofiles").mkdir()
     for f in (REPO / "loadprofiles").glob("*.yaml"):
         (pytester.path / "loadprofiles" / f.name).write_text(f.read_text())

@@ -78,7 +78,7 @@ def test_options_are_documented_under_a_kvprobe_group(project):
 
 
 def test_ini_options_reach_the_header(project):
-    project.makeini("[pytest]\naddopts = -p no:locust -p no:cacheprovider\nkvprobe = true\n"
+    project.makeini("[pytest]\naddopts = -p no:cacheprovider\nkvprobe = true\n"
                     "kvprobe_artifacts = out/probes\nkvprobe_expectations = expectations\n")
     result = project.runpytest("--collect-only")
     out = result.stdout.str()
@@ -118,7 +118,7 @@ def test_passing_and_failing_probes_summary_and_junit(project):
     bad["target"]["emulator"]["faults"] = ["zombie-blocks"]
     bad["checks"] = ["leak"]
     (project.path / "expectations" / "leaky.yaml").write_text(yaml.safe_dump(bad))
-    result = project.runpytest_subprocess("--kvprobe", "--junitxml=junit.xml", "-p", "no:locust", timeout=300)
+    result = project.runpytest_subprocess("--kvprobe", "--junitxml=junit.xml", timeout=300)
     out = result.stdout.str()
     result.assert_outcomes(passed=5, failed=1)
     assert "leaky[leak]" in out and "FAIL" in out
@@ -164,7 +164,7 @@ def test_shared_target_torn_down_when_a_test_fails(project):
 @pytest.mark.slow
 def test_shared_target_torn_down_on_ctrl_c(project):
     project.makepyfile(test_kvp_target=TARGET_TEST.format(body="time.sleep(120)"))
-    proc = project.popen([sys.executable, "-m", "pytest", "--kvprobe", "-p", "no:locust", "test_kvp_target.py"],
+    proc = project.popen([sys.executable, "-m", "pytest", "--kvprobe", "test_kvp_target.py"],
                          stdin=None)
     try:
         pgid = int(_wait_for(project.path / "pgid", 60))
