@@ -1,0 +1,249 @@
+"""vLLM V1's scheduler (0.33.0, and 0.11's first-chunk admission) in virtual time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvprobe.errors import ConfigError
+from kvprobe.theory.pools import VllmBlockPool, prompt_keys
+from kvprobe.theory.sched_common import (
+    Emitted,
+    Lanes,
+    SchedulerBase,
+    SimRequest,
+    StepResult,
+    VllmConfig,
+    cdiv,
+    output_tokens,
+)
+
+# --------------------------------------------------------------------------- vLLM
+
+
+class VllmScheduler(SchedulerBase):
+    """vLLM V1 `Scheduler.schedule()` + `update_from_output()` (v1/core/sched/scheduler.py, 0.33.0).
+
+    Synchronous scheduling: the server's default async scheduling (batch queue of 2, vllm.md §2.6)
+    is not modelled. It allocates the same slots one step earlier and frees finished requests one
+    iteration later, so measured usage can sit a little above this model near saturation.
+    """
+
+    def __init__(self, config: VllmConfig):
+        super().__init__()
+        if config.policy not in ("vllm-0.33", "vllm-0.11"):
+            raise ConfigError(f"unknown vLLM scheduler policy {config.policy!r}")
+        if config.max_num_batched_tokens < config.max_num_seqs:  # config/scheduler.py L317-336
+            raise ConfigError("max_num_batched_tokens must be >= max_num_seqs")
+        if config.num_gpu_blocks < 2:
+            raise ConfigError("num_gpu_blocks must be >= 2 (block 0 is the null block)")
+        self.cfg = config
+        self.B = config.block_size
+        self.pool = VllmBlockPool(config.num_gpu_blocks)
+        self.run = Lanes(("comp", "ntok", "held", "stop", "plen", "sched", "seed"))
+        self.full_isl = config.policy == "vllm-0.33"  # --scheduler-reserve-full-isl, absent in 0.11
+        self.watermark = int(config.watermark * config.num_gpu_blocks) if self.full_isl else 0
+        self._refresh_stats()
+
+    def add(self, req: SimRequest) -> None:
+        P, mml = len(req.prompt), self.cfg.max_model_len
+        if P >= mml:
+            raise ValueError(f"request {req.rid!r}: prompt of {P} tokens >= max_model_len {mml}")
+        stop = min(P + req.max_tokens, mml)  # utils.py check_stop: max_tokens or max_model_len
+        if not req.ignore_eos and req.eos_after is not None:
+            stop = min(stop, P + max(1, req.eos_after))
+        if self.cfg.enable_prefix_caching:
+            req._pkeys = prompt_keys(req.prompt, self.B)
+        self._accept(req, stop)
+        self._refresh_stats()
+
+    # -- one engine step
+    def step(self) -> StepResult:
+        result = StepResult(Emitted(), [], [])
+        budget = self.cfg.max_num_batched_tokens
+        budget = self._schedule_running(budget, result)
+        if not result.preempted:  # no admission in a step that preempted (L1050)
+            self._schedule_waiting(budget)
+        self._update_from_output(result)
+        self.stats.steps += 1
+        self._refresh_stats()
+        return result
+
+    def _schedule_running(self, budget: int, result: StepResult) -> int:
+        """RUNNING loop (L794-1034): decode 1 token / chunked-prefill the rest within the budget;
+        on allocation failure preempt the LAST running request and retry (L930-994)."""
+        L, pool, B = self.run, self.pool, self.B
+        if not L.n:
+            return budget
+        comp, ntok, held, sched, plen = L("comp", "ntok", "held", "sched", "plen")
+        need = ntok - comp
+        np.clip(budget - (np.cumsum(need) - need), 0, need, out=sched)
+        new_blocks = np.maximum(-(-(comp + sched) // B) - held, 0)
+        cum = np.cumsum(new_blocks)
+        if cum[-1] <= pool.num_free:  # everyone fits: the common case, fully vectorised
+            pool.take(int(cum[-1]))
+            held += new_blocks
+        else:
+            k = int(np.searchsorted(cum, pool.num_free, side="right"))  # first request that fails
+            pool.take(int(cum[k - 1]) if k else 0)
+            held[:k] += new_blocks[:k]
+            while k < L.n:
+                while new_blocks[k] > pool.num_free:
+                    victim = L.n - 1
+                    result.preempted.append(self._preempt_last())
+                    if victim == k:
+                        break
+                else:
+                    pool.take(int(new_blocks[k]))
+                    held[k] += new_blocks[k]
+                    k += 1
+                    continue
+                break  # the request preempted itself: nothing after it is left
+            comp, sched, plen = L("comp", "sched", "plen")
+        prefilling = np.flatnonzero((comp < plen) & (sched > 0))
+        comp += sched
+        for i in prefilling.tolist():
+            self._cache_prompt_blocks(L.reqs[i], int(comp[i]))
+        return budget - int(sched.sum())
+
+    def _schedule_waiting(self, budget: int) -> None:
+        """WAITING loop (L1049-1600): FCFS, head-of-line blocking, full-sequence-must-fit (0.33)."""
+        cfg, L, pool, B = self.cfg, self.run, self.pool, self.B
+        while self.waiting and budget > 0:
+            if L.n >= cfg.max_num_seqs:
+                break
+            req = self.waiting[0]
+            P, num_tokens = len(req.prompt), len(req.prompt) + req.output_len
+            hits = self._lookup(req, num_tokens) if cfg.enable_prefix_caching else []
+            h, hit_free = len(hits), sum(1 for key in hits if key in pool.lru)
+            new = num_tokens - h * B
+            if not cfg.enable_chunked_prefill and new > budget:
+                break
+            new = min(new, budget)
+            # allocate_slots (kv_cache_manager.py L518-588): watermark only when something runs;
+            # evictable hits still consume free-queue entries (single_type_kv_cache_manager L238-265)
+            wm, free = (self.watermark if L.n else 0), pool.num_free
+            if self.full_isl and cdiv(min(num_tokens, cfg.max_model_len), B) - h + hit_free + wm > free:
+                break
+            fresh = cdiv(h * B + new, B) - h
+            if fresh + hit_free + wm > free:
+                break
+            self.waiting.popleft()
+            pool.touch(hits)
+            pool.take(fresh)
+            req._keys = list(hits)
+            if cfg.enable_prefix_caching:
+                self.stats.prefix_queries_total += num_tokens
+                self.stats.prefix_hits_total += h * B
+            comp = h * B + new
+            self._cache_prompt_blocks(req, comp)
+            req.status = "running"
+            L.append(req, comp=comp, ntok=num_tokens, held=h + fresh, stop=req._stop, plen=P,
+                     sched=new, seed=req._seed)
+            budget -= new
+
+    def _update_from_output(self, result: StepResult) -> None:
+        """update_from_output (L2259-2676): sample one token for every request whose whole sequence
+        is computed; finish on max_tokens / max_model_len / eos; free blocks in the same call."""
+        L = self.run
+        if not L.n:
+            return
+        comp, ntok, sched, stop, plen, seed = L("comp", "ntok", "sched", "stop", "plen", "seed")
+        decoding = (sched > 0) & (comp - sched >= plen)
+        result.decode_seqs = int(decoding.sum())
+        result.prefill_tokens = int(sched.sum()) - result.decode_seqs
+        sampled = (sched > 0) & (comp == ntok)
+        idx = np.flatnonzero(sampled)
+        ntok[idx] += 1
+        result.emitted = Emitted(L.reqs[idx], output_tokens(seed[idx], ntok[idx] - plen[idx] - 1))
+        done = np.flatnonzero(sampled & (ntok >= stop))
+        if len(done):
+            for i in done.tolist():
+                req = L.reqs[i]
+                self._leave(req, L.row(i), "finished")
+                req.finish_reason = self._finish_reason(req)
+                del self.requests[req.rid]
+                result.finished.append(req)
+            mask = np.ones(L.n, bool)
+            mask[done] = False
+            L.keep(mask)
+        sched[:] = 0
+
+    # -- events
+    def _preempt_last(self) -> SimRequest:
+        """_preempt_request (L1799-1843): free all blocks, num_computed = 0, front of waiting."""
+        L = self.run
+        req = L.reqs[L.n - 1]
+        self._leave(req, L.row(L.n - 1), "preempted")
+        L.keep(np.arange(L.n) < L.n - 1)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.stats.preemptions_total += 1
+        return req
+
+    def _abort_running(self, req: SimRequest) -> None:
+        i = self.run.index(req)
+        self._leave(req, self.run.row(i), "aborted")
+        self.run.keep(np.arange(self.run.n) != i)
+
+    def _leave(self, req: SimRequest, row: dict[str, int], status: str) -> None:
+        """Write the lane back to the request and free its blocks. Full computed blocks get their
+        hash now (vLLM hashed them when they filled; nobody else could have hit them meanwhile)."""
+        req.output_len = row["ntok"] - row["plen"]
+        req.num_computed_tokens = row["comp"]
+        req.status = status
+        keys, full, dead = req._keys, row["comp"] // self.B, 0
+        if self.cfg.enable_prefix_caching:
+            # a preempted request can hit its own blocks on resume; a finished one's output
+            # blocks can never be hit again (their keys name its rid), so they free as a dead run
+            upto = full if status == "preempted" else min(full, len(req._pkeys))
+            while len(keys) < upto and self.pool.cache(self._block_key(req, len(keys))):
+                keys.append(self._block_key(req, len(keys)))
+            dead = full - len(keys)
+        self.pool.release(keys, row["held"] - len(keys) - dead, dead)
+        req._keys = []
+
+    # -- prefix caching
+    def _block_key(self, req: SimRequest, k: int):
+        return req._pkeys[k] if k < len(req._pkeys) else ("o", req.rid, k)
+
+    def _lookup(self, req: SimRequest, num_tokens: int) -> list:
+        """Longest cached prefix, capped at num_tokens - 1 tokens in whole blocks (L295-302)."""
+        hits = []
+        for k in range((num_tokens - 1) // self.B):
+            key = self._block_key(req, k)
+            if not self.pool.is_cached(key):
+                break
+            hits.append(key)
+        return hits
+
+    def _cache_prompt_blocks(self, req: SimRequest, computed: int) -> None:
+        """cache_blocks at allocation time (kv_cache_manager.py L624): full prompt blocks get keys."""
+        if not self.cfg.enable_prefix_caching:
+            return
+        keys, upto = req._keys, min(computed, len(req.prompt)) // self.B
+        while len(keys) < upto and self.pool.cache(req._pkeys[len(keys)]):
+            keys.append(req._pkeys[len(keys)])
+
+    # -- observation
+    def sync(self) -> None:
+        """Refresh output_len / num_computed_tokens of running requests (O(running))."""
+        L = self.run
+        comp, ntok, plen = L("comp", "ntok", "plen")
+        for i in range(L.n):
+            L.reqs[i].output_len = int(ntok[i] - plen[i])
+            L.reqs[i].num_computed_tokens = int(comp[i])
+
+    def check_pool(self) -> None:
+        """Raise AssertionError if blocks leaked (used by tests and the emulator's drain check)."""
+        held = self.run("held")[0]
+        keys = sum(len(self.run.reqs[i]._keys) for i in range(self.run.n))
+        self.pool.check(int(held.sum()) - keys)
+
+    def _refresh_stats(self) -> None:
+        s, pool, B = self.stats, self.pool, self.B
+        s.running, s.waiting = self.run.n, len(self.waiting)
+        s.waiting_capacity = s.waiting
+        s.usage = pool.usage
+        s.used_tokens = (pool.usable - pool.num_free) * B
+        s.pool_tokens = pool.usable * B
