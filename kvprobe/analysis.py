@@ -37,7 +37,6 @@ class LevelStats:
     samples: int  # usable samples in the steady part
     client_running_mean: float | None = None  # from the request records: first token, not finished
     client_waiting_mean: float | None = None  # from the request records: sent, no first token yet
-    client_inflight_mean: float | None = None  # from the request records: sent, not finished
     running_source: str = "engine"  # "client" when the engine's gauge is not trusted (see use_client_counts)
     waiting_capacity_mean: float | None = None
     t_start: float = 0.0
@@ -139,41 +138,38 @@ def time_grid(t0: float, t1: float, step: float) -> np.ndarray:
     return t0 + step * np.arange(n)
 
 
-def client_side_waiting(records, t0: float, t1: float, step: float) -> np.ndarray:
-    """Requests sent and still without a first token, on `time_grid(t0, t1, step)`: queued in the
-    engine (or in prefill) as the client sees them."""
-    grid = time_grid(t0, t1, step)
-    sends, firsts = [], []
+def _spans(records, lead_steps: float):
+    """(send, admitted, end) per request. The client cannot see admission; it happens
+    `lead_steps` engine steps before the first token arrives, a step estimated from the request's
+    own inter-token time. A request with no first token was never seen running."""
+    sends, admitted, ends = [], [], []
     for r in records or ():
         if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
             continue
-        first = _rec(r, "t_first")
-        end = _rec(r, "t_end")
-        sends.append(float(_rec(r, "t_send")))
-        firsts.append(float(first) if first is not None else (float(end) if end is not None else np.inf))
-    if grid.size == 0 or not sends:
-        return np.zeros(grid.size)
-    sent = np.searchsorted(np.sort(np.asarray(sends)), grid, side="right")
-    got_first = np.searchsorted(np.sort(np.asarray(firsts)), grid, side="right")
-    return (sent - got_first).astype(float)
+        send, first, end = float(_rec(r, "t_send")), _rec(r, "t_first"), _rec(r, "t_end")
+        end = float(end) if end is not None else np.inf
+        if first is None:
+            admit = end
+        else:
+            n = _rec(r, "completion_tokens") or 0
+            itl = (end - float(first)) / (n - 1) if n > 1 and np.isfinite(end) else 0.0
+            admit = max(send, float(first) - lead_steps * itl)
+        sends.append(send), admitted.append(admit), ends.append(end)
+    return (np.sort(np.asarray(sends, dtype=float)), np.sort(np.asarray(admitted, dtype=float)),
+            np.sort(np.asarray(ends, dtype=float)))
 
 
-def client_side_inflight(records, t0: float, t1: float, step: float) -> np.ndarray:
-    """Requests sent and not yet finished, on `time_grid(t0, t1, step)`: what the engine holds,
-    running or queued, minus the client's own turnaround between one request and the next."""
+def client_side_counts(records, t0: float, t1: float, step: float, *, lead_steps: float = 0.0):
+    """(running, waiting) as the client sees them on `time_grid(t0, t1, step)`: running = admitted
+    (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet admitted."""
     grid = time_grid(t0, t1, step)
-    sends, ends = [], []
-    for r in records or ():
-        if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
-            continue
-        end = _rec(r, "t_end")
-        sends.append(float(_rec(r, "t_send")))
-        ends.append(float(end) if end is not None else np.inf)
-    if grid.size == 0 or not sends:
-        return np.zeros(grid.size)
-    sent = np.searchsorted(np.sort(np.asarray(sends)), grid, side="right")
-    done = np.searchsorted(np.sort(np.asarray(ends)), grid, side="right")
-    return (sent - done).astype(float)
+    sends, admitted, ends = _spans(records, lead_steps)
+    if grid.size == 0 or sends.size == 0:
+        return np.zeros(grid.size), np.zeros(grid.size)
+    n_sent = np.searchsorted(sends, grid, side="right")
+    n_admitted = np.searchsorted(admitted, grid, side="right")
+    n_done = np.searchsorted(ends, grid, side="right")
+    return (n_admitted - n_done).astype(float), (n_sent - n_admitted).astype(float)
 
 
 def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarray:
@@ -192,7 +188,7 @@ def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarra
 
 
 def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fraction: float = 0.3,
-                records=None, min_samples: int = MIN_SAMPLES) -> list[LevelStats]:
+                records=None, min_samples: int = MIN_SAMPLES, lead_steps: float = 0.0) -> list[LevelStats]:
     """Steady-state statistics of each level: the first `warmup_fraction` of its window is skipped."""
     cols = _columns(series_arrays)
     t = cols["t"]
@@ -205,15 +201,11 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
         preempt = counter_increase(cols["preemptions"][sel])
         ts = t[sel][np.isfinite(cols["preemptions"][sel])]
         span = float(ts[-1] - ts[0]) if ts.size >= 2 else 0.0
-        client = client_waiting = client_inflight = None
+        client = client_waiting = None
         if records is not None:
-            step = 0.05
-            counts = client_side_running(records, start, w.t_end, step)
-            client = float(counts.mean()) if counts.size else None
-            queued = client_side_waiting(records, start, w.t_end, step)
-            client_waiting = float(queued.mean()) if queued.size else None
-            held = client_side_inflight(records, start, w.t_end, step)
-            client_inflight = float(held.mean()) if held.size else None
+            run, wait = client_side_counts(records, start, w.t_end, 0.05, lead_steps=lead_steps)
+            client = float(run.mean()) if run.size else None
+            client_waiting = float(wait.mean()) if wait.size else None
         wcap = _stat(cols["waiting_capacity"][sel], np.mean)
         out.append(LevelStats(
             users=int(w.users),
@@ -222,7 +214,6 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
             usage_mean=_stat(usage, np.mean), usage_max=_stat(usage, np.max),
             preemptions=preempt, preemption_rate_per_s=preempt / span if span > 0 else 0.0,
             samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
-            client_inflight_mean=client_inflight,
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
             t_start=w.t_start, t_end=w.t_end, too_few_samples=usable < min_samples,
         ))
@@ -234,19 +225,14 @@ def use_client_counts(levels: list[LevelStats], *, waiting_too: bool) -> list[Le
 
     For engines whose running gauge is a sample taken at scheduler events rather than a count
     after every step (SGLang reports at prefill batches, before the new requests, and every 40
-    decode steps), running = requests in flight − the engine's queue. Without /metrics the
-    streams are all there is: running = first token received and not finished, waiting = sent
-    and no first token yet (prefill counts as waiting, a slight underestimate of running)."""
+    decode steps), the streams are the better measurement of running; without /metrics they
+    are all there is."""
     for lv in levels:
-        if waiting_too:
-            if lv.client_running_mean is not None:
-                lv.running_mean, lv.running_source = lv.client_running_mean, "client"
-                lv.too_few_samples = False
-            if lv.client_waiting_mean is not None:
-                lv.waiting_mean = lv.client_waiting_mean
-        elif lv.client_inflight_mean is not None and np.isfinite(lv.waiting_mean):
-            lv.running_mean = max(0.0, lv.client_inflight_mean - lv.waiting_mean)
-            lv.running_source = "client-inflight"
+        if lv.client_running_mean is not None:
+            lv.running_mean, lv.running_source = lv.client_running_mean, "client"
+            lv.too_few_samples = lv.too_few_samples and not waiting_too
+        if waiting_too and lv.client_waiting_mean is not None:
+            lv.waiting_mean = lv.client_waiting_mean
     return levels
 
 

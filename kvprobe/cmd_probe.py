@@ -33,6 +33,12 @@ def parse_tolerances(items: list[str]) -> dict[str, float]:
             out[name.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
+    # The same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative
+    # tolerance is a one-line error, not a TypeError from dataclasses.replace deep in the probe.
+    from kvprobe.spec import _parse_tolerances
+    from kvprobe.spec_schema import Node
+
+    _parse_tolerances(Node(out, "--tolerance"))
     return out
 
 
@@ -41,13 +47,24 @@ def _raise_interrupt(signum, frame):
 
 
 def run(args) -> int:
+    # SIGTERM takes the same path as Ctrl-C: the probe's finally stops everything it started.
+    # The previous handler comes back afterwards (an in-process caller keeps its own).
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     from kvprobe.probe import ProbeOptions, run_probe
     from kvprobe.report import SUMMARY_HEADERS, levels_table, summary_row, verdict_table
     from kvprobe.spec import load_expectations
     from kvprobe.tables import render_table
 
-    # SIGTERM takes the same path as Ctrl-C: the probe's finally stops everything it started.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    if args.budget is not None and not args.budget > 0:
+        raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
+    tolerances = parse_tolerances(args.tolerance)
     expectations = load_expectations(args.expectation)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
@@ -60,7 +77,7 @@ def run(args) -> int:
             artifacts_dir=root / exp.name if len(expectations) > 1 else root,
             url=args.url,
             engine_command=args.engine_command.split() if args.engine_command else None,
-            tolerances=parse_tolerances(args.tolerance),
+            tolerances=tolerances,
             budget_seconds=args.budget,
             profile=args.profile,
             log=lambda line: print(line, flush=True),

@@ -45,6 +45,7 @@ class ProbeResult:
     checks: list[verdict.CheckResult] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # why the probe could not complete, if it could not
+    log_tail: str | None = None  # the engine's (or Locust's) last log lines behind `error`
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -82,7 +83,7 @@ class ProbeResult:
             "drain": _plain(self.drain),
             "client": _plain(self.client),
             "checks": [c.to_dict() for c in self.checks],
-            "verdict": {"passed": self.passed, "error": self.error},
+            "verdict": {"passed": self.passed, "error": self.error, "log_tail": self.log_tail},
             "artifacts": self.artifacts,
         }
 
@@ -284,9 +285,13 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         series = sampler.stop()
         sampler = None
         records = run.records()
-        _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows)
+        _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows,
+                 ledger_config=ledger.scheduler_config)
     except KvprobeError as err:
-        result.error = str(err).splitlines()[0]
+        first, _, rest = str(err).partition("\n")
+        result.error = first
+        # The reason is one line; what the engine or Locust said last is kept beside it.
+        result.log_tail = (getattr(err, "log_tail", "") or rest).strip() or None
         if isinstance(err, TargetError) and target is not None:
             result.error += f" (engine log: {artifacts / 'engine.log'})"
         log(f"kvprobe: {exp.name}: {result.error}")
@@ -312,14 +317,22 @@ def _safe(fn, default):
         return default
 
 
-def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows) -> None:
+def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows,
+             ledger_config=None) -> None:
     arrays = series.arrays()
     metrics_ok = bool(arrays["ok"].any()) if len(arrays["ok"]) else False
-    if not metrics_ok or not getattr(dialect, "RUNNING_GAUGE_EXACT", True):
+    exact = getattr(dialect, "RUNNING_GAUGE_EXACT", True)
+    # Levels of which the sampler saw nothing: /metrics lost its families (or died) halfway.
+    blind = any(lv.running_mean != lv.running_mean for lv in result.levels)
+    if not metrics_ok or not exact or blind:
         # Recompute every level now that all request records are flushed.
-        result.levels = analysis.use_client_counts(
-            analysis.level_stats(arrays, windows, warmup_fraction=exp.profile.hold.warmup, records=records),
-            waiting_too=not metrics_ok)
+        levels = analysis.level_stats(arrays, windows, warmup_fraction=exp.profile.hold.warmup, records=records,
+                                      lead_steps=getattr(dialect, "FIRST_TOKEN_LEAD_STEPS", 1))
+        if not metrics_ok or not exact:
+            levels = analysis.use_client_counts(levels, waiting_too=not metrics_ok)
+        # A blind level falls back to the streams rather than entering the fit as NaN.
+        analysis.use_client_counts([lv for lv in levels if lv.running_mean != lv.running_mean], waiting_too=True)
+        result.levels = levels
     result.rejection = analysis.find_rejection_point(result.levels)
     result.drain = analysis.drain_check(arrays, t_stop, deadline_s=exp.profile.drain_seconds,
                                         pool_units=_pool_units(result.ledger))
@@ -329,6 +342,7 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
     unit = "blocks" if exp.engine == "vllm" else "tokens"
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
+    implied = engine_implied(ledger_config, exp, result.facts.reported)
     checks = {
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
@@ -343,6 +357,27 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
     result.checks = [checks[name]() for name in wanted]
+    if implied is not None:  # the middle of the three numbers: what the engine's own pool implies
+        for check in result.checks:
+            check.reported = {"rejection_point": round(float(implied.limit), 2),
+                              "no_preemption": implied.no_preemption_limit,
+                              "usage_gap": implied.usage_at_limit}.get(check.name, check.reported)
+
+
+def engine_implied(config, exp, reported):
+    """The admission prediction for the pool the engine *reports* (same policy and limits): it
+    separates "our theory is wrong" from "the engine sized its pool differently"."""
+    from kvprobe.theory.admission import predict as predict_admission
+
+    pool = {"vllm": ("num_gpu_blocks", reported.num_blocks), "sglang": ("max_total_num_tokens", reported.kv_tokens)}
+    field_name, value = pool.get(exp.engine, (None, None))
+    if config is None or value is None:
+        return None
+    shape = exp.profile.request
+    try:
+        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens)
+    except KvprobeError:
+        return None
 
 
 def _pool_units(ledger: dict | None) -> int | None:

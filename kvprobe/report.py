@@ -21,6 +21,8 @@ def verdict_table(result) -> str:
     table = render_table(["check", "ledger", "engine", "measured", "binding", "status", "reason"], rows, title=head)
     if result.error:
         table += f"\nprobe error: {result.error}"
+        if getattr(result, "log_tail", None):
+            table += "\n--- log (last lines) ---\n" + result.log_tail
     verdict = "PASS" if result.passed else "FAIL"
     return f"{table}\nverdict: {verdict}"
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
+import hmac
 import os
 import signal
 import sys
@@ -24,6 +26,28 @@ from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
 
 
+class Secret:
+    """An API key that never shows itself: repr/str are redacted; `matches` compares digests in
+    constant time (as both engines do)."""
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, value: str):
+        self._digest = hashlib.sha256(value.encode()).digest()
+
+    def matches(self, token: str | None) -> bool:
+        return token is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self._digest)
+
+    def __repr__(self) -> str:
+        return "Secret('<redacted>')"
+
+    __str__ = __repr__
+
+
+def _redacted(flags: dict[str, object]) -> dict[str, object]:
+    return {k: ("<redacted>" if k == "api-key" and v is not None else v) for k, v in flags.items()}
+
+
 @dataclass
 class Settings:
     engine: str  # "vllm" | "sglang"
@@ -37,6 +61,10 @@ class Settings:
     faults: list[str] = field(default_factory=list)
     trace: str | None = None
 
+    def __repr__(self) -> str:  # the api key must not reach a log or a traceback through repr
+        fields = {**self.__dict__, "flags": _redacted(self.flags)}
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
 
 class Emulator:
     def __init__(self, settings: Settings):
@@ -49,6 +77,8 @@ class Emulator:
         self.faults = parse_faults(s.faults)
         f = {name: (s.flags[name] if s.flags.get(name) is not None else flag.default)
              for name, flag in d.FLAGS.items() if flag.emulated}
+        key = f.pop("api-key", None) or (os.environ.get(d.API_KEY_ENV) if d.API_KEY_ENV else None)
+        self.api_key = Secret(key) if key else None  # kept out of self.flags: /server_info shows flags
         self.flags = f
         self.model = s.model
         self.served_model_name = f.get("served-model-name") or s.model
@@ -69,6 +99,7 @@ class Emulator:
                                 watermark=f["watermark"])
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
+            self.stats_enabled = not f["disable-log-stats"]
             self.metrics = VllmMetrics(self.served_model_name, d.cache_config_labels(
                 num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                 enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks))
@@ -88,7 +119,7 @@ class Emulator:
                                   schedule_conservativeness=f["schedule-conservativeness"],
                                   overlap=not f["disable-overlap-schedule"])
             cap, unit = self.max_running, self.page_size
-            self.metrics_enabled = bool(f["enable-metrics"])
+            self.metrics_enabled = self.stats_enabled = bool(f["enable-metrics"])
             self.metrics = SglangMetrics(self.served_model_name, max_total_num_tokens=m,
                                          context_len=self.max_model_len, page_size=self.page_size,
                                          decode_log_interval=f["decode-log-interval"])
@@ -98,6 +129,10 @@ class Emulator:
         self.runtime = Runtime(self.scheduler, s.time_model, self.metrics, self.hooks, make_request=SimRequest,
                                seed=s.seed, trace_path=s.trace)
         self._loop_task: asyncio.Task | None = None
+        self.t_serving: float | None = None  # monotonic time the server started serving (metrics-drop-after)
+
+    def __repr__(self) -> str:
+        return f"Emulator({self.engine} {self.version}, model={self.model!r}, api_key={self.api_key!r})"
 
     # --- what the engine prints and reports
     def startup_lines(self) -> list[str]:
@@ -126,7 +161,9 @@ class Emulator:
 
     # --- lifecycle inside a running event loop
     def start_loop(self) -> None:
+        self.t_serving = time.monotonic()
         self._loop_task = asyncio.get_running_loop().create_task(self.runtime.run())
+        self._loop_task.add_done_callback(_report_loop_death)
 
     async def stop_loop(self) -> None:
         self.runtime.stop()
@@ -136,6 +173,16 @@ class Emulator:
             except (TimeoutError, asyncio.CancelledError):
                 self._loop_task.cancel()
         self.runtime.close()
+
+
+def _report_loop_death(task: asyncio.Task) -> None:
+    """A dead engine loop would leave every stream waiting: say so loudly instead of hanging silently."""
+    if not task.cancelled() and task.exception() is not None:
+        import traceback
+
+        err = task.exception()
+        print("ERROR: emulator engine loop died:\n" + "".join(traceback.format_exception(err)), file=sys.stderr,
+              flush=True)
 
 
 async def start_server(emu: Emulator, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -14,6 +14,13 @@ the reported capacity say. `--fault NAME` or `--fault NAME=VALUE`, repeatable:
   requests are never admitted again, running drains to 0, waiting stays up (vllm issue 53130 shape).
 - `underreported-pool[=FACTOR]`: the scheduler's real pool is FACTOR (default 0.75) of what the
   startup log, `vllm:cache_config_info` / `sglang:max_total_num_tokens` and /server_info report.
+- `metrics-garbage`: /metrics answers 200 (with the engine's content type) but the body is not
+  Prometheus exposition (an HTML error page, as a proxy or a crashed exporter in front of it serves):
+  `prometheus_client.parser` raises on it. Scheduling is untouched.
+- `metrics-drop-after[=SECONDS]`: after SECONDS (default 3.0) of serving, the running, waiting and usage
+  families (the dialect's MetricMap running/waiting/usage and the waiting-by-reason gauge) vanish from
+  /metrics; every other family stays (an exporter restarted without them, or a relabelling rule that
+  drops them halfway through a probe). Scheduling is untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ FAULTS = {
     "gauge-written-only": 1.0,
     "stuck-admission": None,
     "underreported-pool": 0.75,
+    "metrics-garbage": None,
+    "metrics-drop-after": 3.0,
 }
+GARBAGE_METRICS = (b"<html><head><title>502 Bad Gateway</title></head>\n"
+                   b"<body><h1>502 Bad Gateway</h1><p>upstream exporter unavailable</p></body></html>\n")
 STUCK_STEPS = 2  # consecutive steps with waiting, room under the running cap and no admission
 
 
@@ -44,8 +55,21 @@ def parse_faults(values: list[str] | None) -> dict[str, float | None]:
                 raise ConfigError(f"fault {name}: expected a number after '=', got {arg!r}", key="--fault") from None
         if name == "underreported-pool" and not 0 < (value or 0) <= 1:
             raise ConfigError(f"fault underreported-pool: expected a factor in (0, 1], got {value}", key="--fault")
+        if name == "metrics-drop-after" and (value or 0) < 0:
+            raise ConfigError(f"fault metrics-drop-after: expected seconds >= 0, got {value}", key="--fault")
         out[name] = value
     return out
+
+
+def dropped_families(faults: dict[str, float | None], metric_map, serving_for: float | None) -> frozenset[str]:
+    """Families /metrics leaves out now under `metrics-drop-after` (`serving_for`: seconds since start)."""
+    after = faults.get("metrics-drop-after")
+    if after is None or serving_for is None or serving_for < after:
+        return frozenset()
+    names = {metric_map.running, metric_map.waiting, metric_map.usage, *metric_map.usage_fallbacks}
+    if metric_map.waiting_capacity is not None:
+        names.add(metric_map.waiting_capacity[0])
+    return frozenset(names)
 
 
 def real_pool(reported: int, faults: dict[str, float | None], minimum: int = 2) -> int:

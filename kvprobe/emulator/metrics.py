@@ -33,15 +33,19 @@ class Snapshot:
     true_usage: float = 0.0  # what the pool really holds (differs from `usage` under a gauge fault)
 
 
-class _NoCreated:
-    """A registry view without `_created` samples: SGLang serves the multiprocess collector, which has none."""
+class _View:
+    """A registry view: without `_created` samples (SGLang serves the multiprocess collector, which has
+    none) and/or without some families (faults, vLLM --disable-log-stats)."""
 
-    def __init__(self, registry: CollectorRegistry):
-        self._registry = registry
+    def __init__(self, registry: CollectorRegistry, *, no_created: bool, drop=frozenset(), drop_prefix=None):
+        self._registry, self.no_created, self.drop, self.drop_prefix = registry, no_created, drop, drop_prefix
 
     def collect(self):
         for metric in self._registry.collect():
-            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            if metric.name in self.drop or (self.drop_prefix and metric.name.startswith(self.drop_prefix)):
+                continue
+            if self.no_created:
+                metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
             yield metric
 
 
@@ -72,8 +76,13 @@ class _Base:
         self._last[key] = total
         return max(0.0, total - prev)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    NO_CREATED = False
+
+    def exposition(self, drop: frozenset[str] = frozenset(), drop_prefix: str | None = None) -> bytes:
+        """The text /metrics serves; `drop` family names and families starting with `drop_prefix` left out."""
+        if not drop and not drop_prefix and not self.NO_CREATED:
+            return generate_latest(self.registry)
+        return generate_latest(_View(self.registry, no_created=self.NO_CREATED, drop=drop, drop_prefix=drop_prefix))
 
 
 class VllmMetrics(_Base):
@@ -144,6 +153,7 @@ class VllmMetrics(_Base):
 
 class SglangMetrics(_Base):
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+    NO_CREATED = True
 
     def __init__(self, model_name: str, *, max_total_num_tokens: int, context_len: int, page_size: int,
                  decode_log_interval: int = sg.DECODE_LOG_INTERVAL):
@@ -233,6 +243,3 @@ class SglangMetrics(_Base):
         self.generation_tokens.labels(**lab).inc(completion_tokens)
         if reason != "abort":
             self.e2e.labels(**lab).observe(e2e)
-
-    def exposition(self) -> bytes:
-        return generate_latest(_NoCreated(self.registry))

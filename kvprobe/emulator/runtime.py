@@ -167,8 +167,15 @@ class Runtime:
     def _admit_intake(self) -> None:
         if self._intake:
             intake, self._intake = self._intake, {}
-            for req in intake.values():
-                self.hooks.add(req)
+            for rid, req in intake.items():
+                try:
+                    self.hooks.add(req)
+                except ValueError:
+                    # schedsim refuses a request with no room to generate (SGLang clips max_new_tokens to
+                    # 0): the engine finishes it after prefill with no output. Never let it kill the loop.
+                    s = self.streams.get(rid)
+                    if s is not None:
+                        self._finish(s, "length", self.clock())
 
     def _deliver(self, result) -> None:
         now = self.clock()

@@ -11,6 +11,7 @@ import time
 
 from aiohttp import web
 
+from kvprobe.emulator.faults import GARBAGE_METRICS, dropped_families
 from kvprobe.emulator.tokens import EOS_TOKEN_ID, text_to_ids, token_text
 
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # pydantic model_dump_json is compact
@@ -33,12 +34,55 @@ class BadRequest(Exception):
     pass
 
 
+# What a hostile body may raise while it is decoded: bad JSON (ValueError, incl. an int past Python's
+# digit limit), bytes that are not UTF-8, nesting past the recursion limit.
+DECODE_ERRORS = (BadRequest, ValueError, UnicodeDecodeError, RecursionError)
+# Token ids must fit the engines' int32 embedding index / the scheduler's int64 columns. The emulated
+# model has no vocabulary of its own (the load uses ids up to ~1e6), so this is the only bound.
+TOKEN_ID_LIMIT = 2**31
+# pydantic v2 lax-mode booleans (the engines' request models are not strict)
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
 def _int_field(body: dict, key: str, default):
+    """pydantic v2 lax int: ints, bools, integral floats and integer strings; null -> default."""
     value = body.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    if not isinstance(value, int):
         raise BadRequest(f"{key}: Input should be a valid integer")
+    return value
+
+
+def _bool_field(body: dict, key: str, default: bool = False) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise BadRequest(f"{key}: Input should be a valid boolean")
+
+
+def _dict_field(body: dict, key: str) -> dict:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{key}: Input should be a valid dictionary or object")
     return value
 
 
@@ -48,11 +92,35 @@ def parse_prompt(prompt) -> tuple[list[int], bool]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return text_to_ids(prompt), True
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-        if not prompt:
-            raise BadRequest("prompt: the prompt is empty")
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt), False
     raise BadRequest("prompt: expected a string or a list of token ids (batched prompts are not emulated)")
+
+
+def token_problem(ids: list[int]) -> str | None:
+    """After the length checks, as vLLM's input processor does: empty prompt, ids out of range."""
+    if not ids:
+        return "The decoder prompt cannot be empty"  # v1/engine/input_processor.py L565-566 (0.33.0)
+    lo, hi = min(ids), max(ids)
+    if lo < 0:  # renderers/base.py validate_token_ids L480-489
+        return f"Token id {lo} is out of vocabulary"
+    if hi >= TOKEN_ID_LIMIT:
+        return f"Token id {hi} is out of vocabulary"
+    return None
+
+
+async def read_json_object(request: web.Request) -> dict:
+    """FastAPI parses the body as JSON only without a Content-Type or with application/json or
+    application/*+json; anything else reaches the pydantic model as bytes and fails validation."""
+    ctype = request.headers.get("Content-Type")
+    if ctype is not None:
+        main, _, sub = ctype.partition(";")[0].strip().lower().partition("/")
+        if main != "application" or not (sub == "json" or sub.endswith("+json")):
+            raise BadRequest("Input should be a valid dictionary or object")
+    body = await request.json()
+    if not isinstance(body, dict):
+        raise BadRequest("Input should be a valid dictionary or object")
+    return body
 
 
 class Handlers:
@@ -72,10 +140,16 @@ class Handlers:
         return _json(self.d.models_body(e.served_model_name, e.max_model_len, e.created))
 
     async def metrics(self, request: web.Request) -> web.Response:
-        if not self.emu.metrics_enabled:
+        e = self.emu
+        if not e.metrics_enabled:
             return _json({"detail": "Not Found"}, 404)  # the real route is not mounted without --enable-metrics
-        return web.Response(body=self.emu.metrics.exposition(),
-                            headers={"Content-Type": self.emu.metrics.CONTENT_TYPE})
+        headers = {"Content-Type": e.metrics.CONTENT_TYPE}
+        if "metrics-garbage" in e.faults:
+            return web.Response(body=GARBAGE_METRICS, headers=headers)
+        serving_for = None if e.t_serving is None else time.monotonic() - e.t_serving
+        drop = dropped_families(e.faults, self.d.METRICS, serving_for)
+        prefix = None if e.stats_enabled else self.d.STATS_FAMILY_PREFIX
+        return web.Response(body=e.metrics.exposition(drop, prefix), headers=headers)
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": self.emu.version})
@@ -101,18 +175,20 @@ class Handlers:
     async def completions(self, request: web.Request) -> web.Response:
         e, d = self.emu, self.d
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("expected a JSON object")
+            body = await read_json_object(request)
             ids, was_text = parse_prompt(body.get("prompt"))
             max_tokens = _int_field(body, "max_tokens", 16)  # default 16 on both engines
             min_tokens = _int_field(body, "min_tokens", 0)
-        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as err:
+            stream = _bool_field(body, "stream")
+            include_usage = _bool_field(_dict_field(body, "stream_options"), "include_usage")
+            ignore_eos = _bool_field(body, "ignore_eos")
+            model = body.get("model")
+            if model is not None and not isinstance(model, str):
+                raise BadRequest("model: Input should be a valid string")
+        except DECODE_ERRORS as err:
             return self._bad_request(str(err))
-        stream = bool(body.get("stream", False))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
-        ignore_eos = bool(body.get("ignore_eos", False))
-        model = body.get("model")
+        if e.engine == "vllm" and "max_tokens" in body and body["max_tokens"] is None:
+            max_tokens = max(0, e.max_model_len - len(ids))  # null: as many as fit (api_utils.get_max_tokens)
         if e.engine == "vllm":
             if model is not None and model not in (e.served_model_name, e.model):
                 return self._error(d.unknown_model_error(model, e.version), 404)
@@ -122,13 +198,17 @@ class Handlers:
                                               text_prompt=was_text, version=e.version)
             if err is not None:
                 return self._error(err, err.get("error", err)["code"])
+            if min_tokens < 0:
+                return self._error(d.error_body(d.MIN_TOKENS_NEGATIVE.format(min_tokens), version=e.version), 400)
+            if msg := token_problem(ids):
+                return self._error(d.error_body(msg, version=e.version), 400)
         else:
             if max_tokens <= 0:
                 return self._bad_request("max_tokens must be positive")
             msg = d.check_tokenizer(len(ids), max_tokens, min_tokens, e.max_model_len)
             if msg:
                 return self._error(d.error_body(msg), 400)
-            msg = d.check_scheduler(len(ids), e.max_req_input_len)
+            msg = d.check_scheduler(len(ids), e.max_req_input_len) or token_problem(ids)
             if msg:
                 if stream:  # the scheduler aborts after the 200 went out
                     return await self._sse_error(request, _sse(d.streaming_abort_chunk(msg)))
@@ -224,18 +304,18 @@ class Handlers:
         """SGLang native /generate: input_ids or text, sampling_params, stream."""
         e, d = self.emu, self.d
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("expected a JSON object")
+            body = await read_json_object(request)
             ids, _ = parse_prompt(body["input_ids"] if body.get("input_ids") is not None else body.get("text"))
-            sp = body.get("sampling_params") or {}
+            sp = _dict_field(body, "sampling_params")
             max_new = _int_field(sp, "max_new_tokens", 128)
             min_new = _int_field(sp, "min_new_tokens", 0)
-        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as err:
-            return _json({"error": str(err)}, 400)
-        stream = bool(body.get("stream", False))
-        msg = d.check_tokenizer(len(ids), max_new, min_new, e.max_model_len) or d.check_scheduler(
-            len(ids), e.max_req_input_len)
+            ignore_eos = _bool_field(sp, "ignore_eos")
+            stream = _bool_field(body, "stream")
+        except DECODE_ERRORS as err:  # the app-wide pydantic handler: same body as /v1/completions
+            return self._bad_request(str(err))
+        msg = (f"max_new_tokens must be at least 0, got {max_new}." if max_new < 0 else None  # SamplingParams.verify
+               ) or d.check_tokenizer(len(ids), max_new, min_new, e.max_model_len) or d.check_scheduler(
+            len(ids), e.max_req_input_len) or token_problem(ids)
         if msg:
             if stream:
                 return await self._sse_error(request, _sse({"error": {"message": msg, "type": "invalid_request_error",
@@ -243,7 +323,7 @@ class Handlers:
             return _json(d.generate_error_body(msg), 400)
         max_new = d.clip_max_new(len(ids), max_new, context_len=e.max_model_len,
                                  max_total_num_tokens=e.pool_tokens_reported, page_size=e.page_size)
-        s = e.runtime.submit(ids, max_new, min_tokens=min(min_new, max_new), ignore_eos=bool(sp.get("ignore_eos")),
+        s = e.runtime.submit(ids, max_new, min_tokens=min(min_new, max_new), ignore_eos=ignore_eos,
                              stream=stream, trace_id=request.headers.get("X-Request-Id"))
         try:
             if not stream:
@@ -279,9 +359,24 @@ class Handlers:
                 e.runtime.abort(s.rid)
 
 
+def api_key_middleware(emu):
+    """The engine's API-key check (dialect: which paths, which header form, which 401 body)."""
+    d, key = emu.dialect, emu.api_key
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if d.auth_required(request.method, request.path) and not key.matches(
+                d.bearer_token(request.headers.get("Authorization"))):
+            return _json(d.UNAUTHORIZED_BODY, d.UNAUTHORIZED_STATUS)
+        return await handler(request)
+
+    return check
+
+
 def build_app(emu) -> web.Application:
     h = Handlers(emu)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    middlewares = [api_key_middleware(emu)] if emu.api_key is not None else []
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app.router.add_get(emu.dialect.HEALTH_PATH, h.health)
     app.router.add_get("/v1/models", h.models)
     app.router.add_get("/metrics", h.metrics)

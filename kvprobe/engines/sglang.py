@@ -87,6 +87,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
     Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
     Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports", lo=1),
+    # arg_groups/fields/serving.py L160-163 (Optional[str]); no environment variable. Secret: never printed.
+    Flag("api-key", str, None, "require `Authorization: Bearer KEY` on every path but /health*, /ready*, /metrics*"),
     Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False,
          kind="frac"),
     Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False),
@@ -105,6 +107,27 @@ OTHER_FLAGS = (
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}
+
+
+# --- API key (utils/auth.py add_api_key_middleware + decide_request_auth, 0.5.23): with --api-key every
+# NORMAL endpoint (/generate, /v1/*, /server_info, /model_info, ...) needs `Authorization: Bearer KEY`;
+# OPTIONS and paths starting with these prefixes are always allowed (k8s probes, Prometheus scraping).
+API_KEY_ENV = None  # SGLang reads the key from --api-key only
+AUTH_EXEMPT_PREFIXES = ("/health", "/ready", "/metrics")
+UNAUTHORIZED_STATUS = 401
+UNAUTHORIZED_BODY = {"error": "Unauthorized"}  # ORJSONResponse, auth.py L193-202
+
+
+def auth_required(method: str, path: str) -> bool:
+    return method != "OPTIONS" and not path.startswith(AUTH_EXEMPT_PREFIXES)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """auth.py `_check_bearer_token`: `split(" ", 1)`, exactly two parts, scheme case-insensitive."""
+    if not authorization:
+        return None
+    parts = authorization.split(" ", 1)
+    return parts[1] if len(parts) == 2 and parts[0].lower() == "bearer" else None
 
 
 def _vt(version: str) -> tuple[int, ...]:
@@ -367,3 +390,8 @@ def server_info_body(*, args: dict, max_total_num_tokens: int, max_req_input_len
 # steps (observability/metrics_reporter.py L719–899, L901–1140, 0.5.23). It is a sample biased
 # low, not a count per step, so the probe measures running from the client's streams instead.
 RUNNING_GAUGE_EXACT = False
+
+# Engine steps between a request's admission and its first streamed token: the prefill batch that
+# admits it, then — overlap scheduling is on by default (event_loop_overlap, scheduler.py
+# L2061–2135) — the next iteration, which processes that batch's result and sends the token.
+FIRST_TOKEN_LEAD_STEPS = 2

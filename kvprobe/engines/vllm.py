@@ -108,6 +108,12 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True),
     Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    # entrypoints/common/cli_args.py L335 (list[str], nargs "+"; the emulator takes one key per flag).
+    # Secret: never printed by the emulator; prefer the VLLM_API_KEY environment variable, which keeps
+    # the key out of the process list.
+    Flag("api-key", str, None, "require `Authorization: Bearer KEY` on /v1/* (or env VLLM_API_KEY)"),
+    # engine/arg_utils.py L630/L1920: no stat loggers -> no vllm:* families on /metrics (see below)
+    Flag("disable-log-stats", None, False, "disable engine statistics (the vllm:* metric families)"),
     Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False,
          kind="frac"),
     Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
@@ -123,11 +129,41 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
 OTHER_FLAGS = (
     "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
     "scheduling-policy", "async-scheduling", "prefill-schedule-interval", "max-num-queued-reqs",
-    "max-num-queued-tokens", "disable-log-stats", "enforce-eager", "disable-hybrid-kv-cache-manager",
+    "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
 )
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
+
+
+# --- API key (entrypoints/serve/middleware/register.py L32-36, authenticate.py, 0.33.0): --api-key wins over
+# VLLM_API_KEY (envs.py L829); only paths under these prefixes are guarded, OPTIONS never is; /health,
+# /metrics, /version, /load stay open. Mismatch or a missing/non-Bearer header -> 401 with this body.
+API_KEY_ENV = "VLLM_API_KEY"
+AUTH_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+UNAUTHORIZED_STATUS = 401
+UNAUTHORIZED_BODY = {"error": "Unauthorized"}
+
+
+def auth_required(method: str, path: str) -> bool:
+    """Does the AuthenticationMiddleware check this request (authenticate.py `__call__`)?"""
+    return method != "OPTIONS" and path.startswith(AUTH_GUARDED_PREFIXES)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header (scheme case-insensitive, split at the
+    first space, as authenticate.py `verify_token`); None when absent or another scheme."""
+    if not authorization:
+        return None
+    scheme, _, param = authorization.partition(" ")
+    return param if scheme.lower() == "bearer" else None
+
+
+# --- --disable-log-stats (0.33.0): AsyncLLM builds no stat loggers (cli/serve.py L255/L321), so
+# PrometheusStatLogger never registers its families (v1/metrics/loggers.py) -- neither the scheduler
+# gauges nor vllm:cache_config_info. /metrics is still mounted (serve/instrumentator/metrics.py
+# attach_router is unconditional) and serves the rest of the registry.
+STATS_FAMILY_PREFIX = "vllm:"
 
 
 def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
@@ -368,6 +404,7 @@ def bad_request(message: str, version: str = DEFAULT_VERSION) -> dict:
     return error_body(message, type="Bad Request", version=version)
 
 
+MIN_TOKENS_NEGATIVE = "min_tokens must be greater than or equal to 0, got {}."  # sampling_params.py L697-699
 STREAM_OPTIONS_ERROR = "Stream options can only be defined when `stream=True`."  # completion/protocol.py L599-610
 
 
@@ -414,3 +451,7 @@ def models_body(served: str, root: str, max_model_len: int, created: int) -> dic
 # update_from_output (v1/core/sched/scheduler.py L2660–2674, 0.33.0): a count after each step,
 # so the probe can read the running plateau straight from them.
 RUNNING_GAUGE_EXACT = True
+
+# Engine steps between admission and the first streamed token: the step that schedules the whole
+# prompt samples the first token (chunked prefill of a prompt within the token budget, sync view).
+FIRST_TOKEN_LEAD_STEPS = 1

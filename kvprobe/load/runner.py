@@ -95,7 +95,7 @@ class LocustRun:
         self.url = url.rstrip("/")
         self.model = model
         self.prompt_tokens, self.output_tokens = int(prompt_tokens), int(output_tokens)
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # Locust runs with cwd=workdir: relative paths would nest
         self.api_key_env = api_key_env
         self.processes = int(processes)
         self.seed = int(seed)
