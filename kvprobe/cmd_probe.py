@@ -57,7 +57,8 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from kvprobe.probe import ProbeOptions, run_probe
+    from kvprobe.errors import KvprobeError
+    from kvprobe.probe import ProbeOptions, predict, run_probe
     from kvprobe.report import SUMMARY_HEADERS, levels_table, summary_row, verdict_table
     from kvprobe.spec import load_expectations
     from kvprobe.tables import render_table
@@ -82,10 +83,11 @@ def _run(args) -> int:
             profile=args.profile,
             log=lambda line: print(line, flush=True),
         )
+        try:
+            print(predict(exp).render() + "\n", flush=True)  # the theory first: a person reads it while the ramp runs
+        except KvprobeError:
+            pass  # run_probe reports the same error as the probe's verdict
         result = run_probe(exp, options)
-        ledger_txt = Path(options.artifacts_dir) / "ledger.txt"
-        if ledger_txt.exists():
-            print(ledger_txt.read_text())
         if result.levels:
             print(levels_table(result))
         print(verdict_table(result))

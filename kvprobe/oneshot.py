@@ -73,6 +73,8 @@ def _read_success(resp, t0: float, *, streaming: bool) -> OneShot:
 
 
 def unique_prompt(length: int, salt: int) -> list[int]:
-    """Token ids that share no first token with the load's prompts (those start below 1e6)."""
-    first = 1_000_000 + salt
+    """Token ids whose first token no load request uses (the load's first ids start at 1000, see
+    kvprobe/load/locustfile.py), all far below any real vocabulary (Llama-3: 128,256), so a real
+    engine neither refuses them as out of vocabulary nor serves them from its prefix cache."""
+    first = 100 + salt % 900
     return [first] + [(first * 7 + i) % 30_000 + 1 for i in range(1, length)]

@@ -273,7 +273,10 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         run = LocustRun(target.url, model=model, prompt_tokens=shape.prompt_tokens, output_tokens=shape.output_tokens,
                         workdir=artifacts / "locust", api_key_env=exp.target.api_key_env,
                         processes=exp.profile.processes, stream=shape.stream, engine=exp.engine,
-                        time_limit=exp.profile.budget_seconds + 60)
+                        time_limit=exp.profile.budget_seconds + 60,
+                        # a new seed per probe: a long-lived engine must not serve a second probe's
+                        # prompts from the first probe's prefix cache
+                        seed=int(time.time() * 1000) % 1_000_003)
         run.start()
         strategy = make_ramp(exp.profile.ramp, prediction.limit)
         windows, result.levels = run_ramp(exp, target, run, sampler, strategy, hold=hold, deadline=deadline, log=log)

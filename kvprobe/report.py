@@ -114,8 +114,14 @@ def plot(result, series, windows, path: Path) -> None:
             xs += [w.t_start - t0, w.t_end - t0]
             ys += [w.users, w.users]
         top.plot(xs, ys, color="0.6", lw=1.2, ls="--", label="users (closed loop)")
-    top.plot(t, a["running"], color="tab:blue", lw=1.4, label="running")
-    top.plot(t, a["waiting"], color="tab:orange", lw=1.2, label="waiting")
+    top.plot(t, a["running"], color="tab:blue", lw=0.8, alpha=0.45, label="running (engine gauge)")
+    top.plot(t, a["waiting"], color="tab:orange", lw=0.8, alpha=0.45, label="waiting (engine gauge)")
+    for i, lv in enumerate(result.levels):  # the steady-state means the verdict is computed from
+        mid = (lv.t_start + lv.t_end) / 2 - t0
+        top.plot([mid, lv.t_end - t0], [lv.running_mean] * 2, color="tab:blue", lw=3,
+                 label=f"running, steady ({lv.running_source})" if i == 0 else None)
+        top.plot([mid, lv.t_end - t0], [lv.waiting_mean] * 2, color="tab:orange", lw=3,
+                 label="waiting, steady" if i == 0 else None)
     if adm.get("limit") is not None:
         top.axhline(adm["limit"], color="tab:red", lw=1.2, label=f"predicted limit {adm['limit']:g} ({adm.get('binding')})")
     if adm.get("no_preemption_limit") is not None and adm["no_preemption_limit"] != adm.get("limit"):

@@ -115,9 +115,7 @@ class Hooks:
             else:
                 pool.alloc(freed)
             self.leaked += freed
-            refresh = getattr(self.s, "_refresh_stats", None)
-            if refresh is not None:
-                refresh()
+            self.s.refresh_stats()  # the gauges must show the blocks it took
 
     @staticmethod
     def _free(pool) -> int:

@@ -190,7 +190,7 @@ class SchedulerBase:
         else:
             self._abort_running(req)
         req.status, req.finish_reason = "aborted", "abort"
-        self._refresh_stats()
+        self.refresh_stats()
 
     def _finish_reason(self, req: SimRequest) -> str:
         eos = not req.ignore_eos and req.eos_after is not None and req.output_len >= req.eos_after

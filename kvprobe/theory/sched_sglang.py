@@ -49,7 +49,7 @@ class SglangScheduler(SchedulerBase):
         self.ratio_min = min(self.ratio_init * 0.14, 1.0)
         self.ratio_decay = (self.ratio_init - self.ratio_min) / 600
         self.ratio = self.ratio_init
-        self._refresh_stats()
+        self.refresh_stats()
 
     def ceil_page(self, n: int) -> int:
         return cdiv(n, self.ps) * self.ps
@@ -68,7 +68,7 @@ class SglangScheduler(SchedulerBase):
         if self.unit:
             req._pkeys = prompt_keys(req.prompt, self.unit)
         self._accept(req, stop)
-        self._refresh_stats()
+        self.refresh_stats()
 
     def step(self) -> StepResult:
         result = StepResult(Emitted(), [], [])
@@ -82,7 +82,7 @@ class SglangScheduler(SchedulerBase):
         if not self.run.n and not self.waiting and self.chunked is None:
             self.ratio = self.ratio_init  # on_idle reset (scheduler.py L5318)
         self.stats.steps += 1
-        self._refresh_stats()
+        self.refresh_stats()
         return result
 
     # -- prefill pass: PrefillAdder (schedule_policy.py L607-1778, prefill_budget.py L62-168)
@@ -356,7 +356,7 @@ class SglangScheduler(SchedulerBase):
             private += self.ceil_page(c.num_computed_tokens) - len(c._keys) * (self.unit or 0)
         self.pool.check(private)
 
-    def _refresh_stats(self) -> None:
+    def refresh_stats(self) -> None:
         s, pool = self.stats, self.pool
         s.running, s.waiting = self.run.n, len(self.waiting)
         s.waiting_capacity = s.waiting

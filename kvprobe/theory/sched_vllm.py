@@ -42,7 +42,7 @@ class VllmScheduler(SchedulerBase):
         self.run = Lanes(("comp", "ntok", "held", "stop", "plen", "sched", "seed"))
         self.full_isl = config.policy == "vllm-0.33"  # --scheduler-reserve-full-isl, absent in 0.11
         self.watermark = int(config.watermark * config.num_gpu_blocks) if self.full_isl else 0
-        self._refresh_stats()
+        self.refresh_stats()
 
     def add(self, req: SimRequest) -> None:
         P, mml = len(req.prompt), self.cfg.max_model_len
@@ -54,7 +54,7 @@ class VllmScheduler(SchedulerBase):
         if self.cfg.enable_prefix_caching:
             req._pkeys = prompt_keys(req.prompt, self.B)
         self._accept(req, stop)
-        self._refresh_stats()
+        self.refresh_stats()
 
     # -- one engine step
     def step(self) -> StepResult:
@@ -65,7 +65,7 @@ class VllmScheduler(SchedulerBase):
             self._schedule_waiting(budget)
         self._update_from_output(result)
         self.stats.steps += 1
-        self._refresh_stats()
+        self.refresh_stats()
         return result
 
     def _schedule_running(self, budget: int, result: StepResult) -> int:
@@ -240,7 +240,7 @@ class VllmScheduler(SchedulerBase):
         keys = sum(len(self.run.reqs[i]._keys) for i in range(self.run.n))
         self.pool.check(int(held.sum()) - keys)
 
-    def _refresh_stats(self) -> None:
+    def refresh_stats(self) -> None:
         s, pool, B = self.stats, self.pool, self.B
         s.running, s.waiting = self.run.n, len(self.waiting)
         s.waiting_capacity = s.waiting
