@@ -109,6 +109,16 @@ def token_problem(ids: list[int]) -> str | None:
     return None
 
 
+async def collect(stream) -> list[int]:
+    """Every token of a non-streamed request, once the scheduler finished it."""
+    tokens: list[int] = []
+    while True:
+        batch, done = await stream.take()
+        tokens += batch
+        if done:
+            return tokens
+
+
 async def read_json_object(request: web.Request) -> dict:
     """FastAPI parses the body as JSON only without a Content-Type or with application/json or
     application/*+json; anything else reaches the pydantic model as bytes and fails validation."""
@@ -226,12 +236,7 @@ class Handlers:
                              trace_id=trace_id)
         self.inflight += 1
         try:
-            tokens = []
-            while True:
-                batch, done = await s.take()
-                tokens += batch
-                if done:
-                    break
+            tokens = await collect(s)
             if s.finish_reason == "abort":
                 return _json(d.error_body("Request aborted", type="InternalServerError", code=500), 500)
             text = "".join(token_text(t) for t in tokens)
@@ -327,12 +332,7 @@ class Handlers:
                              stream=stream, trace_id=request.headers.get("X-Request-Id"))
         try:
             if not stream:
-                tokens = []
-                while True:
-                    batch, done = await s.take()
-                    tokens += batch
-                    if done:
-                        break
+                tokens = await collect(s)
                 return _json(d.generate_response(s.rid, "".join(token_text(t) for t in tokens), tokens,
                                                  s.finish_reason, s.prompt_len, time.monotonic() - s.t_arrival,
                                                  EOS_TOKEN_ID))
