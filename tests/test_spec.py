@@ -68,7 +68,7 @@ def test_emulated_vllm_expectation():
                          "max-num-seqs": 256, "max-num-batched-tokens": 2048}
     assert exp.hardware.gpu_memory_bytes == 24 * 2**30 and exp.hardware.gpu_count == 1
     assert exp.target.mode == "emulator" and exp.profile.name == "short"
-    assert exp.checks == ("rejection_point", "reported_capacity", "leak", "usage_gap", "exactness")
+    assert exp.checks == ("rejection_point", "reported_capacity", "leak", "usage_gap", "exactness", "length_limit")
     assert exp.expect_fail is None and exp.enabled
     # The numbers in the file's comment: U = 200 usable blocks, 10 blocks per request at peak.
     p, o = exp.profile.request.prompt_tokens, exp.profile.request.output_tokens

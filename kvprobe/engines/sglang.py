@@ -395,3 +395,9 @@ RUNNING_GAUGE_EXACT = False
 # admits it, then — overlap scheduling is on by default (event_loop_overlap, scheduler.py
 # L2061–2135) — the next iteration, which processes that batch's result and sends the token.
 FIRST_TOKEN_LEAD_STEPS = 2
+
+
+def length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:
+    """(context_len, HTTP status of a request one token past it): the tokenizer manager refuses
+    input + max_new_tokens > context_len with 400 (tokenizer_manager.py L1307–1378)."""
+    return None if reported.max_model_len is None else (int(reported.max_model_len), 400)

@@ -455,3 +455,10 @@ RUNNING_GAUGE_EXACT = True
 # Engine steps between admission and the first streamed token: the step that schedules the whole
 # prompt samples the first token (chunked prefill of a prompt within the token budget, sync view).
 FIRST_TOKEN_LEAD_STEPS = 1
+
+
+def length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:
+    """(max_model_len, HTTP status of a fixed-length request one token past it). 0.33 clamps
+    max_tokens to max_model_len − P and then refuses min_tokens = O > max_tokens with 400
+    (sampling_params.py L701–705); 0.11 refused P + max_tokens > max_model_len with 400 outright."""
+    return None if reported.max_model_len is None else (int(reported.max_model_len), 400)

@@ -40,14 +40,14 @@ def project(kvp):
 def test_yaml_items_are_collected_with_readable_ids(project):
     result = project.runpytest("--collect-only", "-q")
     out = result.stdout.str()
-    for check in ("rejection_point", "reported_capacity", "leak", "usage_gap", "exactness"):
+    for check in ("rejection_point", "reported_capacity", "leak", "usage_gap", "exactness", "length_limit"):
         assert f"good.yaml::good[{check}]" in out
     assert result.ret == 0
 
 
 def test_without_flag_probes_are_skipped_with_one_line_reason(project):
     result = project.runpytest("-rs")
-    result.assert_outcomes(skipped=5)
+    result.assert_outcomes(skipped=6)
     result.stdout.fnmatch_lines(["*needs --kvprobe*"])
     assert "kvprobe summary" not in result.stdout.str()
 
@@ -120,7 +120,7 @@ def test_passing_and_failing_probes_summary_and_junit(project):
     (project.path / "expectations" / "leaky.yaml").write_text(yaml.safe_dump(bad))
     result = project.runpytest_subprocess("--kvprobe", "--junitxml=junit.xml", timeout=300)
     out = result.stdout.str()
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=6, failed=1)
     assert "leaky[leak]" in out and "FAIL" in out
     assert "Traceback" not in out  # a failing check reports the table, not a stack
     assert "after the load stopped" in out  # the one-line reason of the leak check

@@ -66,7 +66,7 @@ def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, 
 
 def test_the_same_probe_without_the_fault_passes_those_checks(expectation, tmp_path):
     exp = expectation("emulated-vllm.yaml")
-    exp = replace(exp, checks=("leak", "usage_gap", "reported_capacity", "rejection_point"))
+    exp = replace(exp, checks=("leak", "usage_gap", "reported_capacity", "rejection_point", "length_limit"))
     result, _ = probe(exp, tmp_path)
     assert all(c.passed for c in result.checks), [c.reason for c in result.checks if not c.passed]
 
