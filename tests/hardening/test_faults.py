@@ -169,7 +169,8 @@ def test_metrics_that_cannot_be_read_fall_back_to_the_streams(expectation, tmp_p
     assert sources[engine_sourced:] == ["client"] * (3 - engine_sourced), sources
     assert all(lv.running_mean == lv.running_mean for lv in result.levels)  # no NaN level enters the fit
     rp = result.check("rejection_point")
-    assert rp.passed and abs(rp.measured - rp.predicted) <= 2.0, rp.reason
+    # The streams estimate running to within ~2 (as tests/probe's no-/metrics case allows).
+    assert rp.measured is not None and abs(rp.measured - rp.predicted) <= 2.0, rp.reason
     # What only /metrics can show is never claimed: the drain is inconclusive, not a pass.
     leak = result.check("leak")
     assert leak.inconclusive and "metrics" in leak.reason, leak.reason
