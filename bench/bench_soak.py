@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.monotonic() - start
             after = scrape(target.url)
         records = [json.loads(x) for x in (tmp / "art" / "requests.jsonl").read_text().splitlines()]
+    # requests only (the file also holds Locust's lag and level records); streams cut when the
+    # load stops are "aborted" by design, not errors
+    records = [r for r in records if r.get("kind", "request") == "request" and r["status"] != "aborted"]
     served = sum(r["status"] == 200 and not r.get("error") for r in records)
     errors = len(records) - served
     kinds: dict[str, int] = {}

@@ -20,6 +20,18 @@ class CheckFailed(Exception):
         self.text = text
 
 
+def _positive_seconds(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise pytest.UsageError(f"kvprobe: --kvprobe-budget / kvprobe_budget: expected seconds > 0, got {value!r}")
+    return seconds
+
+
 class KvprobeSession:
     def __init__(self, config):
         from kvprobe.plugin import get_option
@@ -32,9 +44,16 @@ class KvprobeSession:
         self.artifacts = Path(get_option(config, "artifacts") or root / "artifacts" / "kvprobe")
         self.url = get_option(config, "url")
         self.engine_command = get_option(config, "engine-command")
-        self.budget = get_option(config, "budget")
+        self.budget = _positive_seconds(get_option(config, "budget"))
         self.profile = get_option(config, "profile")
         self.tolerances = get_option(config, "tolerance") or []
+        if self.enabled:
+            from kvprobe.cmd_probe import parse_tolerances
+
+            try:  # a bad option is a one-line usage error now, not a failure in every probe later
+                parse_tolerances(self.tolerances)
+            except KvprobeError as err:
+                raise pytest.UsageError(f"kvprobe: {err}") from None
         self.results: dict[str, object] = {}  # expectation name -> ProbeResult
         self.targets: dict[tuple, object] = {}  # shared targets of the kvprobe_target fixture
 
@@ -67,7 +86,7 @@ class KvprobeSession:
             url=self.url,
             engine_command=self.engine_command.split() if self.engine_command else None,
             tolerances=parse_tolerances(self.tolerances),
-            budget_seconds=float(self.budget) if self.budget else None,
+            budget_seconds=self.budget,
             profile=self.profile,
             log=(lambda line: tw.line(line)) if tw else (lambda line: None),
         )

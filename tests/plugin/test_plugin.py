@@ -86,6 +86,21 @@ def test_ini_options_reach_the_header(project):
     assert "kvprobe: good: engine vllm 0.33.0, model meta-llama/Llama-3.1-8B" in out
 
 
+@pytest.mark.parametrize("option", [["--kvprobe-budget", "abc"], ["--kvprobe-budget", "-5"],
+                                    ["--kvprobe-tolerance", "rejection=1"], ["--kvprobe-tolerance", "usage_gap=7"]])
+def test_bad_options_are_one_line_usage_errors(project, option):
+    result = project.runpytest("--kvprobe", "--collect-only", *option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "kvprobe:" in err and "Traceback" not in err
+
+
+def test_coexists_with_locusts_own_pytest_plugin(project):
+    """Locust's wheel auto-loads a plugin that claims --host/-H and a `session` fixture."""
+    out = project.runpytest("--help").stdout.str()
+    assert "--host" in out and "--kvprobe-url" in out
+
+
 def test_marker_kvprobe_skips_hand_written_tests_without_flag(project):
     project.makepyfile(test_kvp_hand="""
         import pytest
