@@ -11,11 +11,8 @@ demand; `repr`, `str`, facts, logs and exceptions never contain it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,11 +23,18 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import TargetError
+from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are part of this API
+    free_port,
+    group_members,
+    port_in_use,
+    signal_group,
+    stop_group,
+    wait_group_gone,
+)
 
 DEFAULT_HEALTH_PATH = "/health"
 LOG_TAIL_LINES = 40
@@ -107,79 +111,10 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it; a race with another process remains)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when a listener holds host:port. SO_REUSEADDR as servers set it, so TIME_WAIT is free."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as err:
-            if err.errno in (errno.EADDRINUSE, errno.EACCES):
-                return True
-            raise
-    return False
-
-
-# --------------------------------------------------------------------------- process groups
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of the group. Zombies count as gone: they hold no memory or GPU."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass  # a member we cannot signal still counts; fall through to the scan
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, psutil.Error, OSError):
-            continue
-    return members
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _stop_group(proc: subprocess.Popen, pgid: int, grace: float) -> tuple[bool, list[int]]:
-    """SIGTERM the group, SIGKILL it after `grace`; reap the leader. Returns (killed, survivors)."""
-    _signal_group(pgid, signal.SIGTERM)
-    if _wait_group_gone(proc, pgid, time.monotonic() + grace):
-        return False, []
-    _signal_group(pgid, signal.SIGKILL)
-    if _wait_group_gone(proc, pgid, time.monotonic() + 5.0):
-        return True, []
-    return True, group_members(pgid)
-
-
-def _wait_group_gone(proc: subprocess.Popen, pgid: int, deadline: float) -> bool:
-    delay = 0.01
-    while True:
-        proc.poll()  # reaps the leader; its pgid stays reserved while other members live
-        if proc.returncode is not None and not group_members(pgid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
-
-
 def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
     """Finalizer/atexit path: the interpreter is going away and the Target was never stopped."""
     if proc.returncode is None or group_members(pgid):
-        _stop_group(proc, pgid, grace=2.0)
+        stop_group(proc, pgid, grace=2.0)
 
 
 # --------------------------------------------------------------------------- dialects
@@ -485,7 +420,7 @@ class Target:
             if self._stopped:
                 return self._proc.returncode
             t0 = time.monotonic()
-            killed, survivors = _stop_group(self._proc, self._pgid, grace)
+            killed, survivors = stop_group(self._proc, self._pgid, grace)
             self._stopped = True
             self.stop_report = {"sigkill": killed, "survivors": survivors,
                                 "seconds": round(time.monotonic() - t0, 3), "returncode": self._proc.returncode}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import kvprobe
 from kvprobe.errors import ConfigError, ProbeError
 from kvprobe.load.records import RECORD_SUFFIX, Record, read_record_file, read_records
 from kvprobe.load.shape import default_spawn_rate, write_control
+from kvprobe.procgroup import free_port, group_members, signal_group, stop_group, wait_group_gone  # noqa: F401
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
@@ -42,12 +42,6 @@ class ClientHealth:
     seconds: int                # lag samples (one per process-second) the figures come from
     saturated: bool
     reason: str = ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _median(xs: list[float]) -> float:
@@ -216,31 +210,11 @@ class LocustRun:
         return None if self.proc is None else self.proc.pid
 
     def group_alive(self) -> bool:
-        """Any process left in the run's process group (the forked workers included)."""
+        """Any live process left in the run's process group (the forked workers included)."""
         if self.proc is None:
             return False
         self.proc.poll()
-        try:
-            os.killpg(self.proc.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def _wait_group(self, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if not self.group_alive():
-                return True
-            time.sleep(0.05)
-        return not self.group_alive()
-
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        return bool(group_members(self.proc.pid))
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Ask the shape to stop, then SIGTERM the group, then SIGKILL it; idempotent, bounded."""
@@ -252,13 +226,8 @@ class LocustRun:
             if self.alive():
                 write_control(self.control_path, stop=True)
                 # the shape ticks once a second; the master then tells its workers to quit
-                self._wait_group(min(4.0, timeout / 2))
-            if self.group_alive():
-                self._signal_group(signal.SIGTERM)
-                self._wait_group(max(1.0, deadline - time.monotonic()))
-            if self.group_alive():
-                self._signal_group(signal.SIGKILL)
-                self._wait_group(5.0)
+                wait_group_gone(self.proc, self.proc.pid, time.monotonic() + min(4.0, timeout / 2))
+            stop_group(self.proc, self.proc.pid, grace=max(1.0, deadline - time.monotonic()))
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -271,7 +240,7 @@ class LocustRun:
     def terminate(self) -> None:
         """SIGTERM only (what a supervisor would send); records are flushed by the locustfile."""
         if self.alive():
-            self._signal_group(signal.SIGTERM)
+            signal_group(self.proc.pid, signal.SIGTERM)
 
     def __enter__(self) -> LocustRun:
         return self

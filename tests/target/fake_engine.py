@@ -41,10 +41,15 @@ def main() -> int:
     if args.mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.mode == "grandchild":
-        code = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-        child = subprocess.Popen([sys.executable, "-c", code])
-        with open(args.pidfile, "w") as fh:
-            fh.write(str(child.pid))
+        # The child writes its pid only once it ignores SIGTERM, and we serve only after that:
+        # otherwise a fast stop() could kill it before it ignores the signal.
+        code = ("import os,signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.replace(sys.argv[1] + '.tmp', sys.argv[1]); "
+                "time.sleep(600)")
+        subprocess.Popen([sys.executable, "-c", code, args.pidfile])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(args.pidfile) and time.monotonic() < deadline:
+            time.sleep(0.01)
     if args.log:
         with open(args.log) as fh:
             sys.stdout.write(fh.read())
