@@ -7,7 +7,6 @@ tests drive the same code. Whatever happens (a failed check, a dead engine, Ctrl
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -407,20 +406,13 @@ def _length_limit(exp, result, target, dialect):
 
 def apply_overrides(exp, options: ProbeOptions):
     """Tolerance, budget and profile overrides from the command line or pytest options."""
-    from kvprobe.spec import load_profile
+    from kvprobe.spec import override_profile
 
+    if options.profile:
+        exp = override_profile(exp, options.profile)  # re-checks P+O against the engine's limits
     changes = {}
     if options.tolerances:
         changes["tolerances"] = replace(exp.tolerances, **options.tolerances)
-    profile = exp.profile
-    if options.profile:
-        profile = load_profile(options.profile, search_dirs=[Path(exp.path).parent.parent / "loadprofiles", Path("loadprofiles")])
     if options.budget_seconds:
-        profile = replace(profile, budget_seconds=options.budget_seconds)
-    if profile is not exp.profile:
-        changes["profile"] = profile
+        changes["profile"] = replace(exp.profile, budget_seconds=options.budget_seconds)
     return replace(exp, **changes) if changes else exp
-
-
-def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
