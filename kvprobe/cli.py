@@ -21,7 +21,9 @@ SUBCOMMANDS = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvprobe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="kvprobe",
+        description="Predict how many concurrent requests vLLM or SGLang admits, and check it against the engine.")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     # Only import the module of the subcommand being run (and all of them for --help).

@@ -24,7 +24,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "ledger", help="predict the KV pool and admission limit from config.json, GPU memory and flags",
         description=__doc__)
     p.add_argument("--engine", required=True, choices=("vllm", "sglang"))
-    p.add_argument("--model", required=True, help="packaged preset HF id or path to a config.json (or its dir)")
+    from kvprobe.theory.geometry import list_presets
+
+    p.add_argument("--model", required=True,
+                   help="a path to a config.json (or its dir), or a packaged preset: " + ", ".join(list_presets()))
     p.add_argument("--engine-version", help="engine version (defaults: vLLM 0.33.0, SGLang 0.5.23)")
     p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
     p.add_argument("--gpu-memory-utilization", type=str, help="vLLM fraction (default per version)")

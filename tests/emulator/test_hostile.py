@@ -48,7 +48,9 @@ def assert_drained(s, timeout: float = 10.0) -> None:
              what=f"the scheduler to drain (running, waiting, streams, intake, has_work, used): {s.call(state)}")
     s.call(e.scheduler.check_pool)
     m = e.dialect.METRICS
-    assert s.value(m.running) == 0 and s.value(m.waiting) == 0
+    # the gauges are republished by the loop's next idle pass, a moment after the scheduler empties
+    wait_for(lambda: s.value(m.running) == 0 and s.value(m.waiting) == 0, timeout=timeout,
+             what="the running and waiting gauges to read 0")
     body = GOOD if e.engine == "vllm" else {**GOOD}
     status, text = s.post("/v1/completions", body)
     assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 3, text

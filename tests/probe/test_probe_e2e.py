@@ -24,14 +24,8 @@ def probe(exp, tmp_path, **options):
     return result, lines
 
 
-def no_group_left(result) -> None:
-    """The engine's process group and Locust's are gone (checked by group id)."""
-    facts = json.loads(Path(result.artifacts["result"]).read_text())["engine_facts"]
-    assert facts is None or True  # facts hold no pids; the launcher and runner tests check groups directly
-
-
 @pytest.mark.parametrize("name", ["emulated-vllm.yaml", "emulated-sglang.yaml"])
-def test_measured_rejection_point_equals_prediction(expectation, tmp_path, name):
+def test_measured_rejection_point_equals_prediction(expectation, tmp_path, groups, name):
     result, _ = probe(expectation(name), tmp_path)
     assert result.error is None
     rp = result.check("rejection_point")
@@ -46,6 +40,7 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, name)
     doc = json.loads(Path(result.artifacts["result"]).read_text())
     assert doc["schema"] == "kvprobe.result/1" and doc["verdict"]["passed"] is True
     assert [lv["users"] for lv in doc["levels"]] == [10, 16, 20, 24, 28]
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
 @pytest.mark.parametrize("fault, check, words", [
@@ -54,7 +49,7 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, name)
     ("stuck-admission.yaml", "rejection_point", "outside"),
     ("underreported-pool.yaml", "rejection_point", "smaller than reported"),
 ])
-def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, fault, check, words):
+def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, groups, fault, check, words):
     result, _ = probe(expectation(f"faults/{fault}"), tmp_path)
     target = result.check(check)
     assert target is not None and not target.passed and not target.inconclusive, target
@@ -62,13 +57,15 @@ def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, 
     assert result.passed  # a fault expectation passes exactly when its check fails
     if fault == "underreported-pool.yaml":
         assert result.check("reported_capacity").passed  # the engine's report agrees with the ledger
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
-def test_the_same_probe_without_the_fault_passes_those_checks(expectation, tmp_path):
+def test_the_same_probe_without_the_fault_passes_those_checks(expectation, tmp_path, groups):
     exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, checks=("leak", "usage_gap", "reported_capacity", "rejection_point", "length_limit"))
     result, _ = probe(exp, tmp_path)
     assert all(c.passed for c in result.checks), [c.reason for c in result.checks if not c.passed]
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
 def test_a_usage_mismatch_fails_the_probe_with_the_counts(expectation, tmp_path):
@@ -84,7 +81,7 @@ def test_a_usage_mismatch_fails_the_probe_with_the_counts(expectation, tmp_path)
     assert "128/30" in result.error and "128/32" in result.error
 
 
-def test_a_target_that_never_becomes_healthy_ends_in_bounded_time(expectation, tmp_path):
+def test_a_target_that_never_becomes_healthy_ends_in_bounded_time(expectation, tmp_path, groups):
     exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, target=replace(exp.target, mode="launch", startup_timeout=3.0,
                                       command=(sys.executable, "-c", "import time, sys; time.sleep(60)")))
@@ -93,9 +90,10 @@ def test_a_target_that_never_becomes_healthy_ends_in_bounded_time(expectation, t
     assert time.monotonic() - start < 30
     assert not result.passed and "healthy" in result.error
     assert Path(result.artifacts["result"]).exists()
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
-def test_a_target_that_dies_mid_probe_ends_with_the_reason(expectation, tmp_path):
+def test_a_target_that_dies_mid_probe_ends_with_the_reason(expectation, tmp_path, groups):
     exp = expectation("emulated-sglang.yaml")
     command = (sys.executable, str(HERE / "die_after.py"), "6", sys.executable, "-m", "kvprobe", "emulate", "sglang")
     exp = replace(exp, target=replace(exp.target, mode="launch", command=command, startup_timeout=30))
@@ -105,9 +103,10 @@ def test_a_target_that_dies_mid_probe_ends_with_the_reason(expectation, tmp_path
     assert not result.passed and "died" in result.error
     log = Path(result.artifacts["engine"]).read_text()
     assert "die_after: engine killed" in log
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
-def test_without_metrics_the_streams_still_measure_running(expectation, tmp_path):
+def test_without_metrics_the_streams_still_measure_running(expectation, tmp_path, groups):
     """Behind a gateway with no /metrics: running and waiting come from the client's streams."""
     exp = expectation("emulated-sglang.yaml")
     exp = replace(exp, flags={**exp.flags, "enable-metrics": False},
@@ -119,6 +118,7 @@ def test_without_metrics_the_streams_still_measure_running(expectation, tmp_path
     assert rp.measured is not None and abs(rp.measured - rp.predicted) <= 2.0, rp.reason
     assert result.check("leak").inconclusive and "metrics" in result.check("leak").reason
     assert result.check("exactness").passed
+    groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
 def test_sigterm_to_the_console_probe_stops_everything_and_writes_partial_artifacts(tmp_path):
