@@ -176,9 +176,12 @@ def check_usage_gap(prediction, rejection, tol: float) -> CheckResult:
 
 def check_exactness(records, prompt_tokens: int, output_tokens: int) -> CheckResult:
     """Every response's usage equals P and O exactly; one mismatch fails the probe."""
+    from kvprobe.load.records import ABORTED, USAGE_MISMATCH
+
     done = [r for r in records if r.kind == "request" and r.status == 200]
-    mismatched = [r for r in records if r.kind == "request" and r.status == "usage_mismatch"]
-    errors = [r for r in records if r.kind == "request" and r.status not in (200, "usage_mismatch", "aborted")]
+    mismatched = [r for r in records if r.kind == "request" and r.status == USAGE_MISMATCH]
+    # streams cut by a ramp-down or the stop are not the engine's errors
+    errors = [r for r in records if r.kind == "request" and r.status not in (200, USAGE_MISMATCH, ABORTED)]
     res = CheckResult("exactness", predicted=f"{prompt_tokens}/{output_tokens}", tolerance="exact")
     res.measured = f"{len(done)} exact, {len(mismatched)} mismatched, {len(errors)} errors"
     if mismatched:

@@ -1,0 +1,76 @@
+"""The checks on plain data: each can pass, fail and be inconclusive, with a reason that says why."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvprobe.analysis import DrainResult, RejectionPoint
+from kvprobe.engines.base import ReportedCapacity
+from kvprobe.load.records import Record
+from kvprobe.spec import Tolerances
+from kvprobe.verdict import (
+    check_exactness,
+    check_leak,
+    check_rejection_point,
+    check_reported_capacity,
+    check_usage_gap,
+)
+
+TOL = Tolerances()
+PRED = SimpleNamespace(limit=20.41, no_preemption_limit=20, binding="kv", usage_at_limit=0.96)
+
+
+def rejection(point, *, spread=0.3, usage=0.95):
+    return RejectionPoint(point, 20, point, [22, 24], usage, plateau_spread=spread, levels_seen=[10, 20, 22, 24])
+
+
+def test_rejection_point_within_and_outside_with_a_diagnosis():
+    ok = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=False, reported_agrees=True)
+    assert ok.passed and "within" in ok.reason
+    low = check_rejection_point(PRED, rejection(15.0), TOL, client_saturated=False, reported_agrees=True)
+    assert not low.passed and "admits fewer requests" in low.reason
+    stuck = check_rejection_point(PRED, rejection(6.0, spread=12), TOL, client_saturated=False, reported_agrees=True)
+    assert "admission stopped for good" in stuck.reason
+    sized = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False)
+    assert not sized.passed and "sized its pool differently" in sized.reason
+
+
+def test_rejection_point_is_inconclusive_when_unsaturated_or_client_bound():
+    never = check_rejection_point(PRED, rejection(None), TOL, client_saturated=False)
+    assert never.inconclusive and not never.passed and "no level saturated" in never.reason
+    client = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=True)
+    assert client.inconclusive and "load generator" in client.reason
+
+
+def test_reported_capacity_relative_tolerance():
+    ledger = {"capacity": {"num_blocks": 201, "kv_tokens": 3216}}
+    assert check_reported_capacity(ledger, ReportedCapacity(num_blocks=201, kv_tokens=3216), 0.01).passed
+    bad = check_reported_capacity(ledger, ReportedCapacity(num_blocks=150), 0.01)
+    assert not bad.passed and "num_blocks=150" in bad.reason
+    assert check_reported_capacity(ledger, ReportedCapacity(), 0.01).inconclusive
+
+
+def test_leak_passes_only_when_drained():
+    drained = DrainResult(True, 0.4, 0.0, 0.0, 0.0, 0, samples=30)
+    assert check_leak(drained, 201, "blocks").passed
+    leaked = DrainResult(False, None, 0.12, 0.0, 0.0, 24, samples=30)
+    res = check_leak(leaked, 201, "blocks")
+    assert not res.passed and "≈24 blocks leaked" in res.reason
+    blind = DrainResult(False, None, None, None, None, None, samples=0)
+    assert check_leak(blind, 201, "blocks").inconclusive
+
+
+def test_usage_gap():
+    assert check_usage_gap(PRED, rejection(20.1, usage=0.94), 0.05).passed
+    low = check_usage_gap(PRED, rejection(20.1, usage=0.26), 0.05)
+    assert not low.passed and "26%" in low.reason
+
+
+def test_exactness_fails_on_one_mismatch_and_ignores_streams_cut_at_stop():
+    good = [Record(status=200, prompt_tokens=128, completion_tokens=32) for _ in range(3)]
+    assert check_exactness(good + [Record(status="aborted")], 128, 32).passed
+    res = check_exactness(good + [Record(status="usage_mismatch", prompt_tokens=128, completion_tokens=30)], 128, 32)
+    assert not res.passed and "128/30 != 128/32" in res.reason
+    errors = check_exactness(good + [Record(status=500, error="boom")], 128, 32)
+    assert not errors.passed and "1 requests failed" in errors.reason
+    assert check_exactness([], 128, 32).inconclusive
