@@ -345,13 +345,14 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
     implied = engine_implied(ledger_config, exp, result.facts.reported)
+    judged = {"reported_agrees": agrees, "implied": implied}
     checks = {
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
-                                                                 client_saturated=saturated, reported_agrees=agrees),
-        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol),
+                                                                 client_saturated=saturated, **judged),
+        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol, **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
-        "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap),
+        "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),
         "exactness": lambda: verdict.check_exactness(records, shape.prompt_tokens, shape.output_tokens),
         "length_limit": lambda: _length_limit(exp, result, target, dialect),
     }
@@ -359,11 +360,6 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
     result.checks = [checks[name]() for name in wanted]
-    if implied is not None:  # the middle of the three numbers: what the engine's own pool implies
-        for check in result.checks:
-            check.reported = {"rejection_point": round(float(implied.limit), 2),
-                              "no_preemption": implied.no_preemption_limit,
-                              "usage_gap": implied.usage_at_limit}.get(check.name, check.reported)
 
 
 def engine_implied(config, exp, reported):

@@ -72,13 +72,25 @@ def check_reported_capacity(ledger: dict, reported, tol: float) -> CheckResult:
     return res
 
 
+def _judged_against(prediction, implied, reported_agrees):
+    """The prediction a measurement of *admission* is judged against. When the engine built a pool
+    of another size than the ledger's (reported_capacity fails — memory profiling on a real GPU
+    can differ from any estimate), admission is judged against what the engine's own reported pool
+    implies under the same policy, so one sizing error is not reported twice."""
+    if reported_agrees is False and implied is not None:
+        return implied, "the engine's reported pool"
+    return prediction, "the ledger"
+
+
 def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
-                          reported_agrees: bool | None = None) -> CheckResult:
+                          reported_agrees: bool | None = None, implied=None) -> CheckResult:
     """The measured running plateau where waiting starts versus the predicted admission limit."""
+    target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult(
         "rejection_point",
         predicted=round(float(prediction.limit), 2),
-        binding=prediction.binding,
+        reported=None if implied is None else round(float(implied.limit), 2),
+        binding=target.binding,
         tolerance=f"±max({tol.rejection_point:g}, {tol.rejection_point_relative:.0%})",
     )
     if client_saturated:
@@ -91,15 +103,16 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
         res.reason = "no level saturated the engine (waiting never persisted)" + (f"; highest level {top}" if top else "")
         return res
     res.measured = round(float(rejection.rejection_point), 2)
-    ok, allowance = within(res.measured, res.predicted, absolute=tol.rejection_point, relative=tol.rejection_point_relative)
+    expected = round(float(target.limit), 2)
+    ok, allowance = within(res.measured, expected, absolute=tol.rejection_point, relative=tol.rejection_point_relative)
     res.passed = ok
     verb = "within" if ok else "outside"
     res.reason = (
-        f"running plateaus at {res.measured:g} while requests wait; predicted {res.predicted:g} "
-        f"({prediction.binding} binds), {verb} ±{allowance:.2g}"
+        f"running plateaus at {res.measured:g} while requests wait; {source} predicts {expected:g} "
+        f"({target.binding} binds), {verb} ±{allowance:.2g}"
     )
     if not ok:
-        res.reason += "; " + _diagnose(res.measured, res.predicted, rejection, reported_agrees)
+        res.reason += "; " + _diagnose(res.measured, expected, rejection, True if target is implied else reported_agrees)
     return res
 
 
@@ -109,7 +122,7 @@ def _diagnose(measured: float, predicted: float, rejection, reported_agrees: boo
     if measured < predicted and spread > max(2.0, 0.2 * predicted):
         return f"running collapses at higher load (plateau spread {spread:.1f}): admission stopped for good"
     if measured < predicted and reported_agrees:
-        return ("the engine reports the pool the ledger predicts but admits fewer requests: its real pool "
+        return ("the engine admits fewer requests than the pool it reports allows: its real pool "
                 "is smaller than reported, or it reserves more per request than its policy says")
     if reported_agrees is False:
         return "the engine sized its pool differently from the ledger (see reported_capacity)"
@@ -117,10 +130,13 @@ def _diagnose(measured: float, predicted: float, rejection, reported_agrees: boo
         "the engine admits fewer than its pool and policy allow"
 
 
-def check_no_preemption(prediction, rejection, tol) -> CheckResult:
+def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | None = None,
+                        implied=None) -> CheckResult:
     """The largest N served with no waiting and no preemption versus the predicted bound."""
-    res = CheckResult("no_preemption", predicted=prediction.no_preemption_limit, binding=prediction.binding,
-                      tolerance=f"±{tol.rejection_point:g}")
+    target, source = _judged_against(prediction, implied, reported_agrees)
+    res = CheckResult("no_preemption", predicted=prediction.no_preemption_limit,
+                      reported=None if implied is None else implied.no_preemption_limit,
+                      binding=target.binding, tolerance=f"±{tol.rejection_point:g}")
     if rejection.last_clean_users is None:
         res.inconclusive = True
         res.reason = "no level ran clean (every level waited or preempted)"
@@ -128,10 +144,10 @@ def check_no_preemption(prediction, rejection, tol) -> CheckResult:
     res.measured = rejection.last_clean_users
     # Real-time arrivals are staggered, so the clean region may extend past the in-phase bound
     # up to the plateau; only running out of room *before* the bound is a failure.
-    low = prediction.no_preemption_limit - tol.rejection_point
+    low = target.no_preemption_limit - tol.rejection_point
     res.passed = res.measured >= low
     res.reason = (
-        f"clean up to N={res.measured}; guaranteed clean up to {prediction.no_preemption_limit}"
+        f"clean up to N={res.measured}; {source} guarantees clean up to {target.no_preemption_limit}"
         + ("" if res.passed else " — the engine queued or preempted earlier than its pool allows")
     )
     return res
@@ -158,17 +174,21 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     return res
 
 
-def check_usage_gap(prediction, rejection, tol: float) -> CheckResult:
-    """What the dashboard gauge read when admission stopped, next to the predicted value."""
-    res = CheckResult("usage_gap", predicted=round(prediction.usage_at_limit, 3), tolerance=f"±{tol:g}")
+def check_usage_gap(prediction, rejection, tol: float, *, reported_agrees: bool | None = None,
+                    implied=None) -> CheckResult:
+    """What the dashboard gauge read at the moment admission stopped, next to the predicted value."""
+    target, source = _judged_against(prediction, implied, reported_agrees)
+    res = CheckResult("usage_gap", predicted=round(prediction.usage_at_limit, 3),
+                      reported=None if implied is None else round(implied.usage_at_limit, 3), tolerance=f"±{tol:g}")
     if rejection.usage_at_rejection is None:
         res.inconclusive = True
         res.reason = "admission never stopped, so there is no gauge reading at the stop"
         return res
+    expected = round(target.usage_at_limit, 3)
     res.measured = round(float(rejection.usage_at_rejection), 3)
-    res.passed = abs(res.measured - res.predicted) <= tol + 1e-9
+    res.passed = abs(res.measured - expected) <= tol + 1e-9
     res.reason = (
-        f"the usage gauge read {res.measured:.0%} when admission stopped; predicted {res.predicted:.0%}"
+        f"the usage gauge read {res.measured:.0%} when admission stopped; {source} predicts {expected:.0%}"
         + ("" if res.passed else " — the dashboard misreports the pool")
     )
     return res

@@ -35,6 +35,20 @@ def test_rejection_point_within_and_outside_with_a_diagnosis():
     assert not sized.passed and "sized its pool differently" in sized.reason
 
 
+def test_with_a_differently_sized_pool_admission_is_judged_against_the_engines_own_pool():
+    """A real GPU profiles its memory: the ledger's pool can be off while admission is right."""
+    implied = SimpleNamespace(limit=25.2, no_preemption_limit=24, binding="kv", usage_at_limit=0.95)
+    res = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False,
+                                implied=implied)
+    assert res.passed and res.predicted == 20.41 and res.reported == 25.2 and "engine's reported pool" in res.reason
+    wrong = check_rejection_point(PRED, rejection(18.0), TOL, client_saturated=False, reported_agrees=False,
+                                  implied=implied)
+    assert not wrong.passed and "admits fewer requests than the pool it reports" in wrong.reason
+    agree = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=True,
+                                  implied=PRED)
+    assert not agree.passed and "the ledger predicts" in agree.reason
+
+
 def test_rejection_point_is_inconclusive_when_unsaturated_or_client_bound():
     never = check_rejection_point(PRED, rejection(None), TOL, client_saturated=False)
     assert never.inconclusive and not never.passed and "no level saturated" in never.reason
