@@ -284,8 +284,10 @@ def find_rejection_point(levels: list[LevelStats], *, waiting_threshold: float =
     users = np.array([lv.users for lv in usable], dtype=float)
     running = np.array([lv.running_mean for lv in usable], dtype=float)
     follow, plateau, knee, _sse, _sse_line = fit_hinge(users, running)
-    # A level at the knee fits the line and the plateau equally well; it is not saturated.
-    while knee < len(usable) and follow * users[knee] - running[knee] < min_gap / 2:
+    # A level at the knee fits the line and the plateau equally well, and a level where nothing
+    # waits is not saturated whatever its running count: neither starts the plateau.
+    while knee < len(usable) and (follow * users[knee] - running[knee] < min_gap / 2
+                                  or not usable[knee].waiting_mean >= waiting_threshold):
         knee += 1
     on_plateau = usable[knee:]
     shortfall = follow * users[knee:] - running[knee:]

@@ -250,3 +250,15 @@ def test_level_stats_adds_the_client_side_estimate():
     records = [{"t_send": w.t_start, "t_first": w.t_start + 0.1, "t_end": None} for _ in range(5)]
     (stats,) = level_stats(arrays, windows, records=records)
     assert stats.client_running_mean == pytest.approx(5)
+
+
+def test_a_level_where_nothing_waits_never_starts_the_plateau():
+    """A dip in running just below the limit (no one waiting) must not pull the plateau down."""
+    users = [4, 7, 11, 14, 18, 19, 20, 21, 22, 24, 26]
+    running = [3.8, 6.7, 10.5, 13.8, 17.5, 18.41, 18.0, 19.9, 20.2, 20.3, 20.1]
+    waiting = [0, 0, 0, 0, 0, 0, 0, 0.7, 1.8, 2.0, 3.6]
+    stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, usage_mean=0.8, preemptions=0,
+                             too_few_samples=False) for u, r, w in zip(users, running, waiting, strict=True)]
+    rp = find_rejection_point(stats)
+    assert 19.9 <= rp.rejection_point <= 20.3
+    assert 20 not in rp.saturated_levels and 19 not in rp.saturated_levels
