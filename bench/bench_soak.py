@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect
 from kvprobe.engines.launcher import Target, free_port, http_get
+from kvprobe.load.records import ABORTED
 from kvprobe.probe import ProbeOptions, run_probe
 from kvprobe.spec import load_expectations, load_profile
 from kvprobe.tables import render_table
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         records = [json.loads(x) for x in (tmp / "art" / "requests.jsonl").read_text().splitlines()]
     # requests only (the file also holds Locust's lag and level records); streams cut when the
     # load stops are "aborted" by design, not errors
-    records = [r for r in records if r.get("kind", "request") == "request" and r["status"] != "aborted"]
+    records = [r for r in records if r.get("kind", "request") == "request" and r["status"] != ABORTED]
     served = sum(r["status"] == 200 and not r.get("error") for r in records)
     errors = len(records) - served
     kinds: dict[str, int] = {}

@@ -28,11 +28,13 @@ class OneShot:
         return self.status == 200
 
 
-def post_completion(url: str, body: dict, *, headers: dict[str, str] | None = None, timeout: float = 60.0) -> OneShot:
-    """POST /v1/completions and read it to the end; streaming bodies are read line by line."""
+def post_completion(url: str, body: dict, *, path: str, headers: dict[str, str] | None = None,
+                    timeout: float = 60.0) -> OneShot:
+    """POST the completion body to `path` (the dialect's COMPLETIONS_PATH) and read it to the end;
+    streaming bodies are read line by line."""
     data = json.dumps(body).encode()
     req = urllib.request.Request(
-        url.rstrip("/") + "/v1/completions",
+        url.rstrip("/") + path,
         data=data,
         headers={"Content-Type": "application/json", "Accept-Encoding": "identity", **(headers or {})},
         method="POST",
@@ -73,8 +75,10 @@ def _read_success(resp, t0: float, *, streaming: bool) -> OneShot:
 
 
 def unique_prompt(length: int, salt: int) -> list[int]:
-    """Token ids whose first token no load request uses (the load's first ids start at 1000, see
-    kvprobe/load/locustfile.py), all far below any real vocabulary (Llama-3: 128,256), so a real
-    engine neither refuses them as out of vocabulary nor serves them from its prefix cache."""
-    first = 100 + salt % 900
-    return [first] + [(first * 7 + i) % 30_000 + 1 for i in range(1, length)]
+    """Token ids whose first token no load request uses (the load's first ids start at TOKEN_BASE),
+    all inside the load's id space, so a real engine neither refuses them as out of vocabulary
+    nor serves them from its prefix cache."""
+    from kvprobe.load.records import TOKEN_BASE, TOKEN_RANGE
+
+    first = 100 + salt % (TOKEN_BASE - 100)
+    return [first] + [(first * 7 + i) % TOKEN_RANGE + 1 for i in range(1, length)]

@@ -161,7 +161,7 @@ def calibrate(target, exp, model: str | None) -> float:
     dialect = get_dialect(exp.engine)
     shape = exp.profile.request
     body = dialect.completion_body(unique_prompt(shape.prompt_tokens, 0), shape.output_tokens, model=model, stream=True)
-    shot = post_completion(target.url, body, headers=target.headers, timeout=120)
+    shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
     if not shot.ok:
         raise ProbeError(f"calibration request failed: HTTP {shot.status} {shot.body[:300]}")
     if (shot.prompt_tokens, shot.completion_tokens) != (shape.prompt_tokens, shape.output_tokens):
@@ -233,7 +233,10 @@ def wait_drained(sampler, *, seconds: float) -> None:
     while time.time() < end:
         s = sampler.latest()
         if s is not None and s.ok and not (s.running or s.waiting or s.usage):
-            time.sleep(0.3)  # a few more samples so the series shows the flat zero
+            # a few more samples, so the series shows the zero holding rather than one reading
+            seen = len(sampler.series)
+            while len(sampler.series) < seen + 3 and time.time() < end:
+                time.sleep(0.05)
             return
         time.sleep(0.1)
 
@@ -396,7 +399,7 @@ def _length_limit(exp, result, target, dialect):
     out = exp.profile.request.output_tokens
     prompt = max(1, max_len - out + 1)
     body = dialect.completion_body(unique_prompt(prompt, 1), out, model=exp.served_model_name or exp.model, stream=False)
-    shot = post_completion(target.url, body, headers=target.headers, timeout=30)
+    shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=30)
     return verdict.check_length_limit(shot, expected_status, f"P+O = {prompt}+{out} > {max_len}")
 
 

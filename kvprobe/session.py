@@ -61,9 +61,7 @@ class KvprobeSession:
 
     def extend_args(self) -> None:
         """Collect the expectation folders too when pytest was run without explicit paths."""
-        from _pytest.config import Config
-
-        if self.config.args_source == Config.ArgsSource.ARGS:
+        if self.config.args_source == pytest.Config.ArgsSource.ARGS:
             return
         for path in self.expectation_paths:
             if path.exists() and str(path) not in self.config.args:

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from kvprobe.engines import sglang as sg
 from kvprobe.engines import vllm as vl
 
+vm, sm = vl.METRICS, sg.METRICS  # every metric name is the dialect module's
+
 
 @dataclass
 class Snapshot:
@@ -99,27 +101,27 @@ class VllmMetrics(_Base):
         def counter(name, extra=()):
             return Counter(name, h[name], ln + list(extra), registry=r)
 
-        self.running = gauge("vllm:num_requests_running").labels(**lv)
-        self.waiting = gauge("vllm:num_requests_waiting").labels(**lv)
-        by_reason = gauge("vllm:num_requests_waiting_by_reason", ["reason"])
+        self.running = gauge(vm.running).labels(**lv)
+        self.waiting = gauge(vm.waiting).labels(**lv)
+        by_reason = gauge(vm.waiting_capacity[0], ["reason"])
         self.waiting_capacity = by_reason.labels(**lv, reason="capacity")
         by_reason.labels(**lv, reason="deferred").set(0)
-        sleep = gauge("vllm:engine_sleep_state", ["sleep_state"])
+        sleep = gauge(vm.extra["sleep_state"], ["sleep_state"])
         for state in vl.SLEEP_STATES:
             sleep.labels(**lv, sleep_state=state).set(1 if state == "awake" else 0)
-        self.usage = gauge("vllm:kv_cache_usage_perc").labels(**lv)
-        self.prefix_queries = counter("vllm:prefix_cache_queries").labels(**lv)
-        self.prefix_hits = counter("vllm:prefix_cache_hits").labels(**lv)
-        self.preemptions = counter("vllm:num_preemptions").labels(**lv)
-        self.prompt_tokens = counter("vllm:prompt_tokens").labels(**lv)
-        self.generation_tokens = counter("vllm:generation_tokens").labels(**lv)
-        success = counter("vllm:request_success", ["finished_reason"])
+        self.usage = gauge(vm.usage).labels(**lv)
+        self.prefix_queries = counter(vm.extra["prefix_queries"]).labels(**lv)
+        self.prefix_hits = counter(vm.extra["prefix_hits"]).labels(**lv)
+        self.preemptions = counter(vm.preemptions).labels(**lv)
+        self.prompt_tokens = counter(vm.extra["prompt_tokens"]).labels(**lv)
+        self.generation_tokens = counter(vm.extra["generation_tokens"]).labels(**lv)
+        success = counter(vm.success, ["finished_reason"])
         self.success = {reason: success.labels(**lv, finished_reason=reason) for reason in vl.FINISHED_REASONS}
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", h["vllm:time_to_first_token_seconds"], ln,
+        self.ttft = Histogram(vm.ttft, h[vm.ttft], ln,
                               buckets=vl.TTFT_BUCKETS, registry=r).labels(**lv)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", h["vllm:e2e_request_latency_seconds"], ln,
+        self.e2e = Histogram(vm.extra["e2e"], h[vm.extra["e2e"]], ln,
                              buckets=vl.E2E_BUCKETS, registry=r).labels(**lv)
-        info = Gauge("vllm:cache_config_info", h["vllm:cache_config_info"], sorted(cache_labels), registry=r)
+        info = Gauge(vm.extra["cache_config"], h[vm.extra["cache_config"]], sorted(cache_labels), registry=r)
         info.labels(**cache_labels).set(1)
 
     def publish(self, s: Snapshot) -> None:
@@ -165,30 +167,30 @@ class SglangMetrics(_Base):
         def gauge(name, extra=()):
             return Gauge(name, h.get(name, name), ln + list(extra), registry=r)
 
-        self.running = gauge("sglang:num_running_reqs").labels(**lv)
-        self.queue = gauge("sglang:num_queue_reqs").labels(**lv)
-        self.usage = gauge("sglang:token_usage").labels(**lv)
-        self.used = gauge("sglang:num_used_tokens").labels(**lv)
-        self.kv_used = gauge("sglang:kv_used_tokens").labels(**lv)
-        self.kv_available = gauge("sglang:kv_available_tokens").labels(**lv)
-        self.kv_evictable = gauge("sglang:kv_evictable_tokens").labels(**lv)
-        self.ratio = gauge("sglang:new_token_ratio").labels(**lv)
+        self.running = gauge(sm.running).labels(**lv)
+        self.queue = gauge(sm.waiting).labels(**lv)
+        self.usage = gauge(sm.usage).labels(**lv)
+        self.used = gauge(sm.used_tokens).labels(**lv)
+        self.kv_used = gauge(sm.extra["kv_used_tokens"]).labels(**lv)
+        self.kv_available = gauge(sm.extra["kv_available_tokens"]).labels(**lv)
+        self.kv_evictable = gauge(sm.extra["kv_evictable_tokens"]).labels(**lv)
+        self.ratio = gauge(sm.extra["new_token_ratio"]).labels(**lv)
         # no multiprocess_mode -> "all" mode adds a pid label (fixture: pid="1607")
-        self.retracted_gauge = gauge("sglang:num_retracted_reqs", ["pid"]).labels(**lv, pid=str(os.getpid()))
-        self.retracted = Counter("sglang:num_retracted_requests", h["sglang:num_retracted_requests"], ln,
+        self.retracted_gauge = gauge(sm.extra["retracted_gauge"], ["pid"]).labels(**lv, pid=str(os.getpid()))
+        self.retracted = Counter(sm.preemptions, h[sm.preemptions], ln,
                                  registry=r).labels(**lv)
-        for name, value in (("sglang:max_total_num_tokens", max_total_num_tokens), ("sglang:page_size", page_size),
-                            ("sglang:num_pages", max_total_num_tokens // page_size),
-                            ("sglang:context_len", context_len)):
+        for name, value in ((sm.pool_tokens, max_total_num_tokens), (sm.extra["page_size"], page_size),
+                            (sm.extra["num_pages"], max_total_num_tokens // page_size),
+                            (sm.extra["context_len"], context_len)):
             gauge(name).labels(**lv).set(value)  # emit_constants, once at startup
         tl = list(sg.TOKENIZER_LABELS) + ["is_streaming"]
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", h["sglang:time_to_first_token_seconds"], tl,
+        self.ttft = Histogram(sm.ttft, h[sm.ttft], tl,
                               buckets=sg.TTFT_BUCKETS, registry=r)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds", h["sglang:e2e_request_latency_seconds"], tl,
+        self.e2e = Histogram(sm.extra["e2e"], h[sm.extra["e2e"]], tl,
                              buckets=sg.E2E_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("sglang:prompt_tokens", h["sglang:prompt_tokens"], tl, registry=r)
-        self.generation_tokens = Counter("sglang:generation_tokens", h["sglang:generation_tokens"], tl, registry=r)
-        self.requests = Counter("sglang:num_requests", h["sglang:num_requests"], tl, registry=r)
+        self.prompt_tokens = Counter(sm.extra["prompt_tokens"], h[sm.extra["prompt_tokens"]], tl, registry=r)
+        self.generation_tokens = Counter(sm.extra["generation_tokens"], h[sm.extra["generation_tokens"]], tl, registry=r)
+        self.requests = Counter(sm.success, h[sm.success], tl, registry=r)
         self.interval = decode_log_interval
         self._decode_steps = 0
         self._prev_running = 0

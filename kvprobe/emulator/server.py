@@ -380,7 +380,7 @@ def build_app(emu) -> web.Application:
     app.router.add_get(emu.dialect.HEALTH_PATH, h.health)
     app.router.add_get("/v1/models", h.models)
     app.router.add_get("/metrics", h.metrics)
-    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post(emu.dialect.COMPLETIONS_PATH, h.completions)
     if emu.engine == "vllm":
         app.router.add_get("/version", h.version)
         app.router.add_get("/load", h.load)

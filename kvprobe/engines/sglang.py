@@ -20,6 +20,7 @@ DEFAULT_PORT = 30000  # arg_groups/fields/serving.py L65-66
 # 503 while starting or shutting down.
 HEALTH_PATH = "/health"
 INFO_PATHS = ("/server_info", "/v1/models")
+COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
 # --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
@@ -41,6 +42,10 @@ METRICS = MetricMap(
         "kv_used_tokens": "sglang:kv_used_tokens",
         "kv_available_tokens": "sglang:kv_available_tokens",
         "kv_evictable_tokens": "sglang:kv_evictable_tokens",
+        "num_pages": "sglang:num_pages",
+        "prompt_tokens": "sglang:prompt_tokens",
+        "generation_tokens": "sglang:generation_tokens",
+        "e2e": "sglang:e2e_request_latency_seconds",
     },
 )
 # Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle

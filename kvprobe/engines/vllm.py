@@ -20,6 +20,7 @@ DEFAULT_VERSION = "0.33.0"
 DEFAULT_PORT = 8000  # entrypoints/common/cli_args.py L293-296
 HEALTH_PATH = "/health"  # 200, empty body; 503 when the engine is dead (serve/instrumentator/health.py L22-33)
 INFO_PATHS = ("/v1/models", "/version")
+COMPLETIONS_PATH = "/v1/completions"  # entrypoints/openai/completion/api_router.py
 
 # --- metrics (v1/metrics/loggers.py, 0.33.0; exposition checked against fixtures/vllm-0.33.0-metrics.txt)
 LABELS = ("model_name", "engine")  # loggers.py L499; engine = DP index "0"
@@ -39,6 +40,7 @@ METRICS = MetricMap(
         "prompt_tokens": "vllm:prompt_tokens",
         "generation_tokens": "vllm:generation_tokens",
         "e2e": "vllm:e2e_request_latency_seconds",
+        "sleep_state": "vllm:engine_sleep_state",
     },
 )
 WAITING_REASONS = ("capacity", "deferred")  # loggers.py L548

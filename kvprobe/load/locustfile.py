@@ -34,6 +34,8 @@ from kvprobe.load.records import (
     EXCEPTION,
     NO_USAGE,
     READ_ERROR,
+    TOKEN_BASE,
+    TOKEN_RANGE,
     USAGE_MISMATCH,
     Record,
     RecordWriter,
@@ -75,7 +77,7 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-time-limit", type=float, default=600.0, help="hard limit (s): the shape ends the test")
     g.add_argument("--kv-model", default="", help="model name sent in the request body")
     g.add_argument("--kv-engine", default="vllm", help="request dialect (kvprobe.engines.<name>)")
-    g.add_argument("--kv-path", default="/v1/completions")
+    g.add_argument("--kv-path", required=True)  # the dialect's COMPLETIONS_PATH, from the runner
     g.add_argument("--kv-prompt-tokens", type=int, default=16)
     g.add_argument("--kv-output-tokens", type=int, default=16)
     g.add_argument("--kv-stream", type=int, default=1)
@@ -83,8 +85,8 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-seed", type=int, default=0)
     g.add_argument("--kv-run-id", default="run")
     g.add_argument("--kv-workers", type=int, default=1, help="number of load-generating processes")
-    g.add_argument("--kv-token-base", type=int, default=1000)
-    g.add_argument("--kv-token-range", type=int, default=30000)
+    g.add_argument("--kv-token-base", type=int, default=TOKEN_BASE)
+    g.add_argument("--kv-token-range", type=int, default=TOKEN_RANGE)
     g.add_argument("--kv-network-timeout", type=float, default=600.0)
     g.add_argument("--kv-start-jitter", type=float, default=0.0,
                    help="each new user waits uniform(0, S) s before its first request (desynchronise)")

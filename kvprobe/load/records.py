@@ -23,6 +23,11 @@ from pathlib import Path
 RECORD_SUFFIX = ".jsonl"
 
 # Error kinds used as `status` when there is no usable HTTP status.
+# The token ids of the load's prompts: the first id of request k is TOKEN_BASE + k mod TOKEN_RANGE
+# (unique from the first token, so no prefix cache can help); all stay below 32,000, the smallest
+# vocabulary of the presets, so a real engine never refuses them as out of vocabulary.
+TOKEN_BASE = 1000
+TOKEN_RANGE = 30_000
 USAGE_MISMATCH = "usage_mismatch"
 NO_USAGE = "no_usage"
 CONNECTION = "connection"

@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvprobe
+from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, ProbeError
-from kvprobe.load.records import RECORD_SUFFIX, Record, read_record_file, read_records
+from kvprobe.load.records import (
+    RECORD_SUFFIX,
+    TOKEN_BASE,
+    TOKEN_RANGE,
+    Record,
+    read_record_file,
+    read_records,
+)
 from kvprobe.load.shape import default_spawn_rate, write_control
 from kvprobe.procgroup import free_port, group_members, signal_group, stop_group, wait_group_gone  # noqa: F401
 
@@ -80,8 +88,8 @@ class LocustRun:
     def __init__(self, url: str, *, model: str | None, prompt_tokens: int, output_tokens: int,
                  workdir: str | os.PathLike, api_key_env: str | None = None, processes: int = 1, seed: int = 0,
                  stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
-                 startup_timeout: float = 60.0, path: str = "/v1/completions", token_base: int = 1000,
-                 token_range: int = 30000, network_timeout: float = 600.0, start_jitter: float = 0.0):
+                 startup_timeout: float = 60.0, path: str | None = None, token_base: int = TOKEN_BASE,
+                 token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
@@ -97,7 +105,7 @@ class LocustRun:
         self.engine = engine
         self.time_limit = float(time_limit)
         self.startup_timeout = float(startup_timeout)
-        self.path = path
+        self.path = path or get_dialect(self.engine).COMPLETIONS_PATH
         self.token_base, self.token_range = int(token_base), int(token_range)
         self.network_timeout = float(network_timeout)
         self.start_jitter = float(start_jitter)

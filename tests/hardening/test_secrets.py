@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = "KVPROBE_HARDENING_API_KEY"
 FAST = TINY.replace("levels: [10, 16, 20, 24, 28]", "levels: [10, 20, 28]").replace("drain_seconds: 6", "drain_seconds: 3")
 
+COMPLETIONS = get_dialect("vllm").COMPLETIONS_PATH
+
 
 @pytest.fixture(scope="module")
 def key() -> str:
@@ -72,10 +74,10 @@ def authenticated_requests(art: Path) -> int:
 def test_the_emulator_really_requires_the_key(secured, key):
     target, _ = secured
     body = get_dialect("vllm").completion_body(unique_prompt(16, 7), 4, model=None, stream=False)
-    assert post_completion(target.url, body, headers={}, timeout=10).status == 401
-    wrong = post_completion(target.url, body, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    assert post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10).status == 401
+    wrong = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
     assert wrong.status == 401
-    right = post_completion(target.url, body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    right = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert right.status == 200 and key not in right.body
 
 
