@@ -21,9 +21,10 @@ from aiohttp import web
 
 from kvprobe.emulator.faults import Hooks, parse_faults, real_pool
 from kvprobe.emulator.metrics import SglangMetrics, VllmMetrics
-from kvprobe.emulator.runtime import Runtime, TimeModel
+from kvprobe.emulator.runtime import Runtime
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
+from kvprobe.theory.steptime import TimeModel
 
 
 class Secret:

@@ -138,6 +138,20 @@ OTHER_FLAGS = (
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
 
+# --- running the real server on a CPU with a model-less worker (shared/reference/shadow-engines.md,
+# verified with 0.33.0). VLLM_TARGET_DEVICE: DeviceConfig cannot infer a device otherwise;
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the `uni` executor (platforms/cpu.py rewrites it to `mp`
+# and spawns an extra worker process otherwise); the rest keeps the engine off the network.
+SHADOW_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
 # --- API key (entrypoints/serve/middleware/register.py L32-36, authenticate.py, 0.33.0): --api-key wins over
 # VLLM_API_KEY (envs.py L829); only paths under these prefixes are guarded, OPTIONS never is; /health,
 # /metrics, /version, /load stay open. Mismatch or a missing/non-Bearer header -> 401 with this body.
