@@ -23,12 +23,20 @@ INFO_PATHS = ("/server_info", "/v1/models")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
 # --- running the real server on a CPU with kvprobe's plugin (shared/reference/shadow-engines.md,
-# verified with 0.5.23): no hub, no telemetry.
+# verified with 0.5.23): no hub, no telemetry. When a member of the group dies (a stop sends SIGTERM
+# to all of them), the tokenizer manager sleeps 5 s "to let GPU activity settle" before py-spy and
+# CUDA coredump diagnostics (managers/tokenizer_manager.py L3395-3486; environ.py L401-402): there is
+# no GPU and no py-spy here, so both are off and a stop takes ~1 s instead of ~7.
 SHADOW_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "DO_NOT_TRACK": "1",
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
+# Flags the shadow always passes: SGLang picks the device from the machine (no CUDA -> CPU); it is
+# stated so a log reads the same on every machine. /metrics is what a probe reads.
+SHADOW_FLAGS = {"device": "cpu", "enable-metrics": True}
 
 # --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394

@@ -1,4 +1,5 @@
-"""`kvprobe shadow`: engine environments for the shadow target (install, list).
+"""`kvprobe shadow`: engine environments for the shadow target (install, list), and the real SGLang
+serving stack on this machine (`kvprobe shadow sglang --model-path MODEL [SGLang flags]`).
 
 The real engines' serving stacks run here with only the model replaced; they live in their own
 virtualenvs under the cache folder (`$KVPROBE_CACHE`, default `~/.cache/kvprobe`).
@@ -15,7 +16,7 @@ from kvprobe.shadow import envs
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("shadow", help="run the real vLLM/SGLang serving stack without a model",
                               description=__doc__)
-    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list}")
+    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,sglang}")
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
@@ -24,6 +25,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     inst.set_defaults(func=_install)
     lst = sub.add_parser("list", help="the versions kvprobe can install, and which are installed")
     lst.set_defaults(func=_list)
+    from kvprobe.shadow import sglang_cli
+
+    sglang_cli.add_parser(sub)
     return p
 
 
