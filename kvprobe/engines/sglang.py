@@ -35,8 +35,12 @@ SHADOW_ENV = {
     "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
 # Flags the shadow always passes: SGLang picks the device from the machine (no CUDA -> CPU); it is
-# stated so a log reads the same on every machine. /metrics is what a probe reads.
-SHADOW_FLAGS = {"device": "cpu", "enable-metrics": True}
+# stated so a log reads the same on every machine. /metrics is what a probe reads. --sleep-on-idle
+# (arg_groups/fields/device.py L74; managers/scheduler_components/idle_sleeper.py): a fully idle
+# scheduler waits on its zmq sockets (waking at once for a request) instead of spinning — measured
+# here, an idle shadow scheduler otherwise takes 70% of a core from the tokenizer, the detokenizer and
+# the load generator on a two-core machine. Only the fully idle loop changes; admission does not.
+SHADOW_FLAGS = {"device": "cpu", "enable-metrics": True, "sleep-on-idle": True}
 
 # --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
@@ -64,6 +68,16 @@ METRICS = MetricMap(
         "e2e": "sglang:e2e_request_latency_seconds",
     },
 )
+# Retraction (check_decode_mem fails -> retract_decode): a WARNING line per retraction, and the labelled
+# counter sglang:num_retracted_requests_total, which does not exist before the first retraction —
+# absent is neither an error nor a zero (scheduler.py L4520-4530; shadow-engines.md "Metrics to know").
+RETRACT_LOG = "KV cache pool is full. Retract requests."
+# SGLang's own pool check whenever the scheduler is idle (scheduler.py on_idle L5281-5307,
+# invariant_checker.py L452-459 `_report_leak`): strict by default (environ.py L502
+# SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), so a leaked token raises in the scheduler and the server
+# dies; not strict, it logs this.
+LEAK_LOG = "memory leak detected!"
+
 # Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle
 # (metrics_reporter.py L719-1140, L1476-1520).
 DECODE_LOG_INTERVAL = 40
@@ -125,6 +139,7 @@ OTHER_FLAGS = (
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
     "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
+    "stream-interval", "sleep-on-idle", "device",
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}

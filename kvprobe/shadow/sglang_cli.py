@@ -20,13 +20,23 @@ _TM = TimeModel()
 STARTUP_TIMEOUT = 300.0  # seconds; SGLang 0.5.23 starts in 20-60 s here, slower on a loaded machine
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1-65535, got {text!r}")
+    return port
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sglang", help="run real SGLang without a model (kvprobe's plugin)",
                        description=__doc__.splitlines()[0])
     p.add_argument("--model-path", dest="model", required=True,
                    help="a preset id (served under that name) or a config.json path; no weights are read")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=dialect.DEFAULT_PORT)
+    p.add_argument("--port", type=_port, default=dialect.DEFAULT_PORT)
     p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION, help="the engine environment's version")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="size the pool as a GPU of this memory would (e.g. 80GiB); else --max-total-tokens")

@@ -44,8 +44,12 @@ def figures():
 
 @pytest.fixture(scope="session")
 def sglang_env():
-    """The engine environment, installed first when it is missing (2-4 min cold)."""
-    return envs.ensure(ENGINE, VERSION, log=lambda line: print(line, flush=True))
+    """The engine environment, installed first when it is missing (2-4 min cold). The cache folder is
+    pinned for the session: pytester moves HOME, and with it the default ~/.cache/kvprobe."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(envs.CACHE_ENV, str(envs.cache_root()))
+    yield envs.ensure(ENGINE, VERSION, log=lambda line: print(line, flush=True))
+    mp.undo()
 
 
 def shipped(name: str):

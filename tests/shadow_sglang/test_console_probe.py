@@ -1,0 +1,57 @@
+"""`kvprobe probe` launches real SGLang 0.5.23 in shadow mode and judges it: KV binds at 21 running
+(M=16,384, P=512, O=256), every process stopped afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kvprobe.cli import main
+from kvprobe.engines.launcher import Target
+from kvprobe.load.runner import LocustRun
+
+from .conftest import EXPECTATIONS
+from .probes import report
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Every engine target and Locust run the probe creates (for their group ids afterwards)."""
+    seen: list = []
+    init, start = Target.__init__, LocustRun.start
+
+    def target_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(self)
+
+    def run_start(self, *args, **kwargs):
+        seen.append(self)
+        return start(self, *args, **kwargs)
+
+    monkeypatch.setattr(Target, "__init__", target_init)
+    monkeypatch.setattr(LocustRun, "start", run_start)
+    return seen
+
+
+def test_kvprobe_probe_launches_the_sglang_shadow_and_kv_binds(sglang_env, tmp_path, capsys, started, figures):
+    art = tmp_path / "art"
+    rc = main(["probe", str(EXPECTATIONS), "--name", "shadow-sglang-kv", "--artifacts", str(art)])
+    out = capsys.readouterr().out
+    print(out)
+    doc = json.loads((art / "result.json").read_text())
+    report(figures, "kvprobe probe, launched", "shadow-sglang-kv", doc)
+    shadow = doc["engine_facts"]["shadow"]
+    assert shadow["plugin"] == "active" and shadow["overlap_scheduling"] is True, shadow
+    assert shadow["time_model"] == "step_ms=10.0,prefill_us_per_token=1.0,decode_us_per_seq=20.0"
+    assert doc["engine_facts"]["reported"]["kv_tokens"] == 16384
+    assert rc == 0, out
+    assert doc["verdict"]["passed"] is True
+    pgids = [s.pgid for s in started if s.pgid is not None]
+    assert len(pgids) >= 2, "the engine's and Locust's groups were not seen"
+    for pgid in pgids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pgid, 0)
