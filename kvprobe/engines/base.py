@@ -123,6 +123,9 @@ class OptionalFacts:
 
     # /health answers 200 once the engine serves (both engines today).
     HEALTH_PATH: str = "/health"
+    # What an attached engine's liveness is polled on during a probe (every 0.2 s, 2 s per answer),
+    # so it must be cheap under load; None: HEALTH_PATH.
+    ALIVE_PATH: str | None = None
     # JSON endpoints read by `reported_from_info` when facts are gathered.
     INFO_PATHS: tuple[str, ...] = ()
     # The running gauge is a count after every step (True), or a sample taken at scheduler events

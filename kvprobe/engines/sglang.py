@@ -19,6 +19,11 @@ DEFAULT_PORT = 30000  # arg_groups/fields/serving.py L65-66
 # /health submits a 1-token generate and answers 200 once the scheduler replies (http_server.py L721-799);
 # 503 while starting or shutting down.
 HEALTH_PATH = "/health"
+# /health is a generation: it sleeps 1 s before it looks for any scheduler output, and under load it
+# waits for the running batch's next output (http_server.py L723-800; a busy scheduler skips the
+# request itself, scheduler.py L2240-2247) — too slow to poll. /ready answers from the tokenizer
+# manager's state at once (http_server.py L714-718).
+ALIVE_PATH = "/ready"
 INFO_PATHS = ("/server_info", "/v1/models")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
