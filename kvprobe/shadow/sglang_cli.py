@@ -101,9 +101,9 @@ def _run(args) -> int:
     with target:
         facts = target.facts()
         rep = facts.reported
-        print(f"kvprobe shadow: SGLang ready at {target.url} as {req.served_model_name!r}: pool "
-              f"{rep.kv_tokens} tokens, max_running_requests {rep.max_running}, context {rep.max_model_len}; "
-              f"plugin {facts.shadow or 'silent'}; Ctrl-C stops it", flush=True)
+        print(f"kvprobe shadow: SGLang ready at {target.url} as {req.served_model_name!r} (process group "
+              f"{target.pgid}): pool {rep.kv_tokens} tokens, max_running_requests {rep.max_running}, context "
+              f"{rep.max_model_len}; plugin {facts.shadow or 'silent'}; Ctrl-C stops it", flush=True)
         try:
             while target.alive():
                 time.sleep(0.5)  # waiting for Ctrl-C or the server's own exit

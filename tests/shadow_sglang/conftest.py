@@ -59,14 +59,10 @@ def shipped(name: str):
 
 
 class Server:
-    """A launched shadow server: the target, its group, what it reports."""
+    """A running shadow server: where it is, its process group, its log, what it reports."""
 
-    def __init__(self, target: ShadowTarget, exp):
-        self.target, self.exp = target, exp
-
-    @property
-    def url(self) -> str:
-        return self.target.url
+    def __init__(self, exp, *, url: str, pgid: int, log_path: str, target: ShadowTarget | None = None):
+        self.exp, self.url, self.pgid, self.log_path, self.target = exp, url, pgid, log_path, target
 
     def metrics(self) -> dict:
         """{family name: [samples]} from /metrics, parsed by prometheus_client."""
@@ -84,7 +80,7 @@ class Server:
             return json.loads(resp.read())
 
     def log(self) -> str:
-        return Path(self.target.log_path).read_text(errors="replace")
+        return Path(self.log_path).read_text(errors="replace")
 
 
 def start_server(exp, log_path: Path, *, startup_timeout: float = STARTUP_TIMEOUT) -> Server:
@@ -94,13 +90,13 @@ def start_server(exp, log_path: Path, *, startup_timeout: float = STARTUP_TIMEOU
     argv, environ = launch.command(req)
     target = ShadowTarget.launch(argv, engine=exp.engine, port=req.port, log_path=str(log_path),
                                  startup_timeout=startup_timeout, env=environ)
-    return Server(target, exp)
+    return Server(exp, url=target.url, pgid=target.pgid, log_path=str(log_path), target=target)
 
 
 def stop_server(server: Server) -> None:
     """Stop the group; every process SGLang started (launcher, scheduler, detokenizer, resource
     tracker) was in it and is gone, checked by the group id."""
-    pgid = server.target.pgid
+    pgid = server.pgid
     members_before = group_members(pgid)
     server.target.stop()
     deadline = time.monotonic() + 10
