@@ -24,9 +24,10 @@ Every rule below is vLLM 0.33.0's own, file and line in the released wheel (`vll
   groups of `group_size` layers, the smallest bucket's layer count (the largest's when it is less
   than 1.5x the smallest), padding the last group of a bucket (L416-556). All groups share one
   block pool; one block is `max over groups of the group's pages` bytes (L574-605).
-* With the hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`, or by default for
-  chunked local attention, config/vllm.py L2236-2255), windowed and chunked layers are planned
-  as full attention (`_promote_local_kv_cache_specs` L744-816).
+* With the hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`, or for chunked local
+  attention when VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0, config/vllm.py L2236-2255;
+  the variable defaults to 1 in 0.33.0, envs.py L1931-1933), windowed and chunked layers are
+  planned as full attention (`_promote_local_kv_cache_specs` L744-816).
 * Capacity (`v1/core/kv_cache_utils.py` L1061-1128): max concurrency = num_blocks / the sum over
   groups of a request's blocks at max_model_len; tokens = int(concurrency x max_model_len).
 """
@@ -116,9 +117,10 @@ class VllmOptions:
     max_num_batched_tokens: int = 2048
     async_scheduling: bool = True  # on by default on CUDA (config/vllm.py L1685-1719)
     pp: int = 1
-    # None = vLLM decides: off for chunked local attention unless the env var allows it
+    # None = vLLM decides: on, except chunked local attention with the env var below at 0
     hybrid_kv_cache_manager: bool | None = None
-    allow_chunked_local_attn_with_hybrid_kv_cache: bool = False  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN...
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, "1" by default (envs.py L1931-1933)
+    allow_chunked_local_attn_with_hybrid_kv_cache: bool = True
     enable_prefix_caching: bool = True  # default on for hybrid models (config/model.py L2277-2279)
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
@@ -144,10 +146,10 @@ def hybrid_kv_cache_manager(geom: ModelGeometry, opts: VllmOptions) -> tuple[boo
     if chunked and not opts.allow_chunked_local_attn_with_hybrid_kv_cache:
         if opts.hybrid_kv_cache_manager:
             raise ConfigError("Hybrid KV cache manager was explicitly enabled but is not supported in "
-                              "this configuration (chunked local attention without "
-                              "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1)",
+                              "this configuration (chunked local attention with "
+                              "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0)",
                               key="hybrid_kv_cache_manager")
-        return False, "chunked local attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset)"
+        return False, "chunked local attention (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0)"
     return True, "default"
 
 
@@ -236,18 +238,19 @@ def _mamba_len(max_model_len: int | None) -> int:
 
 
 def promote_local_specs(specs: list[VllmLayerSpec]) -> list[VllmLayerSpec]:
-    """`_promote_local_kv_cache_specs` (kv_cache_planning.py L744-816): with the hybrid manager
-    off, window and chunk layers next to full layers allocate like full attention (the spec keeps
-    its window/chunk size, which merges)."""
+    """`unify_hybrid_kv_cache_specs` / `_promote_local_kv_cache_specs` (kv_cache_planning.py
+    L744-816, L853-877): with the hybrid manager off, window and chunk layers next to full layers
+    allocate like full attention; any other mix (a Mamba state next to attention) cannot be
+    unified and vLLM refuses to start."""
     kinds = {s.spec for s in specs}
-    if FULL_SPEC not in kinds or not kinds & {SLIDING_SPEC, CHUNKED_SPEC}:
-        return specs
-    if MAMBA_SPEC in kinds:
+    if FULL_SPEC in kinds and kinds & {SLIDING_SPEC, CHUNKED_SPEC}:
+        specs = [VllmLayerSpec(s.name, FULL_SPEC, s.block_size, s.cache_dtype, s.dtype, s.num_kv_heads,
+                               s.head_size, s.head_size_v) if s.spec in (SLIDING_SPEC, CHUNKED_SPEC)
+                 else s for s in specs]
+    if len({s.spec for s in specs}) > 1:
         raise ConfigError("Failed to promote local KV cache specs to one unified type.",
                           key="hybrid_kv_cache_manager")
-    return [VllmLayerSpec(s.name, FULL_SPEC, s.block_size, s.cache_dtype, s.dtype, s.num_kv_heads,
-                          s.head_size, s.head_size_v) if s.spec in (SLIDING_SPEC, CHUNKED_SPEC)
-            else s for s in specs]
+    return specs
 
 
 @dataclass(frozen=True)

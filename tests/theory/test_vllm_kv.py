@@ -2,6 +2,9 @@
 kv_cache_planning.py, kv_cache_utils.py). The same plans are run through vLLM's own planner in
 tests/shadow_env/test_hybrid_vllm.py."""
 
+import dataclasses
+import json
+
 import pytest
 
 from kvprobe.errors import ConfigError
@@ -50,6 +53,18 @@ def test_gpt_oss_20b_plan_by_hand():
     assert [g.blocks_per_request for g in long.groups] == [-(-(127 + 2048) // 16) + 1, 8192]
 
 
+def test_the_plan_gives_the_capacity_line_vllm_logs():
+    """`GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`
+    (kv_cache_utils.py L1136-1154): the plan's kv_tokens and max_concurrency; the specs travel to the
+    shadow worker as JSON."""
+    p = vllm_kv_plan(geom("openai/gpt-oss-20b"), max_model_len=8192, available_bytes=10 * GIB,
+                     opts=VllmOptions(max_num_batched_tokens=8192))
+    line = (f"GPU KV cache size: {p.kv_tokens:,} tokens, Maximum concurrency for {p.max_model_len:,} "
+            f"tokens per request: {p.max_concurrency:.2f}x")
+    assert line == "GPU KV cache size: 218,234 tokens, Maximum concurrency for 8,192 tokens per request: 26.64x"
+    assert json.loads(json.dumps(dataclasses.asdict(p.specs[0])))["spec"] == SLIDING_SPEC
+
+
 def test_without_the_hybrid_manager_windows_plan_as_full_attention():
     p = vllm_kv_plan(geom("openai/gpt-oss-20b"), max_model_len=8192, available_bytes=10 * GIB,
                      opts=VllmOptions(hybrid_kv_cache_manager=False))
@@ -58,20 +73,22 @@ def test_without_the_hybrid_manager_windows_plan_as_full_attention():
     assert p.hma_reason == "--disable-hybrid-kv-cache-manager"
 
 
-def test_llama4_chunked_attention_turns_the_hybrid_manager_off_by_default():
+def test_llama4_chunked_layers_get_their_own_groups_unless_the_env_var_says_0():
     g = geom("meta-llama/Llama-4-Scout-17B-16E-Instruct")
-    p = vllm_kv_plan(g, max_model_len=65536, available_bytes=40 * GIB)
-    assert not p.hybrid_kv_cache_manager and "VLLM_ALLOW_CHUNKED_LOCAL_ATTN" in p.hma_reason
-    assert [(g_.spec, len(g_.layers)) for g_ in p.groups] == [(FULL_SPEC, 48)]
-    assert p.bytes_per_block == 48 * 16 * 8 * 256 * 2
-    allowed = vllm_kv_plan(g, max_model_len=65536, available_bytes=40 * GIB,
-                           opts=VllmOptions(allow_chunked_local_attn_with_hybrid_kv_cache=True))
-    assert [(x.spec, len(x.layers)) for x in allowed.groups] == [(CHUNKED_SPEC, 12)] * 3 + [(FULL_SPEC, 12)]
+    p = vllm_kv_plan(g, max_model_len=65536, available_bytes=40 * GIB)  # the env var defaults to 1
+    assert p.hybrid_kv_cache_manager
+    assert [(x.spec, len(x.layers)) for x in p.groups] == [(CHUNKED_SPEC, 12)] * 3 + [(FULL_SPEC, 12)]
     # a chunk layer holds the chunk plus the tokens in flight: cdiv(8192 + 2 x 2048, 16)
-    assert allowed.groups[0].blocks_per_request == 768
+    assert p.groups[0].blocks_per_request == 768
+    off = VllmOptions(allow_chunked_local_attn_with_hybrid_kv_cache=False)
+    q = vllm_kv_plan(g, max_model_len=65536, available_bytes=40 * GIB, opts=off)
+    assert not q.hybrid_kv_cache_manager and "=0" in q.hma_reason
+    assert [(x.spec, len(x.layers)) for x in q.groups] == [(FULL_SPEC, 48)]
+    assert q.bytes_per_block == 48 * 16 * 8 * 256 * 2
     with pytest.raises(ConfigError, match="explicitly enabled"):
         vllm_kv_plan(g, max_model_len=65536, available_bytes=40 * GIB,
-                     opts=VllmOptions(hybrid_kv_cache_manager=True))
+                     opts=VllmOptions(hybrid_kv_cache_manager=True,
+                                      allow_chunked_local_attn_with_hybrid_kv_cache=False))
 
 
 def test_gemma3_window_groups_are_padded_to_the_full_group_size():
