@@ -33,6 +33,10 @@ _DTYPE_BYTES = {
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", *_FP8_KV, "fp8_ds_mla")
 _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla latents
+# Defaults of transformers' config classes for keys a published config.json leaves out (the engines
+# read config.json through these classes): Gemma3TextConfig (gemma3/configuration_gemma3.py L74-82,
+# transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
+_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072}}
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     source = source or name or "config.json"
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
     layers_n = _get(cfg, "num_hidden_layers", source)
     hidden = _get(cfg, "hidden_size", source)
     heads = _get(cfg, "num_attention_heads", source)
