@@ -7,12 +7,12 @@ kernel block sizes, the block a window layer picks (`_largest_kernel_block_withi
 `gdn[]` entry the Gated DeltaNet state (vLLM's `MambaStateShapeCalculator` /
 `MambaStateDtypeCalculator`) and the block size `Platform._align_hybrid_block_size` settles on.
 
-The model classes themselves cannot be imported in this CPU environment (gpt-oss and Qwen3-Next
-need `compressed_tensors`, Gemma 3 and Llama 4 `torchvision`), so `_align_hybrid_block_size` runs
-with the registry answering a stand-in class whose two methods are Qwen3NextForCausalLM's
-(models/qwen3_next.py L881-912) and with stand-in layers registering the attention backend and the
-GDN layers' prefill checkpoint alignment (what the real layers register in
-`static_forward_context`).
+The model classes need not be importable here (with main's pin list gpt-oss and Qwen3-Next lack
+`compressed_tensors`, Gemma 3 and Llama 4 `torchvision`: "Model architectures [...] failed to be
+inspected"), so `_align_hybrid_block_size` runs with the registry answering a stand-in class whose
+two methods are Qwen3NextForCausalLM's (models/qwen3_next.py L881-912) and with stand-in layers
+registering the attention backend and the GDN layers' prefill checkpoint alignment (what the real
+layers register in `static_forward_context`; the layers need a built model).
 """
 
 from __future__ import annotations
