@@ -30,6 +30,7 @@ class VllmConfig:
     enable_chunked_prefill: bool = True
     policy: str = "vllm-0.33"  # "vllm-0.33" (full-prompt admission) | "vllm-0.11" (first-chunk admission)
     watermark: float = 0.0
+    async_scheduling: bool = False  # AsyncScheduler + batch queue of 2 (the engine's default: engines/vllm.py)
 
 
 @dataclass
@@ -64,6 +65,9 @@ class SimRequest:
     _keys: list = field(default_factory=list, init=False, repr=False)  # cached units it holds / locks
     _stop: int = field(default=0, init=False, repr=False)
     _maxn: int = field(default=0, init=False, repr=False)  # SGLang max_new_tokens after clipping
+    _tokens: tuple = field(default=(), init=False, repr=False)  # SGLang: the prompt, for the radix tree
+    _node: object = field(default=None, init=False, repr=False)  # SGLang: the tree node it locks
+    _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
 
 
 class Emitted(Sequence):
