@@ -56,6 +56,8 @@ class Prediction:
     async_scheduling: bool | None = None  # vLLM: the scheduling mode simulated
     shared_prefix_tokens: int = 0
     start: str = ""  # "ramp" | "burst": the arrival history whose steady state gives `limit`
+    probe_users: int | None = None  # the closed loop behind `limit`: its users and ramp width
+    ramp_width: int | None = None
 
 
 def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int,
@@ -160,7 +162,8 @@ def _vllm(cfg: VllmConfig, P: int, O: int, K: int, policy: str) -> Prediction:  
         binding = "kv"
     return Prediction(limit=limit, no_preemption_limit=no_preempt, binding=binding,
                       usage_at_limit=round(stats.usage_mean, 3), method="schedsim", limit_mean=limit,
-                      how=describe(stats, "ramp"), running_sem=round(stats.running_sem, 3), start="ramp", **common)
+                      how=describe(stats, "ramp"), running_sem=round(stats.running_sem, 3), start="ramp",
+                      probe_users=probe, ramp_width=_ramp_width(estimate), **common)
 
 
 def _cap(limit: int, cap: int, name: str) -> str:
@@ -221,8 +224,8 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str) -> Predictio
     # simultaneous finishes refill in one pass (several prompts, a chunked one, a prefill step
     # that pauses everyone's decode). The limit is the larger steady state: the engine sustains it.
     runs = {}
+    probe = min(mrr, max(reserved + 2, 2 * reserved) + 2)
     for start in ("ramp", "burst"):
-        probe = min(mrr, max(reserved + 2, 2 * reserved) + 2)
         runs[start] = closed_loop(_with_policy(cfg, policy), P, O, probe, shared_prefix_tokens=K, start=start,
                                   ramp_width=_ramp_width(reserved))
     start = max(runs, key=lambda k: (runs[k].running_max, runs[k].running_mean))
@@ -241,4 +244,4 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str) -> Predictio
     return Prediction(limit=limit, no_preemption_limit=min(reserved, stats.running_max if reservation else reserved),
                       binding=binding, usage_at_limit=usage, method="schedsim",
                       limit_mean=round(stats.running_mean, 2), how=how, running_sem=round(stats.running_sem, 3),
-                      start=start, **common)
+                      start=start, probe_users=probe, ramp_width=_ramp_width(reserved), **common)

@@ -95,6 +95,9 @@ class SglangScheduler(SchedulerBase):
             reserve *= np.where(ign > 0, 1.0, self.ratio)
         else:
             reserve *= self.ratio
+        # available + evictable as the pass began: this model allocates at admission, SGLang after
+        # the pass (its current_offset is what b["current"] tracks); locking a matched prefix does
+        # take evictable tokens out of _available_and_evictable() for the next candidates
         free = pool.available + pool.evictable
         b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
              "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
@@ -133,6 +136,7 @@ class SglangScheduler(SchedulerBase):
                     break
             self.waiting.popleft()
             if self.radix:
+                free -= pool.evictable_on_path(node)
                 pool.lock(node)
             req._node, req._cached = node, prefix
             pool.alloc(self.ceil_page(prefix + chunk) - prefix)
@@ -205,7 +209,7 @@ class SglangScheduler(SchedulerBase):
         if self._req_states is None:
             out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")
             states = [mine] + [self._req_state(bool(g), int(m), int(o), int(p))
-                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist())]
+                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist(), strict=True)]
             self._req_states = sorted((x for x in states if x is not None), key=lambda x: x[0])
         elif mine is not None:
             states, i = self._req_states, 0

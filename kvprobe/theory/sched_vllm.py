@@ -13,7 +13,6 @@ from kvprobe.theory.sched_common import (
     SimRequest,
     StepResult,
     VllmConfig,
-    cdiv,
     output_tokens,
 )
 
@@ -100,7 +99,7 @@ class VllmScheduler(SchedulerBase):
     def _schedule_running(self, budget: int, result: StepResult) -> int:
         """RUNNING loop (L794-1034): decode 1 token / chunked-prefill the rest within the budget;
         on allocation failure preempt the LAST running request and retry (L930-994)."""
-        L, pool, B = self.run, self.pool, self.B
+        L, pool = self.run, self.pool
         if not L.n:
             return budget
         comp, ntok, held, sched, plen, cap, ph = L("comp", "ntok", "held", "sched", "plen", "cap", "ph")
@@ -229,100 +228,6 @@ class VllmScheduler(SchedulerBase):
         self.stats.steps += k
         self.refresh_stats()
         return used_sum * B
-
-    def _after_schedule(self, result: StepResult) -> None:
-        """_update_after_schedule (L1845-1877): a request scheduled up to the end of its known
-        sequence samples a token (async: one more placeholder). Sync processes this batch's output
-        now; async processes the previous batch's."""
-        L = self.run
-        comp, ntok, sched, ph, fly, plen = L("comp", "ntok", "sched", "ph", "fly", "plen")
-        decoding = (sched > 0) & (comp - sched >= plen)
-        result.decode_seqs = int(decoding.sum())
-        result.prefill_tokens = int(sched.sum()) - result.decode_seqs
-        samples = (sched > 0) & (comp >= ntok + ph)
-        if self.async_:
-            ph += samples
-            previous = fly.astype(bool)
-            fly[:] = samples
-        else:
-            previous = samples
-        sched[:] = 0
-        self._update_from_output(result, previous)
-
-    def _schedule_running(self, budget: int, result: StepResult) -> int:
-        """RUNNING loop (L794-1034): decode 1 token / chunked-prefill the rest within the budget;
-        on allocation failure preempt the LAST running request and retry (L930-994)."""
-        L, pool, B = self.run, self.pool, self.B
-        if not L.n:
-            return budget
-        comp, ntok, held, sched, plen, cap, ph = L("comp", "ntok", "held", "sched", "plen", "cap", "ph")
-        need = np.minimum(ntok + ph - comp, self.cfg.max_model_len - comp - 1)  # L839-857
-        need[(ph > 0) & (comp + 2 - ph >= cap)] = 0  # async: surely finished, not scheduled (L800-814)
-        np.maximum(need, 0, out=need)
-        np.clip(budget - (np.cumsum(need) - need), 0, need, out=sched)
-        new_blocks = np.maximum(self.fp.blocks(comp + sched) - held, 0)
-        cum = np.cumsum(new_blocks)
-        if cum[-1] <= pool.num_free:  # everyone fits: the common case, fully vectorised
-            pool.take(int(cum[-1]))
-            held += new_blocks
-        else:
-            k = int(np.searchsorted(cum, pool.num_free, side="right"))  # first request that fails
-            pool.take(int(cum[k - 1]) if k else 0)
-            held[:k] += new_blocks[:k]
-            while k < L.n:
-                while new_blocks[k] > pool.num_free:
-                    victim = L.n - 1
-                    result.preempted.append(self._preempt_last())
-                    if victim == k:
-                        break
-                else:
-                    pool.take(int(new_blocks[k]))
-                    held[k] += new_blocks[k]
-                    k += 1
-                    continue
-                break  # the request preempted itself: nothing after it is left
-            comp, sched, plen = L("comp", "sched", "plen")
-        prefilling = np.flatnonzero((comp < plen) & (sched > 0))
-        comp += sched
-        for i in prefilling.tolist():
-            self._cache_prompt_blocks(L.reqs[i], int(comp[i]))
-        return budget - int(sched.sum())
-
-    def _schedule_waiting(self, budget: int) -> None:
-        """WAITING loop (L1049-1600): FCFS, head-of-line blocking, full-sequence-must-fit (0.33)."""
-        cfg, L, pool, B = self.cfg, self.run, self.pool, self.B
-        while self.waiting and budget > 0:
-            if L.n >= cfg.max_num_seqs:
-                break
-            req = self.waiting[0]
-            P, num_tokens = len(req.prompt), len(req.prompt) + req.output_len
-            hits = self._lookup(req, num_tokens) if cfg.enable_prefix_caching else []
-            h, hit_free = len(hits), sum(1 for key in hits if key in pool.lru)
-            new = num_tokens - h * B
-            if not cfg.enable_chunked_prefill and new > budget:
-                break
-            new = min(new, budget)
-            # allocate_slots (kv_cache_manager.py L518-588): watermark only when something runs;
-            # evictable hits still consume free-queue entries (single_type_kv_cache_manager L238-265)
-            wm, free = (self.watermark if L.n else 0), pool.num_free
-            if self.full_isl and cdiv(min(num_tokens, cfg.max_model_len), B) - h + hit_free + wm > free:
-                break
-            fresh = cdiv(h * B + new, B) - h
-            if fresh + hit_free + wm > free:
-                break
-            self.waiting.popleft()
-            pool.touch(hits)
-            pool.take(fresh)
-            req._keys = list(hits)
-            if cfg.enable_prefix_caching:
-                self.stats.prefix_queries_total += num_tokens
-                self.stats.prefix_hits_total += h * B
-            comp = h * B + new
-            self._cache_prompt_blocks(req, comp)
-            req.status = "running"
-            L.append(req, comp=comp, ntok=num_tokens, held=h + fresh, stop=req._stop, plen=P,
-                     sched=new, seed=req._seed, cap=P + req.max_tokens)
-            budget -= new
 
     def _update_from_output(self, result: StepResult, sampled: np.ndarray) -> None:
         """update_from_output (L2259-2676): append the token of every request that sampled one;
