@@ -275,6 +275,7 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         run = LocustRun(target.url, model=model, prompt_tokens=shape.prompt_tokens, output_tokens=shape.output_tokens,
                         workdir=artifacts / "locust", api_key_env=exp.target.api_key_env,
                         processes=exp.profile.processes, stream=shape.stream, engine=exp.engine,
+                        shared_prefix_tokens=shape.shared_prefix_tokens,
                         time_limit=exp.profile.budget_seconds + 60,
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
