@@ -113,10 +113,15 @@ class VllmScheduler(SchedulerBase):
             pool.take(int(cum[-1]))
             held += new_blocks
         else:
-            k = int(np.searchsorted(cum, pool.num_free, side="right"))  # first request that fails
-            pool.take(int(cum[k - 1]) if k else 0)
-            held[:k] += new_blocks[:k]
-            while k < L.n:
+            i = 0
+            while i < L.n:  # vectorised up to the next request that fails, then preempt for it
+                part = new_blocks[i : L.n]
+                cum = np.cumsum(part)
+                k = i + int(np.searchsorted(cum, pool.num_free, side="right"))
+                pool.take(int(cum[k - i - 1]) if k > i else 0)
+                held[i:k] += part[: k - i]
+                if k >= L.n:
+                    break
                 while new_blocks[k] > pool.num_free:
                     victim = L.n - 1
                     result.preempted.append(self._preempt_last())
@@ -125,7 +130,7 @@ class VllmScheduler(SchedulerBase):
                 else:
                     pool.take(int(new_blocks[k]))
                     held[k] += new_blocks[k]
-                    k += 1
+                    i = k + 1
                     continue
                 break  # the request preempted itself: nothing after it is left
             comp, sched, plen = L("comp", "sched", "plen")

@@ -44,6 +44,7 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
 # --------------------------------------------------------------------------- closed loop
 
 MIN_BATCH_STEPS = 200  # a batch mean shorter than this is mostly noise from one admission wave
+TARGET_COMPLETIONS = 2000  # requests the measured window should see finish (sets its lifetimes)
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,20 @@ def workload_prompt(serial: int, prompt_tokens: int, shared_prefix_tokens: int =
     K tokens shared by every request, then a token no other request has, then filler (the same for
     all: after a unique token no block or page can match another prompt's)."""
     K = shared_prefix_tokens
-    return ([7 + (i * 7919) % 30011 for i in range(K)] + [VOCAB + serial]
-            + [13 + (i * 104729) % 30011 for i in range(prompt_tokens - K - 1)])
+    need = max(K, prompt_tokens - K - 1)
+    if len(_PREFIX) < need:  # grown once, sliced per request (list slices are C copies)
+        _PREFIX[:] = [7 + (i * 7919) % 30011 for i in range(2 * need)]
+        _FILLER[:] = [13 + (i * 104729) % 30011 for i in range(2 * need)]
+    return _PREFIX[:K] + [VOCAB + serial] + _FILLER[: prompt_tokens - K - 1]
+
+
+_PREFIX: list[int] = []
+_FILLER: list[int] = []
 
 
 def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int, *,
                 shared_prefix_tokens: int = 0, start: str = "ramp", ramp_width: int | None = None,
-                lifetimes: float = 8, warmup_lifetimes: float = 2, batches: int = 8,
+                lifetimes: float | None = None, warmup_lifetimes: float | None = None, batches: int = 8,
                 fast: bool = True, seed: int = 0) -> ClosedLoopStats:
     """The steady state of N users in a closed loop of fixed-length requests (ignore_eos, zero
     client latency, one engine step per time unit).
@@ -97,8 +105,10 @@ def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
     Start: "ramp" (default) lets users join one at a time, `lifetime / ramp_width` steps apart
     (ramp_width defaults to N: every user's first request within one lifetime), as a probe's ramp
     adds users; "burst" starts everyone at step 0 (in phase, the worst case). After the last user
-    joined, `warmup_lifetimes` request lifetimes settle; then the window of at least `lifetimes`
-    lifetimes is measured in `batches` equal batches, whose means give the standard error.
+    joined, `warmup_lifetimes` request lifetimes settle (default 2; 1 with 200 or more in flight);
+    then the window of at least `lifetimes` lifetimes is measured in `batches` equal batches, whose
+    means give the standard error. By default the window sees about TARGET_COMPLETIONS requests
+    finish, within 2 to 8 lifetimes: many concurrent requests average out sooner.
     Stats are sampled after each step, where the engines sample their gauges: after finished
     requests left and before their users resubmit. `fast` jumps over plain decode stretches
     (`plain_steps` / `skip` of each scheduler); the result is identical to stepping, only faster.
@@ -109,6 +119,11 @@ def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
         raise ConfigError(f"users must be >= 1, got {users}")
     if not 0 <= shared_prefix_tokens < prompt_tokens:
         raise ConfigError(f"shared_prefix_tokens must be in [0, prompt_tokens), got {shared_prefix_tokens}")
+    width = max(1, min(users, ramp_width or users))
+    if lifetimes is None:
+        lifetimes = min(8, max(2, math.ceil(TARGET_COMPLETIONS / width)))
+    if warmup_lifetimes is None:
+        warmup_lifetimes = 2 if width < 200 else 1
     return _closed_loop(type(config), astuple(config), prompt_tokens, output_tokens, users, shared_prefix_tokens,
                         start, ramp_width or users, float(lifetimes), float(warmup_lifetimes), int(batches), fast)
 
@@ -149,18 +164,23 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
             full_used += used_sum
             full_steps += k
 
-    t, nxt = 0, 0
+    t, nxt, idle, misses = 0, 0, 0, 0  # idle: steps to go before asking for a plain stretch again
     while t < t_end:
         while nxt < users and arrivals[nxt] <= t:
             submit()
             nxt += 1
         if t == t0:
             preempt_at_t0 = sched.stats.preemptions_total
-        if fast:
+        if fast and idle:
+            idle -= 1
+        elif fast:
             boundary = t0 if t < t0 else t0 + ((t - t0) // batch_len + 1) * batch_len
             if nxt < users:
                 boundary = min(boundary, arrivals[nxt])
             k = sched.plain_steps(boundary - t)
+            # asking costs O(running): when events come every step, ask less often (stepping is exact)
+            misses = 0 if k else misses + 1
+            idle = min(misses, 8) if not k else 0
             if k > 0:
                 used_sum = sched.skip(k)
                 if t >= t0:
