@@ -1,7 +1,9 @@
-"""KV pools of the two engines, as the schedulers in `schedsim.py` see them.
+"""KV pools of the two engines, as the schedulers in `schedsim.py` see them, and the footprint of
+one request in them (`FullAttention`; a model with other layer kinds adds a footprint per group).
 
-Blocks (vLLM) and cache units (SGLang) that carry no prefix hash are *anonymous*: only their
-count is kept, so a decode that crosses a block boundary costs an integer update, not an object.
+vLLM blocks that carry no prefix hash are *anonymous*: only their count is kept, so a decode that
+crosses a block boundary costs an integer update, not an object. SGLang's pool is a slot count
+plus its radix tree (`SglangTokenPool`) at page granularity.
 A block gets a key (its chained prefix hash) only when prefix caching needs one: full prompt
 blocks when they are scheduled, full output blocks when the request frees them (the only moment
 another request could hit them: a preempted request resuming, a later turn of a conversation).
