@@ -66,6 +66,7 @@ class VllmBlockPool:
         self.lru_blocks = 0
         self.refs: dict[object, int] = {}  # cached, ref_cnt > 0
         self._runs = 0
+        self.added = 0  # keys ever cached: a waiting request's prefix hits can only grow when it moves
 
     @property
     def num_free(self) -> int:
@@ -112,6 +113,7 @@ class VllmBlockPool:
         if self.is_cached(key):
             return False
         self.refs[key] = 1
+        self.added += 1
         return True
 
     def release(self, keys: Sequence, anon: int, dead: int = 0) -> None:

@@ -33,6 +33,8 @@ class VllmScheduler(SchedulerBase):
     flight still receives it (the stale share, `_preempt_request` L1820-1836).
     """
 
+    memo = True  # remember a head that cannot be admitted (tests compare with it off)
+
     def __init__(self, config: VllmConfig):
         super().__init__()
         if config.policy not in ("vllm-0.33", "vllm-0.11"):
@@ -49,6 +51,7 @@ class VllmScheduler(SchedulerBase):
         # ph: output placeholders (async); fly: sampled by the previous batch, output not processed
         self.run = Lanes(("comp", "ntok", "held", "stop", "plen", "sched", "seed", "cap", "ph", "fly"))
         self._stale: list[SimRequest] = []
+        self._head_memo: tuple | None = None  # (head, its tokens, budget, watermark), free, pool.added
         self.full_isl = config.policy == "vllm-0.33"  # --scheduler-reserve-full-isl, absent in 0.11
         self.watermark = int(config.watermark * config.num_gpu_blocks) if self.full_isl else 0
         self.refresh_stats()
@@ -144,9 +147,24 @@ class VllmScheduler(SchedulerBase):
         """What admitting the head of the queue takes, or None if it cannot be admitted now: the
         checks of one pass of the WAITING loop (L1049-1600) and `allocate_slots` (kv_cache_manager.py
         L518-588), with no side effect. Returns (hits, new tokens, fresh blocks, num_tokens)."""
-        cfg, B = self.cfg, self.B
+        cfg = self.cfg
         req = self.waiting[0]
         num_tokens = len(req.prompt) + req.output_len
+        wm = self.watermark if self.run.n else 0
+        # The same head failed with at least as many free blocks and no key was cached since: it
+        # fails again (evictions and releases only raise its need; only its own admission touches).
+        # 0.11's chunk check is the exception (an eviction can lower it), so it is never memoised.
+        key = (req, num_tokens, budget, wm)
+        memo = self._head_memo
+        if self.memo and memo is not None and memo[0] == key and free <= memo[1] and self.pool.added == memo[2]:
+            return None
+        result = self._head_check(req, num_tokens, free, budget, wm)
+        if result is None and (self.full_isl or not cfg.enable_prefix_caching):
+            self._head_memo = (key, free, self.pool.added)
+        return result
+
+    def _head_check(self, req: SimRequest, num_tokens: int, free: int, budget: int, wm: int):
+        cfg, B = self.cfg, self.B
         hits = self._lookup(req, num_tokens) if cfg.enable_prefix_caching else []
         h, hit_free = len(hits), sum(1 for key in hits if key in self.pool.lru)
         new = num_tokens - h * B
@@ -155,7 +173,6 @@ class VllmScheduler(SchedulerBase):
         new = min(new, budget)
         # watermark only when something runs; evictable hits still consume free-queue entries
         # (single_type_kv_cache_manager L238-265)
-        wm = self.watermark if self.run.n else 0
         if self.full_isl and self.fp.blocks(min(num_tokens, cfg.max_model_len)) - h + hit_free + wm > free:
             return None
         fresh = self.fp.blocks(h * B + new) - h

@@ -115,3 +115,26 @@ def test_skip_leaves_the_scheduler_where_steps_would():
         assert a.stats == b.stats
         a.check_pool()
         b.check_pool()
+
+
+@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")) // 2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=vllm_case(), users=st.integers(1, 30), k=st.floats(0, 0.99))
+def test_vllm_head_memo_changes_nothing(case, users, k):
+    """A head that failed is not re-examined until free blocks grow or a key is cached: the loop
+    measures the same with the memo off."""
+    from kvprobe.theory.sched_vllm import VllmScheduler
+
+    cfg, P, O = case  # noqa: E741
+    kw = dict(shared_prefix_tokens=int(k * P), lifetimes=3, warmup_lifetimes=1, batches=3, fast=False)
+    with_memo = closed_loop(cfg, P, O, users, **kw)
+    VllmScheduler.memo = False
+    try:
+        from kvprobe.theory import schedsim
+
+        schedsim._closed_loop.cache_clear()
+        without = closed_loop(cfg, P, O, users, **kw)
+    finally:
+        VllmScheduler.memo = True
+        schedsim._closed_loop.cache_clear()
+    assert with_memo == without
