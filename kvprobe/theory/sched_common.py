@@ -73,9 +73,10 @@ class SimRequest:
 class Emitted(Sequence):
     """`StepResult.emitted`: a list-like of (request, token id), built only when read."""
 
-    def __init__(self, reqs: np.ndarray | None = None, tokens: np.ndarray | None = None):
+    def __init__(self, reqs: np.ndarray | None = None, seeds: np.ndarray | None = None,
+                 index: np.ndarray | None = None):
         self._reqs = reqs if reqs is not None else np.empty(0, dtype=object)
-        self._tokens = tokens if tokens is not None else np.empty(0, dtype=np.int64)
+        self._seeds, self._index = seeds, index  # the token ids are computed when read
         self._extra: list[tuple[SimRequest, int]] = []
 
     def __len__(self) -> int:
@@ -85,7 +86,9 @@ class Emitted(Sequence):
         return list(self)[i]
 
     def __iter__(self):
-        yield from zip(self._reqs.tolist(), self._tokens.tolist(), strict=True)
+        if len(self._reqs):
+            tokens = output_tokens(self._seeds, self._index)
+            yield from zip(self._reqs.tolist(), tokens.tolist(), strict=True)
         yield from self._extra
 
 

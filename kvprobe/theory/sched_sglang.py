@@ -355,7 +355,7 @@ class SglangScheduler(SchedulerBase):
         if self.cfg.overlap:
             pend[:] = cur
         idx = np.flatnonzero(got)
-        result.emitted = Emitted(L.reqs[idx], output_tokens(seed[idx], out[idx] - 1))
+        result.emitted = Emitted(L.reqs[idx], seed[idx], out[idx] - 1)
         done = np.flatnonzero((got > 0) & (out >= stop))
         if len(done):
             for i in done.tolist():

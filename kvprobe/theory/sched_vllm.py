@@ -261,7 +261,7 @@ class VllmScheduler(SchedulerBase):
             ntok[idx] += 1
             if self.async_:
                 ph[idx] -= 1
-            result.emitted = Emitted(L.reqs[idx], output_tokens(seed[idx], ntok[idx] - plen[idx] - 1))
+            result.emitted = Emitted(L.reqs[idx], seed[idx], ntok[idx] - plen[idx] - 1)
             done = np.flatnonzero(sampled & (ntok >= stop))
             if len(done):
                 for i in done.tolist():
@@ -328,10 +328,11 @@ class VllmScheduler(SchedulerBase):
 
     def _lookup(self, req: SimRequest, num_tokens: int) -> list:
         """Longest cached prefix, capped at num_tokens - 1 tokens in whole blocks (L295-302)."""
+        refs, lru, pkeys = self.pool.refs, self.pool.lru, req._pkeys
         hits = []
         for k in range((num_tokens - 1) // self.B):
-            key = self._block_key(req, k)
-            if not self.pool.is_cached(key):
+            key = pkeys[k] if k < len(pkeys) else ("o", req.rid, k)
+            if key not in refs and key not in lru:
                 break
             hits.append(key)
         return hits
