@@ -377,7 +377,8 @@ def engine_implied(config, exp, reported):
         return None
     shape = exp.profile.request
     try:
-        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens)
+        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens,
+                                 shared_prefix_tokens=shape.shared_prefix_tokens)
     except KvprobeError:
         return None
 
