@@ -5,7 +5,8 @@ the workload and time model of the vLLM shadow's bench.
 
 Workload: N streams of a 16-token prompt and 3000 output tokens (ignore_eos), held open by
 bench_emulator's raw-socket client process, so every running request decodes at every step. Steps
-per second = Δ sglang:generation_tokens / Δt / N. Real time = modelled step (the time model at N
+per second = the median of SGLang's sglang:gen_throughput gauge (tokens/s over each 40-step window)
+over the hold / N; the emulator's from its own step counter. Real time = modelled step (the time model at N
 decodes) x steps per second: 1.0 means the target runs as fast as the model says. SGLang allocates
 its KV pool for real, so the model is Llama-3.1-8B's config cut to one layer (8 KiB of KV per token
 instead of 128): the scheduler's work per step does not depend on the layer count. Needs the engine
@@ -45,8 +46,15 @@ def _families(port: int) -> dict:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
-def _generated(port: int) -> float:
-    samples = _families(port).get(dialect.METRICS.extra["generation_tokens"]) or []
+def _steps_per_s(port: int, n: int) -> float | None:
+    """SGLang: its gen_throughput gauge (tokens/s over the last 40 decode steps) / N; the emulator:
+    None (its step counter is read instead)."""
+    samples = _families(port).get(dialect.METRICS.extra["gen_throughput"])
+    return samples[0].value / n if samples else None
+
+
+def _emulator_steps(port: int) -> float:
+    samples = _families(port).get("kvprobe_emulator_steps") or []
     return sum(s.value for s in samples if s.name.endswith("_total"))
 
 
@@ -62,16 +70,21 @@ def run_level(port: int, n: int) -> dict:
     try:
         # the running gauge is published at prefill batches and every 40 decode steps
         reached = _wait(lambda: _running(port) >= n, 60.0)
-        g0, t0 = _generated(port), time.monotonic()
-        time.sleep(HOLD_S)
-        g1, dt = _generated(port), time.monotonic() - t0
+        s0, t0, readings = _emulator_steps(port), time.monotonic(), []
+        while time.monotonic() - t0 < HOLD_S:
+            time.sleep(0.5)
+            value = _steps_per_s(port, n)
+            if value is not None:
+                readings.append(value)
+        dt = time.monotonic() - t0
+        steps = (_emulator_steps(port) - s0) / dt
     finally:
         stop.set()
         client.join(10)
         if client.is_alive():
             client.kill()
     _wait(lambda: _running(port) == 0, 45.0)
-    steps_per_s = (g1 - g0) / dt / n
+    steps_per_s = sorted(readings)[len(readings) // 2] if readings else steps
     model_step = TIME_MODEL.step_seconds(0, n)
     return {"streams": n, "reached": reached, "steps_per_s": steps_per_s,
             "real_time": steps_per_s * model_step, "model_step_ms": 1e3 * model_step}

@@ -71,6 +71,9 @@ METRICS = MetricMap(
         "prompt_tokens": "sglang:prompt_tokens",
         "generation_tokens": "sglang:generation_tokens",
         "e2e": "sglang:e2e_request_latency_seconds",
+        # tokens/s over the last decode-log window (every decode_log_interval steps); the token
+        # counters above move only when a request finishes
+        "gen_throughput": "sglang:gen_throughput",
     },
 )
 # Retraction (check_decode_mem fails -> retract_decode): a WARNING line per retraction, and the labelled

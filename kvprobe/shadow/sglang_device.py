@@ -32,16 +32,33 @@ class DeviceTimeline:
         self.busy_until = float("-inf")
         self.steps = 0
         self.blocked_seconds = 0.0
+        self.model_seconds = 0.0
+        self.busy_seconds = 0.0  # real time between consecutive steps, idle gaps (> IDLE_GAP) left out
+        self._last_call: float | None = None
+
+    IDLE_GAP = 0.5
 
     def run(self, prefill_tokens: int, decode_seqs: int) -> None:
         now = self.clock()
+        if self._last_call is not None and now - self._last_call < self.IDLE_GAP:
+            self.busy_seconds += now - self._last_call
+        self._last_call = now
         previous_end = self.busy_until
-        self.busy_until = max(now, previous_end) + self.step_seconds(prefill_tokens, decode_seqs)
+        step = self.step_seconds(prefill_tokens, decode_seqs)
+        self.busy_until = max(now, previous_end) + step
         self.steps += 1
+        self.model_seconds += step
         until = previous_end if self.overlap else self.busy_until
         if until > now:
             self.blocked_seconds += until - now
             self.sleep(until - now)
+
+    def window(self) -> tuple[int, float, float, float]:
+        """(steps, real busy seconds, modelled seconds, seconds waiting for the device) since the
+        last call."""
+        out = (self.steps, self.busy_seconds, self.model_seconds, self.blocked_seconds)
+        self.steps, self.busy_seconds, self.model_seconds, self.blocked_seconds = 0, 0.0, 0.0, 0.0
+        return out
 
 
 def special_ids(*values) -> frozenset[int]:

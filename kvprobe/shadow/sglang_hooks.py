@@ -128,6 +128,19 @@ _device: DeviceTimeline | None = None
 _special: frozenset[int] | None = None
 
 
+PACE_STEPS = 2000  # one pace line per this many steps
+
+
+def _report_pace() -> None:
+    """Every PACE_STEPS steps, the real pace against the model's (idle gaps left out): above x1.00,
+    SGLang's own work per step (scheduling, streaming) takes longer than the modelled step."""
+    if _device.steps < PACE_STEPS:
+        return
+    steps, busy, model_s, waited = _device.window()
+    logger.info("%s pace: %d steps in %.1f s, modelled %.1f s (x%.2f), %.1f s waiting for the modelled device",
+                LOG_PREFIX, steps, busy, model_s, busy / model_s if model_s else float("nan"), waited)
+
+
 def _step_work(batch) -> tuple[int, int]:
     """(prefill tokens, decode sequences) of a ScheduleBatch: an extend batch computes
     extend_num_tokens; a mixed one carries its running requests as extends of length 1
@@ -165,6 +178,7 @@ def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=N
     else:  # the spec / PP paths hand a ForwardBatch
         seq_lens = forward_batch.seq_lens
         _device.run(0, len(seq_lens))
+    _report_pace()
     ids = pseudo_token_ids(seq_lens.tolist(), cfg.vocab_size, _special)
     return GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
                                  next_token_ids=torch.tensor(ids, dtype=torch.int64, device=seq_lens.device),

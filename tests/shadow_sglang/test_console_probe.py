@@ -11,8 +11,9 @@ import pytest
 from kvprobe.cli import main
 from kvprobe.engines.launcher import Target
 from kvprobe.load.runner import LocustRun
+from kvprobe.theory.steptime import TimeModel
 
-from .conftest import EXPECTATIONS
+from .conftest import EXPECTATIONS, shipped
 from .probes import report
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_kvprobe_probe_launches_the_sglang_shadow_and_kv_binds(sglang_env, tmp_p
     report(figures, "kvprobe probe, launched", "shadow-sglang-kv", doc)
     shadow = doc["engine_facts"]["shadow"]
     assert shadow["plugin"] == "active" and shadow["overlap_scheduling"] is True, shadow
-    assert shadow["time_model"] == "step_ms=10.0,prefill_us_per_token=1.0,decode_us_per_seq=20.0"
+    assert shadow["time_model"] == TimeModel(**shipped("shadow-sglang-kv").target.time_model).encode()
     assert doc["engine_facts"]["reported"]["kv_tokens"] == 16384
     assert rc == 0, out
     assert doc["verdict"]["passed"] is True
