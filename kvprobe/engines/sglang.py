@@ -315,7 +315,7 @@ def launch_command(model: str, flags: dict[str, object], *, host: str, port: int
 
 
 def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     extra: list[str] | tuple[str, ...] = (), version: str | None = None) -> list[str]:
     """`python -m kvprobe emulate sglang ...`; flags the emulator does not model are dropped (the pool
     must be given as max-total-tokens). --enable-metrics is added: a probe needs /metrics."""
     if flags.get("max-total-tokens") is None:
@@ -324,7 +324,8 @@ def emulator_command(model: str, flags: dict[str, object], *, host: str, port: i
     kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
     kept.setdefault("enable-metrics", True)
     return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model-path", model, "--host", host,
-            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+            "--port", str(port), *render_flags(kept, FLAGS), *(["--engine-version", version] if version else []),
+            *extra]
 
 
 def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,

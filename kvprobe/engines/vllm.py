@@ -79,9 +79,11 @@ HELP = {
 
 
 def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_prefix_caching: bool,
-                        num_gpu_blocks_override: int | None, engine: str = "0") -> dict[str, str]:
+                        num_gpu_blocks_override: int | None, engine: str = "0",
+                        user_specified_block_size: bool = False) -> dict[str, str]:
     """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
-    CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture."""
+    CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture;
+    user_specified_block_size is True when --block-size was given (config/cache.py L455-466)."""
     tokens, concurrency = capacity_numbers(num_gpu_blocks, block_size, max_model_len)
     labels = {
         "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",
@@ -97,7 +99,7 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
         "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
         "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None", "sliding_window": "None",
         "swa_bounded_replay": "True", "use_kda_recoverssm": "False", "use_replayssm": "False",
-        "user_specified_block_size": "False",
+        "user_specified_block_size": str(bool(user_specified_block_size)),
     }
     return labels
 
@@ -377,6 +379,33 @@ SERVER_INFO_FLAGS = {
 }
 
 
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # envs.py L1468: "1" mounts the dev routers, /server_info among them
+
+
+def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                         watermark: float, reserve_full_isl: bool, block_size: int, num_gpu_blocks: int,
+                         num_gpu_blocks_override: int | None, enable_prefix_caching: bool, max_model_len: int,
+                         model: str, served_model_name: str, user_specified_block_size: bool) -> dict:
+    """GET /server_info?config_format=json in dev mode (serve/dev/server_info/api_router.py L43-60):
+    `vllm_config` dumped by pydantic (mode json, str fallback), with the sections and fields kvprobe
+    reads as a real 0.33.0 server writes them (tests/engines/published/vllm-0.33.0-server_info.json;
+    the real dump has many more fields, and `vllm_env` / `system_env` beside it)."""
+    return {"vllm_config": {
+        "model_config": {"model": model, "tokenizer": model, "dtype": "torch.bfloat16", "max_model_len": max_model_len,
+                         "served_model_name": served_model_name},
+        "cache_config": {"block_size": block_size, "user_specified_block_size": user_specified_block_size,
+                         "gpu_memory_utilization": 0.92, "cache_dtype": "auto",
+                         "num_gpu_blocks_override": num_gpu_blocks_override,
+                         "enable_prefix_caching": enable_prefix_caching, "num_gpu_blocks": num_gpu_blocks,
+                         "kv_cache_memory_bytes": None},
+        "parallel_config": {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_parallel_size": 1},
+        "scheduler_config": {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                             "enable_chunked_prefill": enable_chunked_prefill, "policy": "fcfs",
+                             "scheduler_reserve_full_isl": reserve_full_isl, "watermark": watermark,
+                             "async_scheduling": False},
+    }, "vllm_env": {}, "system_env": {}}
+
+
 def _config_value(flag: str, value: object) -> object:
     if flag == "dtype" and isinstance(value, str):
         return value.removeprefix("torch.")  # ModelConfig.dtype is a torch.dtype, dumped with str()
@@ -448,15 +477,16 @@ def launch_command(model: str, flags: dict[str, object], *, host: str, port: int
 
 
 def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     extra: list[str] | tuple[str, ...] = (), version: str | None = None) -> list[str]:
     """`python -m kvprobe emulate vllm ...`; flags the emulator does not model are dropped
-    (the pool must be given as num-gpu-blocks-override)."""
+    (the pool must be given as num-gpu-blocks-override). `version` selects version-keyed behaviour."""
     if flags.get("num-gpu-blocks-override") is None:
         raise ConfigError("the vLLM emulator needs flags.num-gpu-blocks-override (the pool in blocks)",
                           key="flags.num-gpu-blocks-override")
     kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
     return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model", model, "--host", host,
-            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+            "--port", str(port), *render_flags(kept, FLAGS), *(["--engine-version", version] if version else []),
+            *extra]
 
 
 def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,
