@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 
 from kvprobe.errors import ConfigError
 from kvprobe.units import parse_bytes, parse_count
@@ -89,8 +90,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         else:
             flags.add_argument(*names, dest=dest, metavar=flag.value_kind.upper(), help=_help(flag, engines))
     others = sorted({f for d in _dialects().values() for f in d.OTHER_FLAGS} - set(known) - set(aliases))
-    unread = p.add_argument_group("other engine flags", "real flags kvprobe does not model: accepted as in an "
-                                  "expectation (a launched engine gets them), not read by the ledger")
+    unread = p.add_argument_group("other engine flags", textwrap.fill(
+        "real flags kvprobe does not model, accepted as in an expectation (a launched engine gets them) and "
+        "not read by the ledger: " + ", ".join(f"--{n}" for n in others), 100, break_on_hyphens=False))
     for name in others:
         unread.add_argument(f"--{name}", dest=f"other:{name}", nargs="?", const=True, default=None,
                             metavar="VALUE", help=argparse.SUPPRESS)

@@ -312,7 +312,13 @@ def discover_engine(pr: ProbeRun) -> None:
     exp = disc.expectation(pr.exp)
     if (exp.flags, exp.version) != (pr.exp.flags, pr.exp.version):
         before = pr.prediction
-        pr.ledger = predict(exp)
+        try:
+            ledger = predict(exp)
+        except KvprobeError as err:  # e.g. a published chunk size whose reserve leaves the declared GPU no KV
+            pr.log(f"kvprobe: {exp.name}: the engine's published configuration gives no ledger ({err}); "
+                   "the prediction stays the expectation's")
+            ledger, exp = pr.ledger, replace(pr.exp, served_model_name=exp.served_model_name)
+        pr.ledger = ledger
         pr.result.ledger = pr.ledger.to_dict()
         (pr.artifacts / "ledger.txt").write_text(pr.ledger.render() + "\n")
         if (before.limit, before.binding) != (pr.prediction.limit, pr.prediction.binding):
