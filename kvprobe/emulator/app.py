@@ -24,6 +24,7 @@ from kvprobe.emulator.metrics import SglangMetrics, VllmMetrics
 from kvprobe.emulator.runtime import Runtime
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
+from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.steptime import TimeModel
 
 
@@ -104,7 +105,8 @@ class Emulator:
             self.metrics = VllmMetrics(self.served_model_name, d.cache_config_labels(
                 num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                 enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks,
-                user_specified_block_size=s.flags.get("block-size") is not None))
+                user_specified_block_size=s.flags.get("block-size") is not None,
+                gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version)))
         else:
             m = f["max-total-tokens"]
             if not m or m < 2:
@@ -163,7 +165,8 @@ class Emulator:
             num_gpu_blocks=self.num_blocks_reported, num_gpu_blocks_override=self.num_blocks_reported,
             enable_prefix_caching=f["enable-prefix-caching"], max_model_len=self.max_model_len, model=self.model,
             served_model_name=self.served_model_name,
-            user_specified_block_size=self.settings.flags.get("block-size") is not None)
+            user_specified_block_size=self.settings.flags.get("block-size") is not None,
+            gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version))
 
     def server_info(self) -> dict:
         # Every server argument, as SGLang's ServerArgs.resolved_dict (server_args.py L316-333): the

@@ -80,7 +80,7 @@ HELP = {
 
 def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_prefix_caching: bool,
                         num_gpu_blocks_override: int | None, engine: str = "0",
-                        user_specified_block_size: bool = False) -> dict[str, str]:
+                        user_specified_block_size: bool = False, gpu_memory_utilization: float = 0.92) -> dict[str, str]:
     """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
     CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture;
     user_specified_block_size is True when --block-size was given (config/cache.py L455-466)."""
@@ -89,7 +89,8 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
         "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",
         "cache_hit_alignment_tokens": "None", "effective_attention_block_size": str(block_size),
         "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
-        "engine": engine, "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
+        "engine": engine, "gpu_memory_utilization": str(gpu_memory_utilization), "hash_block_size": "None",
+        "is_attention_free": "False",
         "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": str(concurrency),
         "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": str(tokens), "kv_offloading_backend": "native",
         "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
@@ -385,7 +386,8 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # envs.py L1468: "1" mounts the dev route
 def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
                          watermark: float, reserve_full_isl: bool, block_size: int, num_gpu_blocks: int,
                          num_gpu_blocks_override: int | None, enable_prefix_caching: bool, max_model_len: int,
-                         model: str, served_model_name: str, user_specified_block_size: bool) -> dict:
+                         model: str, served_model_name: str, user_specified_block_size: bool,
+                         gpu_memory_utilization: float = 0.92) -> dict:
     """GET /server_info?config_format=json in dev mode (serve/dev/server_info/api_router.py L43-60):
     `vllm_config` dumped by pydantic (mode json, str fallback), with the sections and fields kvprobe
     reads as a real 0.33.0 server writes them (tests/engines/published/vllm-0.33.0-server_info.json;
@@ -394,7 +396,7 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
         "model_config": {"model": model, "tokenizer": model, "dtype": "torch.bfloat16", "max_model_len": max_model_len,
                          "served_model_name": served_model_name},
         "cache_config": {"block_size": block_size, "user_specified_block_size": user_specified_block_size,
-                         "gpu_memory_utilization": 0.92, "cache_dtype": "auto",
+                         "gpu_memory_utilization": gpu_memory_utilization, "cache_dtype": "auto",
                          "num_gpu_blocks_override": num_gpu_blocks_override,
                          "enable_prefix_caching": enable_prefix_caching, "num_gpu_blocks": num_gpu_blocks,
                          "kv_cache_memory_bytes": None},
