@@ -96,13 +96,11 @@ def check_memory(need: dict[str, int], bud: SglangBudget, *, available: int | No
         f"flags.context-length, or a smaller declared GPU")
 
 
-def _shadow_flags(req, flags: dict[str, object], bud: SglangBudget, model_arg: str) -> dict[str, object]:
+def _shadow_flags(req, flags: dict[str, object], bud: SglangBudget) -> dict[str, object]:
     out = dict(flags)
     out.setdefault("chunked-prefill-size", bud.chunked_prefill_size)
     if req.gpu_memory_bytes is not None:
         out.setdefault("mem-fraction-static", bud.fraction)
-    if req.served_model_name != model_arg:
-        out.setdefault("served-model-name", req.served_model_name)
     return {**out, **dialect.SHADOW_FLAGS}
 
 
@@ -121,8 +119,9 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
         free = req.gpu_memory_bytes - int(req.estimates.get("other_bytes", 0))
         environ[sglang_plugin.GPU_FREE_ENV] = str(free)
     port = "{port}" if not req.port else req.port  # {port}: the launcher picks a free one
-    argv = dialect.launch_command(model_arg, _shadow_flags(req, flags, bud, model_arg), host=req.host,
-                                  port=port, binary=[str(env.python), "-m", MODULE])
+    argv = dialect.launch_command(model_arg, _shadow_flags(req, flags, bud), host=req.host, port=port,
+                                  binary=[str(env.python), "-m", MODULE],
+                                  served_model_name=str(flags.get("served-model-name") or req.served_model_name))
     return argv, environ
 
 

@@ -119,13 +119,13 @@ def test_one_rank_only():
 def test_flags_a_cpu_would_default_differently_get_the_ledgers_values():
     req = _req(gpu_memory_bytes=80 * 2**30, flags={"context-length": 8192})
     bud, _ = sglang_target.shadow_budget(req, req.flags)
-    flags = sglang_target._shadow_flags(req, req.flags, bud, LLAMA)
+    flags = sglang_target._shadow_flags(req, req.flags, bud)
     # an 80 GiB card: chunked prefill 8192 and SGLang's reserve formula (a CPU would take 4096 and 0.716)
     assert flags["chunked-prefill-size"] == 8192 and flags["mem-fraction-static"] == bud.fraction < 0.9
     assert flags["device"] == "cpu" and flags["enable-metrics"] is True
     given = _req(gpu_memory_bytes=80 * 2**30, flags={"context-length": 8192, "mem-fraction-static": 0.8})
     bud2, _ = sglang_target.shadow_budget(given, given.flags)
-    assert sglang_target._shadow_flags(given, given.flags, bud2, LLAMA)["mem-fraction-static"] == 0.8
+    assert sglang_target._shadow_flags(given, given.flags, bud2)["mem-fraction-static"] == 0.8
 
 
 def test_worker_log_is_read_back():
