@@ -16,7 +16,7 @@ from kvprobe.theory.steptime import TimeModel
 from .conftest import EXPECTATIONS, shipped
 from .probes import report
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a probe of a long shape runs 2-5 min here
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from kvprobe.theory.ledger import LedgerInputs, build_ledger
 
 from .probes import report, run_pytest_kvprobe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a probe of a long shape runs 2-5 min here
 NAME = "shadow-sglang-max-running"  # declared 24 GiB GPU, --mem-fraction-static 0.75, --max-running-requests 8
 GIB = 2**30
 

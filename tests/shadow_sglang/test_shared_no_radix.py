@@ -7,7 +7,7 @@ import pytest
 
 from .probes import report, run_pytest_kvprobe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a probe of a long shape runs 2-5 min here
 NAME = "shadow-sglang-long-no-radix"
 
 

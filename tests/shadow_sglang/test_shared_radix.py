@@ -22,7 +22,7 @@ from .closed_loop import closed_loop
 from .conftest import STARTUP_TIMEOUT, Server, shipped
 from .probes import report, run_pytest_kvprobe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a probe of a long shape runs 2-5 min here
 SERVER = "shadow-sglang-long"  # the flags and time model of this module's server
 _READY = re.compile(r"SGLang ready at (http://\S+) as .* \(process group (\d+)\)")
 
