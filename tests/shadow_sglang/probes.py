@@ -24,7 +24,7 @@ def run_pytest_kvprobe(pytester, server, names: list[str], art) -> tuple[object,
     items = [f"{EXPECTATIONS}::{n}[{check}]" for n in names for check in shipped(n).checks]
     result = pytester.runpytest_subprocess(
         "--kvprobe", *items, "--kvprobe-url", server.url, "--kvprobe-artifacts", str(art),
-        "-p", "no:cacheprovider", "-rA", timeout=900)
+        "-p", "no:cacheprovider", "-rA", "-o", "timeout=900", timeout=900)
     docs = {n: json.loads((art / n / "result.json").read_text()) for n in names}
     return result, docs
 
