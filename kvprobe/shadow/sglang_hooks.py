@@ -1,4 +1,4 @@
-"""The five replacements of kvprobe's SGLang plugin (registered by `sglang_plugin.register`).
+"""The replacements of kvprobe's SGLang plugin (registered by `sglang_plugin.register`).
 
 Each stands in for one piece that needs a GPU and sets exactly the attributes SGLang 0.5.23's own
 code reads afterwards (file:line cited per function, wheel-relative `sglang/srt/...`). Imported
@@ -183,3 +183,16 @@ def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=N
     return GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
                                  next_token_ids=torch.tensor(ids, dtype=torch.int64, device=seq_lens.device),
                                  can_run_cuda_graph=False)
+
+
+# --------------------------------------- SamplingBatchInfo.update_penalties (sampling_batch_info.py L410)
+def update_penalties(self) -> None:
+    """The penalizers' logit bias, built for the sampler: a float32 (batch x vocabulary) tensor every
+    step (`_apply_pre_grammar_logits_transforms` adds it to the logits). With overlap scheduling it is
+    built before each forward (`copy_for_forward`, L681, from `_forward_isolation`); on a GPU that is
+    a kernel, here it is CPU work the size of the vocabulary — py-spy: 47% of the scheduler's time at
+    16 requests with min_tokens (BatchedMinNewTokensPenalizer), halving the steps per second. There
+    are no logits in the shadow, so no bias; the penalizers' own state is updated elsewhere
+    (cumulate_output_tokens) and stop checks do not read it."""
+    self.acc_additive_penalties = None
+    self.acc_scaling_penalties = None

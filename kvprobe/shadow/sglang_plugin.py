@@ -7,9 +7,10 @@ point into its shadow environment (`kvprobe/shadow/sglang_env.py`); it points at
 which does nothing unless `KVPROBE_SHADOW=1` — a real GPU install that happens to have kvprobe is
 never touched.
 
-Five REPLACE hooks take the model out; everything else — ServerArgs, the tokenizer manager, the
-scheduler with PrefillAdder / retract_decode / new_token_ratio, the allocator and radix cache,
-the KV pool with its real buffers, the detokenizer, HTTP and metrics — stays SGLang's own code:
+Five REPLACE hooks take the model out, and a sixth the sampler's logit shaping that only a model's
+logits would use; everything else — ServerArgs, the tokenizer manager, the scheduler with
+PrefillAdder / retract_decode / new_token_ratio, the allocator and radix cache, the KV pool with its
+real buffers, the detokenizer, HTTP and metrics — stays SGLang's own code:
 
 | target | stands in for |
 |---|---|
@@ -18,6 +19,7 @@ the KV pool with its real buffers, the detokenizer, HTTP and metrics — stays S
 | ModelRunner.init_attention_backends | kernels: no backend |
 | ModelRunner.init_cuda_graphs | graph capture: nothing captured |
 | TpModelWorker.forward_batch_generation | the forward: one pseudo token per request after the modelled step time |
+| SamplingBatchInfo.update_penalties | the penalizers' (batch x vocabulary) logit bias: no logits, no bias |
 
 This module is imported in every SGLang process: standard library only; the hooks themselves
 (`sglang_hooks.py`, torch and SGLang) are imported only when the plugin acts.
@@ -43,6 +45,7 @@ TARGETS = {
     "init_attention_backends": "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",  # L1105
     "init_cuda_graphs": "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",  # L1170
     "forward_batch_generation": "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",  # tp_worker.py L622
+    "update_penalties": "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.update_penalties",  # L410
 }
 
 
@@ -51,14 +54,14 @@ def active() -> bool:
 
 
 def replacements() -> list[tuple[str, object]]:
-    """(dotted target, replacement function) for the five hooks."""
+    """(dotted target, replacement function) for the six hooks."""
     from kvprobe.shadow import sglang_hooks
 
     return [(target, getattr(sglang_hooks, name)) for name, target in TARGETS.items()]
 
 
 def register() -> None:
-    """Entry point (`sglang.srt.plugins`): register the five replacements when kvprobe asked for them.
+    """Entry point (`sglang.srt.plugins`): register the replacements when kvprobe asked for them.
     SGLang applies them right after every plugin's register ran (`HookRegistry.apply_hooks`)."""
     if not active():
         return
