@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--budget", type=float, help="time budget per probe in seconds")
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable)")
-    p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (split on spaces)")
+    p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (shell quoting rules)")
     p.set_defaults(func=run)
 
 
@@ -61,6 +61,7 @@ def _run(args) -> int:
     from kvprobe.probe import ProbeOptions, predict, run_probe
     from kvprobe.report import SUMMARY_HEADERS, levels_table, summary_row, verdict_table
     from kvprobe.spec import load_expectations
+    from kvprobe.spec_launch import split_command
     from kvprobe.tables import render_table
 
     if args.budget is not None and not args.budget > 0:
@@ -77,7 +78,7 @@ def _run(args) -> int:
         options = ProbeOptions(
             artifacts_dir=root / exp.name if len(expectations) > 1 else root,
             url=args.url,
-            engine_command=args.engine_command.split() if args.engine_command else None,
+            engine_command=split_command(args.engine_command) if args.engine_command else None,
             tolerances=tolerances,
             budget_seconds=args.budget,
             profile=args.profile,

@@ -123,19 +123,26 @@ def open_target(exp, options: ProbeOptions, artifacts: Path):
     if url:
         return Target.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
     port = exp.target.port or free_port()
-    model = exp.served_model_name or exp.model
+    if exp.target.mode == "shadow":
+        from kvprobe.shadow.target import open_shadow
+
+        return open_shadow(exp, port=port, log_path=artifacts / "engine.log")
+    from kvprobe.spec import launched_model, served_name
+
+    model, flags = served_name(exp), exp.flags
     if exp.target.mode == "emulator":
-        argv = dialect.emulator_command(model, exp.flags, host="127.0.0.1", port=port,
+        argv = dialect.emulator_command(model, flags, host="127.0.0.1", port=port,
                                         extra=emulator_args(exp.target.emulator))
-    elif options.engine_command or exp.target.command:
-        # The command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
-        # the model and flags follow as the dialect writes them.
-        binary = list(options.engine_command or exp.target.command)
-        argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port, binary=binary)
     else:
-        argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port)
+        # The engine loads `target.model` (or `model:`) and serves it under the name clients send.
+        if launched_model(exp) != model:
+            flags = {**flags, "served-model-name": model}
+        # A command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
+        # the model and flags follow as the dialect writes them.
+        binary = list(options.engine_command or exp.target.command or ()) or None
+        argv = dialect.launch_command(launched_model(exp), flags, host="127.0.0.1", port=port, binary=binary)
     return Target.launch(argv, engine=exp.engine, port=port, log_path=str(artifacts / "engine.log"),
-                         startup_timeout=exp.target.startup_timeout)
+                         startup_timeout=exp.target.startup_timeout, env=exp.target.env or None)
 
 
 def emulator_args(options: dict) -> list[str]:

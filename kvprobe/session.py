@@ -77,12 +77,13 @@ class KvprobeSession:
     def options(self, exp):
         from kvprobe.cmd_probe import parse_tolerances
         from kvprobe.probe import ProbeOptions
+        from kvprobe.spec_launch import split_command
 
         tw = self.config.get_terminal_writer() if hasattr(self.config, "get_terminal_writer") else None
         return ProbeOptions(
             artifacts_dir=self.artifacts / exp.name,
             url=self.url,
-            engine_command=self.engine_command.split() if self.engine_command else None,
+            engine_command=split_command(self.engine_command) if self.engine_command else None,
             tolerances=parse_tolerances(self.tolerances),
             budget_seconds=self.budget,
             profile=self.profile,

@@ -14,10 +14,19 @@ its subfolders: `expectations/faults/` and `expectations/examples/` run only whe
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from pathlib import Path
 
 from kvprobe.errors import ConfigError, spec_error  # noqa: F401 - re-exported
+from kvprobe.spec_launch import (
+    LAUNCH_KEYS,
+    LAUNCH_KINDS,
+    STARTUP_TIMEOUTS,
+    check_shadow,
+    parse_command,
+    parse_env,
+    parse_time_model,
+    resolve_relative,
+)
 from kvprobe.spec_schema import (
     CHECKS,
     EMULATOR_FAULTS,
@@ -288,10 +297,11 @@ def _parse_emulator(node: Node) -> dict:
 
 
 def parse_target(node: Node) -> Target:
-    """`{launch: emulator, ...}`, `{launch: engine, command: ...}` or `{url: ..., api_key_env: NAME}`."""
+    """`{launch: emulator, ...}`, `{launch: engine, command: ..., model: ...}`, `{launch: shadow, ...}`
+    or `{url: ..., api_key_env: NAME}`; every launch kind takes `port`, `startup_timeout` and `env`."""
     v = node.value
     if not isinstance(v, dict):
-        raise node.error("a mapping: {launch: emulator}, {launch: engine} or {url: http://...}")
+        raise node.error("a mapping: {launch: emulator}, {launch: engine}, {launch: shadow} or {url: http://...}")
     if "api_key" in v:  # never echo it: the value is a secret
         raise node.child("api_key").error(
             "no key here: name an environment variable in target.api_key_env (secrets never live in YAML)",
@@ -314,25 +324,26 @@ def parse_target(node: Node) -> Target:
                                                 "KVPROBE_API_KEY", Shown("a value that is not a variable name (not shown)"))
         return Target("url", url=url.rstrip("/"), api_key_env=env)
     if "launch" not in v:
-        raise node.error("`launch: emulator`, `launch: engine` or `url: http://...`", Shown("neither launch nor url"))
-    kind = node.child("launch").choice(("emulator", "engine"), what="one of")
-    allowed = ("launch", "port", "startup_timeout") + (("emulator",) if kind == "emulator" else ("command",))
-    keys = node.mapping(allowed)
+        raise node.error("`launch: emulator`, `launch: engine`, `launch: shadow` or `url: http://...`",
+                         Shown("neither launch nor url"))
+    kind = node.child("launch").choice(LAUNCH_KINDS, what="one of")
+    keys = node.mapping(("launch", "port", "startup_timeout", "env") + LAUNCH_KEYS[kind])
     port = keys["port"].integer(lo=1, hi=65535, what="a TCP port") if "port" in keys else None
     timeout = (keys["startup_timeout"].number(lo=0, hi=7200, lo_open=True, what="seconds")
-               if "startup_timeout" in keys else (60.0 if kind == "emulator" else 600.0))
+               if "startup_timeout" in keys else STARTUP_TIMEOUTS[kind])
+    env = parse_env(keys["env"], kind) if "env" in keys else {}
     if kind == "emulator":
         emulator = _parse_emulator(keys["emulator"]) if "emulator" in keys else {}
-        return Target("emulator", startup_timeout=timeout, port=port, emulator=emulator)
-    command = None
-    if "command" in keys:
-        raw = keys["command"].value
-        if isinstance(raw, str) and raw.strip():
-            command = tuple(shlex.split(raw))
-        else:
-            command = tuple(n.string(what="an argument") for n in keys["command"].seq(
-                nonempty=True, what="the engine command as a list of arguments or one string"))
-    return Target("launch", command=command, startup_timeout=timeout, port=port)
+        return Target("emulator", startup_timeout=timeout, port=port, emulator=emulator, env=env)
+    if kind == "shadow":
+        time_model = parse_time_model(keys["time_model"]) if "time_model" in keys else {}
+        return Target("shadow", startup_timeout=timeout, port=port, env=env, time_model=time_model)
+    base = Path(node.file).parent
+    command = parse_command(keys["command"], base) if "command" in keys else None
+    model = None
+    if "model" in keys:
+        model = resolve_relative(keys["model"].string(what="the model the engine loads (a path or a hub id)"), base)
+    return Target("launch", command=command, startup_timeout=timeout, port=port, env=env, model=model)
 
 
 def check_consistency(exp: Expectation, node: Node) -> None:
@@ -350,6 +361,8 @@ def check_consistency(exp: Expectation, node: Node) -> None:
     if tp * pp * dp > exp.hardware.gpu_count:
         raise node.child("hardware").child("count").error(
             f"at least {tp * pp * dp} GPUs for tp {tp} x pp {pp} x dp {dp}", exp.hardware.gpu_count)
+    if exp.target.mode == "shadow":
+        check_shadow(exp, node)
     if exp.target.mode == "emulator":
         pool_flag = "num-gpu-blocks-override" if exp.engine == "vllm" else "max-total-tokens"
         if pool_flag not in exp.flags:
@@ -466,6 +479,16 @@ def override_profile(exp: Expectation, path_or_name: str | Path, *, search_dirs=
     new = dataclasses.replace(exp, profile=profile)
     check_consistency(new, Node({}, exp.path))
     return new
+
+
+def served_name(exp: Expectation) -> str:
+    """The model name clients send (and the engine must serve): `served_model_name`, else `model`."""
+    return exp.served_model_name or exp.model
+
+
+def launched_model(exp: Expectation) -> str:
+    """What a launched engine loads: `target.model` when given, else the theory's `model`."""
+    return exp.target.model or exp.model
 
 
 def ledger_inputs(exp: Expectation, *, users: int | None = None):

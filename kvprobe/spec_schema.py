@@ -224,13 +224,16 @@ class Tolerances:
 
 @dataclass(frozen=True)
 class Target:
-    mode: str  # "emulator" | "launch" | "url"
+    mode: str  # "emulator" | "launch" | "shadow" | "url"
     command: tuple[str, ...] | None = None  # argv prefix (the engine binary) for mode "launch"
     url: str | None = None
     api_key_env: str | None = None  # the NAME of an environment variable, never the key
     startup_timeout: float = 600
     port: int | None = None
     emulator: dict = field(default_factory=dict)  # step_ms, prefill_us_per_token, decode_us_per_seq, seed, faults, args
+    env: dict = field(default_factory=dict)  # extra environment of a launched engine (target.env)
+    model: str | None = None  # what `launch: engine` loads, when not the theory's `model`
+    time_model: dict = field(default_factory=dict)  # `launch: shadow`: step_ms, prefill_us_per_token, decode_us_per_seq
 
 
 @dataclass(frozen=True)

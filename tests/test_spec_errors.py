@@ -150,7 +150,7 @@ CASES = [
     Case("target-missing", "target", "expected this key to be present", exp=drop("target")),
     Case("target-url-and-launch", "target", "either `url` (attach) or `launch` (start), not both",
          exp=put("target", {"url": "http://127.0.0.1:8000", "launch": "engine"})),
-    Case("target-neither", "target", "`launch: emulator`, `launch: engine` or `url: http://...`",
+    Case("target-neither", "target", "`launch: emulator`, `launch: engine`, `launch: shadow` or `url: http://...`",
          exp=put("target", {"startup_timeout": 10})),
     Case("target-inline-api-key", "target.api_key", "secrets never live in YAML",
          exp=put("target", {"url": "http://127.0.0.1:8000", "api_key": SECRET}), absent=SECRET),

@@ -34,6 +34,8 @@ class ShadowLaunch:
     gpu_memory_bytes: int | None = None  # a declared GPU: sizes the pool when no pool flag is given
     time_model: TimeModel = field(default_factory=TimeModel)
     extra_env: dict[str, str] = field(default_factory=dict)  # target.env
+    estimates: dict[str, int] = field(default_factory=dict)  # the expectation's ledger estimates (bytes):
+    #                                                          a shadow sizing the pool from a declared GPU uses the same
 
 
 def command(req: ShadowLaunch) -> tuple[list[str], dict[str, str]]:
