@@ -46,6 +46,10 @@ GPU_MLA_BLOCK_SIZE = budget.VLLM_MLA_BLOCK_SIZE
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (mla_attention.py L1384-1389)
 DS_MLA_STATE_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
+# `layer_types` spellings that keep a full KV cache: vLLM's _ATTENTION_LAYER_TYPES (config/model.py
+# L112-122; sparse attention still caches every token) plus the older "attention".
+FULL_ATTENTION_TYPES = frozenset({"attention", "full_attention", "indexed_attention", "deepseek_sparse_attention",
+                                  "qwen_sparse_attention"})
 
 
 class UnsupportedModel(ValueError):
@@ -74,8 +78,8 @@ def _unsupported_kind(vllm_config: VllmConfig) -> str | None:
     if getattr(text, "attention_chunk_size", None):
         return f"chunked local attention (attention_chunk_size={text.attention_chunk_size})"
     kinds = getattr(mc.hf_config, "layer_types", None) or getattr(text, "layer_types", None)
-    if kinds and any(k not in ("attention", "full_attention") for k in kinds):
-        other = sorted({k for k in kinds if k not in ("attention", "full_attention")})
+    if kinds and any(k not in FULL_ATTENTION_TYPES for k in kinds):
+        other = sorted({k for k in kinds if k not in FULL_ATTENTION_TYPES})
         return f"layer_types {', '.join(other)}"
     return None
 

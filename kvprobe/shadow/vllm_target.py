@@ -77,8 +77,15 @@ def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None) -> 
 
 
 def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict) -> WorkerSettings:
+    """What the worker must put back or size by: from the flags as written (a bare switch is True,
+    `--no-x` is False, absent is vLLM's default)."""
+    prefix = flags.get("enable-prefix-caching")
     return WorkerSettings(async_scheduling=flags.get("async-scheduling") is not False,
-                          block_size=_int(flags.get("block-size")), gpu_memory_bytes=gpu_memory_bytes,
+                          block_size=_int(flags.get("block-size")),
+                          chunked_prefill=flags.get("enable-chunked-prefill") is not False,
+                          prefix_caching=None if prefix is None else bool(prefix),
+                          max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
+                          gpu_memory_bytes=gpu_memory_bytes,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 
 

@@ -29,7 +29,13 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, M
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from kvprobe.shadow import vllm_kvspec
-from kvprobe.shadow.vllm_settings import ENV_SETTINGS, WorkerSettings, memory_line, scheduler_line
+from kvprobe.shadow.vllm_settings import (
+    ENV_SETTINGS,
+    WorkerSettings,
+    memory_line,
+    restored_line,
+    scheduler_line,
+)
 from kvprobe.theory.steptime import TimeModel
 
 # under "vllm." so that vLLM's own handler and format print it in the engine log
@@ -127,11 +133,7 @@ class ShadowWorker(WorkerBase):
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         self.settings = WorkerSettings.decode(os.environ.get(ENV_SETTINGS, ""))
         self.time_model = TimeModel.decode(os.environ.get(ENV_TIME_MODEL, ""))
-        sc = vllm_config.scheduler_config
-        # platforms/cpu.py L346-348 turns async scheduling off; a CUDA GPU keeps vLLM's default (on).
-        # This runs before EngineCore picks its scheduler class and batch queue (v1/engine/core.py
-        # L150-215), on the config object the `uni` executor shares with it.
-        sc.async_scheduling = self.settings.async_scheduling
+        _undo_cpu_platform(vllm_config, self.settings)
         self.block_size = vllm_kvspec.gpu_block_size(vllm_config, self.settings.block_size)
         vocab = self.model_config.get_vocab_size()
         self.seqs = _Sequences(vocab, _special_ids(self.model_config.hf_config, vocab))
@@ -240,6 +242,31 @@ class ShadowWorker(WorkerBase):
 
     def list_loras(self) -> set[int]:
         return set()
+
+
+def _undo_cpu_platform(vllm_config, settings: WorkerSettings) -> None:
+    """Put back what vLLM's CPU platform overwrote and a CUDA GPU keeps (platforms/cpu.py
+    `check_and_update_config`, 0.33.0): async scheduling (forced off, L346-348) and, for MLA, chunked
+    prefill, prefix caching and the step budget (forced off / off / max(max_model_len, 8192),
+    L531-548). This runs in the worker's __init__, before EngineCore builds its scheduler, KV cache
+    manager and batch queue (v1/engine/core.py L150-215), on the config object the `uni` executor
+    shares with it."""
+    sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
+    prefix = settings.prefix_caching
+    if prefix is None:  # the user left it to vLLM: on where the model supports it (config/model.py L2239-2291)
+        prefix = bool(mc.is_prefix_caching_supported)
+    wanted = [(sc, "async_scheduling", settings.async_scheduling),
+              (sc, "enable_chunked_prefill", settings.chunked_prefill),
+              (cc, "enable_prefix_caching", prefix)]
+    if settings.max_num_batched_tokens:
+        wanted.append((sc, "max_num_batched_tokens", settings.max_num_batched_tokens))
+    changes = []
+    for obj, name, value in wanted:
+        if getattr(obj, name) != value:
+            changes.append(f"{name} {getattr(obj, name)} -> {value}")
+            setattr(obj, name, value)
+    if changes:
+        logger.info(restored_line(changes))
 
 
 def _special_ids(hf_config, vocab: int) -> set[int]:
