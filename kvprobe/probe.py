@@ -1,7 +1,9 @@
 """One probe, from an Expectation to a ProbeResult: predict, reach the engine, ramp, observe, judge.
 
-The steps are small functions over plain data so that the console, the pytest plugin and the
-tests drive the same code. Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM),
+A probe is one `ProbeRun` (expectation, prediction, target, load, sampler, windows, records)
+moved through named steps — begin, reach_engine, start_load, run_ramp, stop_load, analyse, judge,
+close — each taking what it needs from it; the console, the pytest plugin and the tests all enter
+through `run_probe(exp, options) -> ProbeResult`. Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM),
 `run_probe` stops Locust, the sampler and the engine it started, and writes what it has.
 """
 
@@ -114,11 +116,11 @@ def predict(exp, users: int | None = None):
     return build_ledger(ledger_inputs(exp, users=users))
 
 
-def open_target(exp, options: ProbeOptions, artifacts: Path):
+def open_target(exp, options: ProbeOptions, artifacts: Path, dialect=None):
     """Launch the emulator or the engine in its own process group, or attach to a URL."""
     from kvprobe.engines.launcher import Target, free_port
 
-    dialect = get_dialect(exp.engine)
+    dialect = dialect or get_dialect(exp.engine)
     url = options.url or exp.target.url
     if url:
         return Target.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
@@ -165,7 +167,7 @@ def calibrate(target, exp, model: str | None) -> float:
     """Seconds one request takes alone: the unit of a hold given in request lifetimes."""
     from kvprobe.oneshot import post_completion, unique_prompt
 
-    dialect = get_dialect(exp.engine)
+    dialect = target.dialect
     shape = exp.profile.request
     body = dialect.completion_body(unique_prompt(shape.prompt_tokens, 0), shape.output_tokens, model=model, stream=True)
     shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
@@ -197,41 +199,136 @@ def level_result(stats):
                        preemption_rate=stats.preemption_rate_per_s, saturated=saturated)
 
 
-def run_ramp(exp, target, run, sampler, strategy, *, hold: float, deadline: float, log) -> tuple[list, list]:
+# --- one probe run: its state, and the steps that move it ------------------------------------
+
+
+@dataclass
+class ProbeRun:
+    """Everything one probe holds while it runs. `run_probe` moves it through named steps
+    (reach the engine, start the load, ramp, stop the load, analyse, judge, close); each step
+    reads what it needs from here and leaves what it produced."""
+
+    exp: object  # the Expectation, overrides applied
+    options: ProbeOptions
+    artifacts: Path
+    result: ProbeResult
+    ledger: object  # theory.ledger.Ledger
+    dialect: object  # the engine's dialect module, resolved once
+    deadline: float  # time.monotonic() by which the ramp must end
+    target: object = None  # engines.launcher.Target
+    load: object = None  # load.runner.LocustRun
+    sampler: object = None  # observe.Sampler
+    hold: float = 0.0  # seconds per level
+    windows: list = field(default_factory=list)  # analysis.LevelWindow per level run
+    series: object = None  # observe.TimeSeries once the sampler stopped
+    records: list = field(default_factory=list)  # load.records.Record, once Locust stopped
+    t_stop: float | None = None  # when the load stopped (the drain is watched from here)
+
+    @property
+    def prediction(self):
+        return self.ledger.admission
+
+    @property
+    def model(self) -> str:
+        return self.exp.served_model_name or self.exp.model
+
+    def log(self, line: str) -> None:
+        self.options.log(line)
+
+
+def begin(exp, options: ProbeOptions) -> ProbeRun:
+    """Overrides applied, the artifacts folder made, the ledger predicted and written."""
+    exp = apply_overrides(exp, options)
+    artifacts = Path(options.artifacts_dir)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    result = ProbeResult(expectation=exp)
+    ledger = predict(exp)
+    result.ledger = ledger.to_dict()
+    (artifacts / "ledger.txt").write_text(ledger.render() + "\n")
+    return ProbeRun(exp=exp, options=options, artifacts=artifacts, result=result, ledger=ledger,
+                    dialect=get_dialect(exp.engine), deadline=time.monotonic() + exp.profile.budget_seconds)
+
+
+def reach_engine(pr: ProbeRun) -> None:
+    """Launch or attach, read what the engine reports, time one request alone."""
+    pr.log(f"kvprobe: {pr.exp.name}: predicted admission limit {pr.prediction.limit:g} "
+           f"({pr.prediction.binding} binds)")
+    pr.target = open_target(pr.exp, pr.options, pr.artifacts, pr.dialect)
+    pr.result.facts = pr.target.facts()
+    lifetime = calibrate(pr.target, pr.exp, pr.model)
+    pr.hold = hold_seconds(pr.exp, lifetime)
+    pr.log(f"kvprobe: engine up at {pr.target.url}; one request takes {lifetime:.2f}s alone; "
+           f"hold {pr.hold:.1f}s per level")
+
+
+def start_load(pr: ProbeRun) -> None:
+    """The /metrics sampler, then Locust at zero users."""
+    from kvprobe.load.runner import LocustRun
+    from kvprobe.observe import Sampler
+
+    exp, shape = pr.exp, pr.exp.profile.request
+    pr.sampler = Sampler(pr.target.url, pr.dialect.METRICS, interval=exp.profile.sample_interval,
+                         headers=pr.target.headers)
+    pr.sampler.start()
+    pr.load = LocustRun(pr.target.url, model=pr.model, prompt_tokens=shape.prompt_tokens,
+                        output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
+                        api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
+                        engine=exp.engine, time_limit=exp.profile.budget_seconds + 60,
+                        # a new seed per probe: a long-lived engine must not serve a second probe's
+                        # prompts from the first probe's prefix cache
+                        seed=int(time.time() * 1000) % 1_000_003)
+    pr.load.start()
+
+
+def run_ramp(pr: ProbeRun) -> None:
     """Drive Locust level by level until the strategy stops or the time budget runs out."""
-    history, windows, stats = [], [], []
-    warmup = exp.profile.hold.warmup
+    from kvprobe.load.ramps import make_ramp
+
+    strategy = make_ramp(pr.exp.profile.ramp, pr.prediction.limit)
+    history = []
+    warmup = pr.exp.profile.hold.warmup
     while (users := strategy.next_level(history)) is not None:
-        if time.monotonic() + hold > deadline:
-            log(f"time budget reached before level {users}; stopping the ramp")
+        if time.monotonic() + pr.hold > pr.deadline:
+            pr.log(f"time budget reached before level {users}; stopping the ramp")
             break
         asked = time.time()
-        run.set_users(users)
-        t_start = run.wait_level(users, since=asked, timeout=max(30.0, users / 50))
-        _hold_level(target, run, until=t_start + hold)
+        pr.load.set_users(users)
+        t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
+        _hold_level(pr.target, pr.load, until=t_start + pr.hold)
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
-        windows.append(window)
-        level = analysis.level_stats(sampler.series.arrays(), [window], warmup_fraction=warmup,
+        pr.windows.append(window)
+        level = analysis.level_stats(pr.sampler.series.arrays(), [window], warmup_fraction=warmup,
                                      records=None)[0]
-        stats.append(level)
+        pr.result.levels.append(level)
         history.append(level_result(level))
-        log(f"  users {users:>4}: running {level.running_mean:6.2f}  waiting {level.waiting_mean:6.2f}  "
-            f"usage {_pct(level.usage_mean)}  preemptions {level.preemptions:g}")
-    return windows, stats
+        pr.log(f"  users {users:>4}: running {level.running_mean:6.2f}  waiting {level.waiting_mean:6.2f}  "
+               f"usage {_pct(level.usage_mean)}  preemptions {level.preemptions:g}")
 
 
 def _pct(x) -> str:
     return "  —  " if x is None or x != x else f"{x:5.1%}"
 
 
-def _hold_level(target, run, *, until: float) -> None:
+def _hold_level(target, load, *, until: float) -> None:
     """Wait out a level, failing fast when the engine or Locust dies."""
     while (left := until - time.time()) > 0:
         if not target.alive():
             raise TargetError("the engine died during the probe", log_tail=target.log_tail())
-        if not run.alive():
-            raise ProbeError(f"the Locust subprocess exited during the ramp (rc={run.returncode}): {run.log_tail()}")
+        if not load.alive():
+            raise ProbeError(f"the Locust subprocess exited during the ramp (rc={load.returncode}): {load.log_tail()}")
         time.sleep(min(0.2, left))
+
+
+def stop_load(pr: ProbeRun) -> None:
+    """Stop Locust, watch the drain when a check needs it, stop the sampler, read the records."""
+    pr.t_stop = time.time()
+    pr.load.stop()
+    pr.result.client = pr.load.client_health()
+    if "leak" in pr.exp.checks or pr.exp.expect_fail == "leak":
+        wait_drained(pr.sampler, seconds=pr.exp.profile.drain_seconds)
+    pr.series = pr.sampler.stop()
+    pr.sampler = None
+    pr.records = pr.load.records()
 
 
 def wait_drained(sampler, *, seconds: float) -> None:
@@ -248,78 +345,50 @@ def wait_drained(sampler, *, seconds: float) -> None:
         time.sleep(0.1)
 
 
+def record_error(pr: ProbeRun, err: KvprobeError) -> None:
+    first, _, rest = str(err).partition("\n")
+    result = pr.result
+    result.error = first
+    # The reason is one line; what the engine or Locust said last is kept beside it.
+    result.log_tail = (getattr(err, "log_tail", "") or rest).strip() or None
+    if isinstance(err, TargetError) and pr.target is not None:
+        result.error += f" (engine log: {pr.artifacts / 'engine.log'})"
+    pr.log(f"kvprobe: {pr.exp.name}: {result.error}")
+
+
+def close(pr: ProbeRun) -> None:
+    """Stop whatever is still running and write what there is (also after a failure or Ctrl-C)."""
+    from kvprobe import report
+
+    # Order matters: stop the load before the engine so no request sees a dying server.
+    if pr.load is not None:
+        pr.load.stop()
+        if not pr.records:
+            pr.records = _safe(pr.load.records, [])
+    if pr.sampler is not None:
+        pr.series = pr.sampler.stop()
+    if pr.target is not None:
+        pr.target.stop()
+    pr.result.finished = time.time()
+    pr.result.artifacts = report.write_artifacts(pr.result, pr.artifacts, series=pr.series, records=pr.records,
+                                                 windows=pr.windows)
+
+
 def run_probe(exp, options: ProbeOptions) -> ProbeResult:
     """Run one probe end to end. Never raises for a failed check; raises KvprobeError for bad input."""
-    from kvprobe import report
-    from kvprobe.load.ramps import make_ramp
-    from kvprobe.load.runner import LocustRun
-    from kvprobe.observe import Sampler
-
-    exp = apply_overrides(exp, options)
-    artifacts = Path(options.artifacts_dir)
-    artifacts.mkdir(parents=True, exist_ok=True)
-    log = options.log
-    result = ProbeResult(expectation=exp)
-    ledger = predict(exp)
-    result.ledger = ledger.to_dict()
-    (artifacts / "ledger.txt").write_text(ledger.render() + "\n")
-    prediction = ledger.admission
-    dialect = get_dialect(exp.engine)
-    shape = exp.profile.request
-    deadline = time.monotonic() + exp.profile.budget_seconds
-    target = run = sampler = None
-    windows, series, records = [], None, []
+    pr = begin(exp, options)
     try:
-        log(f"kvprobe: {exp.name}: predicted admission limit {prediction.limit:g} ({prediction.binding} binds)")
-        target = open_target(exp, options, artifacts)
-        result.facts = target.facts()
-        model = exp.served_model_name or exp.model
-        lifetime = calibrate(target, exp, model)
-        hold = hold_seconds(exp, lifetime)
-        log(f"kvprobe: engine up at {target.url}; one request takes {lifetime:.2f}s alone; hold {hold:.1f}s per level")
-        sampler = Sampler(target.url, dialect.METRICS, interval=exp.profile.sample_interval, headers=target.headers)
-        sampler.start()
-        run = LocustRun(target.url, model=model, prompt_tokens=shape.prompt_tokens, output_tokens=shape.output_tokens,
-                        workdir=artifacts / "locust", api_key_env=exp.target.api_key_env,
-                        processes=exp.profile.processes, stream=shape.stream, engine=exp.engine,
-                        time_limit=exp.profile.budget_seconds + 60,
-                        # a new seed per probe: a long-lived engine must not serve a second probe's
-                        # prompts from the first probe's prefix cache
-                        seed=int(time.time() * 1000) % 1_000_003)
-        run.start()
-        strategy = make_ramp(exp.profile.ramp, prediction.limit)
-        windows, result.levels = run_ramp(exp, target, run, sampler, strategy, hold=hold, deadline=deadline, log=log)
-        t_stop = time.time()
-        run.stop()
-        result.client = run.client_health()
-        if "leak" in exp.checks or exp.expect_fail == "leak":
-            wait_drained(sampler, seconds=exp.profile.drain_seconds)
-        series = sampler.stop()
-        sampler = None
-        records = run.records()
-        _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows,
-                 ledger_config=ledger.scheduler_config)
+        reach_engine(pr)
+        start_load(pr)
+        run_ramp(pr)
+        stop_load(pr)
+        analyse(pr)
+        judge(pr)
     except KvprobeError as err:
-        first, _, rest = str(err).partition("\n")
-        result.error = first
-        # The reason is one line; what the engine or Locust said last is kept beside it.
-        result.log_tail = (getattr(err, "log_tail", "") or rest).strip() or None
-        if isinstance(err, TargetError) and target is not None:
-            result.error += f" (engine log: {artifacts / 'engine.log'})"
-        log(f"kvprobe: {exp.name}: {result.error}")
+        record_error(pr, err)
     finally:
-        # Order matters: stop the load before the engine so no request sees a dying server.
-        if run is not None:
-            run.stop()
-            if not records:
-                records = _safe(run.records, [])
-        if sampler is not None:
-            series = sampler.stop()
-        if target is not None:
-            target.stop()
-        result.finished = time.time()
-        result.artifacts = report.write_artifacts(result, artifacts, series=series, records=records, windows=windows)
-    return result
+        close(pr)
+    return pr.result
 
 
 def _safe(fn, default):
@@ -329,32 +398,38 @@ def _safe(fn, default):
         return default
 
 
-def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, windows,
-             ledger_config=None) -> None:
-    arrays = series.arrays()
+def analyse(pr: ProbeRun) -> None:
+    """Per-level figures with every record flushed, the rejection point, the drain."""
+    result, dialect = pr.result, pr.dialect
+    arrays = pr.series.arrays()
     metrics_ok = bool(arrays["ok"].any()) if len(arrays["ok"]) else False
-    exact = getattr(dialect, "RUNNING_GAUGE_EXACT", True)
+    exact = dialect.RUNNING_GAUGE_EXACT
     # Levels of which the sampler saw nothing: /metrics lost its families (or died) halfway.
     blind = any(lv.running_mean != lv.running_mean for lv in result.levels)
     if not metrics_ok or not exact or blind:
         # Recompute every level now that all request records are flushed.
-        levels = analysis.level_stats(arrays, windows, warmup_fraction=exp.profile.hold.warmup, records=records,
-                                      lead_steps=getattr(dialect, "FIRST_TOKEN_LEAD_STEPS", 1))
+        levels = analysis.level_stats(arrays, pr.windows, warmup_fraction=pr.exp.profile.hold.warmup,
+                                      records=pr.records, lead_steps=dialect.FIRST_TOKEN_LEAD_STEPS)
         if not metrics_ok or not exact:
             levels = analysis.use_client_counts(levels, waiting_too=not metrics_ok)
         # A blind level falls back to the streams rather than entering the fit as NaN.
         analysis.use_client_counts([lv for lv in levels if lv.running_mean != lv.running_mean], waiting_too=True)
         result.levels = levels
     result.rejection = analysis.find_rejection_point(result.levels)
-    result.drain = analysis.drain_check(arrays, t_stop, deadline_s=exp.profile.drain_seconds,
+    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=pr.exp.profile.drain_seconds,
                                         pool_units=_pool_units(result.ledger))
+
+
+def judge(pr: ProbeRun) -> None:
+    """Every selected check (and the expected failure) against the prediction."""
+    result, exp, prediction = pr.result, pr.exp, pr.prediction
     tol = exp.tolerances
     shape = exp.profile.request
-    saturated = bool(getattr(result.client, "saturated", False))
+    saturated = result.client is not None and result.client.saturated
     unit = "blocks" if exp.engine == "vllm" else "tokens"
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
-    implied = engine_implied(ledger_config, exp, result.facts.reported)
+    implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
     judged = {"reported_agrees": agrees, "implied": implied}
     checks = {
         "reported_capacity": lambda: reported,
@@ -363,8 +438,8 @@ def _analyse(result, exp, prediction, series, records, t_stop, dialect, target, 
         "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol, **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),
-        "exactness": lambda: verdict.check_exactness(records, shape.prompt_tokens, shape.output_tokens),
-        "length_limit": lambda: _length_limit(exp, result, target, dialect),
+        "exactness": lambda: verdict.check_exactness(pr.records, shape.prompt_tokens, shape.output_tokens),
+        "length_limit": lambda: _length_limit(pr),
     }
     wanted = list(exp.checks)
     if exp.expect_fail and exp.expect_fail not in wanted:
@@ -395,17 +470,18 @@ def _pool_units(ledger: dict | None) -> int | None:
     return cap.get("num_blocks") or cap.get("kv_tokens")
 
 
-def _length_limit(exp, result, target, dialect):
+def _length_limit(pr: ProbeRun):
     """Send P+O one token past the engine's length limit and expect the engine's refusal."""
     from kvprobe.oneshot import post_completion, unique_prompt
 
-    limit = dialect.length_limit(result.facts.reported) if hasattr(dialect, "length_limit") else None
+    dialect, target = pr.dialect, pr.target
+    limit = dialect.length_limit(pr.result.facts.reported)
     if limit is None:
         return verdict.check_length_limit(None, 400, "")
     max_len, expected_status = limit
-    out = exp.profile.request.output_tokens
+    out = pr.exp.profile.request.output_tokens
     prompt = max(1, max_len - out + 1)
-    body = dialect.completion_body(unique_prompt(prompt, 1), out, model=exp.served_model_name or exp.model, stream=False)
+    body = dialect.completion_body(unique_prompt(prompt, 1), out, model=pr.model, stream=False)
     shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=30)
     return verdict.check_length_limit(shot, expected_status, f"P+O = {prompt}+{out} > {max_len}")
 

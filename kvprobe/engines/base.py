@@ -9,6 +9,7 @@ sampler, launcher, tests) reads them from there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,49 @@ def render_flags(flags: dict[str, object], known: dict[str, Flag]) -> list[str]:
         else:
             argv += [f"--{name}", str(value)]
     return argv
+
+
+def _no_length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:
+    return None
+
+
+def _nothing_reported(*_args) -> ReportedCapacity:
+    return ReportedCapacity()
+
+
+class OptionalFacts:
+    """Every fact a dialect module *may* leave out, with the value that holds when it does.
+
+    `kvprobe.engines.get_dialect` gives a dialect module each of these it does not define itself,
+    so callers read `dialect.RUNNING_GAUGE_EXACT` and never `getattr(dialect, ..., default)`. A
+    reader sees here every optional fact a dialect can have; the required ones (METRICS, FLAGS,
+    COMPLETIONS_PATH, completion_body, launch_command, ...) are what every dialect module defines.
+    """
+
+    # /health answers 200 once the engine serves (both engines today).
+    HEALTH_PATH: str = "/health"
+    # JSON endpoints read by `reported_from_info` when facts are gathered.
+    INFO_PATHS: tuple[str, ...] = ()
+    # The running gauge is a count after every step (True), or a sample taken at scheduler events
+    # (False): then the probe measures running from the client's streams and reconciles the two.
+    RUNNING_GAUGE_EXACT: bool = True
+    # Engine steps between admission and the first streamed token (the client cannot see admission).
+    FIRST_TOKEN_LEAD_STEPS: float = 1
+    # (max length, HTTP status of a fixed-length request one token past it), or None when unknown.
+    length_limit = staticmethod(_no_length_limit)
+    # What the engine says about itself: start-up log text, /metrics families, an info endpoint.
+    parse_startup_log = staticmethod(_nothing_reported)
+    reported_from_metrics = staticmethod(_nothing_reported)
+    reported_from_info = staticmethod(_nothing_reported)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(n for n in vars(cls) if not n.startswith("_") and n != "names" and n != "apply")
+
+    @classmethod
+    def apply(cls, module: ModuleType) -> ModuleType:
+        """Give `module` the default of every optional fact it does not define; returns it."""
+        for name in cls.names():
+            if not hasattr(module, name):
+                setattr(module, name, getattr(cls, name))
+        return module

@@ -271,6 +271,11 @@ class Target:
         return self._proc.poll() if self._proc is not None else None
 
     @property
+    def dialect(self):
+        """The engine's dialect module, resolved once when the target was made."""
+        return self._dialect
+
+    @property
     def health_path(self) -> str:
         return _health_path(self._dialect)
 
