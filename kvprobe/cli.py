@@ -37,7 +37,12 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    # A subcommand that fronts an engine (`kvprobe shadow vllm MODEL [vllm serve flags]`) passes the
+    # flags it does not know to that engine; every other subcommand refuses them.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     try:
         return int(args.func(args) or 0)
     except KvprobeError as err:

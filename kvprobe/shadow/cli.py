@@ -15,7 +15,7 @@ from kvprobe.shadow import envs
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("shadow", help="run the real vLLM/SGLang serving stack without a model",
                               description=__doc__)
-    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list}")
+    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,vllm}")
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
@@ -24,6 +24,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     inst.set_defaults(func=_install)
     lst = sub.add_parser("list", help="the versions kvprobe can install, and which are installed")
     lst.set_defaults(func=_list)
+    from kvprobe.shadow import vllm_cli
+
+    vllm_cli.add_parser(sub)
     return p
 
 
