@@ -35,7 +35,9 @@ def plan(case: dict) -> dict:
                 "scheduler": type(core.scheduler).__name__,
                 "groups": [type(g.kv_cache_spec).__name__ for g in core.scheduler.kv_cache_config.kv_cache_groups],
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
-                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
+                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+                "chunked_prefill": config.scheduler_config.enable_chunked_prefill,
+                "prefix_caching": config.cache_config.enable_prefix_caching}
     finally:
         core.shutdown()
 
