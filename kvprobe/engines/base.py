@@ -112,6 +112,10 @@ def _nothing_reported(*_args) -> ReportedCapacity:
     return ReportedCapacity()
 
 
+def _no_startup_failure(_log_text: str) -> str | None:
+    return None
+
+
 class OptionalFacts:
     """Every fact a dialect module *may* leave out, with the value that holds when it does.
 
@@ -136,6 +140,9 @@ class OptionalFacts:
     parse_startup_log = staticmethod(_nothing_reported)
     reported_from_metrics = staticmethod(_nothing_reported)
     reported_from_info = staticmethod(_nothing_reported)
+    # The engine's own one-line reason for a failed start, found in its log (None: not recognised);
+    # the launcher puts it in its error, since the log's last lines may only echo it.
+    startup_failure = staticmethod(_no_startup_failure)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -334,9 +334,11 @@ class Target:
         last = "no answer yet"
         while True:
             if self._proc is not None and self._proc.poll() is not None:
+                cause = self._startup_failure()
                 raise TargetError(
-                    f"{self.engine} exited with code {self._proc.returncode} during start-up "
-                    f"(after {time.monotonic() - start:.1f} s, log {self.log_path})",
+                    f"{self.engine} exited with code {self._proc.returncode} during start-up"
+                    + (f": {cause}" if cause else "")
+                    + f" (after {time.monotonic() - start:.1f} s, log {self.log_path})",
                     log_tail=self.log_tail())
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -352,6 +354,18 @@ class Target:
                 return
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 1.5, 0.5)
+
+    def _startup_failure(self) -> str | None:
+        """The engine's own reason for a failed start, from its log (the dialect knows the format)."""
+        if self._dialect is None or not self.log_path:
+            return None
+        try:
+            with open(self.log_path, "rb") as fh:
+                text = fh.read(_MAX_LOG_READ).decode("utf-8", "replace")
+        except OSError:
+            return None
+        cause = self._dialect.startup_failure(text)
+        return cause[:_TAIL_LINE_CHARS * 2] if cause else None
 
     # ------------------------------------------------------------------ facts
 

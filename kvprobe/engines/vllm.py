@@ -262,6 +262,19 @@ def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
 
 
 STARTUP_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+# The root cause of a failed start: EngineCore logs its exception (v1/engine/core.py
+# `run_engine_core` L1580-1588, "ERROR ... [core.py:1584] ValueError: ...") and re-raises it, so
+# the traceback ends with the same line; the API server then only says STARTUP_FAILED.
+_RE_EXCEPTION_LINE = re.compile(r"^(?:\(EngineCore[^)]*\) ERROR [^\]]*\] )?((?:\w+\.)*\w+(?:Error|Exception): .+)$",
+                                re.M)
+
+
+def startup_failure(text: str) -> str | None:
+    """vLLM's own reason for a failed start (its last exception line that is not the echo)."""
+    echo = STARTUP_FAILED.split(":", 1)[0] + ":"
+    causes = [m.group(1).strip() for m in _RE_EXCEPTION_LINE.finditer(text)
+              if not m.group(1).startswith(echo)]
+    return causes[-1] if causes else None
 
 
 # --- parsing what an engine says about itself

@@ -52,7 +52,7 @@ FULL_ATTENTION_TYPES = frozenset({"attention", "full_attention", "indexed_attent
                                   "qwen_sparse_attention"})
 
 
-class UnsupportedModel(ValueError):
+class UnsupportedModelError(ValueError):
     """The model has a layer kind this worker cannot describe as the GPU runner would."""
 
 
@@ -108,7 +108,7 @@ def _dsa_indexer_layers(text_config, layers: range) -> tuple[int, ...]:
 def layout(vllm_config: VllmConfig) -> Layout:
     kind = _unsupported_kind(vllm_config)
     if kind is not None:
-        raise UnsupportedModel(
+        raise UnsupportedModelError(
             f"kvprobe's shadow worker cannot describe this model's KV cache: it has {kind}; "
             "only full attention (MHA/GQA) and MLA (with a DSA indexer) are modelled")
     mc = vllm_config.model_config
@@ -184,7 +184,7 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
             # The planner replaces the profiled bytes by override x bytes per block
             # (kv_cache_planning.py L1510-1531); what a GPU would have profiled is moot.
             return MemoryPlan(0, "num_gpu_blocks_override", "no GPU declared; the override sizes the pool")
-        raise UnsupportedModel(
+        raise UnsupportedModelError(
             "the shadow worker has no GPU to profile: declare one (hardware.gpu_memory, or "
             "--gpu-memory on the console), or pass --kv-cache-memory-bytes or --num-gpu-blocks-override")
     pc = vllm_config.parallel_config

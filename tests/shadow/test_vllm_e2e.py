@@ -1,0 +1,121 @@
+"""Probes of the real vLLM 0.33.0 serving stack (`launch: shadow`), through `kvprobe probe` and
+through `pytest --kvprobe`, on the shipped shadow expectations. Every verdict must pass with the
+default tolerances; the measured figures go to the terminal as each probe ends, and no process of
+the engine (API server, EngineCore) may outlive its probe.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvprobe.errors import TargetError
+from kvprobe.procgroup import free_port
+from kvprobe.spec import load_expectations
+from tests.shadow.conftest import REPO, alive, engine_pids
+
+pytestmark = pytest.mark.slow
+EXPECTATIONS = REPO / "expectations"
+
+
+@pytest.fixture
+def say(pytestconfig):
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def write(text: str) -> None:
+        for line in text.rstrip().splitlines():
+            reporter.write_line(line) if reporter is not None else print(line)
+    return write
+
+
+def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvprobe", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, start_new_session=True)
+
+
+def verdict_lines(stdout: str) -> str:
+    """The per-level table and the verdict table, as `kvprobe probe` printed them."""
+    keep = [ln for ln in stdout.splitlines() if ln.startswith(("  users", "check ", "------", "verdict:"))
+            or " PASS " in ln or " FAIL " in ln]
+    return "\n".join(keep)
+
+
+def assert_engine_gone(artifacts: Path) -> None:
+    pids = engine_pids(artifacts / "engine.log")
+    assert len(pids) >= 2, "the log names the API server and the EngineCore"
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], f"engine processes left behind: {pids}"
+
+
+CLI_PROBES = [
+    ("shadow-vllm.yaml", None),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-long-output"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-kv-cache-memory-bytes"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-gpu-memory-utilization"),
+]
+
+
+@pytest.mark.parametrize(("file", "name"), CLI_PROBES, ids=[n or f for f, n in CLI_PROBES])
+def test_kvprobe_probe_passes_against_real_vllm(vllm_env, tmp_path, say, file, name):
+    args = ["probe", str(EXPECTATIONS / file), "--artifacts", str(tmp_path)] + (["--name", name] if name else [])
+    t0 = time.monotonic()
+    out = run_cli(args, timeout=400)
+    say(f"\n--- kvprobe probe {file}{' --name ' + name if name else ''} ({time.monotonic() - t0:.0f} s)\n"
+        + verdict_lines(out.stdout))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["verdict"]["passed"]
+    shadow = result["engine_facts"]["shadow"]
+    # the probe records which scheduler ran: async scheduling on, as on a CUDA GPU
+    assert shadow["scheduler"] == "AsyncScheduler" and shadow["async_scheduling"] is True
+    assert_engine_gone(tmp_path)
+
+
+def test_pytest_kvprobe_passes_against_real_vllm(vllm_env, pytester, say):
+    """The same expectation file collected by the pytest plugin: one item per check, all passing."""
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    shapes = load_expectations(EXPECTATIONS / "shadow-vllm-shapes.yaml")
+    exp = next(e for e in shapes if e.name == "shadow-vllm-max-num-seqs")
+    (pytester.path / "expectations").mkdir()
+    src = (EXPECTATIONS / "shadow-vllm-shapes.yaml").read_text()
+    (pytester.path / "expectations" / "shapes.yaml").write_text(src)
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("--kvprobe", "-k", "max-num-seqs", "-rA",
+                                           "--kvprobe-artifacts", str(pytester.path / "art"), timeout=400)
+    out = result.stdout.str()
+    summary = out[out.find("kvprobe summary"):] if "kvprobe summary" in out else out[-2000:]
+    say(f"\n--- pytest --kvprobe -k max-num-seqs ({time.monotonic() - t0:.0f} s)\n{summary}")
+    result.assert_outcomes(passed=len(exp.checks))
+    assert_engine_gone(pytester.path / "art" / exp.name)
+
+
+def test_a_vllm_refusal_is_one_line_with_the_log_tail(vllm_env, tmp_path):
+    """vLLM's own start-up refusal (a max_model_len the pool cannot hold): the launcher's error is one
+    line, vLLM's message is in the log tail, the time is bounded and no process is left."""
+    from kvprobe.shadow.target import open_shadow
+
+    (tmp_path / "e.yaml").write_text(json.dumps({
+        "name": "refused", "engine": "vllm", "version": "0.33.0", "model": "meta-llama/Llama-3.1-8B",
+        "flags": {"num-gpu-blocks-override": 100, "block-size": 16, "max-model-len": 4096},
+        "target": {"launch": "shadow", "startup_timeout": 120},
+        "profile": {"request": {"prompt_tokens": 128, "output_tokens": 32},
+                    "ramp": {"strategy": "explicit", "levels": [1]}, "hold": {"seconds": 1}}}))
+    exp = load_expectations(tmp_path / "e.yaml")[0]
+    t0 = time.monotonic()
+    with pytest.raises(TargetError) as err:
+        open_shadow(exp, port=free_port(), log_path=tmp_path / "engine.log")
+    first, *rest = str(err.value).splitlines()
+    # the one line carries vLLM's own reason, which the log's last lines only echo
+    assert first.startswith("vllm exited with code 1 during start-up: ValueError: To serve at least one request "
+                            "with the model's max seq len (4096)"), first
+    assert "Engine core initialization failed" in err.value.log_tail
+    assert time.monotonic() - t0 < 120
+    assert_engine_gone(tmp_path)
+
