@@ -119,3 +119,24 @@ def test_a_vllm_refusal_is_one_line_with_the_log_tail(vllm_env, tmp_path):
     assert time.monotonic() - t0 < 120
     assert_engine_gone(tmp_path)
 
+
+
+def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_path, say):
+    """A real behaviour of vLLM 0.33's code: with full-ISL admission (the default) P=3000 over a
+    2048-token budget never preempts, even with requests waiting; without it (0.11's first-chunk
+    admission) the over-admitted requests preempt others at every saturated level."""
+    t0 = time.monotonic()
+    out = run_cli(["probe", str(EXPECTATIONS / "shadow-vllm-overadmission.yaml"), "--artifacts", str(tmp_path)],
+                  timeout=600)
+    say(f"\n--- kvprobe probe shadow-vllm-overadmission.yaml ({time.monotonic() - t0:.0f} s)\n"
+        + verdict_lines(out.stdout))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    levels = {name: json.loads((tmp_path / name / "result.json").read_text())["levels"]
+              for name in ("shadow-vllm-full-isl", "shadow-vllm-overadmission")}
+    full, over = levels["shadow-vllm-full-isl"], levels["shadow-vllm-overadmission"]
+    assert sum(lv["preemptions"] for lv in full) == 0, full
+    saturated = [lv for lv in over if lv["users"] > 10]  # above floor(1999 / 192): requests wait
+    assert saturated and all(lv["preemptions"] > 0 for lv in saturated), over
+    assert all(lv["preemptions"] == 0 for lv in over if lv["users"] <= 10), over
+    for name in levels:
+        assert_engine_gone(tmp_path / name)
