@@ -59,6 +59,7 @@ CLI_PROBES = [
     ("shadow-vllm-shapes.yaml", "shadow-vllm-long-output"),
     ("shadow-vllm-shapes.yaml", "shadow-vllm-kv-cache-memory-bytes"),
     ("shadow-vllm-shapes.yaml", "shadow-vllm-gpu-memory-utilization"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-mla"),
 ]
 
 
@@ -75,6 +76,9 @@ def test_kvprobe_probe_passes_against_real_vllm(vllm_env, tmp_path, say, file, n
     shadow = result["engine_facts"]["shadow"]
     # the probe records which scheduler ran: async scheduling on, as on a CUDA GPU
     assert shadow["scheduler"] == "AsyncScheduler" and shadow["async_scheduling"] is True
+    if name == "shadow-vllm-mla":  # the GPU's MLA choices, put back over the CPU platform's
+        assert shadow["block_size"] == 64 and result["engine_facts"]["reported"]["block_size"] == 64
+        assert {"enable_chunked_prefill False -> True", "enable_prefix_caching False -> True"} <= set(shadow["restored"])
     assert_engine_gone(tmp_path)
 
 
