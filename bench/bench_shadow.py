@@ -7,8 +7,8 @@ raw-socket client process (bench_emulator's), so every running request decodes a
 Steps per second = Δ vllm:generation_tokens / Δt / N (each step yields one token per running
 request). Real time = modelled step (the time model at N decodes) x steps per second: 1.0 means
 the target runs as fast as the model says; below it, the target's own code is slower than the GPU
-step it stands for, and request lifetimes stretch. Needs the engine environment
-(`kvprobe shadow install vllm==0.33.0`); every server is stopped at the end of its sweep.
+step it stands for, and request lifetimes stretch. Installs the engine environment when it is
+missing (`kvprobe shadow install vllm==0.33.0`); every server is stopped at the end of its sweep.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ def sweep(target: str, logdir: Path) -> list[dict]:
 
 
 def main() -> None:
+    from kvprobe.shadow import envs
+
+    envs.ensure("vllm", "0.33.0", log=print)  # installs the engine environment when it is missing
     print(f"vLLM dialect, {MODEL}; N streams of P=16, O=3000; time model {TIME_MODEL.encode()}")
     summary = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-shadow-") as tmp:

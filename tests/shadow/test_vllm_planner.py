@@ -106,6 +106,14 @@ def test_vllm_planner_builds_the_ledgers_pool(planned, name):
     assert plan["max_num_seqs"] == ledger["max_running"]
     assert plan["max_num_batched_tokens"] == ledger["token_budget"]
     assert plan["chunked_prefill"] and plan["prefix_caching"] and plan["scheduler"] == "AsyncScheduler"
+    assert plan["async_scheduling"] is True
+
+
+def test_no_async_scheduling_keeps_vllms_sync_scheduler(vllm_env, tmp_path):
+    exp = load_expectations(_write(tmp_path, "sync", {
+        "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096, "async-scheduling": False}}))[0]
+    (plan,) = _plan_all(vllm_env, [_case(exp)])
+    assert plan["scheduler"] == "Scheduler" and plan["num_blocks"] == 1000, plan
 
 
 def test_mla_models_plan_one_mla_group_of_64_token_blocks(planned):

@@ -37,7 +37,8 @@ def plan(case: dict) -> dict:
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                 "chunked_prefill": config.scheduler_config.enable_chunked_prefill,
-                "prefix_caching": config.cache_config.enable_prefix_caching}
+                "prefix_caching": config.cache_config.enable_prefix_caching,
+                "async_scheduling": config.scheduler_config.async_scheduling}
     finally:
         core.shutdown()
 
