@@ -65,11 +65,10 @@ class _Sequences:
             self.outputs[new.req_id] = 0
         cached = so.scheduled_cached_reqs
         for rid, n_out in zip(cached.req_ids, cached.num_output_tokens, strict=True):
-            # The scheduler's count wins where it is lower (discarded or rewound tokens; a request
-            # resumed under async scheduling carries its outputs here, L1392-1446).
-            if rid in self.outputs and n_out < self.outputs[rid]:
-                self.outputs[rid] = n_out
-            elif rid not in self.outputs:  # resumed into a worker that never saw it
+            # The scheduler's count wins where it is lower: tokens it discarded or rewound (the GPU
+            # runner aligns its cached state the same way, L1392-1446). A preempted request keeps
+            # its entry until it finishes, as the runner keeps its CachedRequestState.
+            if n_out < self.outputs[rid]:
                 self.outputs[rid] = n_out
 
     def sample(self, so) -> tuple[list[str], list[list[int]], int, int]:

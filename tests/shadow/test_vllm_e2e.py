@@ -144,3 +144,20 @@ def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_
     assert all(lv["preemptions"] == 0 for lv in over if lv["users"] <= 10), over
     for name in levels:
         assert_engine_gone(tmp_path / name)
+
+
+def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
+    """`kvprobe shadow vllm MODEL [vllm serve flags]`: the real server under the preset's name, its pool
+    from the passed-through flag, stopped with its process group."""
+    from kvprobe.engines.launcher import Target, http_get
+
+    port = free_port()
+    argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),
+            "--step-ms", "20", "--num-gpu-blocks-override", "300", "--max-model-len", "2048", "--enforce-eager"]
+    with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
+                       startup_timeout=300) as target:
+        status, body = http_get(target.url + "/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "meta-llama/Llama-3.1-8B"
+        facts = target.facts()
+        assert facts.reported.num_blocks == 300 and facts.reported.max_model_len == 2048
+    assert_engine_gone(tmp_path)
