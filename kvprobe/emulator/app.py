@@ -97,7 +97,9 @@ class Emulator:
                                 max_model_len=self.max_model_len, enable_prefix_caching=f["enable-prefix-caching"],
                                 enable_chunked_prefill=f["enable-chunked-prefill"],
                                 policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
-                                watermark=f["watermark"])
+                                watermark=f["watermark"],
+                                async_scheduling=d.async_scheduling_default(self.version)
+                                if f["async-scheduling"] is None else f["async-scheduling"])
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
             self.stats_enabled = not f["disable-log-stats"]
