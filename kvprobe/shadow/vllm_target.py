@@ -76,11 +76,13 @@ def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None) -> 
     return out
 
 
-def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict) -> WorkerSettings:
+def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
+                    version: str = dialect.DEFAULT_VERSION) -> WorkerSettings:
     """What the worker must put back or size by: from the flags as written (a bare switch is True,
-    `--no-x` is False, absent is vLLM's default)."""
+    `--no-x` is False, absent is vLLM's default on a CUDA GPU for this version, as the ledger takes it)."""
     prefix = flags.get("enable-prefix-caching")
-    return WorkerSettings(async_scheduling=flags.get("async-scheduling") is not False,
+    asked = flags.get("async-scheduling")
+    return WorkerSettings(async_scheduling=dialect.async_scheduling_default(version) if asked is None else bool(asked),
                           block_size=_int(flags.get("block-size")),
                           chunked_prefill=flags.get("enable-chunked-prefill") is not False,
                           prefix_caching=None if prefix is None else bool(prefix),
@@ -115,7 +117,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
     argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS]
-    settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates)
+    settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
     environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode()}
     return argv, environ
 

@@ -60,6 +60,7 @@ CLI_PROBES = [
     ("shadow-vllm-shapes.yaml", "shadow-vllm-kv-cache-memory-bytes"),
     ("shadow-vllm-shapes.yaml", "shadow-vllm-gpu-memory-utilization"),
     ("shadow-vllm-shapes.yaml", "shadow-vllm-mla"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-prefix-caching"),
 ]
 
 
