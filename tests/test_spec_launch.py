@@ -64,7 +64,7 @@ def test_shadow_is_valid_for_sglang_too(tmp_path, monkeypatch):
     ({"launch": "shadow", "time_model": {"steps": 1}}, {}, "target.time_model.steps", "did you mean 'step_ms'"),
     ({"launch": "shadow"}, {"flags": {}}, "hardware.gpu_memory",
      "a declared GPU memory with target launch: shadow, or one of flags.num-gpu-blocks-override"),
-    ({"launch": "shadow"}, {"version": "0.10.0"}, "version", "no pinned install list for vllm 0.10.0"),
+    ({"launch": "shadow"}, {"version": "0.11.0"}, "version", "no pinned install list for vllm 0.11.0"),
     ({"launch": "engine", "env": {"HF_TOKEN": "hf_abc"}}, {}, "target.env.HF_TOKEN", "value not shown"),
     ({"launch": "shadow", "env": {"PYTHONPATH": "/x"}}, {}, "target.env.PYTHONPATH", "kvprobe does not set itself"),
     ({"launch": "engine", "env": ["A=1"]}, {}, "target.env", "a mapping of environment variables"),
