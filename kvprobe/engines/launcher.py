@@ -55,6 +55,9 @@ class EngineFacts:
     # field -> {source: value} where two sources disagree (the winner is in `reported`)
     conflicts: dict[str, dict[str, object]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # sources that could not be read, one line each
+    # A shadow target: what kvprobe's worker/plugin inside the engine said at start-up (the scheduler
+    # it ran, async scheduling on or off, how the pool was sized); None for any other target.
+    shadow: dict | None = None
 
 
 class _Secret:
