@@ -26,6 +26,16 @@ def vllm_env(pytestconfig):
     return envs.ensure("vllm", VERSION, log=log)  # ~90 s warm pip cache, 2-3 min cold
 
 
+@pytest.fixture
+def say(capsys):
+    """Print the measured figures to the terminal as the test ends, pass or fail (not captured)."""
+
+    def write(text: str) -> None:
+        with capsys.disabled():
+            print(text.rstrip(), flush=True)
+    return write
+
+
 _PID = re.compile(r"\((?:APIServer|EngineCore)(?:_DP\d+)? pid=(\d+)\)")
 
 

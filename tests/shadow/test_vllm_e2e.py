@@ -23,16 +23,6 @@ pytestmark = pytest.mark.slow
 EXPECTATIONS = REPO / "expectations"
 
 
-@pytest.fixture
-def say(pytestconfig):
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-
-    def write(text: str) -> None:
-        for line in text.rstrip().splitlines():
-            reporter.write_line(line) if reporter is not None else print(line)
-    return write
-
-
 def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvprobe", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, start_new_session=True)

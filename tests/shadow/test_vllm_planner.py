@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -91,11 +90,13 @@ def planned(vllm_env, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_vllm_planner_builds_the_ledgers_pool(planned, name):
+def test_vllm_planner_builds_the_ledgers_pool(planned, name, say):
     exp, plan = planned[name]
     ledger = predict(exp).to_dict()["capacity"]
-    print(f"\n{name}: vLLM planned {plan}\n{name}: ledger {ledger['num_blocks']} blocks of {ledger['block_size']}, "
-          f"{ledger['kv_tokens']} tokens, {ledger['max_concurrency_at_max_model_len']:.4f}x", file=sys.stderr)
+    say(f"\n{name}: vLLM planned {plan.get('num_blocks')} blocks of {plan.get('block_size')}, {plan.get('kv_tokens')} "
+        f"tokens, {plan.get('max_concurrency')}x ({plan.get('groups')}, {plan.get('scheduler')}); ledger "
+        f"{ledger['num_blocks']} blocks of {ledger['block_size']}, {ledger['kv_tokens']} tokens, "
+        f"{ledger['max_concurrency_at_max_model_len']}x")
     assert "error" not in plan, plan["error"]
     assert plan["num_blocks"] == ledger["num_blocks"]
     assert plan["block_size"] == ledger["block_size"]
@@ -123,11 +124,11 @@ def test_mla_models_plan_one_mla_group_of_64_token_blocks(planned):
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
-def test_vllm_refuses_where_the_ledger_refuses(planned, name):
+def test_vllm_refuses_where_the_ledger_refuses(planned, name, say):
     exp, plan = planned[name]
     with pytest.raises(ConfigError) as ledger_refusal:
         predict(exp)
-    print(f"\n{name}: vLLM: {plan.get('error')}\n{name}: ledger: {ledger_refusal.value}", file=sys.stderr)
+    say(f"\n{name}: vLLM: {plan.get('error')}\n{name}: ledger: {ledger_refusal.value}")
     assert "error" in plan, plan
     # word for word: the GiB figures and the estimate of the longest sequence that would fit
     assert plan["error"] == f"ValueError: {ledger_refusal.value}"
