@@ -285,14 +285,23 @@ class SglangScheduler(SchedulerBase):
             return 0
         return self.fp.steps_within(held, (pool.available + pool.evictable) // self.ps, k)
 
+    def jump(self, k_max: int) -> tuple[list[tuple[int, int, int, int]], list[SimRequest]]:
+        """closed_loop's fast path (see VllmScheduler.jump): one plain decode stretch."""
+        k = self.plain_steps(k_max)
+        if not k:
+            return [], []
+        used = self.skip(k)
+        return [(k, self.run.n, len(self.waiting), used)], []
+
     def skip(self, k: int) -> int:
         """Apply k plain decode steps (k <= plain_steps()); returns the sum over those steps of
         the used-token count sampled after each, as k calls of step() would have seen it."""
         L, pool, ps = self.run, self.pool, self.ps
         held, out = L("held", "out")
         used0 = pool.used
-        used_sum = k * used0 + ps * self.fp.allocs_sum(held, k)
-        pool.alloc(ps * self.fp.allocs(held, k))
+        phases = self.fp.phases(held)
+        used_sum = k * used0 + ps * phases.allocs_sum(k)
+        pool.alloc(ps * phases.allocs(k))
         for _ in range(k):  # the same float operations as k decode steps
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         held += k

@@ -110,8 +110,9 @@ def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
     means give the standard error. By default the window sees about TARGET_COMPLETIONS requests
     finish, within 2 to 8 lifetimes: many concurrent requests average out sooner.
     Stats are sampled after each step, where the engines sample their gauges: after finished
-    requests left and before their users resubmit. `fast` jumps over plain decode stretches
-    (`plain_steps` / `skip` of each scheduler); the result is identical to stepping, only faster.
+    requests left and before their users resubmit. `fast` jumps over plain decode stretches and
+    the preemptions that end them (`jump` of each scheduler); the result is identical to
+    stepping, only faster.
     `seed` is accepted for callers that vary the workload; prompts are deterministic."""
     if start not in ("ramp", "burst"):
         raise ConfigError(f"start must be 'ramp' or 'burst', got {start!r}")
@@ -164,30 +165,36 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
             full_used += used_sum
             full_steps += k
 
-    t, nxt, idle, misses = 0, 0, 0, 0  # idle: steps to go before asking for a plain stretch again
+    # `due`: the last jump stopped short of its limit, so the step after it is an event: step it
+    # without asking. `idle`: steps to go before asking again after asking found no stretch
+    # (asking costs O(running); when events come every step, ask less often: stepping is exact).
+    t, nxt, idle, misses, due = 0, 0, 0, 0, False
     while t < t_end:
         while nxt < users and arrivals[nxt] <= t:
             submit()
             nxt += 1
         if t == t0:
             preempt_at_t0 = sched.stats.preemptions_total
-        if fast and idle:
-            idle -= 1
+        if fast and (due or idle):
+            idle -= not due and idle > 0
+            due = False
         elif fast:
             boundary = t0 if t < t0 else t0 + ((t - t0) // batch_len + 1) * batch_len
             if nxt < users:
                 boundary = min(boundary, arrivals[nxt])
-            k = sched.plain_steps(boundary - t)
-            # asking costs O(running): when events come every step, ask less often (stepping is exact)
-            misses = 0 if k else misses + 1
-            idle = min(misses, 8) if not k else 0
-            if k > 0:
-                used_sum = sched.skip(k)
-                if t >= t0:
-                    s = sched.stats
-                    record(t, k, s.running, s.waiting, used_sum)
-                t += k
+            segments, finished = sched.jump(boundary - t)
+            if segments:
+                misses = 0
+                for k, running, waiting, used_sum in segments:
+                    if t >= t0:
+                        record(t, k, running, waiting, used_sum)
+                    t += k
+                for _ in finished:
+                    submit()
+                due = t < boundary
                 continue
+            misses += 1
+            idle = min(misses, 8) - 1
         result = sched.step()
         if t >= t0:
             s = sched.stats
