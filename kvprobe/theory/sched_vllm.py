@@ -104,7 +104,7 @@ class VllmScheduler(SchedulerBase):
     def _schedule_running(self, budget: int, result: StepResult) -> int:
         """RUNNING loop (L794-1034): decode 1 token / chunked-prefill the rest within the budget;
         on allocation failure preempt the LAST running request and retry (L930-994)."""
-        L, pool = self.run, self.pool
+        L = self.run
         if not L.n:
             return budget
         comp, ntok, held, sched, plen, cap, ph = L("comp", "ntok", "held", "sched", "plen", "cap", "ph")
