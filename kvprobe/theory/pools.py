@@ -18,6 +18,7 @@ import heapq
 import zlib
 from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -67,7 +68,7 @@ class FullAttention:
         return -(-tokens // self.B)
 
     def phases(self, tokens: np.ndarray) -> Phases:
-        return Phases(tokens, self.B)
+        return Phases.of(tokens, self.B)
 
     def allocs(self, tokens: np.ndarray, s: int) -> int:
         """Blocks taken by requests holding `tokens` computed tokens after each computes s more."""
@@ -88,13 +89,24 @@ class Phases:
     at steps f, f + B, f + 2B, ... with f = (-t mod B) + 1 in 1..B; so after s = qB + m steps
     (0 <= m < B) the n requests took allocs(s) = n*q + c[m] blocks, c[m] = #{f <= m}."""
 
-    __slots__ = ("n", "B", "c", "c2")
+    __slots__ = ("n", "B", "c", "_c2")
 
-    def __init__(self, tokens: np.ndarray, B: int):
-        self.n, self.B = len(tokens), B
-        c = np.cumsum(np.bincount(-tokens % B + 1, minlength=B + 1)[:B])
-        self.c = c.tolist()
-        self.c2 = np.cumsum(c).tolist()  # c2[r] = c[0] + ... + c[r]
+    def __init__(self, n: int, B: int, c: list[int]):
+        self.n, self.B, self.c, self._c2 = n, B, c, None
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, B: int) -> Phases:
+        counts = np.bincount(-tokens % B + 1, minlength=B + 1)[:B]  # [f] = requests with that f
+        return cls(len(tokens), B, counts.cumsum().tolist())
+
+    @classmethod
+    def of_residues(cls, hist: list[int], shift: int, n: int) -> Phases:
+        """From hist[r] = requests holding t = r (mod B), after each computed `shift` more tokens."""
+        B = len(hist)
+        s = shift % B
+        rot = hist[-s:] + hist[:-s] if s else hist  # rot[x] = requests now holding t = x (mod B)
+        # t = 0 takes its next block at f = 1, t = x > 0 at f = B - x + 1
+        return cls(n, B, [0, *accumulate([rot[0], *rot[:0:-1]][: B - 1])])
 
     def allocs(self, s: int) -> int:
         q, m = divmod(s, self.B)
@@ -104,8 +116,10 @@ class Phases:
         """sum_{s=1..k} allocs(s): with k = QB + R, sum floor(s/B) = B Q(Q-1)/2 + Q(R+1) and
         sum c[s mod B] = Q (c[0] + ... + c[B-1]) + c[0] + ... + c[R] (c[0] = 0)."""
         B = self.B
+        if self._c2 is None:
+            self._c2 = list(accumulate(self.c))
         Q, R = divmod(k, B)
-        return self.n * (B * Q * (Q - 1) // 2 + Q * (R + 1)) + Q * self.c2[B - 1] + self.c2[R]
+        return self.n * (B * Q * (Q - 1) // 2 + Q * (R + 1)) + Q * self._c2[B - 1] + self._c2[R]
 
     def steps_within(self, free: int, k_max: int) -> int:
         """The largest k <= k_max with allocs(k) <= free: q = free // n whole rounds of B steps,

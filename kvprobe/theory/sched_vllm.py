@@ -15,11 +15,12 @@ from kvprobe.theory.sched_common import (
     VllmConfig,
     output_tokens,
 )
+from kvprobe.theory.vllm_fastpath import VllmFastPath
 
 # --------------------------------------------------------------------------- vLLM
 
 
-class VllmScheduler(SchedulerBase):
+class VllmScheduler(VllmFastPath, SchedulerBase):
     """vLLM V1 `Scheduler.schedule()` + `update_from_output()` (v1/core/sched/scheduler.py, 0.33.0).
 
     One `step()` is one `EngineCore` step. Synchronous (`step`, core.py): schedule a batch, run it,
@@ -71,7 +72,7 @@ class VllmScheduler(SchedulerBase):
 
     # -- one engine step
     def step(self) -> StepResult:
-        self._plain = False
+        self._plain, self._horizon = False, None
         result = StepResult(Emitted(), [], [])
         budget = self.cfg.max_num_batched_tokens
         budget = self._schedule_running(budget, result)
@@ -132,7 +133,7 @@ class VllmScheduler(SchedulerBase):
         preempt the LAST running request and retry (L930-994). True if anyone was preempted."""
         L, pool = self.run, self.pool
         held = L("held")[0]
-        cum = np.cumsum(new_blocks)
+        cum = new_blocks.cumsum()
         if cum[-1] <= pool.num_free:  # everyone fits: the common case, fully vectorised
             pool.take(int(cum[-1]))
             held += new_blocks
@@ -140,8 +141,8 @@ class VllmScheduler(SchedulerBase):
         i = 0
         while i < L.n:  # vectorised up to the next request that fails, then preempt for it
             part = new_blocks[i : L.n]
-            cum = np.cumsum(part)
-            k = i + int(np.searchsorted(cum, pool.num_free, side="right"))
+            cum = part.cumsum()
+            k = i + int(cum.searchsorted(pool.num_free, side="right"))
             pool.take(int(cum[k - i - 1]) if k > i else 0)
             held[i:k] += part[: k - i]
             if k >= L.n:
@@ -223,97 +224,6 @@ class VllmScheduler(SchedulerBase):
                      sched=new, seed=req._seed, cap=P + req.max_tokens)
             budget -= new
 
-    # -- event-driven fast path (closed_loop): plain decode stretches and the preemptions that end
-    #    them, exactly as step() would do them
-    def plain_steps(self, k_max: int) -> int:
-        """How many of the next steps are plain decode steps: every running request decodes one
-        token within the budget, none finishes, no step runs out of blocks (so none preempts),
-        and the head of the queue cannot be admitted. Free blocks only fall and the head's need
-        only grows in such a stretch (an eviction can only cut its prefix hits), so a head that
-        does not fit at its first step fits at none. `skip(k)` then applies k of them at once."""
-        return self._stretch(k_max)[0]
-
-    def _stretch(self, k_max: int) -> tuple[int, bool, object]:
-        """(plain steps ahead, whether the step after them is a plain decode step that only runs
-        out of blocks — no finish, no length limit, within k_max — and the phases of the stretch)."""
-        L, cfg = self.run, self.cfg
-        n = L.n
-        if not n or n > cfg.max_num_batched_tokens:
-            return 0, False, None
-        comp, ntok, held, stop, cap, ph, fly = L("comp", "ntok", "held", "stop", "cap", "ph", "fly")
-        if not self._plain:  # every request decodes one token, its blocks exactly its tokens
-            if self.async_:
-                if not ((ph == 1).all() and (fly == 1).all() and (comp == ntok).all()):
-                    return 0, False, None
-            elif not (ntok - comp == 1).all():
-                return 0, False, None
-            if not (held == self.fp.blocks(comp)).all():
-                return 0, False, None
-            self._plain = True
-        # step k + 1 finishes a request, or reaches its max_tokens (async) or max_model_len
-        k_other = min(int((stop - ntok).min()), int((cap - comp).min()), cfg.max_model_len - int(comp.max())) - 1
-        if k_other <= 0:
-            return 0, False, None
-        phases = self.fp.phases(comp)
-        free = self.pool.num_free
-        k = min(k_max, k_other)
-        if self.waiting and n < cfg.max_num_seqs and cfg.max_num_batched_tokens - n > 0:
-            if not self.full_isl and cfg.enable_prefix_caching:
-                k = 0  # 0.11's chunk check could start to fit as evictions cut free hits
-            elif self._head_admission(free - phases.allocs(1), cfg.max_num_batched_tokens - n) is not None:
-                k = 0
-        k_alloc = phases.steps_within(free, k_max)
-        return min(k, k_alloc), k_alloc <= k and k_alloc < min(k_other, k_max), phases
-
-    def skip(self, k: int, phases=None) -> int:
-        """Apply k plain decode steps (k <= plain_steps()); returns the sum over those steps of
-        the used tokens sampled after each (stats.used_tokens), as k step() calls would see it."""
-        L, pool, B = self.run, self.pool, self.B
-        comp, ntok, held = L("comp", "ntok", "held")
-        phases = phases or self.fp.phases(comp)
-        used0 = pool.usable - pool.num_free
-        used_sum = k * used0 + phases.allocs_sum(k)
-        pool.take(phases.allocs(k))
-        comp += k
-        ntok += k
-        held[:] = self.fp.blocks(comp)
-        self.stats.steps += k
-        self.refresh_stats()
-        return used_sum * B
-
-    def jump(self, k_max: int) -> tuple[list[tuple[int, int, int, int]], list[SimRequest]]:
-        """Up to k_max steps at once, while they are plain decode steps or plain decode steps in
-        which the pool runs dry and the last requests are preempted (a full pool's usual event).
-        Returns the segments [(steps, running, waiting, sum of used tokens after each step)] and
-        the requests that finished (a preempted request whose in-flight token was its last); no
-        emitted tokens. Stops before any other event: step() does that one."""
-        segments, finished = [], []
-        while k_max > 0 and not finished:
-            k, preempts, phases = self._stretch(k_max)
-            if k:
-                used = self.skip(k, phases)
-                segments.append((k, self.run.n, len(self.waiting), used))
-                k_max -= k
-            if not preempts:
-                break
-            self._decode_step_preempting(finished)
-            segments.append((1, self.run.n, len(self.waiting), self.stats.used_tokens))
-            k_max -= 1
-        return segments, finished
-
-    def _decode_step_preempting(self, finished: list[SimRequest]) -> None:
-        """step() from a plain state when only blocks run out: every request computes one token
-        (a block for those at a boundary), the last ones are preempted for the rest, there is no
-        admission in that step (L1050), and a preempted request's in-flight token arrives."""
-        result = StepResult(Emitted(), finished, [])
-        self._allocate((self.run("comp")[0] % self.B == 0).astype(np.int64), result)
-        comp, ntok = self.run("comp", "ntok")
-        comp += 1
-        ntok += 1  # sync: this step's token; async: the previous step's, one in flight as before
-        self._deliver_stale(result, emit=False)
-        self.stats.steps += 1
-        self.refresh_stats()
-
     def _update_from_output(self, result: StepResult, sampled: np.ndarray) -> None:
         """update_from_output (L2259-2676): append the token of every request that sampled one;
         finish on max_tokens / max_model_len / eos and free its blocks in the same call."""
@@ -368,7 +278,7 @@ class VllmScheduler(SchedulerBase):
         return req
 
     def _abort_running(self, req: SimRequest) -> None:
-        self._plain = False
+        self._plain, self._horizon = False, None
         i = self.run.index(req)
         self._leave(req, self.run.row(i), "aborted")
         self.run.keep(np.arange(self.run.n) != i)
