@@ -41,8 +41,8 @@ def prompt_keys(prompt: Sequence[int], unit: int) -> list[int]:
     """Chained hashes of the full `unit`-token blocks of a prompt (vLLM hashes blocks the same way:
     each block's hash covers its parent's hash and its own token ids, v1/core/kv_cache_utils.py)."""
     keys, parent = [], 0
-    for start in range(0, len(prompt) - unit + 1, unit):
-        parent = hash((parent, tuple(prompt[start:start + unit])))
+    for block in zip(*[iter(prompt)] * unit, strict=False):  # full blocks only, as tuples made in C
+        parent = hash((parent, block))
         keys.append(parent)
     return keys
 

@@ -12,10 +12,12 @@ A request's blocks are of three kinds here:
   range of block indices — so preempting a request that holds thousands of blocks, looking up
   its resume and evicting its blocks cost O(1), not O(blocks).
 
-The free queue (`lru`) holds entries in eviction order: a prompt key (1 block) or a run (n
-blocks). vLLM frees a request's blocks in reverse (`free` in single_type_kv_cache_manager: the
-last block is evicted first), so a run loses its highest blocks first and what remains of it is
-always the range [lo, lo + count).
+The free queue (`lru`) holds entries in eviction order, each standing for several blocks freed
+together: a `Run` of own blocks, or a `KeyRun` of prompt keys. vLLM frees a request's blocks in
+reverse (`free` in single_type_kv_cache_manager: the last block is evicted first), so an entry
+loses its highest blocks first. A request holds a prefix of its prompt keys, so the keys whose
+ref_cnt falls to 0 when it leaves are consecutive in its prompt, and a later hit (a prefix of
+someone's prompt) takes the lowest of them first: what remains of a `KeyRun` is always a slice.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ class Run:
         self.lo = lo
 
 
+class KeyRun:
+    """Prompt keys freed together, in eviction order (highest block first): keys[start:end] are
+    still in the free queue; eviction advances `start`, a hit takes keys from `end`."""
+
+    __slots__ = ("keys", "start", "end")
+
+    def __init__(self, keys: list):
+        self.keys, self.start, self.end = keys, 0, len(keys)
+
+
 class VllmBlockPool:
     """vLLM 0.33 `BlockPool` (v1/core/block_pool.py) reduced to counts, keys and runs.
 
@@ -53,6 +65,7 @@ class VllmBlockPool:
         self.lru: OrderedDict[object, int] = OrderedDict()
         self.lru_blocks = 0
         self.refs: dict[object, int] = {}  # prompt keys with ref_cnt > 0
+        self.free_keys: dict[object, KeyRun] = {}  # prompt keys with ref_cnt 0: their entry
         self.own_held = 0  # own blocks (see module doc) held by running requests, ref_cnt 1 each
         # changes whenever a key or run is cached: a waiting request's prefix hits can only grow then
         self.added = 0
@@ -68,7 +81,7 @@ class VllmBlockPool:
         return 1.0 - self.num_free / self.usable if self.usable else 0.0
 
     def is_cached(self, key) -> bool:
-        return key in self.refs or key in self.lru
+        return key in self.refs or key in self.free_keys
 
     def take(self, n: int) -> None:
         """Allocate n new (anonymous) blocks from the head of the free queue, evicting if needed."""
@@ -80,28 +93,33 @@ class VllmBlockPool:
         left = n - self.free_anon
         self.free_anon = 0
         self.lru_blocks -= left
-        lru = self.lru
+        lru, free_keys = self.lru, self.free_keys
         while left:
-            key, count = lru.popitem(last=False)
-            if count > left:  # part of a run: its lower blocks stay at the head
-                lru[key] = count - left
-                lru.move_to_end(key, last=False)
+            entry, count = lru.popitem(last=False)
+            if count > left:  # part of an entry: its lower blocks stay at the head
+                lru[entry] = count - left
+                lru.move_to_end(entry, last=False)
+                if type(entry) is KeyRun:
+                    list(map(free_keys.pop, entry.keys[entry.start : entry.start + left]))
+                    entry.start += left
                 break
+            if type(entry) is KeyRun:
+                list(map(free_keys.pop, entry.keys[entry.start : entry.end]))
             left -= count
 
     # -- prompt keys
     def prompt_hits(self, keys: Sequence, limit: int) -> tuple[int, int]:
         """How many of the first `limit` keys are cached, counting from the first (a prefix), and
         how many of those are free (ref_cnt 0, in the free queue)."""
-        refs, lru = self.refs, self.lru
-        if not keys or limit <= 0 or (keys[0] not in refs and keys[0] not in lru):
+        refs, free_keys = self.refs, self.free_keys
+        if not keys or limit <= 0 or (keys[0] not in refs and keys[0] not in free_keys):
             return 0, 0
         part = keys[:limit]
-        if all(map(lru.__contains__, part)):  # a preempted request's own prompt: all free (in C)
+        if all(map(free_keys.__contains__, part)):  # a preempted request's own prompt: all free (in C)
             return len(part), len(part)
         n = free = 0
         for key in part:
-            if key in lru:
+            if key in free_keys:
                 free += 1
             elif key not in refs:
                 break
@@ -110,32 +128,39 @@ class VllmBlockPool:
 
     def touch(self, keys: Sequence) -> None:
         """A prefix hit: ref_cnt += 1; a ref_cnt-0 block leaves the free queue (`touch` L792-810)."""
-        refs, lru = self.refs, self.lru
-        if lru.keys().isdisjoint(keys):  # all held by running requests: one C loop
+        refs, free_keys, lru = self.refs, self.free_keys, self.lru
+        if free_keys.keys().isdisjoint(keys):  # all held by running requests
             for key in keys:
                 refs[key] += 1
             return
-        for key in keys:
-            if key in lru:
-                del lru[key]
-                self.lru_blocks -= 1
-                refs[key] = 1
-            else:
+        for key in keys:  # in prompt order: each free one is the lowest left of its KeyRun
+            entry = free_keys.pop(key, None)
+            if entry is None:
                 refs[key] += 1
+                continue
+            entry.end -= 1
+            if entry.keys[entry.end] != key:  # not its lowest (a held prefix makes it so; exact anyway)
+                del entry.keys[entry.keys.index(key, entry.start)]
+            if lru[entry] == 1:
+                del lru[entry]
+            else:
+                lru[entry] -= 1
+            self.lru_blocks -= 1
+            refs[key] = 1
 
     def cache_keys(self, keys: Sequence, start: int, stop: int) -> int:
         """Give the caller's anonymous blocks start..stop-1 the keys keys[start:stop], up to the first
         key already cached by another block (that block and the ones after it stay anonymous).
         Returns the index reached."""
-        refs, lru = self.refs, self.lru
+        refs, free_keys = self.refs, self.free_keys
         part = keys[start:stop]
-        if refs.keys().isdisjoint(part) and lru.keys().isdisjoint(part):  # the usual case, in C
+        if refs.keys().isdisjoint(part) and free_keys.keys().isdisjoint(part):  # the usual case, in C
             refs.update(dict.fromkeys(part, 1))
             n = start + len(part)
         else:
             n = start
             for key in part:
-                if key in refs or key in lru:
+                if key in refs or key in free_keys:
                     break
                 refs[key] = 1
                 n += 1
@@ -201,20 +226,23 @@ class VllmBlockPool:
         self.lru_blocks += dead + own
         self.own_held -= held_own
         refs = self.refs
-        order = keys[::-1]
-        if all(map((1).__eq__, map(refs.__getitem__, order))):  # no one else holds them: in C
-            lru.update(dict.fromkeys(order, 1))
-            list(map(refs.pop, order))
-            self.lru_blocks += len(order)
-        else:
-            for key in order:
+        if all(map((1).__eq__, map(refs.__getitem__, keys))):  # no one else holds them (in C)
+            freed = keys[::-1]
+            list(map(refs.pop, freed))
+        else:  # some are held by others too (a shared prefix)
+            freed = []
+            for key in reversed(keys):
                 left = refs[key] - 1
                 if left:
                     refs[key] = left
                 else:
                     del refs[key]
-                    lru[key] = 1
-                    self.lru_blocks += 1
+                    freed.append(key)
+        if freed:
+            entry = KeyRun(freed)
+            lru[entry] = len(freed)
+            self.free_keys.update(dict.fromkeys(freed, entry))
+            self.lru_blocks += len(freed)
         self.free_anon += anon
         return run if owned else None
 
@@ -228,3 +256,8 @@ class VllmBlockPool:
                 f"{len(self.refs)} prompt + {self.own_held} own cached")
         if self.lru_blocks != sum(self.lru.values()):
             raise AssertionError(f"free queue miscounted: {self.lru_blocks} != {sum(self.lru.values())}")
+        runs = [e for e in self.lru if type(e) is KeyRun]
+        if len(self.free_keys) != sum(e.end - e.start for e in runs) or any(
+                self.lru[e] != e.end - e.start or any(self.free_keys.get(k) is not e for k in e.keys[e.start:e.end])
+                for e in runs):
+            raise AssertionError("free prompt keys and their free-queue entries disagree")
