@@ -45,6 +45,8 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
 
 MIN_BATCH_STEPS = 200  # a batch mean shorter than this is mostly noise from one admission wave
 TARGET_COMPLETIONS = 2000  # requests the measured window should see finish (sets its lifetimes)
+SEM_STOP = 0.005  # a default window ends early once the SEM of running and waiting is this small
+MIN_STOP_LIFETIMES = 2  # ... but not before it covers this many lifetimes and four batches
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class ClosedLoopStats:
     warmup: int = 0  # steps simulated before the window (arrivals + settling)
     lifetime: int = 0  # steps of one request's life without queueing: prefill steps + O
     running_min: int = 0
+    stopped_early: bool = False  # the window ended at the SEM target, before its full length
 
     @property
     def simulated(self) -> int:
@@ -98,7 +101,7 @@ _FILLER: list[int] = []
 def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int, *,
                 shared_prefix_tokens: int = 0, start: str = "ramp", ramp_width: int | None = None,
                 lifetimes: float | None = None, warmup_lifetimes: float | None = None, batches: int = 8,
-                fast: bool = True, seed: int = 0) -> ClosedLoopStats:
+                fast: bool = True, seed: int = 0, sem_stop: float | None = None) -> ClosedLoopStats:
     """The steady state of N users in a closed loop of fixed-length requests (ignore_eos, zero
     client latency, one engine step per time unit).
 
@@ -108,7 +111,11 @@ def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
     joined, `warmup_lifetimes` request lifetimes settle (default 2; 1 with 200 or more in flight);
     then the window of at least `lifetimes` lifetimes is measured in `batches` equal batches, whose
     means give the standard error. By default the window sees about TARGET_COMPLETIONS requests
-    finish, within 2 to 8 lifetimes: many concurrent requests average out sooner.
+    finish, within 2 to 8 lifetimes (many concurrent requests average out sooner), and ends at
+    the first batch boundary after MIN_STOP_LIFETIMES lifetimes and four batches where the
+    standard errors of running and waiting are within SEM_STOP of the running mean (a steady
+    state that no longer moves, such as a reservation bound, needs no more); `sem_stop` sets
+    that fraction (0: never early), and with explicit `lifetimes` the window has its full length.
     Stats are sampled after each step, where the engines sample their gauges: after finished
     requests left and before their users resubmit. `fast` jumps over plain decode stretches and
     the preemptions that end them (`jump` of each scheduler); the result is identical to
@@ -121,17 +128,28 @@ def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
     if not 0 <= shared_prefix_tokens < prompt_tokens:
         raise ConfigError(f"shared_prefix_tokens must be in [0, prompt_tokens), got {shared_prefix_tokens}")
     width = max(1, min(users, ramp_width or users))
+    if sem_stop is None:
+        sem_stop = SEM_STOP if lifetimes is None else 0.0
     if lifetimes is None:
         lifetimes = min(8, max(2, math.ceil(TARGET_COMPLETIONS / width)))
     if warmup_lifetimes is None:
         warmup_lifetimes = 2 if width < 200 else 1
     return _closed_loop(type(config), astuple(config), prompt_tokens, output_tokens, users, shared_prefix_tokens,
-                        start, ramp_width or users, float(lifetimes), float(warmup_lifetimes), int(batches), fast)
+                        start, ramp_width or users, float(lifetimes), float(warmup_lifetimes), int(batches), fast,
+                        float(sem_stop))
+
+
+def _batch_sems(B: np.ndarray, n: int) -> np.ndarray:
+    """Standard errors of running, waiting and used tokens from the first n batch means."""
+    if n < 2:
+        return np.zeros(3)
+    means = B[:3, :n] / B[3, :n]
+    return means.std(axis=1, ddof=1) / math.sqrt(n)
 
 
 @lru_cache(maxsize=512)
 def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes, warmup_lifetimes,
-                 batches, fast) -> ClosedLoopStats:
+                 batches, fast, sem_stop) -> ClosedLoopStats:
     config = kind(*fields)
     sched = make_scheduler(config)
     life = request_lifetime(config, P, n_out)
@@ -141,6 +159,9 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     batch_len = max(math.ceil(lifetimes * life / batches), MIN_BATCH_STEPS)
     window = batch_len * batches
     t_end = t0 + window
+    # batch boundaries where the window may end early (see closed_loop)
+    stop_from = max(4, math.ceil(MIN_STOP_LIFETIMES * life / batch_len)) if sem_stop > 0 else batches
+    next_check = t0 + stop_from * batch_len if stop_from < batches else t_end
     B = np.zeros((4, batches), np.int64)  # per batch: running, waiting, used tokens, steps
     full_used = full_steps = 0
     run_max = wait_max = 0
@@ -170,6 +191,13 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     # (asking costs O(running); when events come every step, ask less often: stepping is exact).
     t, nxt, idle, misses, due = 0, 0, 0, 0, False
     while t < t_end:
+        if t == next_check:
+            done = (t - t0) // batch_len
+            sem = _batch_sems(B, done)
+            if max(sem[0], sem[1]) <= sem_stop * max(B[0, :done].sum() / B[3, :done].sum(), 1.0):
+                t_end = t
+                break
+            next_check += batch_len
         while nxt < users and arrivals[nxt] <= t:
             submit()
             nxt += 1
@@ -203,8 +231,9 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         for _ in result.finished:
             submit()
     pool = sched.stats.pool_tokens
-    means = B[:3] / B[3]
-    sem = means.std(axis=1, ddof=1) / math.sqrt(batches) if batches > 1 else np.zeros(3)
+    done = (t_end - t0) // batch_len
+    window = done * batch_len
+    sem = _batch_sems(B, done)
     used_mean = B[2].sum() / window
     return ClosedLoopStats(
         running_mean=float(B[0].sum() / window), running_max=int(run_max),
@@ -213,4 +242,4 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         usage_at_full=float(full_used / full_steps / pool) if full_steps else float(used_mean / pool),
         preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_t0) * 1000 / window,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
-        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min))
+        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches)
