@@ -14,7 +14,6 @@ from kvprobe.theory.sched_common import (
     SimRequest,
     StepResult,
     cdiv,
-    output_tokens,
 )
 
 # --------------------------------------------------------------------------- SGLang
@@ -247,15 +246,24 @@ class SglangScheduler(SchedulerBase):
 
     # -- decode: update_running_batch (scheduler.py L4459-4552)
     def _decode(self, result: StepResult) -> None:
+        """update_running_batch (scheduler.py L4459-4552). With overlap, a request whose token in
+        flight is its last by length (`_reqs_finishing_inflight` L4444-4457: max_new_tokens, not
+        an EOS nobody knows yet) is left out of the decode; if nothing else runs, or the rest does
+        not fit, the step decodes nothing and the result of the last batch frees it."""
         L, pool = self.run, self.pool
-        out, pend, held = L("out", "pend", "held")
-        active = (out + pend < L("stop")[0]) if self.cfg.overlap else np.ones(L.n, bool)
+        out, pend, held, maxn = L("out", "pend", "held", "maxn")
+        finishing = (pend > 0) & (out + pend >= maxn) if self.cfg.overlap else np.zeros(L.n, bool)
+        active = ~finishing
+        if not active.any():  # an empty batch: no decode, no ratio decay (L4465-4467)
+            self.batch_full = False
+            return
         need = self._decode_need(active, held)
         if need > pool.available + pool.evictable:
-            if self.cfg.overlap and not active.all():  # finishing in flight: skip (L4470-4474)
+            if finishing.any():  # L4470-4474
                 self.batch_full = False
                 return
             self._retract(result)
+            self.batch_full = False  # the batch shrank (L4543-4544)
             out, pend, held = L("out", "pend", "held")
             active = np.ones(L.n, bool)
             need = self._decode_need(active, held)
@@ -263,6 +271,8 @@ class SglangScheduler(SchedulerBase):
                 return
         else:
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+        if finishing.any():
+            self.batch_full = False  # the batch shrank (L4543-4544)
         pool.alloc(need)
         held += active
         L("cur")[0][:] = active
@@ -386,10 +396,9 @@ class SglangScheduler(SchedulerBase):
         (common.py release_kv_cache L400-444). Retracted/aborted: private KV is freed, the prompt
         is unlocked (release_req L2360-2395)."""
         pool = self.pool
+        # the token in flight of a retracted request is dropped when its batch's result arrives
+        # (managers/scheduler_components/batch_result_processor.py L342-350, L1022-1028)
         req.output_len = row["out"]
-        if not finished and row["pend"]:  # an in-flight token of a retracted request is kept
-            req.output_len += row["pend"]
-            result.emitted._extra.append((req, int(output_tokens(np.int64(row["seed"]), req.output_len - 1))))
         req.num_computed_tokens = 0
         private = self._private(row, req)
         if finished and self.radix:  # the prompt is in the tree already; the rest is one leaf
