@@ -70,6 +70,7 @@ class SimRequest:
     _tokens: tuple = field(default=(), init=False, repr=False)  # SGLang: the prompt, for the radix tree
     _node: object = field(default=None, init=False, repr=False)  # SGLang: the tree node it locks
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
+    _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
 
 
 class Emitted(Sequence):

@@ -14,6 +14,7 @@ from kvprobe.theory.sched_common import (
     SimRequest,
     StepResult,
     cdiv,
+    output_tokens,
 )
 
 # --------------------------------------------------------------------------- SGLang
@@ -42,7 +43,10 @@ class SglangScheduler(SchedulerBase):
         self.pool = SglangTokenPool(config.max_total_num_tokens, self.ps)
         self.fp = FullAttention(self.ps)  # pages a request holds (see pools.FullAttention)
         self._req_states: list | None = None  # add_one_req_ignore_eos's per-pass list
-        self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed"))
+        self._ran = False  # a batch ran in the last step (overlap processes its result in this one)
+        # ckpt: tokens of a completed prefill whose batch result (and so its checkpoint into the
+        # tree) is still to come; 0 when none is pending
+        self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed", "ckpt"))
         self.chunked: SimRequest | None = None  # request between prefill chunks (not in `run`)
         self.batch_full = False
         # NewTokenRatioTracker (new_token_ratio_tracker.py L13-49; env defaults environ.py L646-650)
@@ -72,15 +76,23 @@ class SglangScheduler(SchedulerBase):
 
     def step(self) -> StepResult:
         result = StepResult(Emitted(), [], [])
+        c = self.chunked
+        if c is not None and self.radix and c.num_computed_tokens > c._stashed:  # a chunk was computed:
+            self._checkpoint(c, c.num_computed_tokens)  # stash_chunked_request (scheduler.py L3913-3920)
+            c._stashed = c.num_computed_tokens
         self.run("cur")[0][:] = 0
-        prefilled = False
+        ran = False
         if (self.waiting and not self.batch_full) or self.chunked is not None:
-            prefilled = self._prefill(result)
-        if not prefilled and self.run.n:
-            self._decode(result)
+            ran = self._prefill(result)
+        if not ran and self.run.n:
+            ran = self._decode(result)
         self._process(result)
-        if not self.run.n and not self.waiting and self.chunked is None:
-            self.ratio = self.ratio_init  # on_idle reset (scheduler.py L5318)
+        # on_idle (scheduler.py L5241-5330): called when no batch runs (with overlap, none ran in
+        # the step before either: its result is processed now); fully idle, it resets the ratio
+        if not ran and not (self.cfg.overlap and self._ran) and not self.run.n and not self.waiting \
+                and self.chunked is None:
+            self.ratio = self.ratio_init
+        self._ran = ran
         self.stats.steps += 1
         self.refresh_stats()
         return result
@@ -100,7 +112,7 @@ class SglangScheduler(SchedulerBase):
         free = pool.available + pool.evictable
         b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
              "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
-        scheduled = 0
+        scheduled, running = 0, L.n
         if self.chunked is not None:
             scheduled += self._continue_chunk(free, b, result)
         admitted: list[SimRequest] = []
@@ -114,8 +126,9 @@ class SglangScheduler(SchedulerBase):
                 break
             req = self.waiting[0]
             P, done = len(req.prompt), req.output_len
-            # the tree holds prompts only; a match is capped at len - 1 (_compute_max_prefix_len)
-            node, prefix = pool.match(req._tokens, min(P, P + done - 1)) if self.radix else (None, 0)
+            # prompt and outputs so far (a retracted request's); a match is capped at len - 1
+            # (_compute_max_prefix_len)
+            node, prefix = pool.match(self._fill(req), P + done - 1) if self.radix else (None, 0)
             ext = P + done - prefix
             max_new = min(max(req._maxn - done, 0), CLIP_MAX_NEW_TOKENS)
             rem_total = free - b["total"] - (pool.evictable_on_path(node) if self.radix else 0)  # prefix locked
@@ -158,6 +171,8 @@ class SglangScheduler(SchedulerBase):
                 break
             if b["input"] <= 0 or (b["chunk"] is not None and b["chunk"] <= 0):
                 break
+        if not running:  # the latch was set on an empty running batch, which the next step replaces
+            self.batch_full = False  # with the prefill batch (scheduler.py L3940-3960) or resets (L4094-4097)
         result.prefill_tokens = scheduled
         return scheduled > 0
 
@@ -231,44 +246,56 @@ class SglangScheduler(SchedulerBase):
         return (left, plen + out) if left > 0 else None
 
     def _join_running(self, req: SimRequest, held: int) -> None:
-        """Prefill done: the prompt's whole pages are checkpointed into the tree and locked
-        (common.py checkpoint_kv_cache L271-281); pages a twin inserted meanwhile are freed as
-        duplicates. The request produces its first token with this batch."""
-        if self.radix:
-            node, already = self.pool.insert(req._tokens, req._node, req._cached)
-            self.pool.free(already)
-            self.pool.lock(node)
-            self.pool.unlock(req._node)
-            req._node, req._cached = node, len(req._tokens) // self.ps * self.ps
+        """Prefill done: the request produces its first token with this batch. Its computed
+        tokens enter the tree when the batch's result is processed (`_checkpoint` from `_process`:
+        batch_result_processor.py L392-394), so a candidate of the same pass, or with overlap of
+        the next one, does not match them yet."""
         req.status = "running"
-        self.run.append(req, plen=len(req.prompt), out=req.output_len, cur=1, held=held,
-                        maxn=req._maxn, stop=req._stop, ign=int(req.ignore_eos), seed=req._seed)
+        self.run.append(req, plen=len(req.prompt), out=req.output_len, cur=1, held=held, maxn=req._maxn,
+                        stop=req._stop, ign=int(req.ignore_eos), seed=req._seed, ckpt=held if self.radix else 0)
+
+    def _fill(self, req: SimRequest) -> tuple:
+        """The request's token ids as SGLang's fill_ids: the prompt, then its outputs so far."""
+        if not req.output_len:
+            return req._tokens
+        return req._tokens + tuple(output_tokens(np.int64(req._seed), np.arange(req.output_len)).tolist())
+
+    def _checkpoint(self, req: SimRequest, upto: int) -> None:
+        """checkpoint_kv_cache (mem_cache/common.py L271-281): the whole pages of its first `upto`
+        tokens are inserted into the tree and locked in place of the prefix it matched; pages a
+        twin inserted meanwhile are freed as duplicates."""
+        node, already = self.pool.insert(self._fill(req)[:upto], req._node, req._cached)
+        self.pool.free(already)
+        self.pool.lock(node)
+        self.pool.unlock(req._node)
+        req._node, req._cached = node, upto // self.ps * self.ps
 
     # -- decode: update_running_batch (scheduler.py L4459-4552)
-    def _decode(self, result: StepResult) -> None:
+    def _decode(self, result: StepResult) -> bool:
         """update_running_batch (scheduler.py L4459-4552). With overlap, a request whose token in
         flight is its last by length (`_reqs_finishing_inflight` L4444-4457: max_new_tokens, not
         an EOS nobody knows yet) is left out of the decode; if nothing else runs, or the rest does
-        not fit, the step decodes nothing and the result of the last batch frees it."""
+        not fit, the step decodes nothing and the result of the last batch frees it. True if a
+        decode batch ran."""
         L, pool = self.run, self.pool
         out, pend, held, maxn = L("out", "pend", "held", "maxn")
         finishing = (pend > 0) & (out + pend >= maxn) if self.cfg.overlap else np.zeros(L.n, bool)
         active = ~finishing
         if not active.any():  # an empty batch: no decode, no ratio decay (L4465-4467)
             self.batch_full = False
-            return
+            return False
         need = self._decode_need(active, held)
         if need > pool.available + pool.evictable:
             if finishing.any():  # L4470-4474
                 self.batch_full = False
-                return
+                return False
             self._retract(result)
             self.batch_full = False  # the batch shrank (L4543-4544)
             out, pend, held = L("out", "pend", "held")
             active = np.ones(L.n, bool)
             need = self._decode_need(active, held)
             if need > pool.available + pool.evictable:
-                return
+                return True
         else:
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         if finishing.any():
@@ -277,6 +304,7 @@ class SglangScheduler(SchedulerBase):
         held += active
         L("cur")[0][:] = active
         result.decode_seqs = int(active.sum())
+        return True
 
     # -- event-driven fast path (closed_loop): k plain decode steps in one jump, exactly
     def plain_steps(self, k_max: int) -> int:
@@ -287,8 +315,8 @@ class SglangScheduler(SchedulerBase):
         L, pool = self.run, self.pool
         if not L.n or self.chunked is not None or (self.waiting and not self.batch_full):
             return 0
-        out, pend, stop, held = L("out", "pend", "stop", "held")
-        if self.cfg.overlap and not (pend == 1).all():
+        out, pend, stop, held, ckpt = L("out", "pend", "stop", "held", "ckpt")
+        if (self.cfg.overlap and not (pend == 1).all()) or ckpt.any():  # a prefill's result to come
             return 0
         k = min(k_max, int((stop - out).min()) - 1)
         if k <= 0:
@@ -314,6 +342,7 @@ class SglangScheduler(SchedulerBase):
         pool.alloc(ps * phases.allocs(k))
         for _ in range(k):  # the same float operations as k decode steps
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+        self._ran = True
         held += k
         out += k
         L("cur")[0][:] = 1
@@ -368,11 +397,14 @@ class SglangScheduler(SchedulerBase):
         L = self.run
         if not L.n:
             return
-        out, pend, cur, stop, seed = L("out", "pend", "cur", "stop", "seed")
+        out, pend, cur, stop, seed, ckpt = L("out", "pend", "cur", "stop", "seed", "ckpt")
         got = pend.copy() if self.cfg.overlap else cur.copy()
         out += got
         if self.cfg.overlap:
             pend[:] = cur
+        for i in np.flatnonzero((got > 0) & (ckpt > 0) & (out < stop)).tolist():  # prefill results
+            self._checkpoint(L.reqs[i], int(ckpt[i]))
+            ckpt[i] = 0
         idx = np.flatnonzero(got)
         result.emitted = Emitted(L.reqs[idx], seed[idx], out[idx] - 1)
         done = np.flatnonzero((got > 0) & (out >= stop))
@@ -400,14 +432,16 @@ class SglangScheduler(SchedulerBase):
         # (managers/scheduler_components/batch_result_processor.py L342-350, L1022-1028)
         req.output_len = row["out"]
         req.num_computed_tokens = 0
+        if finished and self.radix and row.get("ckpt"):  # finished with its prefill's result
+            self._checkpoint(req, row["ckpt"])
         private = self._private(row, req)
-        if finished and self.radix:  # the prompt is in the tree already; the rest is one leaf
+        if finished and self.radix:  # its computed pages are in the tree already; the rest is one leaf
             pool.insert_leaf(req._node, ("leaf", req.rid, req.num_preemptions), private)
         else:
             pool.free(private)
         if self.radix:
             pool.unlock(req._node)
-        req._node, req._cached = None, 0
+        req._node, req._cached, req._stashed = None, 0, 0
 
     def _abort_running(self, req: SimRequest) -> None:
         dummy = StepResult(Emitted(), [], [])

@@ -53,13 +53,13 @@ def _arrivals(cfg: SglangConfig, P: int, O: int, users: int, start: str) -> list
     return [u * spacing for u in range(users)]
 
 
-def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos) -> list[list]:  # noqa: E741
+def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None) -> list[list]:  # noqa: E741
     """kvprobe's scheduler through the same loop, observed as the driver observes SGLang's."""
     sched, count, trace, nxt = make_scheduler(cfg), 0, [], 0
 
     def submit():
         nonlocal count
-        sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O, ignore_eos=ignore_eos))
+        sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O, ignore_eos=ignore_eos, eos_after=eos_after))
         count += 1
 
     for t in range(steps):
@@ -74,9 +74,10 @@ def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos) 
     return trace
 
 
-def real_trace(env, model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos) -> list[list]:  # noqa: E741
+def real_trace(env, model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos,  # noqa: E741
+               eos_after=None) -> list[list]:
     spec = dict(model_dir=model_dir, config=dataclasses.asdict(cfg), P=P, O=O, K=K, users=users, arrivals=arrivals,
-                steps=steps, ignore_eos=ignore_eos)
+                steps=steps, ignore_eos=ignore_eos, eos_after=eos_after)
     out = subprocess.run([str(env.python), str(DRIVER), json.dumps(spec)], capture_output=True, text=True,
                          timeout=900, start_new_session=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -101,15 +102,27 @@ SHAPES = {
     "max_running_requests 12": (dataclasses.replace(BASE, max_running_requests=12), 512, 256, 0, 40, "ramp", True, 2000),
     "radix off, retraction, chunks": (dataclasses.replace(BASE, disable_radix_cache=True, chunked_prefill_size=1000),
                                       900, 600, 0, 30, "ramp", False, 4000),
+    # an EOS nobody knows in advance: reserved by new_token_ratio, finished early
+    "EOS at 100 of 400": (BASE, 512, 400, 0, 40, "ramp", False, 3000, 100),
+    "EOS, no overlap, shared prefix": (dataclasses.replace(BASE, overlap=False), 512, 400, 300, 40, "burst", False,
+                                       3000, 150),
+    "long prompts in chunks of 1024": (dataclasses.replace(BASE, chunked_prefill_size=1024), 3000, 500, 0, 12,
+                                       "ramp", False, 4000),
+    "no chunking, prefill budget 1024": (dataclasses.replace(BASE, chunked_prefill_size=-1, max_prefill_tokens=1024),
+                                         600, 300, 0, 40, "burst", True, 2000),
+    "pages of 16, shared prefix 100, conservativeness 0.5": (
+        dataclasses.replace(BASE, page_size=16, schedule_conservativeness=0.5), 512, 300, 100, 40, "ramp", False, 3000),
+    "radix off, pages of 8": (dataclasses.replace(BASE, disable_radix_cache=True, page_size=8), 500, 700, 0, 30,
+                              "ramp", True, 4000),
 }
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_env, model_dir, name):
-    cfg, P, O, K, users, start, ignore_eos, steps = SHAPES[name]  # noqa: E741
+    cfg, P, O, K, users, start, ignore_eos, steps, *eos = SHAPES[name]  # noqa: E741
     arrivals = _arrivals(cfg, P, O, users, start)
-    real = real_trace(sglang_env, model_dir, cfg, P, O, K, users, arrivals, steps, ignore_eos)
-    sim = model_trace(cfg, P, O, K, users, arrivals, steps, ignore_eos)
+    real = real_trace(sglang_env, model_dir, cfg, P, O, K, users, arrivals, steps, ignore_eos, *eos)
+    sim = model_trace(cfg, P, O, K, users, arrivals, steps, ignore_eos, *eos)
     first = next((t for t, (a, b) in enumerate(zip(sim, real, strict=True)) if a != b), None)
     assert first is None, (f"step {first}: simulation {sim[first]} vs SGLang {real[first]} "
                            f"(running, waiting, used tokens, retractions, new_token_ratio)")

@@ -1,8 +1,8 @@
 """Drive SGLang 0.5.23's own Scheduler through a closed loop, step by step (no server, no model).
 
 Run by tests/theory/test_real_sglang.py with the python of an SGLang 0.5.23 environment (not
-kvprobe's): argv[1] is JSON with the model folder, the scheduler's flags, the shape, the arrival
-steps and the number of steps. The real `Scheduler` is built as `run_scheduler_process` builds it
+kvprobe's): argv[1] is JSON with the model folder, the scheduler's flags, the shape (optionally an
+`eos_after`: every request samples EOS as that output), the arrival steps and the number of steps. The real `Scheduler` is built as `run_scheduler_process` builds it
 (scheduler.py L6310-6345: publish, then `Scheduler(server_args, port_args)`), with the five pieces
 that need a GPU replaced — the same five the shadow target replaces (shared/reference/
 shadow-engines.md): the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
@@ -77,10 +77,14 @@ def init_cuda_graphs(self, capture_decode_cuda_graph=True):  # model_runner.py L
     self.graph_memory_usage, self.graph_time_usage = {}, {}
 
 
+EOS_AT = None if args.get("eos_after") is None else args["P"] + args["eos_after"] - 1
+
+
 def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False,
                              skip_attn_backend_init=None, *, capture_hidden_mode=None, return_kv_loc_plan=False):
-    """tp_worker.py L622: one sampled id per request (the scheduler drops a partial chunk's), never EOS."""
-    ids = [1000 + int(n) % 251 for n in batch.seq_lens.tolist()]
+    """tp_worker.py L622: one sampled id per request (the scheduler drops a partial chunk's); the
+    EOS id (config.json's) as output number `eos_after`, sampled at sequence length P + eos_after - 1."""
+    ids = [2 if n == EOS_AT else 1000 + n % 251 for n in batch.seq_lens.tolist()]
     return GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
                                  next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False)
 
