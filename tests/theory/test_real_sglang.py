@@ -114,6 +114,13 @@ SHAPES = {
         dataclasses.replace(BASE, page_size=16, schedule_conservativeness=0.5), 512, 300, 100, 40, "ramp", False, 3000),
     "radix off, pages of 8": (dataclasses.replace(BASE, disable_radix_cache=True, page_size=8), 500, 700, 0, 30,
                               "ramp", True, 4000),
+    # outputs beyond SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: reserved as 4096, so decode runs out and retracts
+    "O=6000, beyond the clip": (BASE, 512, 6000, 0, 6, "ramp", True, 14000),
+    "radix off, O=5000, burst": (dataclasses.replace(BASE, disable_radix_cache=True), 512, 5000, 0, 6, "burst", True,
+                                 12000),
+    "max_running_requests 12, radix off, retraction": (
+        dataclasses.replace(BASE, max_running_requests=12, disable_radix_cache=True, max_total_num_tokens=8000),
+        512, 512, 0, 30, "ramp", False, 3000),
 }
 
 
