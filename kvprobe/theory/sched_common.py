@@ -71,6 +71,7 @@ class SimRequest:
     _node: object = field(default=None, init=False, repr=False)  # SGLang: the tree node it locks
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
     _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
+    _out_ids: tuple = field(default=(), init=False, repr=False)  # SGLang: its output ids, as far as asked
 
 
 class Emitted(Sequence):

@@ -256,9 +256,13 @@ class SglangScheduler(SchedulerBase):
 
     def _fill(self, req: SimRequest) -> tuple:
         """The request's token ids as SGLang's fill_ids: the prompt, then its outputs so far."""
-        if not req.output_len:
+        n = req.output_len
+        if not n:
             return req._tokens
-        return req._tokens + tuple(output_tokens(np.int64(req._seed), np.arange(req.output_len)).tolist())
+        if len(req._out_ids) < n:  # extended, not rebuilt: a waiting head is matched every step
+            more = output_tokens(np.int64(req._seed), np.arange(len(req._out_ids), n))
+            req._out_ids += tuple(more.tolist())
+        return req._tokens + req._out_ids[:n]
 
     def _checkpoint(self, req: SimRequest, upto: int) -> None:
         """checkpoint_kv_cache (mem_cache/common.py L271-281): the whole pages of its first `upto`
@@ -341,6 +345,8 @@ class SglangScheduler(SchedulerBase):
         used_sum = k * used0 + ps * phases.allocs_sum(k)
         pool.alloc(ps * phases.allocs(k))
         for _ in range(k):  # the same float operations as k decode steps
+            if self.ratio == self.ratio_min:
+                break
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         self._ran = True
         held += k
