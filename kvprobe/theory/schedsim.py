@@ -3,11 +3,17 @@
 One `step()` is one engine iteration. The emulator runs the same objects in real time: it calls
 `add` for a new request, `abort` when a client disconnects, `step` in its loop, streams
 `StepResult.emitted` and exports `stats`. Rules and citations come from
-shared/reference/vllm.md §2-3 and shared/reference/sglang.md §2-3 (file:line of the engines).
+shared/reference/vllm.md §2-3 and shared/reference/sglang.md §2-3 (file:line of the engines), and
+are checked against the engines' own schedulers driven on a CPU: vLLM 0.33.0's Scheduler and
+AsyncScheduler (window means equal) and SGLang 0.5.23's Scheduler (equal after every step),
+tests/theory/test_real_vllm.py and test_real_sglang.py.
 
 Speed: running requests live in numpy columns (`Lanes`), so a decode step over 1,000 requests is
 a handful of vector operations; Python code runs only on events (admission, finish, preemption,
-retraction, a prefill chunk, prefix-cache hashing).
+retraction, a prefill chunk, prefix-cache hashing), and a vLLM request's own cached blocks are one
+free-queue entry however many it holds (`vllm_pool.py`). `closed_loop` goes further: each
+scheduler's `jump` (vllm_fastpath.py, sglang_fastpath.py) applies stretches of plain decode
+steps in closed form and, for vLLM, the steps that end them, with the results of `step()` exactly.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
     VllmConfig,
     cdiv,
 )
-from kvprobe.theory.sched_sglang import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
+from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sched_vllm import VllmScheduler
+from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
 
 
 def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangScheduler:
