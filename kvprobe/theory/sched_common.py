@@ -153,7 +153,7 @@ class Lanes:
         return {c: int(a[i]) for c, a in self.cols.items()}
 
     def keep(self, mask: np.ndarray) -> None:
-        idx = np.flatnonzero(mask)
+        idx = mask.nonzero()[0]
         for a in self.cols.values():
             a[: len(idx)] = a[: self.n][idx]
         self.reqs[: len(idx)] = self.reqs[: self.n][idx]

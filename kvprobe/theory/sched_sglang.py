@@ -215,12 +215,12 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         out += got
         if self.cfg.overlap:
             pend[:] = cur
-        for i in np.flatnonzero((got > 0) & (ckpt > 0) & (out < stop)).tolist():  # prefill results
+        for i in ((got > 0) & (ckpt > 0) & (out < stop)).nonzero()[0].tolist():  # prefill results
             self._checkpoint(L.reqs[i], int(ckpt[i]))
             ckpt[i] = 0
-        idx = np.flatnonzero(got)
+        idx = got.nonzero()[0]
         result.emitted = Emitted(L.reqs[idx], seed[idx], out[idx] - 1)
-        done = np.flatnonzero((got > 0) & (out >= stop))
+        done = ((got > 0) & (out >= stop)).nonzero()[0]
         if len(done):
             for i in done.tolist():
                 req = L.reqs[i]

@@ -89,10 +89,10 @@ class VllmScheduler(VllmFastPath, SchedulerBase):
         now; async processes the previous batch's."""
         L = self.run
         comp, ntok, sched, ph, fly, plen = L("comp", "ntok", "sched", "ph", "fly", "plen")
-        decoding = (sched > 0) & (comp - sched >= plen)
-        result.decode_seqs = int(decoding.sum())
+        scheduled = sched > 0
+        result.decode_seqs = int(np.count_nonzero(scheduled & (comp - sched >= plen)))
         result.prefill_tokens = int(sched.sum()) - result.decode_seqs
-        samples = (sched > 0) & (comp >= ntok + ph)
+        samples = scheduled & (comp >= ntok + ph)
         if self.async_:
             ph += samples
             previous = fly.astype(bool)
@@ -114,7 +114,7 @@ class VllmScheduler(VllmFastPath, SchedulerBase):
         if self.async_:
             need[(ph > 0) & (comp + 2 - ph >= cap)] = 0  # surely finished, not scheduled (L800-814)
         np.maximum(need, 0, out=need)
-        before = np.cumsum(need)
+        before = need.cumsum()
         if before[-1] <= budget:  # the budget covers everyone
             sched[:] = need
         else:  # FCFS within the budget: what is left of it after the requests ahead
@@ -122,7 +122,7 @@ class VllmScheduler(VllmFastPath, SchedulerBase):
             np.minimum(need, np.maximum(budget - before, 0), out=sched)
         if self._allocate(np.maximum(self.fp.blocks(comp + sched) - held, 0), result):
             comp, sched, plen = L("comp", "sched", "plen")
-        prefilling = np.flatnonzero((comp < plen) & (sched > 0))
+        prefilling = ((comp < plen) & (sched > 0)).nonzero()[0]
         comp += sched
         for i in prefilling.tolist():
             self._cache_prompt_blocks(L.reqs[i], int(comp[i]))
@@ -230,12 +230,12 @@ class VllmScheduler(VllmFastPath, SchedulerBase):
         L = self.run
         if L.n:
             ntok, ph, plen, stop, seed = L("ntok", "ph", "plen", "stop", "seed")
-            idx = np.flatnonzero(sampled)
+            idx = sampled.nonzero()[0]
             ntok[idx] += 1
             if self.async_:
                 ph[idx] -= 1
             result.emitted = Emitted(L.reqs[idx], seed[idx], ntok[idx] - plen[idx] - 1)
-            done = np.flatnonzero(sampled & (ntok >= stop))
+            done = (sampled & (ntok >= stop)).nonzero()[0]
             if len(done):
                 for i in done.tolist():
                     req = L.reqs[i]

@@ -193,7 +193,8 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
             full_used += used_sum
             full_steps += k
 
-    # `due`: the last jump stopped short of its limit, so the step after it is an event: step it
+    # `due`: the last jump stopped short of its limit before an event it leaves to step() (SGLang's
+    # jumps; vLLM's do the events of a plain state themselves): step it
     # without asking. `idle`: steps to go before asking again after asking found no stretch
     # (asking costs O(running); when events come every step, ask less often: stepping is exact).
     t, nxt, idle, misses, due = 0, 0, 0, 0, False
@@ -226,7 +227,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
                     t += k
                 for _ in finished:
                     submit()
-                due = t < boundary
+                due = sched.jump_leaves_events and t < boundary
                 continue
             misses += 1
             idle = min(misses, 8) - 1

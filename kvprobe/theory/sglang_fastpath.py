@@ -11,6 +11,8 @@ from kvprobe.theory.sched_common import SimRequest
 class SglangFastPath:
     """k plain decode steps in one jump."""
 
+    jump_leaves_events = True  # the step after a jump cut short is an event for step()
+
     def plain_steps(self, k_max: int) -> int:
         """How many of the next steps are plain decode steps: no prefill is attempted (nothing
         waits, or admission is latched by batch_full), every running request decodes (its token

@@ -18,6 +18,7 @@ from kvprobe.theory.sched_common import Emitted, SimRequest, StepResult
 class VllmFastPath:
     """Mixed into VllmScheduler (sched_vllm.py), whose state and rules it uses."""
 
+    jump_leaves_events = False  # a jump does the events of a plain state itself (closed_loop asks again)
     _plain = False  # known to be plain (set here once checked; step() and abort clear it)
     # while plain and no request joined or finished: bounds on the steps before a request
     # finishes / reaches its max_tokens, and on the largest computed length (see _stretch)
@@ -165,7 +166,7 @@ class VllmFastPath:
         Returns the requests left running."""
         L, pool = self.run, self.pool
         result = StepResult(Emitted(), finished, [])
-        crossers = np.flatnonzero(res[: L.n] == (-D) % self.B).tolist()
+        crossers = (res[: L.n] == (-D) % self.B).nonzero()[0].tolist()
         comp, ntok, held = L("comp", "ntok", "held")
         c, j = len(crossers), 0
         while j < c:
@@ -247,7 +248,7 @@ class VllmFastPath:
             sampled = np.ones(n, bool) if self.async_ else stepped
         self._plain = self._plain and bool(stepped.all())
         ntok, stop = L("ntok", "stop")
-        done = np.flatnonzero(sampled & (ntok >= stop))
+        done = (sampled & (ntok >= stop)).nonzero()[0]
         if len(done):
             for i in done.tolist():
                 req = L.reqs[i]
