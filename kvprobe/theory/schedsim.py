@@ -89,6 +89,19 @@ def request_lifetime(config: VllmConfig | SglangConfig, prompt_tokens: int, outp
     return cdiv(prompt_tokens, max(chunk, 1)) + output_tokens - 1
 
 
+def arrival_steps(lifetime: int, users: int, start: str = "ramp", ramp_width: int | None = None) -> list[int]:
+    """The step at which each user of a closed loop sends its first request: all at step 0
+    ("burst"), or a ramp of `lifetime // width` steps between users (width: ramp_width, at most
+    N), so that the first requests span one lifetime; with more users than steps in a lifetime,
+    several join in a step and the ramp still spans one lifetime."""
+    if start == "burst":
+        return [0] * users
+    width = max(1, min(users, ramp_width or users))
+    if lifetime >= width:
+        return [u * (lifetime // width) for u in range(users)]
+    return [u * lifetime // width for u in range(users)]
+
+
 def workload_prompt(serial: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
     """The structure of the load generator's prompts (kvprobe/load/prompts.py) without its ids:
     K tokens shared by every request, then a token no other request has, then filler (the same for
@@ -160,8 +173,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     config = kind(*fields)
     sched = make_scheduler(config)
     life = request_lifetime(config, P, n_out)
-    spacing = 0 if start == "burst" else max(1, life // max(1, min(users, ramp_width)))
-    arrivals = [u * spacing for u in range(users)]
+    arrivals = arrival_steps(life, users, start, ramp_width)
     t0 = arrivals[-1] + math.ceil(warmup_lifetimes * life)
     batch_len = max(math.ceil(lifetimes * life / batches), MIN_BATCH_STEPS)
     window = batch_len * batches

@@ -22,6 +22,7 @@ import pytest
 from kvprobe.theory.schedsim import (
     SglangConfig,
     SimRequest,
+    arrival_steps,
     make_scheduler,
     request_lifetime,
     workload_prompt,
@@ -49,8 +50,7 @@ def model_dir(tmp_path_factory):
 
 def _arrivals(cfg: SglangConfig, P: int, O: int, users: int, start: str) -> list[int]:  # noqa: E741
     """closed_loop's arrival steps: a ramp one lifetime wide, or everyone at step 0."""
-    spacing = 0 if start == "burst" else max(1, request_lifetime(cfg, P, O) // users)
-    return [u * spacing for u in range(users)]
+    return arrival_steps(request_lifetime(cfg, P, O), users, start)
 
 
 def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None) -> list[list]:  # noqa: E741

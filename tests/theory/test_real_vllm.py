@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.theory.geometry import load_model_config
-from kvprobe.theory.schedsim import VllmConfig, closed_loop, request_lifetime
+from kvprobe.theory.schedsim import VllmConfig, arrival_steps, closed_loop, request_lifetime
 
 DRIVER = Path(__file__).with_name("real") / "vllm_driver.py"
 pytestmark = pytest.mark.slow
@@ -32,8 +32,7 @@ def model_dir(tmp_path_factory):
 
 def _real(env, model_dir, cfg: VllmConfig, P, O, users, K, width, lifetimes, warmup):  # noqa: E741
     life = request_lifetime(cfg, P, O)
-    spacing = max(1, life // min(users, width))
-    arrivals = [u * spacing for u in range(users)]
+    arrivals = arrival_steps(life, users, "ramp", width)
     sim = closed_loop(cfg, P, O, users, shared_prefix_tokens=K, ramp_width=width, lifetimes=lifetimes,
                       warmup_lifetimes=warmup, batches=4)
     t0 = arrivals[-1] + math.ceil(warmup * life)

@@ -10,6 +10,7 @@ import dataclasses
 from kvprobe.theory.schedsim import (
     SglangConfig,
     SimRequest,
+    arrival_steps,
     make_scheduler,
     request_lifetime,
     workload_prompt,
@@ -20,8 +21,7 @@ BASE = SglangConfig(max_total_num_tokens=16384, context_len=8192)
 
 def rows(cfg: SglangConfig, P, O, K, users, start, ignore_eos, steps, eos_after=None) -> list[list]:  # noqa: E741
     """The driver's closed loop: arrivals as closed_loop makes them, finished users resubmit."""
-    spacing = 0 if start == "burst" else max(1, request_lifetime(cfg, P, O) // users)
-    arrivals = [u * spacing for u in range(users)]
+    arrivals = arrival_steps(request_lifetime(cfg, P, O), users, start)
     sched, count, out, nxt = make_scheduler(cfg), 0, [], 0
     for t in range(steps):
         while nxt < users and arrivals[nxt] <= t:
