@@ -20,8 +20,9 @@ class VllmFastPath:
 
     jump_leaves_events = False  # a jump does the events of a plain state itself (closed_loop asks again)
     _plain = False  # known to be plain (set here once checked; step() and abort clear it)
-    # while plain and no request joined or finished: bounds on the steps before a request
-    # finishes / reaches its max_tokens, and on the largest computed length (see _stretch)
+    # while plain: lower bounds on the steps before a request finishes / reaches its max_tokens
+    # and an upper bound on the largest computed length, exact when computed (_cascade), kept as
+    # bounds as requests advance, join and leave; step() and abort drop them
     _horizon: list | None = None
 
     def plain_steps(self, k_max: int) -> int:
@@ -213,7 +214,6 @@ class VllmFastPath:
         one is in flight again), finishes free their blocks after admission, a preempted
         request's in-flight token arrives."""
         L, cfg = self.run, self.cfg
-        self._horizon = None
         result = StepResult(Emitted(), finished, [])
         comp, cap = L("comp", "cap")
         need = np.minimum(1, cfg.max_model_len - 1 - comp)
@@ -233,6 +233,7 @@ class VllmFastPath:
             ntok += need
         if not preempted and self.waiting:  # no admission in a step that preempted (L1050)
             self._schedule_waiting(cfg.max_num_batched_tokens - int(need.sum()))
+        self._advance_horizon(1)  # still bounds: everyone computed at most one token, sampled one
         if L.n > n:  # admitted: their prefill, sampled if it completed (as _after_schedule)
             comp, ntok, sched, ph, fly = (a[n:] for a in L("comp", "ntok", "sched", "ph", "fly"))
             complete = comp >= ntok
@@ -242,6 +243,10 @@ class VllmFastPath:
             else:
                 ntok += complete
             sched[:] = 0
+            if self._horizon is not None:  # with the new requests' own
+                stop, cap = (a[n:] for a in L("stop", "cap"))
+                hz = self._horizon
+                hz[:] = min(hz[0], int((stop - ntok).min())), min(hz[1], int((cap - comp).min())), max(hz[2], int(comp.max()))
             sampled = np.concatenate([np.ones(n, bool) if self.async_ else stepped, complete & (not self.async_)])
             self._plain = bool(complete.all())
         else:
