@@ -118,12 +118,13 @@ class VllmFastPath:
         L, cfg, pool, B = self.run, self.cfg, self.pool, self.B
         n = L.n
         comp = L("comp")[0]
+        # step k + 1 may finish a request, or reach its max_tokens (async) or max_model_len
         hz = self._horizon
-        if hz is None:  # exact; as requests are preempted, still bounds
+        limit = k_max if hz is None else min(k_max, hz[0] - 1, hz[1] - 1, cfg.max_model_len - hz[2] - 1)
+        if hz is None or limit < k_max:  # no bounds yet, or they bind: the exact values
             ntok, stop, cap = L("ntok", "stop", "cap")
             hz = self._horizon = [int((stop - ntok).min()), int((cap - comp).min()), int(comp.max())]
-        # step k + 1 may finish a request, or reach its max_tokens (async) or max_model_len
-        limit = min(k_max, hz[0] - 1, hz[1] - 1, cfg.max_model_len - hz[2] - 1)
+            limit = min(k_max, hz[0] - 1, hz[1] - 1, cfg.max_model_len - hz[2] - 1)
         if limit <= 0:
             return 0
         res = self._residue(comp)
