@@ -271,6 +271,7 @@ def install(engine: str, version: str, *, log: Callable[[str], None] = print, fo
         for old in _stale(env):
             log(f"kvprobe shadow: removing the environment of an older recipe at {old}")
             shutil.rmtree(old, ignore_errors=True)
+            old.with_name(old.name + ".lock").unlink(missing_ok=True)
         return env
 
 
