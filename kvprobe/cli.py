@@ -49,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
-    if extra:
+    # A subcommand that fronts an engine (`kvprobe shadow vllm MODEL [vllm serve flags]`) passes the
+    # flags it does not know to that engine; every other subcommand refuses them.
+    if extra and not getattr(args, "passthrough", False):
         _unknown_options(parser, args, extra)
+    args.extra = extra
     try:
         return int(args.func(args) or 0)
     except KvprobeError as err:

@@ -131,18 +131,21 @@ def open_target(exp, options: ProbeOptions, artifacts: Path, dialect=None):
         from kvprobe.shadow.target import open_shadow
 
         return open_shadow(exp, port=port, log_path=artifacts / "engine.log")
-    # The engine loads `model` and serves it as `served_model_name`: the name the load sends.
+    # The engine loads `model` (or `target.model`) and serves it as `served_model_name`: the name the
+    # load sends.
     served = exp.served_model_name if exp.served_model_name not in (None, exp.model) else None
     if exp.target.mode == "emulator":
         flags = {**exp.flags, "served-model-name": served} if served else exp.flags
         argv = dialect.emulator_command(exp.model, flags, host="127.0.0.1", port=port,
                                         extra=emulator_args(exp.target.emulator), version=exp.version)
     else:
+        from kvprobe.spec import launched_model, served_name
+
         # A command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
         # the model and flags follow as the dialect writes them.
         binary = list(options.engine_command or exp.target.command or ()) or None
-        argv = dialect.launch_command(exp.model, exp.flags, host="127.0.0.1", port=port, binary=binary,
-                                      served_model_name=served)
+        argv = dialect.launch_command(launched_model(exp), exp.flags, host="127.0.0.1", port=port, binary=binary,
+                                      served_model_name=served_name(exp))
     return Target.launch(argv, engine=exp.engine, port=port, log_path=str(artifacts / "engine.log"),
                          startup_timeout=exp.target.startup_timeout, env=exp.target.env or None)
 

@@ -293,6 +293,19 @@ def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
 
 
 STARTUP_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+# Any other failed start: EngineCore logs its exception (v1/engine/core.py `run_engine_core`
+# L1580-1588, "(EngineCore pid=N) ERROR ... [core.py:1584] ValueError: ...") and re-raises it, so its
+# traceback ends with the same line; the API server then only echoes STARTUP_FAILED. The shadow
+# worker's own refusals (a layer kind it cannot describe) take this path too.
+_RE_EXCEPTION_LINE = re.compile(r"^(?:\(EngineCore[^)]*\) ERROR [^\]]*\] )?((?:\w+\.)*\w+(?:Error|Exception): .+)$",
+                                re.M)
+
+
+def _root_cause(text: str) -> str | None:
+    """vLLM's last exception line that is not the API server's echo."""
+    echo = STARTUP_FAILED.split(":", 1)[0] + ":"
+    causes = [m.group(1).strip() for m in _RE_EXCEPTION_LINE.finditer(text) if not m.group(1).startswith(echo)]
+    return causes[-1] if causes else None
 
 
 # --- parsing what an engine says about itself
@@ -481,7 +494,7 @@ _RE_REFUSAL = re.compile(r"^(?:.*?\b(?:vllm|serve): error: .*|.*ValueError: To s
 
 def startup_refusal_line(log_text: str) -> str | None:
     matches = _RE_REFUSAL.findall(log_text)
-    return matches[-1].strip() if matches else None
+    return matches[-1].strip() if matches else _root_cause(log_text)
 
 
 # --- commands

@@ -16,7 +16,7 @@ from kvprobe.shadow import envs
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("shadow", help="run the real vLLM/SGLang serving stack without a model",
                               description=__doc__)
-    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,sglang}")
+    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,vllm,sglang}")
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
@@ -25,8 +25,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     inst.set_defaults(func=_install)
     lst = sub.add_parser("list", help="the versions kvprobe can install, and which are installed")
     lst.set_defaults(func=_list)
-    from kvprobe.shadow import sglang_cli
+    from kvprobe.shadow import sglang_cli, vllm_cli
 
+    vllm_cli.add_parser(sub)
     sglang_cli.add_parser(sub)
     return p
 

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -176,7 +177,20 @@ def recipe(engine: str, version: str) -> Recipe:
 
 
 def env_for(engine: str, version: str) -> EngineEnv:
-    return EngineEnv(engine, version, cache_root() / "envs" / f"{engine}-{version}")
+    """Where this recipe's environment lives. The folder name carries the recipe's digest, so a
+    changed pin list builds beside the old environment instead of tearing it down under a running
+    engine; the old one is pruned once the new one is complete."""
+    rec = recipe(engine, version)
+    return EngineEnv(engine, version, cache_root() / "envs" / f"{engine}-{version}-{rec.digest}")
+
+
+def _stale(env: EngineEnv) -> list[Path]:
+    """Other environments of the same engine version: older recipes, or the pre-digest layout."""
+    base = env.root.parent
+    if not base.is_dir():
+        return []
+    same = re.compile(re.escape(f"{env.engine}-{env.version}") + r"(-[0-9a-f]{16})?")
+    return [p for p in base.iterdir() if p.is_dir() and p != env.root and same.fullmatch(p.name)]
 
 
 def install_command(engine: str, version: str) -> str:
@@ -204,7 +218,7 @@ def require(engine: str, version: str) -> EngineEnv:
     """The environment, or one line that says how to make it."""
     env = find(engine, version)
     if env is None:
-        state = "out of date" if (env_for(engine, version).root / MARKER).exists() else "not installed"
+        state = "out of date" if _stale(env_for(engine, version)) else "not installed"
         raise EnvError(f"the {engine} {version} engine environment is {state} "
                        f"({env_for(engine, version).root}); run `{install_command(engine, version)}`")
     return env
@@ -261,6 +275,10 @@ def install(engine: str, version: str, *, log: Callable[[str], None] = print, fo
             "python": sys.version.split()[0], "installed": time.time(),
             "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         log(f"kvprobe shadow: {engine} {found} ready at {env.root} ({time.monotonic() - t0:.0f} s)")
+        for old in _stale(env):
+            log(f"kvprobe shadow: removing the environment of an older recipe at {old}")
+            shutil.rmtree(old, ignore_errors=True)
+            old.with_name(old.name + ".lock").unlink(missing_ok=True)
         return env
 
 

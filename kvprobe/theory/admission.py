@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from kvprobe.errors import ConfigError
 from kvprobe.theory.schedsim import (
     CLIP_MAX_NEW_TOKENS,
+    SEM_STOP,
     ClosedLoopStats,
     SglangConfig,
     VllmConfig,
@@ -101,8 +102,9 @@ def _ramp_width(estimate: float) -> int:
 
 
 def describe(stats: ClosedLoopStats, start: str) -> str:
+    early = f" (stopped at SEM <= {SEM_STOP:.1%} of running)" if stats.stopped_early else ""
     return (f"schedsim, {start} start: {stats.simulated:,} steps, {stats.lifetimes:.0f} lifetimes of "
-            f"{stats.lifetime:,} measured, SEM {stats.running_sem:.2f}")
+            f"{stats.lifetime:,} measured{early}, SEM {stats.running_sem:.2f}")
 
 
 def _with_policy(config, policy: str):

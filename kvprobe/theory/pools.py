@@ -1,27 +1,28 @@
 """KV pools of the two engines, as the schedulers in `schedsim.py` see them, and the footprint of
 one request in them (`FullAttention`; a model with other layer kinds adds a footprint per group).
 
-vLLM blocks that carry no prefix hash are *anonymous*: only their count is kept, so a decode that
-crosses a block boundary costs an integer update, not an object. SGLang's pool is a slot count
-plus its radix tree (`SglangTokenPool`) at page granularity.
-A block gets a key (its chained prefix hash) only when prefix caching needs one: full prompt
-blocks when they are scheduled, full output blocks when the request frees them (the only moment
-another request could hit them: a preempted request resuming, a later turn of a conversation).
+vLLM's block pool (counts, prompt-block keys, runs of a request's own blocks) is in
+`vllm_pool.py`; SGLang's pool is a slot count plus its radix tree (`SglangTokenPool`) at page
+granularity, here.
 
-Keys: a full prompt block's key is the chained hash of its token ids (`prompt_keys`); a block that
-contains output tokens is keyed by `("o", rid, index)`, exact because the scheduler derives output
-token ids from the rid and the position (`output_token`). So a resumed request hits its own output
-blocks, while a *new* request whose prompt repeats another's outputs does not (not modelled).
+Keys: a full prompt block's key is the chained hash of its token ids (`prompt_keys`). A block that
+contains output tokens can only be hit by its own request (its hash chains through that request's
+outputs), which the vLLM pool keeps as one run per request; so a resumed request hits its own
+output blocks, while a *new* request whose prompt repeats another's outputs does not (not
+modelled). Output token ids are a function of the rid and the position (`output_token`).
 """
 
 from __future__ import annotations
 
 import heapq
 import zlib
-from collections import OrderedDict
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
+
+from kvprobe.theory.vllm_pool import VllmBlockPool  # noqa: F401 — imported from here by the schedulers
 
 VOCAB = 32000
 
@@ -40,107 +41,10 @@ def prompt_keys(prompt: Sequence[int], unit: int) -> list[int]:
     """Chained hashes of the full `unit`-token blocks of a prompt (vLLM hashes blocks the same way:
     each block's hash covers its parent's hash and its own token ids, v1/core/kv_cache_utils.py)."""
     keys, parent = [], 0
-    for start in range(0, len(prompt) - unit + 1, unit):
-        parent = hash((parent, tuple(prompt[start:start + unit])))
+    for block in zip(*[iter(prompt)] * unit, strict=False):  # full blocks only, as tuples made in C
+        parent = hash((parent, block))
         keys.append(parent)
     return keys
-
-
-class VllmBlockPool:
-    """vLLM 0.33 `BlockPool` (v1/core/block_pool.py) reduced to counts and keys.
-
-    The free queue is [anonymous blocks][hashed blocks in LRU order]: freed unhashed blocks go to
-    the head, freed hashed blocks to the tail (`free_blocks` L816-849), and allocation pops the
-    head, so anonymous blocks are used first and cached ones are evicted oldest first.
-    Block 0 is the reserved null block: usable = num_gpu_blocks - 1.
-    """
-
-    def __init__(self, num_gpu_blocks: int):
-        self.num_gpu_blocks = num_gpu_blocks
-        self.usable = num_gpu_blocks - 1
-        self.free_anon = self.usable
-        # cached blocks with ref_cnt 0, head evicted first; value = blocks in the entry: 1 for a
-        # hashed block, more for a "dead run" (hashed blocks no request can ever hit again: the
-        # output blocks of a finished request), kept as one entry so freeing them is O(1)
-        self.lru: OrderedDict[object, int] = OrderedDict()
-        self.lru_blocks = 0
-        self.refs: dict[object, int] = {}  # cached, ref_cnt > 0
-        self._runs = 0
-        self.added = 0  # keys ever cached: a waiting request's prefix hits can only grow when it moves
-
-    @property
-    def num_free(self) -> int:
-        """`get_num_free_blocks`: includes cached-but-unreferenced blocks (evictable)."""
-        return self.free_anon + self.lru_blocks
-
-    @property
-    def usage(self) -> float:
-        """`get_usage` (block_pool.py L921-932), exported as vllm:kv_cache_usage_perc."""
-        return 1.0 - self.num_free / self.usable if self.usable else 0.0
-
-    def is_cached(self, key) -> bool:
-        return key in self.refs or key in self.lru
-
-    def take(self, n: int) -> None:
-        """Allocate n new (anonymous) blocks from the head of the free queue, evicting if needed."""
-        if n > self.num_free:
-            raise RuntimeError(f"block pool over-allocated: need {n}, free {self.num_free}")
-        from_anon = min(n, self.free_anon)
-        self.free_anon -= from_anon
-        left = n - from_anon
-        self.lru_blocks -= left
-        while left:
-            key, count = self.lru.popitem(last=False)
-            if count > left:  # part of a dead run: the rest stays at the head
-                self.lru[key] = count - left
-                self.lru.move_to_end(key, last=False)
-                break
-            left -= count
-
-    def touch(self, keys: Sequence) -> None:
-        """A prefix hit: ref_cnt += 1; a ref_cnt-0 block leaves the free queue (`touch` L792-810)."""
-        for key in keys:
-            if key in self.lru:
-                del self.lru[key]
-                self.lru_blocks -= 1
-                self.refs[key] = 1
-            else:
-                self.refs[key] += 1
-
-    def cache(self, key) -> bool:
-        """Give one of the caller's anonymous blocks this key. False if the key is already cached
-        by another block (the caller's block then stays anonymous)."""
-        if self.is_cached(key):
-            return False
-        self.refs[key] = 1
-        self.added += 1
-        return True
-
-    def release(self, keys: Sequence, anon: int, dead: int = 0) -> None:
-        """Free a request's blocks: hashed blocks in reverse order to the tail (the last block is
-        evicted first, kv_cache_manager `free` uses reversed order), anonymous ones to the head.
-        `dead` full blocks that follow `keys` go to the tail first, as one run."""
-        if dead:
-            self._runs += 1
-            self.lru[("dead", self._runs)] = dead
-            self.lru_blocks += dead
-        for key in reversed(keys):
-            left = self.refs[key] - 1
-            if left:
-                self.refs[key] = left
-            else:
-                del self.refs[key]
-                self.lru[key] = 1
-                self.lru_blocks += 1
-        self.free_anon += anon
-
-    def check(self, anon_held: int) -> None:
-        """Leak check: every block in use is a referenced cached block or an anonymous block some
-        request holds (`anon_held` is their sum over requests)."""
-        in_use = self.usable - self.num_free
-        if in_use != anon_held + len(self.refs):
-            raise AssertionError(
-                f"block pool leak: {in_use} blocks in use, requests hold {anon_held} + {len(self.refs)} cached")
 
 
 # --------------------------------------------------------------------------- request footprint
@@ -152,9 +56,10 @@ class FullAttention:
     layer kinds (a sliding-window or linear-attention group beside this one) adds a footprint per
     group and sums them, without touching the admission policies.
 
-    `allocs(held_tokens, s)` and `allocs_sum(held_tokens, k)` are the closed forms behind the
-    event-driven fast path: with every request decoding one token per step, the blocks allocated
-    in steps 1..s, and their sum over s = 1..k (for the time-averaged usage)."""
+    `allocs(held_tokens, s)`, `allocs_sum(held_tokens, k)` and `steps_within` are the closed forms
+    behind the event-driven fast path: with every request decoding one token per step, the blocks
+    allocated in steps 1..s, their sum over s = 1..k (for the time-averaged usage), and how many
+    steps fit in the free blocks. `phases(held_tokens)` computes what they share once."""
 
     def __init__(self, block_size: int):
         self.B = block_size
@@ -162,10 +67,8 @@ class FullAttention:
     def blocks(self, tokens):
         return -(-tokens // self.B)
 
-    def _prefix(self, n: np.ndarray) -> np.ndarray:
-        """F(n) = sum_{t=1..n} ceil(t/B), exactly, in int64."""
-        q, r = np.divmod(n, self.B)
-        return self.B * q * (q + 1) // 2 + r * (q + 1)
+    def phases(self, tokens: np.ndarray) -> Phases:
+        return Phases.of(tokens, self.B)
 
     def allocs(self, tokens: np.ndarray, s: int) -> int:
         """Blocks taken by requests holding `tokens` computed tokens after each computes s more."""
@@ -173,20 +76,60 @@ class FullAttention:
 
     def allocs_sum(self, tokens: np.ndarray, k: int) -> int:
         """sum_{s=1..k} allocs(tokens, s)."""
-        return int((self._prefix(tokens + k) - self._prefix(tokens) - k * self.blocks(tokens)).sum())
+        return self.phases(tokens).allocs_sum(k)
 
     def steps_within(self, tokens: np.ndarray, free: int, k_max: int) -> int:
         """The largest k <= k_max with allocs(tokens, k) <= free (allocations only grow)."""
-        if k_max <= 0 or self.allocs(tokens, k_max) <= free:
+        return self.phases(tokens).steps_within(free, k_max)
+
+
+class Phases:
+    """Where each of n requests stands against its next block boundary, for closed forms over
+    steps in which every one of them computes one token. A request holding t tokens takes a block
+    at steps f, f + B, f + 2B, ... with f = (-t mod B) + 1 in 1..B; so after s = qB + m steps
+    (0 <= m < B) the n requests took allocs(s) = n*q + c[m] blocks, c[m] = #{f <= m}."""
+
+    __slots__ = ("n", "B", "c", "_c2")
+
+    def __init__(self, n: int, B: int, c: list[int]):
+        self.n, self.B, self.c, self._c2 = n, B, c, None
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, B: int) -> Phases:
+        counts = np.bincount(-tokens % B + 1, minlength=B + 1)[:B]  # [f] = requests with that f
+        return cls(len(tokens), B, counts.cumsum().tolist())
+
+    @classmethod
+    def of_residues(cls, hist: list[int], shift: int, n: int) -> Phases:
+        """From hist[r] = requests holding t = r (mod B), after each computed `shift` more tokens."""
+        B = len(hist)
+        s = shift % B
+        rot = hist[-s:] + hist[:-s] if s else hist  # rot[x] = requests now holding t = x (mod B)
+        # t = 0 takes its next block at f = 1, t = x > 0 at f = B - x + 1
+        return cls(n, B, [0, *accumulate([rot[0], *rot[:0:-1]][: B - 1])])
+
+    def allocs(self, s: int) -> int:
+        q, m = divmod(s, self.B)
+        return self.n * q + self.c[m]
+
+    def allocs_sum(self, k: int) -> int:
+        """sum_{s=1..k} allocs(s): with k = QB + R, sum floor(s/B) = B Q(Q-1)/2 + Q(R+1) and
+        sum c[s mod B] = Q (c[0] + ... + c[B-1]) + c[0] + ... + c[R] (c[0] = 0)."""
+        B = self.B
+        if self._c2 is None:
+            self._c2 = list(accumulate(self.c))
+        Q, R = divmod(k, B)
+        return self.n * (B * Q * (Q - 1) // 2 + Q * (R + 1)) + Q * self._c2[B - 1] + self._c2[R]
+
+    def steps_within(self, free: int, k_max: int) -> int:
+        """The largest k <= k_max with allocs(k) <= free: q = free // n whole rounds of B steps,
+        then the longest part of a round whose first-timers fit in the rest."""
+        if k_max <= 0 or not self.n:
             return max(k_max, 0)
-        lo, hi = 0, k_max  # allocs(lo) <= free < allocs(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.allocs(tokens, mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        q, rem = divmod(free, self.n)
+        if q * self.B >= k_max:
+            return k_max
+        return min(q * self.B + bisect_right(self.c, rem) - 1, k_max)
 
 
 # --------------------------------------------------------------------------- SGLang

@@ -62,12 +62,16 @@ class SimRequest:
     num_preemptions: int = field(default=0, init=False)  # vLLM preemptions / SGLang retractions
     _seed: int = field(default=0, init=False, repr=False)
     _pkeys: list = field(default_factory=list, init=False, repr=False)  # chained hashes of prompt units
-    _keys: list = field(default_factory=list, init=False, repr=False)  # cached units it holds / locks
+    _keys: list = field(default_factory=list, init=False, repr=False)  # vLLM: prompt keys it holds
+    _own: int = field(default=0, init=False, repr=False)  # vLLM: own (output) blocks it holds from a hit
+    _runs: list = field(default_factory=list, init=False, repr=False)  # vLLM: its own blocks left cached
     _stop: int = field(default=0, init=False, repr=False)
     _maxn: int = field(default=0, init=False, repr=False)  # SGLang max_new_tokens after clipping
     _tokens: tuple = field(default=(), init=False, repr=False)  # SGLang: the prompt, for the radix tree
     _node: object = field(default=None, init=False, repr=False)  # SGLang: the tree node it locks
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
+    _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
+    _out_ids: tuple = field(default=(), init=False, repr=False)  # SGLang: its output ids, as far as asked
 
 
 class Emitted(Sequence):
@@ -149,12 +153,17 @@ class Lanes:
         return {c: int(a[i]) for c, a in self.cols.items()}
 
     def keep(self, mask: np.ndarray) -> None:
-        idx = np.flatnonzero(mask)
+        idx = mask.nonzero()[0]
         for a in self.cols.values():
             a[: len(idx)] = a[: self.n][idx]
         self.reqs[: len(idx)] = self.reqs[: self.n][idx]
         self.reqs[len(idx) : self.n] = None
         self.n = len(idx)
+
+    def pop(self) -> None:
+        """Drop the last row (a preempted request leaves from the end of the running order)."""
+        self.n -= 1
+        self.reqs[self.n] = None
 
     def index(self, req: SimRequest) -> int:
         for i in range(self.n):

@@ -16,14 +16,15 @@ from kvprobe.theory.sched_common import (
     cdiv,
     output_tokens,
 )
+from kvprobe.theory.sglang_fastpath import SglangFastPath
+from kvprobe.theory.sglang_prefill import SglangPrefillAdder
 
 # --------------------------------------------------------------------------- SGLang
 
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (schedule_policy.py L89-91)
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS (environ.py)
 
 
-class SglangScheduler(SchedulerBase):
+class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
     """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py; sglang.md §2.10).
 
     Prefill has priority over decode; a pass admits FCFS through `PrefillAdder` until a request
@@ -43,7 +44,10 @@ class SglangScheduler(SchedulerBase):
         self.pool = SglangTokenPool(config.max_total_num_tokens, self.ps)
         self.fp = FullAttention(self.ps)  # pages a request holds (see pools.FullAttention)
         self._req_states: list | None = None  # add_one_req_ignore_eos's per-pass list
-        self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed"))
+        self._ran = False  # a batch ran in the last step (overlap processes its result in this one)
+        # ckpt: tokens of a completed prefill whose batch result (and so its checkpoint into the
+        # tree) is still to come; 0 when none is pending
+        self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed", "ckpt"))
         self.chunked: SimRequest | None = None  # request between prefill chunks (not in `run`)
         self.batch_full = False
         # NewTokenRatioTracker (new_token_ratio_tracker.py L13-49; env defaults environ.py L646-650)
@@ -73,234 +77,91 @@ class SglangScheduler(SchedulerBase):
 
     def step(self) -> StepResult:
         result = StepResult(Emitted(), [], [])
+        c = self.chunked
+        if c is not None and self.radix and c.num_computed_tokens > c._stashed:  # a chunk was computed:
+            self._checkpoint(c, c.num_computed_tokens)  # stash_chunked_request (scheduler.py L3913-3920)
+            c._stashed = c.num_computed_tokens
         self.run("cur")[0][:] = 0
-        prefilled = False
+        ran = False
         if (self.waiting and not self.batch_full) or self.chunked is not None:
-            prefilled = self._prefill(result)
-        if not prefilled and self.run.n:
-            self._decode(result)
+            ran = self._prefill(result)
+        if not ran and self.run.n:
+            ran = self._decode(result)
         self._process(result)
-        if not self.run.n and not self.waiting and self.chunked is None:
-            self.ratio = self.ratio_init  # on_idle reset (scheduler.py L5318)
+        # on_idle (scheduler.py L5241-5330): called when no batch runs (with overlap, none ran in
+        # the step before either: its result is processed now); fully idle, it resets the ratio
+        if not ran and not (self.cfg.overlap and self._ran) and not self.run.n and not self.waiting \
+                and self.chunked is None:
+            self.ratio = self.ratio_init
+        self._ran = ran
         self.stats.steps += 1
         self.refresh_stats()
         return result
 
-    # -- prefill pass: PrefillAdder (schedule_policy.py L607-1778, prefill_budget.py L62-168)
-    def _prefill(self, result: StepResult) -> bool:
-        cfg, L, pool, ps = self.cfg, self.run, self.pool, self.ps
-        out, maxn, ign = L("out", "maxn", "ign")
-        reserve = np.minimum(maxn - out, CLIP_MAX_NEW_TOKENS).astype(float)  # L785-794
-        if cfg.policy == "sglang-0.5.22":  # ignore_eos reserved at 1.0 from 0.5.22 on
-            reserve *= np.where(ign > 0, 1.0, self.ratio)
-        else:
-            reserve *= self.ratio
-        # available + evictable as the pass began: this model allocates at admission, SGLang after
-        # the pass (its current_offset is what b["current"] tracks); locking a matched prefix does
-        # take evictable tokens out of _available_and_evictable() for the next candidates
-        free = pool.available + pool.evictable
-        b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
-             "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
-        scheduled = 0
-        if self.chunked is not None:
-            scheduled += self._continue_chunk(free, b, result)
-        admitted: list[SimRequest] = []
-        self._req_states = None
-        room = cfg.max_running_requests - L.n  # get_num_allocatable_reqs (scheduler.py L4027-4050)
-        if room <= 0 and self.waiting:
-            self.batch_full = True
-        while self.waiting and not self.batch_full and self.chunked is None:
-            if len(admitted) >= room:
-                self.batch_full = True
-                break
-            req = self.waiting[0]
-            P, done = len(req.prompt), req.output_len
-            # the tree holds prompts only; a match is capped at len - 1 (_compute_max_prefix_len)
-            node, prefix = pool.match(req._tokens, min(P, P + done - 1)) if self.radix else (None, 0)
-            ext = P + done - prefix
-            max_new = min(max(req._maxn - done, 0), CLIP_MAX_NEW_TOKENS)
-            rem_total = free - b["total"] - (pool.evictable_on_path(node) if self.radix else 0)  # prefix locked
-            if not self.radix and req.ignore_eos:
-                fits = self._ignore_eos_fits(req, ext, free - b["current"], rem_total, admitted)
-            else:
-                fits = ext + max_new + ps < rem_total  # check_prefill: strict (L114-130)
-            if not fits:  # NO_TOKEN: head-of-line, latch
-                self.batch_full = bool(admitted) or bool(L.n)
-                break
-            if b["chunk"] is None and admitted and self.ceil_page(ext) >= b["input"]:
-                break
-            chunk = ext
-            if b["chunk"] is not None and self.ceil_page(ext) > b["chunk"]:
-                chunk = b["chunk"] // ps * ps
-                if chunk <= 0:
-                    break
-            self.waiting.popleft()
-            if self.radix:
-                free -= pool.evictable_on_path(node)
-                pool.lock(node)
-            req._node, req._cached = node, prefix
-            pool.alloc(self.ceil_page(prefix + chunk) - prefix)
-            scheduled += chunk
-            paged = self.ceil_page(chunk)
-            b["current"] += paged + ps
-            b["input"] -= paged
-            if b["chunk"] is not None:
-                b["chunk"] -= paged
-            if chunk < ext:  # becomes the chunked request, reserved with max_new 0 (L1675)
-                b["total"] += paged + ps
-                req.status, req.num_computed_tokens = "running", prefix + chunk
-                self.chunked = req
-                break
-            b["total"] += paged + ps + min(req._maxn, CLIP_MAX_NEW_TOKENS)  # not reduced (L1636)
-            self._join_running(req, prefix + chunk)
-            admitted.append(req)
-            if free - b["total"] <= 0 or free - b["current"] <= 0:
-                self.batch_full = True
-                break
-            if b["input"] <= 0 or (b["chunk"] is not None and b["chunk"] <= 0):
-                break
-        result.prefill_tokens = scheduled
-        return scheduled > 0
-
-    def _continue_chunk(self, free: int, b: dict, result: StepResult) -> int:
-        """add_chunked_req (L1140-1222): min(rem_chunk, remaining_total), full chunk if <= 0."""
-        req, ps = self.chunked, self.ps
-        done = req.num_computed_tokens
-        left = len(req.prompt) + req.output_len - done
-        size = left
-        if b["chunk"] is not None:
-            room = min(b["chunk"], int(free - b["total"]))
-            size = min(left, room if room > 0 else b["chunk"])
-            if size < left:
-                size = max(size // ps * ps, ps)
-        self.pool.alloc(self.ceil_page(done + size) - self.ceil_page(done))
-        paged = self.ceil_page(size)
-        b["current"] += paged + ps
-        b["input"] -= paged
-        if b["chunk"] is not None:
-            b["chunk"] -= paged
-        if size < left:
-            b["total"] += paged + ps
-            req.num_computed_tokens = done + size
-        else:
-            b["total"] += paged + ps + min(req._maxn, CLIP_MAX_NEW_TOKENS)
-            self.chunked = None
-            self._join_running(req, done + size)
-            if self.cfg.max_running_requests - self.run.n <= 0:
-                self.batch_full = True
-        return size
-
-    def _ignore_eos_fits(self, req, ext, rem_current, rem_total, admitted) -> bool:
-        """add_one_req_ignore_eos (schedule_policy.py L1241-1383), the --disable-radix-cache path.
-
-        First check (prefill_budget.py L132-140): the paged prompt alone against the remaining
-        budgets, without the candidate's own output. Then a simulation of the future: every
-        request's (tokens_left, tokens_occupied), in ascending tokens_left; walking it, `bs`
-        requests are still decoding and must each find room for their remaining tokens, helped by
-        the tokens of those that finished (L1297-1305, IGNORE_EOS_RESERVE_TOKENS = 1 per request).
-        The list is built once per pass (candidate, running, admitted; stable sort, L1280-1288);
-        later candidates are insert-sorted before the first entry with tokens_left >= theirs, or
-        before the LAST entry when none is (the loop variable's value after an unbroken loop)."""
-        ps = self.ps
-        paged_input = self.ceil_page(ext) + ps
-        if paged_input > min(rem_current, rem_total):
-            return False
-        mine = self._req_state(req.ignore_eos, req._maxn, req.output_len, len(req.prompt))
-        if self._req_states is None:
-            out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")
-            states = [mine] + [self._req_state(bool(g), int(m), int(o), int(p))
-                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist(), strict=True)]
-            self._req_states = sorted((x for x in states if x is not None), key=lambda x: x[0])
-        elif mine is not None:
-            states, i = self._req_states, 0
-            for i in range(len(states)):
-                if mine[0] <= states[i][0]:
-                    break
-            states.insert(i, mine)
-        cur, freed = rem_current - paged_input, 0
-        n = len(self._req_states)
-        for i, (left, occupied) in enumerate(self._req_states):
-            bs = n - i
-            if cur + freed - left * bs <= bs:
-                return False
-            freed += occupied
-        return True
-
-    def _req_state(self, ignore_eos: bool, max_new: int, out: int, plen: int):
-        ratio = 1.0 if ignore_eos else self.ratio
-        left = max_new * ratio - out
-        return (left, plen + out) if left > 0 else None
-
     def _join_running(self, req: SimRequest, held: int) -> None:
-        """Prefill done: the prompt's whole pages are checkpointed into the tree and locked
-        (common.py checkpoint_kv_cache L271-281); pages a twin inserted meanwhile are freed as
-        duplicates. The request produces its first token with this batch."""
-        if self.radix:
-            node, already = self.pool.insert(req._tokens, req._node, req._cached)
-            self.pool.free(already)
-            self.pool.lock(node)
-            self.pool.unlock(req._node)
-            req._node, req._cached = node, len(req._tokens) // self.ps * self.ps
+        """Prefill done: the request produces its first token with this batch. Its computed
+        tokens enter the tree when the batch's result is processed (`_checkpoint` from `_process`:
+        batch_result_processor.py L392-394), so a candidate of the same pass, or with overlap of
+        the next one, does not match them yet."""
         req.status = "running"
-        self.run.append(req, plen=len(req.prompt), out=req.output_len, cur=1, held=held,
-                        maxn=req._maxn, stop=req._stop, ign=int(req.ignore_eos), seed=req._seed)
+        self.run.append(req, plen=len(req.prompt), out=req.output_len, cur=1, held=held, maxn=req._maxn,
+                        stop=req._stop, ign=int(req.ignore_eos), seed=req._seed, ckpt=held if self.radix else 0)
+
+    def _fill(self, req: SimRequest) -> tuple:
+        """The request's token ids as SGLang's fill_ids: the prompt, then its outputs so far."""
+        n = req.output_len
+        if not n:
+            return req._tokens
+        if len(req._out_ids) < n:  # extended, not rebuilt: a waiting head is matched every step
+            more = output_tokens(np.int64(req._seed), np.arange(len(req._out_ids), n))
+            req._out_ids += tuple(more.tolist())
+        return req._tokens + req._out_ids[:n]
+
+    def _checkpoint(self, req: SimRequest, upto: int) -> None:
+        """checkpoint_kv_cache (mem_cache/common.py L271-281): the whole pages of its first `upto`
+        tokens are inserted into the tree and locked in place of the prefix it matched; pages a
+        twin inserted meanwhile are freed as duplicates."""
+        node, already = self.pool.insert(self._fill(req)[:upto], req._node, req._cached)
+        self.pool.free(already)
+        self.pool.lock(node)
+        self.pool.unlock(req._node)
+        req._node, req._cached = node, upto // self.ps * self.ps
 
     # -- decode: update_running_batch (scheduler.py L4459-4552)
-    def _decode(self, result: StepResult) -> None:
+    def _decode(self, result: StepResult) -> bool:
+        """update_running_batch (scheduler.py L4459-4552). With overlap, a request whose token in
+        flight is its last by length (`_reqs_finishing_inflight` L4444-4457: max_new_tokens, not
+        an EOS nobody knows yet) is left out of the decode; if nothing else runs, or the rest does
+        not fit, the step decodes nothing and the result of the last batch frees it. True if a
+        decode batch ran."""
         L, pool = self.run, self.pool
-        out, pend, held = L("out", "pend", "held")
-        active = (out + pend < L("stop")[0]) if self.cfg.overlap else np.ones(L.n, bool)
+        out, pend, held, maxn = L("out", "pend", "held", "maxn")
+        finishing = (pend > 0) & (out + pend >= maxn) if self.cfg.overlap else np.zeros(L.n, bool)
+        active = ~finishing
+        if not active.any():  # an empty batch: no decode, no ratio decay (L4465-4467)
+            self.batch_full = False
+            return False
         need = self._decode_need(active, held)
         if need > pool.available + pool.evictable:
-            if self.cfg.overlap and not active.all():  # finishing in flight: skip (L4470-4474)
+            if finishing.any():  # L4470-4474
                 self.batch_full = False
-                return
+                return False
             self._retract(result)
+            self.batch_full = False  # the batch shrank (L4543-4544)
             out, pend, held = L("out", "pend", "held")
             active = np.ones(L.n, bool)
             need = self._decode_need(active, held)
             if need > pool.available + pool.evictable:
-                return
+                return True
         else:
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+        if finishing.any():
+            self.batch_full = False  # the batch shrank (L4543-4544)
         pool.alloc(need)
         held += active
         L("cur")[0][:] = active
         result.decode_seqs = int(active.sum())
-
-    # -- event-driven fast path (closed_loop): k plain decode steps in one jump, exactly
-    def plain_steps(self, k_max: int) -> int:
-        """How many of the next steps are plain decode steps: no prefill is attempted (nothing
-        waits, or admission is latched by batch_full), every running request decodes (its token
-        known, none finishing in flight), none finishes, and no step runs out of slots. In such
-        a stretch only counters move, so `skip(k)` can apply k of them at once."""
-        L, pool = self.run, self.pool
-        if not L.n or self.chunked is not None or (self.waiting and not self.batch_full):
-            return 0
-        out, pend, stop, held = L("out", "pend", "stop", "held")
-        if self.cfg.overlap and not (pend == 1).all():
-            return 0
-        k = min(k_max, int((stop - out).min()) - 1)
-        if k <= 0:
-            return 0
-        return self.fp.steps_within(held, (pool.available + pool.evictable) // self.ps, k)
-
-    def skip(self, k: int) -> int:
-        """Apply k plain decode steps (k <= plain_steps()); returns the sum over those steps of
-        the used-token count sampled after each, as k calls of step() would have seen it."""
-        L, pool, ps = self.run, self.pool, self.ps
-        held, out = L("held", "out")
-        used0 = pool.used
-        used_sum = k * used0 + ps * self.fp.allocs_sum(held, k)
-        pool.alloc(ps * self.fp.allocs(held, k))
-        for _ in range(k):  # the same float operations as k decode steps
-            self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
-        held += k
-        out += k
-        L("cur")[0][:] = 1
-        self.stats.steps += k
-        self.refresh_stats()
-        return used_sum
+        return True
 
     def _decode_need(self, active: np.ndarray, held: np.ndarray) -> int:
         """check_decode_mem (schedule_batch.py L3403-3449): one page per request on a boundary."""
@@ -349,14 +210,17 @@ class SglangScheduler(SchedulerBase):
         L = self.run
         if not L.n:
             return
-        out, pend, cur, stop, seed = L("out", "pend", "cur", "stop", "seed")
+        out, pend, cur, stop, seed, ckpt = L("out", "pend", "cur", "stop", "seed", "ckpt")
         got = pend.copy() if self.cfg.overlap else cur.copy()
         out += got
         if self.cfg.overlap:
             pend[:] = cur
-        idx = np.flatnonzero(got)
+        for i in ((got > 0) & (ckpt > 0) & (out < stop)).nonzero()[0].tolist():  # prefill results
+            self._checkpoint(L.reqs[i], int(ckpt[i]))
+            ckpt[i] = 0
+        idx = got.nonzero()[0]
         result.emitted = Emitted(L.reqs[idx], seed[idx], out[idx] - 1)
-        done = np.flatnonzero((got > 0) & (out >= stop))
+        done = ((got > 0) & (out >= stop)).nonzero()[0]
         if len(done):
             for i in done.tolist():
                 req = L.reqs[i]
@@ -377,19 +241,20 @@ class SglangScheduler(SchedulerBase):
         (common.py release_kv_cache L400-444). Retracted/aborted: private KV is freed, the prompt
         is unlocked (release_req L2360-2395)."""
         pool = self.pool
+        # the token in flight of a retracted request is dropped when its batch's result arrives
+        # (managers/scheduler_components/batch_result_processor.py L342-350, L1022-1028)
         req.output_len = row["out"]
-        if not finished and row["pend"]:  # an in-flight token of a retracted request is kept
-            req.output_len += row["pend"]
-            result.emitted._extra.append((req, int(output_tokens(np.int64(row["seed"]), req.output_len - 1))))
         req.num_computed_tokens = 0
+        if finished and self.radix and row.get("ckpt"):  # finished with its prefill's result
+            self._checkpoint(req, row["ckpt"])
         private = self._private(row, req)
-        if finished and self.radix:  # the prompt is in the tree already; the rest is one leaf
+        if finished and self.radix:  # its computed pages are in the tree already; the rest is one leaf
             pool.insert_leaf(req._node, ("leaf", req.rid, req.num_preemptions), private)
         else:
             pool.free(private)
         if self.radix:
             pool.unlock(req._node)
-        req._node, req._cached = None, 0
+        req._node, req._cached, req._stashed = None, 0, 0
 
     def _abort_running(self, req: SimRequest) -> None:
         dummy = StepResult(Emitted(), [], [])

@@ -15,11 +15,12 @@ from kvprobe.theory.sched_common import (
     VllmConfig,
     output_tokens,
 )
+from kvprobe.theory.vllm_fastpath import VllmFastPath
 
 # --------------------------------------------------------------------------- vLLM
 
 
-class VllmScheduler(SchedulerBase):
+class VllmScheduler(VllmFastPath, SchedulerBase):
     """vLLM V1 `Scheduler.schedule()` + `update_from_output()` (v1/core/sched/scheduler.py, 0.33.0).
 
     One `step()` is one `EngineCore` step. Synchronous (`step`, core.py): schedule a batch, run it,
@@ -52,6 +53,7 @@ class VllmScheduler(SchedulerBase):
         self.run = Lanes(("comp", "ntok", "held", "stop", "plen", "sched", "seed", "cap", "ph", "fly"))
         self._stale: list[SimRequest] = []
         self._head_memo: tuple | None = None  # (head, its tokens, budget, watermark), free, pool.added
+        self._plain = False  # known to be in the state plain_steps checks (set by the fast path only)
         self.full_isl = config.policy == "vllm-0.33"  # --scheduler-reserve-full-isl, absent in 0.11
         self.watermark = int(config.watermark * config.num_gpu_blocks) if self.full_isl else 0
         self.refresh_stats()
@@ -70,6 +72,7 @@ class VllmScheduler(SchedulerBase):
 
     # -- one engine step
     def step(self) -> StepResult:
+        self._plain, self._horizon = False, None
         result = StepResult(Emitted(), [], [])
         budget = self.cfg.max_num_batched_tokens
         budget = self._schedule_running(budget, result)
@@ -86,10 +89,10 @@ class VllmScheduler(SchedulerBase):
         now; async processes the previous batch's."""
         L = self.run
         comp, ntok, sched, ph, fly, plen = L("comp", "ntok", "sched", "ph", "fly", "plen")
-        decoding = (sched > 0) & (comp - sched >= plen)
-        result.decode_seqs = int(decoding.sum())
+        scheduled = sched > 0
+        result.decode_seqs = int(np.count_nonzero(scheduled & (comp - sched >= plen)))
         result.prefill_tokens = int(sched.sum()) - result.decode_seqs
-        samples = (sched > 0) & (comp >= ntok + ph)
+        samples = scheduled & (comp >= ntok + ph)
         if self.async_:
             ph += samples
             previous = fly.astype(bool)
@@ -102,46 +105,60 @@ class VllmScheduler(SchedulerBase):
     def _schedule_running(self, budget: int, result: StepResult) -> int:
         """RUNNING loop (L794-1034): decode 1 token / chunked-prefill the rest within the budget;
         on allocation failure preempt the LAST running request and retry (L930-994)."""
-        L, pool = self.run, self.pool
+        L = self.run
         if not L.n:
             return budget
         comp, ntok, held, sched, plen, cap, ph = L("comp", "ntok", "held", "sched", "plen", "cap", "ph")
-        need = np.minimum(ntok + ph - comp, self.cfg.max_model_len - comp - 1)  # L839-857
-        need[(ph > 0) & (comp + 2 - ph >= cap)] = 0  # async: surely finished, not scheduled (L800-814)
+        need = ntok + ph - comp
+        np.minimum(need, self.cfg.max_model_len - 1 - comp, out=need)  # L839-857
+        if self.async_:
+            need[(ph > 0) & (comp + 2 - ph >= cap)] = 0  # surely finished, not scheduled (L800-814)
         np.maximum(need, 0, out=need)
-        np.clip(budget - (np.cumsum(need) - need), 0, need, out=sched)
-        new_blocks = np.maximum(self.fp.blocks(comp + sched) - held, 0)
-        cum = np.cumsum(new_blocks)
-        if cum[-1] <= pool.num_free:  # everyone fits: the common case, fully vectorised
-            pool.take(int(cum[-1]))
-            held += new_blocks
-        else:
-            i = 0
-            while i < L.n:  # vectorised up to the next request that fails, then preempt for it
-                part = new_blocks[i : L.n]
-                cum = np.cumsum(part)
-                k = i + int(np.searchsorted(cum, pool.num_free, side="right"))
-                pool.take(int(cum[k - i - 1]) if k > i else 0)
-                held[i:k] += part[: k - i]
-                if k >= L.n:
-                    break
-                while new_blocks[k] > pool.num_free:
-                    victim = L.n - 1
-                    result.preempted.append(self._preempt_last())
-                    if victim == k:
-                        break
-                else:
-                    pool.take(int(new_blocks[k]))
-                    held[k] += new_blocks[k]
-                    i = k + 1
-                    continue
-                break  # the request preempted itself: nothing after it is left
+        before = need.cumsum()
+        if before[-1] <= budget:  # the budget covers everyone
+            sched[:] = need
+        else:  # FCFS within the budget: what is left of it after the requests ahead
+            before -= need
+            np.minimum(need, np.maximum(budget - before, 0), out=sched)
+        if self._allocate(np.maximum(self.fp.blocks(comp + sched) - held, 0), result):
             comp, sched, plen = L("comp", "sched", "plen")
-        prefilling = np.flatnonzero((comp < plen) & (sched > 0))
+        prefilling = ((comp < plen) & (sched > 0)).nonzero()[0]
         comp += sched
         for i in prefilling.tolist():
             self._cache_prompt_blocks(L.reqs[i], int(comp[i]))
         return budget - int(sched.sum())
+
+    def _allocate(self, new_blocks: np.ndarray, result: StepResult) -> bool:
+        """Give the running requests their new blocks in running order; when the pool runs dry,
+        preempt the LAST running request and retry (L930-994). True if anyone was preempted."""
+        L, pool = self.run, self.pool
+        held = L("held")[0]
+        cum = new_blocks.cumsum()
+        if cum[-1] <= pool.num_free:  # everyone fits: the common case, fully vectorised
+            pool.take(int(cum[-1]))
+            held += new_blocks
+            return False
+        i = 0
+        while i < L.n:  # vectorised up to the next request that fails, then preempt for it
+            part = new_blocks[i : L.n]
+            cum = part.cumsum()
+            k = i + int(cum.searchsorted(pool.num_free, side="right"))
+            pool.take(int(cum[k - i - 1]) if k > i else 0)
+            held[i:k] += part[: k - i]
+            if k >= L.n:
+                break
+            while new_blocks[k] > pool.num_free:
+                victim = L.n - 1
+                result.preempted.append(self._preempt_last())
+                if victim == k:
+                    break
+            else:
+                pool.take(int(new_blocks[k]))
+                held[k] += new_blocks[k]
+                i = k + 1
+                continue
+            break  # the request preempted itself: nothing after it is left
+        return bool(result.preempted)
 
     def _head_admission(self, free: int, budget: int):
         """What admitting the head of the queue takes, or None if it cannot be admitted now: the
@@ -165,8 +182,8 @@ class VllmScheduler(SchedulerBase):
 
     def _head_check(self, req: SimRequest, num_tokens: int, free: int, budget: int, wm: int):
         cfg, B = self.cfg, self.B
-        hits = self._lookup(req, num_tokens) if cfg.enable_prefix_caching else []
-        h, hit_free = len(hits), sum(1 for key in hits if key in self.pool.lru)
+        hits, own, free_hits = self._lookup(req, num_tokens) if cfg.enable_prefix_caching else ([], 0, 0)
+        h, hit_free = len(hits) + own, own + free_hits  # own hits are all free
         new = num_tokens - h * B
         if not cfg.enable_chunked_prefill and new > budget:
             return None
@@ -178,7 +195,7 @@ class VllmScheduler(SchedulerBase):
         fresh = self.fp.blocks(h * B + new) - h
         if fresh + hit_free + wm > free:
             return None
-        return hits, new, fresh, num_tokens
+        return hits, own, new, fresh, num_tokens
 
     def _schedule_waiting(self, budget: int) -> None:
         """WAITING loop (L1049-1600): FCFS, head-of-line blocking, full-sequence-must-fit (0.33)."""
@@ -189,12 +206,14 @@ class VllmScheduler(SchedulerBase):
             admission = self._head_admission(pool.num_free, budget)
             if admission is None:
                 break
-            hits, new, fresh, num_tokens = admission
+            hits, own, new, fresh, num_tokens = admission
             req = self.waiting.popleft()
-            P, h = len(req.prompt), len(hits)
+            P, h = len(req.prompt), len(hits) + own
             pool.touch(hits)
+            if own:
+                req._runs = pool.touch_own(req._runs, len(req._pkeys), own)
             pool.take(fresh)
-            req._keys = list(hits)
+            req._keys, req._own = list(hits), own
             if cfg.enable_prefix_caching:
                 self.stats.prefix_queries_total += num_tokens
                 self.stats.prefix_hits_total += h * B
@@ -205,64 +224,18 @@ class VllmScheduler(SchedulerBase):
                      sched=new, seed=req._seed, cap=P + req.max_tokens)
             budget -= new
 
-    # -- event-driven fast path (closed_loop): k plain decode steps in one jump, exactly
-    def plain_steps(self, k_max: int) -> int:
-        """How many of the next steps are plain decode steps: every running request decodes one
-        token within the budget, none finishes, no step runs out of blocks (so none preempts),
-        and the head of the queue cannot be admitted. Free blocks only fall and the head's need
-        only grows in such a stretch (an eviction can only cut its prefix hits), so a head that
-        does not fit at its first step fits at none. `skip(k)` then applies k of them at once."""
-        L, cfg = self.run, self.cfg
-        n = L.n
-        if not n or n > cfg.max_num_batched_tokens:
-            return 0
-        comp, ntok, held, stop, cap, ph, fly = L("comp", "ntok", "held", "stop", "cap", "ph", "fly")
-        if self.async_:
-            if not ((ph == 1).all() and (fly == 1).all() and (comp == ntok).all()):
-                return 0
-        elif not (ntok - comp == 1).all():
-            return 0
-        if not (held == self.fp.blocks(comp)).all():
-            return 0
-        k = min(k_max, int((stop - ntok).min()) - 1, int((cap - comp).min()) - 1,
-                cfg.max_model_len - int(comp.max()) - 1)
-        if k <= 0:
-            return 0
-        free = self.pool.num_free
-        if self.waiting and n < cfg.max_num_seqs and cfg.max_num_batched_tokens - n > 0:
-            if not self.full_isl and cfg.enable_prefix_caching:
-                return 0  # 0.11's chunk check could start to fit as evictions cut free hits
-            if self._head_admission(free - self.fp.allocs(comp, 1), cfg.max_num_batched_tokens - n) is not None:
-                return 0
-        return self.fp.steps_within(comp, free, k)
-
-    def skip(self, k: int) -> int:
-        """Apply k plain decode steps (k <= plain_steps()); returns the sum over those steps of
-        the used tokens sampled after each (stats.used_tokens), as k step() calls would see it."""
-        L, pool, B = self.run, self.pool, self.B
-        comp, ntok, held = L("comp", "ntok", "held")
-        used0 = pool.usable - pool.num_free
-        used_sum = k * used0 + self.fp.allocs_sum(comp, k)
-        pool.take(self.fp.allocs(comp, k))
-        comp += k
-        ntok += k
-        held[:] = self.fp.blocks(comp)
-        self.stats.steps += k
-        self.refresh_stats()
-        return used_sum * B
-
     def _update_from_output(self, result: StepResult, sampled: np.ndarray) -> None:
         """update_from_output (L2259-2676): append the token of every request that sampled one;
         finish on max_tokens / max_model_len / eos and free its blocks in the same call."""
         L = self.run
         if L.n:
             ntok, ph, plen, stop, seed = L("ntok", "ph", "plen", "stop", "seed")
-            idx = np.flatnonzero(sampled)
+            idx = sampled.nonzero()[0]
             ntok[idx] += 1
             if self.async_:
                 ph[idx] -= 1
             result.emitted = Emitted(L.reqs[idx], seed[idx], ntok[idx] - plen[idx] - 1)
-            done = np.flatnonzero(sampled & (ntok >= stop))
+            done = (sampled & (ntok >= stop)).nonzero()[0]
             if len(done):
                 for i in done.tolist():
                     req = L.reqs[i]
@@ -271,9 +244,13 @@ class VllmScheduler(SchedulerBase):
                 mask = np.ones(L.n, bool)
                 mask[done] = False
                 L.keep(mask)
+        self._deliver_stale(result)
+
+    def _deliver_stale(self, result: StepResult, emit: bool = True) -> None:
         for req in self._stale:  # a preempted request's in-flight token is still delivered
             req.output_len += 1
-            result.emitted._extra.append((req, int(output_tokens(np.int64(req._seed), req.output_len - 1))))
+            if emit:
+                result.emitted._extra.append((req, int(output_tokens(np.int64(req._seed), req.output_len - 1))))
             if len(req.prompt) + req.output_len >= req._stop and req.rid in self.requests:
                 self.waiting.remove(req)  # stopped while preempted (stopped_preempted_reqs)
                 self._finish(req, result)
@@ -291,7 +268,7 @@ class VllmScheduler(SchedulerBase):
         req = L.reqs[L.n - 1]
         row = L.row(L.n - 1)
         self._leave(req, row, "preempted")
-        L.keep(np.arange(L.n) < L.n - 1)
+        L.pop()
         if row["fly"]:
             self._stale.append(req)
         req.num_computed_tokens = 0
@@ -301,6 +278,7 @@ class VllmScheduler(SchedulerBase):
         return req
 
     def _abort_running(self, req: SimRequest) -> None:
+        self._plain, self._horizon = False, None
         i = self.run.index(req)
         self._leave(req, self.run.row(i), "aborted")
         self.run.keep(np.arange(self.run.n) != i)
@@ -311,39 +289,49 @@ class VllmScheduler(SchedulerBase):
         req.output_len = row["ntok"] - row["plen"]
         req.num_computed_tokens = row["comp"]
         req.status = status
-        keys, full, dead = req._keys, (row["comp"] - row["ph"]) // self.B, 0  # in-flight KV not cached
-        if self.cfg.enable_prefix_caching:
-            # a preempted request can hit its own blocks on resume; a finished one's output
-            # blocks can never be hit again (their keys name its rid), so they free as a dead run
-            upto = full if status == "preempted" else min(full, len(req._pkeys))
-            while len(keys) < upto and self.pool.cache(self._block_key(req, len(keys))):
-                keys.append(self._block_key(req, len(keys)))
-            dead = full - len(keys)
-        self.pool.release(keys, row["held"] - len(keys) - dead, dead)
-        req._keys = []
+        pool, keys, held_own = self.pool, req._keys, req._own
+        if not self.cfg.enable_prefix_caching:
+            pool.release(keys, row["held"])
+            return
+        # Full blocks are hashed (vLLM hashed them as they filled; nobody else could hit them
+        # meanwhile), in block order up to the first whose hash is already cached (that one and
+        # the rest stay unhittable: "dead"). A preempted request can hit its own blocks on resume;
+        # a finished one's output blocks can never be hit again, so they free as a dead run.
+        full, npk = (row["comp"] - row["ph"]) // self.B, len(req._pkeys)  # in-flight KV not cached
+        upto = full if status == "preempted" else min(full, npk)
+        n = len(keys)
+        if n < min(upto, npk):
+            n = pool.cache_keys(req._pkeys, n, min(upto, npk))
+            keys.extend(req._pkeys[len(keys):n])
+        own = held_own
+        if n == npk and upto > npk + own:
+            own = pool.own_limit(req._runs, npk + own, upto) - npk
+        dead = full - len(keys) - own
+        run = pool.release(keys, row["held"] - len(keys) - own - dead, dead=dead, own=own, own_lo=npk,
+                           held_own=held_own, owned=status == "preempted")
+        req._keys, req._own = [], 0
+        live = [r for r in req._runs if r in pool.lru] if status == "preempted" else []
+        req._runs = live + [run] if run is not None else live
 
     # -- prefix caching
-    def _block_key(self, req: SimRequest, k: int):
-        return req._pkeys[k] if k < len(req._pkeys) else ("o", req.rid, k)
-
-    def _lookup(self, req: SimRequest, num_tokens: int) -> list:
-        """Longest cached prefix, capped at num_tokens - 1 tokens in whole blocks (L295-302)."""
-        refs, lru, pkeys = self.pool.refs, self.pool.lru, req._pkeys
-        hits = []
-        for k in range((num_tokens - 1) // self.B):
-            key = pkeys[k] if k < len(pkeys) else ("o", req.rid, k)
-            if key not in refs and key not in lru:
-                break
-            hits.append(key)
-        return hits
+    def _lookup(self, req: SimRequest, num_tokens: int) -> tuple[list, int, int]:
+        """Longest cached prefix, capped at num_tokens - 1 tokens in whole blocks (L295-302): its
+        prompt keys, how many of the request's own blocks follow them, and how many of the prompt
+        keys are free."""
+        cap, pkeys = (num_tokens - 1) // self.B, req._pkeys
+        n, free = self.pool.prompt_hits(pkeys, cap)
+        own = 0
+        if n == len(pkeys) and cap > n and req._runs:
+            own = min(self.pool.own_cached(req._runs, n), cap - n)
+        return pkeys[:n], own, free
 
     def _cache_prompt_blocks(self, req: SimRequest, computed: int) -> None:
         """cache_blocks at allocation time (kv_cache_manager.py L624): full prompt blocks get keys."""
         if not self.cfg.enable_prefix_caching:
             return
         keys, upto = req._keys, min(computed, len(req.prompt)) // self.B
-        while len(keys) < upto and self.pool.cache(req._pkeys[len(keys)]):
-            keys.append(req._pkeys[len(keys)])
+        if len(keys) < upto:
+            keys.extend(req._pkeys[len(keys):self.pool.cache_keys(req._pkeys, len(keys), upto)])
 
     # -- observation
     def sync(self) -> None:
@@ -357,7 +345,7 @@ class VllmScheduler(SchedulerBase):
     def check_pool(self) -> None:
         """Raise AssertionError if blocks leaked (used by tests and the emulator's drain check)."""
         held = self.run("held")[0]
-        keys = sum(len(self.run.reqs[i]._keys) for i in range(self.run.n))
+        keys = sum(len(self.run.reqs[i]._keys) + self.run.reqs[i]._own for i in range(self.run.n))
         self.pool.check(int(held.sum()) - keys)
 
     def refresh_stats(self) -> None:

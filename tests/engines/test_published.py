@@ -148,6 +148,17 @@ def test_vllm_pool_refusal_line():
     assert vllm.startup_refusal_line(text).startswith("ValueError: To serve at least one request")
 
 
+def test_vllm_other_refusals_name_the_engine_cores_exception_not_its_echo():
+    text = ("(EngineCore pid=7) WARNING 12-01 10:57:47 [cpu.py:670] Failed to import from vllm._C: ModuleNotFoundError(x)\n"
+            "(EngineCore pid=7) ERROR 12-01 10:57:47 [core.py:1584] kvprobe.shadow.vllm_kvspec.UnsupportedModelError: "
+            "kvprobe's shadow worker cannot describe this model's KV cache\n"
+            "Traceback (most recent call last):\n"
+            "kvprobe.shadow.vllm_kvspec.UnsupportedModelError: kvprobe's shadow worker cannot describe this model's KV cache\n"
+            + vllm.STARTUP_FAILED.format("{'EngineCore': 1}") + "\n")
+    assert vllm.startup_refusal_line(text) == ("kvprobe.shadow.vllm_kvspec.UnsupportedModelError: kvprobe's shadow "
+                                               "worker cannot describe this model's KV cache")
+
+
 def test_launch_with_a_served_name():
     argv = vllm.launch_command("/models/llama-8b", {"max-num-seqs": 16}, host="127.0.0.1", port=8000,
                                served_model_name="llama-8b")

@@ -102,3 +102,16 @@ def test_console_install_of_unknown_version_creates_nothing(cache, capsys):
     assert main(["shadow", "install", "vllm==9.9.9"]) == 2
     assert "no pinned install list for vllm 9.9.9" in capsys.readouterr().err
     assert not (cache / "envs").exists()
+
+
+def test_a_new_recipe_builds_beside_the_old_and_prunes_it(cache, fake_recipe):
+    fake_recipe()
+    old = envs.install("fakeengine", "1.2.3", log=lambda _: None)
+    fake_recipe(revision="2")
+    new = envs.env_for("fakeengine", "1.2.3")
+    assert new.root != old.root and old.root.exists()  # the old one serves whoever runs it meanwhile
+    lines = []
+    envs.install("fakeengine", "1.2.3", log=lines.append)
+    assert envs.find("fakeengine", "1.2.3") == new
+    assert not old.root.exists()
+    assert any(f"older recipe at {old.root}" in ln for ln in lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +139,81 @@ def test_vllm_head_memo_changes_nothing(case, users, k):
         VllmScheduler.memo = True
         schedsim._closed_loop.cache_clear()
     assert with_memo == without
+
+
+# ---------------------------------------------------------------- the closed forms and the jumps
+
+
+@settings(max_examples=300, deadline=None)
+@given(B=st.sampled_from([1, 2, 3, 16, 64]), tokens=st.lists(st.integers(0, 300), max_size=12),
+       free=st.integers(0, 100), k=st.integers(-2, 200), shift=st.integers(0, 100))
+def test_phases_closed_forms_equal_counting(B, tokens, free, k, shift):
+    """Blocks taken after s steps, their sum, and the steps that fit, against counting them."""
+    import numpy as np
+
+    from kvprobe.theory.pools import FullAttention, Phases
+
+    t = np.array(tokens, np.int64)
+    fp = FullAttention(B)
+    taken = [int((fp.blocks(t + s) - fp.blocks(t)).sum()) for s in range(max(k, 0) + 1)]
+    phases = fp.phases(t)
+    assert [phases.allocs(s) for s in range(len(taken))] == taken
+    assert phases.allocs_sum(max(k, 0)) == sum(taken[1:])
+    fits = max([s for s in range(len(taken)) if taken[s] <= free], default=0)
+    assert fp.steps_within(t, free, k) == (max(k, 0) if k <= 0 else fits)
+    assert Phases.of_residues(np.bincount(t % B, minlength=B).tolist(), shift, len(t)).c == fp.phases(t + shift).c
+
+
+def test_jumps_cascade_through_preemptions_exactly():
+    """The vLLM fast path's cascades (stretches and the steps where blocks run out) do run, preempt,
+    and leave every statistic as stepping does; the long-output shape is the one that needs them."""
+    from kvprobe.theory.sched_vllm import VllmScheduler
+
+    cfg = VllmConfig(num_gpu_blocks=1200, max_num_seqs=1024, max_num_batched_tokens=2048, max_model_len=8192,
+                     async_scheduling=True)
+    calls = {"preempting": 0}
+    original = VllmScheduler._preempting_step
+
+    def counting(self, *args):
+        calls["preempting"] += 1
+        return original(self, *args)
+
+    VllmScheduler._preempting_step = counting
+    try:
+        fast = closed_loop(cfg, 300, 3000, 24, lifetimes=3, warmup_lifetimes=1, batches=3, fast=True)
+    finally:
+        VllmScheduler._preempting_step = original
+    slow = closed_loop(cfg, 300, 3000, 24, lifetimes=3, warmup_lifetimes=1, batches=3, fast=False)
+    assert calls["preempting"] > 50 and fast.preemptions_per_1k_steps > 0
+    assert fast == slow
+
+
+def test_a_resumed_request_hits_its_own_blocks_kept_as_one_run():
+    """vLLM hashes output blocks too (only their request can hit them): a preempted request resumes on
+    its prompt blocks and on its output blocks, which the pool keeps as one run."""
+    sched = make_scheduler(VllmConfig(num_gpu_blocks=61, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                                      max_model_len=400))
+    sched.add(SimRequest("a", workload_prompt(0, 16), 200))
+    sched.add(SimRequest("b", workload_prompt(1, 16), 200))
+    hits = []
+    while sched.has_work() and not hits:
+        before = sched.stats.prefix_hits_total
+        sched.step()
+        sched.check_pool()
+        if sched.stats.prefix_hits_total > before:
+            hits.append(sched.stats.prefix_hits_total - before)
+    b = sched.requests["b"]
+    assert b.num_preemptions == 1 and hits and hits[0] > 16  # the prompt's 4 blocks and output blocks
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_default_window_ends_once_the_steady_state_stops_moving(engine):
+    cfg = (VllmConfig(num_gpu_blocks=4000, max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=4096)
+           if engine == "vllm" else SglangConfig(max_total_num_tokens=30000, context_len=8192))
+    auto = closed_loop(cfg, 700, 300, 20)  # below every limit: 20 run from the start (less a finishing one)
+    assert auto.stopped_early and auto.running_sem < 0.01 and auto.lifetimes >= 2
+    full = closed_loop(cfg, 700, 300, 20, sem_stop=0)
+    assert not full.stopped_early and full.steps > auto.steps
+    assert abs(full.running_mean - auto.running_mean) < 0.01
+    fixed = closed_loop(cfg, 700, 300, 20, lifetimes=3, batches=4)  # explicit lifetimes: the full window
+    assert not fixed.stopped_early and fixed.lifetimes >= 3

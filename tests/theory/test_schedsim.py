@@ -114,7 +114,7 @@ def test_prefix_hit_on_evictable_block_still_consumes_a_free_block():
     sched = make_scheduler(VllmConfig(num_gpu_blocks=20))
     sched.add(SimRequest("first", prompt, 1))
     sched.step()  # finishes after one token; its blocks are cached, ref_cnt 0, in the free queue
-    assert sched.pool.num_free == 19 and len(sched.pool.lru) == 4
+    assert sched.pool.num_free == 19 and sched.pool.lru_blocks == 4 and len(sched.pool.free_keys) == 4
     sched.add(SimRequest("second", prompt, 4))
     sched.step()
     # hit capped at num_tokens-1 = 63 tokens -> 3 blocks; each hit block leaves the free queue

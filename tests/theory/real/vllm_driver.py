@@ -28,13 +28,13 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 args = json.loads(sys.argv[1])
-G, B, P, O, N = args["blocks"], 16, args["P"], args["O"], args["users"]  # noqa: E741
+G, B, P, O, N = args["blocks"], args["block_size"], args["P"], args["O"], args["users"]  # noqa: E741
 mml, asyn, K = args["mml"], args["async"], args["K"]
 arrivals, t0, t_end = args["arrivals"], args["t0"], args["t_end"]
 mc = ModelConfig(model=args["model_dir"], dtype="float16", skip_tokenizer_init=True, max_model_len=mml)
-sc = SchedulerConfig(max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=mml, is_encoder_decoder=False,
-                     enable_chunked_prefill=True, async_scheduling=asyn)
-cc = CacheConfig(block_size=B, enable_prefix_caching=True)
+sc = SchedulerConfig(max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
+                     max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=asyn)
+cc = CacheConfig(block_size=B, enable_prefix_caching=args["caching"])
 vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc, parallel_config=ParallelConfig())
 kvc = KVCacheConfig(num_blocks=G, kv_cache_tensors=[], kv_cache_groups=[
     KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=B, num_kv_heads=1, head_size=1, dtype=torch.float32))])

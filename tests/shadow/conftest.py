@@ -1,0 +1,58 @@
+"""The vLLM shadow target's tests run vLLM 0.33.0's own code: the engine environment is installed
+when it is missing (never skipped), once per session, with its progress on the terminal."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from kvprobe.shadow import envs
+
+REPO = Path(__file__).resolve().parents[2]
+VERSION = "0.33.0"
+
+
+@pytest.fixture(scope="session")
+def vllm_env(pytestconfig):
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def log(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    return envs.ensure("vllm", VERSION, log=log)  # ~90 s warm pip cache, 2-3 min cold
+
+
+@pytest.fixture
+def say(capsys):
+    """Print the measured figures to the terminal as the test ends, pass or fail (not captured)."""
+
+    def write(text: str) -> None:
+        with capsys.disabled():
+            print(text.rstrip(), flush=True)
+    return write
+
+
+_PID = re.compile(r"\((?:APIServer|EngineCore)(?:_DP\d+)? pid=(\d+)\)")
+
+
+def engine_pids(log_path: Path) -> set[int]:
+    """The API server's and EngineCore's pids, as vLLM's log prefix names them."""
+    return {int(m.group(1)) for m in _PID.finditer(log_path.read_text(errors="replace"))}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie holds nothing
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

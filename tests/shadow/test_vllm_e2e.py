@@ -1,0 +1,154 @@
+"""Probes of the real vLLM 0.33.0 serving stack (`launch: shadow`), through `kvprobe probe` and
+through `pytest --kvprobe`, on the shipped shadow expectations. Every verdict must pass with the
+default tolerances; the measured figures go to the terminal as each probe ends, and no process of
+the engine (API server, EngineCore) may outlive its probe.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvprobe.errors import TargetError
+from kvprobe.procgroup import free_port
+from kvprobe.spec import load_expectations
+from tests.shadow.conftest import REPO, alive, engine_pids
+
+pytestmark = pytest.mark.slow
+EXPECTATIONS = REPO / "expectations"
+
+
+def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvprobe", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, start_new_session=True)
+
+
+def verdict_lines(stdout: str) -> str:
+    """The per-level table and the verdict table, as `kvprobe probe` printed them."""
+    keep = [ln for ln in stdout.splitlines() if ln.startswith(("  users", "check ", "------", "verdict:"))
+            or " PASS " in ln or " FAIL " in ln]
+    return "\n".join(keep)
+
+
+def assert_engine_gone(artifacts: Path) -> None:
+    pids = engine_pids(artifacts / "engine.log")
+    assert len(pids) >= 2, "the log names the API server and the EngineCore"
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], f"engine processes left behind: {pids}"
+
+
+CLI_PROBES = [
+    ("shadow-vllm.yaml", None),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-long-output"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-kv-cache-memory-bytes"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-gpu-memory-utilization"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-mla"),
+    ("shadow-vllm-shapes.yaml", "shadow-vllm-prefix-caching"),
+]
+
+
+@pytest.mark.parametrize(("file", "name"), CLI_PROBES, ids=[n or f for f, n in CLI_PROBES])
+def test_kvprobe_probe_passes_against_real_vllm(vllm_env, tmp_path, say, file, name):
+    args = ["probe", str(EXPECTATIONS / file), "--artifacts", str(tmp_path)] + (["--name", name] if name else [])
+    t0 = time.monotonic()
+    out = run_cli(args, timeout=400)
+    say(f"\n--- kvprobe probe {file}{' --name ' + name if name else ''} ({time.monotonic() - t0:.0f} s)\n"
+        + verdict_lines(out.stdout))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["verdict"]["passed"]
+    shadow = result["engine_facts"]["shadow"]
+    # the probe records which scheduler ran: async scheduling on, as on a CUDA GPU
+    assert shadow["scheduler"] == "AsyncScheduler" and shadow["async_scheduling"] is True
+    if name == "shadow-vllm-mla":  # the GPU's MLA choices, put back over the CPU platform's
+        assert shadow["block_size"] == 64 and result["engine_facts"]["reported"]["block_size"] == 64
+        assert {"enable_chunked_prefill False -> True", "enable_prefix_caching False -> True"} <= set(shadow["restored"])
+    assert_engine_gone(tmp_path)
+
+
+def test_pytest_kvprobe_passes_against_real_vllm(vllm_env, pytester, say):
+    """The same expectation file collected by the pytest plugin: one item per check, all passing."""
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
+    shapes = load_expectations(EXPECTATIONS / "shadow-vllm-shapes.yaml")
+    exp = next(e for e in shapes if e.name == "shadow-vllm-max-num-seqs")
+    (pytester.path / "expectations").mkdir()
+    src = (EXPECTATIONS / "shadow-vllm-shapes.yaml").read_text()
+    (pytester.path / "expectations" / "shapes.yaml").write_text(src)
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("--kvprobe", "-k", "max-num-seqs", "-rA",
+                                           "--kvprobe-artifacts", str(pytester.path / "art"), timeout=400)
+    out = result.stdout.str()
+    summary = out[out.find("kvprobe summary"):] if "kvprobe summary" in out else out[-2000:]
+    say(f"\n--- pytest --kvprobe -k max-num-seqs ({time.monotonic() - t0:.0f} s)\n{summary}")
+    result.assert_outcomes(passed=len(exp.checks))
+    assert_engine_gone(pytester.path / "art" / exp.name)
+
+
+def test_a_vllm_refusal_is_one_line_with_the_log_tail(vllm_env, tmp_path):
+    """vLLM's own start-up refusal (a max_model_len the pool cannot hold): the launcher's error is one
+    line, vLLM's message is in the log tail, the time is bounded and no process is left."""
+    from kvprobe.shadow.target import open_shadow
+
+    (tmp_path / "e.yaml").write_text(json.dumps({
+        "name": "refused", "engine": "vllm", "version": "0.33.0", "model": "meta-llama/Llama-3.1-8B",
+        "flags": {"num-gpu-blocks-override": 100, "block-size": 16, "max-model-len": 4096},
+        "target": {"launch": "shadow", "startup_timeout": 120},
+        "profile": {"request": {"prompt_tokens": 128, "output_tokens": 32},
+                    "ramp": {"strategy": "explicit", "levels": [1]}, "hold": {"seconds": 1}}}))
+    exp = load_expectations(tmp_path / "e.yaml")[0]
+    t0 = time.monotonic()
+    with pytest.raises(TargetError) as err:
+        open_shadow(exp, port=free_port(), log_path=tmp_path / "engine.log")
+    first = str(err.value).splitlines()[0]
+    # the one line carries vLLM's own reason, which the log's last lines only echo
+    assert first.startswith("vllm exited with code 1 during start-up"), first
+    assert "the engine refused: ValueError: To serve at least one request with the model's max seq len (4096)" in first
+    assert "Engine core initialization failed" in err.value.log_tail
+    assert time.monotonic() - t0 < 120
+    assert_engine_gone(tmp_path)
+
+
+
+def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_path, say):
+    """A real behaviour of vLLM 0.33's code: with full-ISL admission (the default) P=3000 over a
+    2048-token budget never preempts, even with requests waiting; without it (0.11's first-chunk
+    admission) the over-admitted requests preempt others at every saturated level."""
+    t0 = time.monotonic()
+    out = run_cli(["probe", str(EXPECTATIONS / "shadow-vllm-overadmission.yaml"), "--artifacts", str(tmp_path)],
+                  timeout=600)
+    say(f"\n--- kvprobe probe shadow-vllm-overadmission.yaml ({time.monotonic() - t0:.0f} s)\n"
+        + verdict_lines(out.stdout))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    levels = {name: json.loads((tmp_path / name / "result.json").read_text())["levels"]
+              for name in ("shadow-vllm-full-isl", "shadow-vllm-overadmission")}
+    full, over = levels["shadow-vllm-full-isl"], levels["shadow-vllm-overadmission"]
+    assert sum(lv["preemptions"] for lv in full) == 0, full
+    saturated = [lv for lv in over if lv["users"] > 10]  # above floor(1999 / 192): requests wait
+    assert saturated and all(lv["preemptions"] > 0 for lv in saturated), over
+    assert all(lv["preemptions"] == 0 for lv in over if lv["users"] <= 10), over
+    for name in levels:
+        assert_engine_gone(tmp_path / name)
+
+
+def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
+    """`kvprobe shadow vllm MODEL [vllm serve flags]`: the real server under the preset's name, its pool
+    from the passed-through flag, stopped with its process group."""
+    from kvprobe.engines.launcher import Target, http_get
+
+    port = free_port()
+    argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),
+            "--step-ms", "20", "--num-gpu-blocks-override", "300", "--max-model-len", "2048", "--enforce-eager"]
+    with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
+                       startup_timeout=300) as target:
+        status, body = http_get(target.url + "/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "meta-llama/Llama-3.1-8B"
+        facts = target.facts()
+        assert facts.reported.num_blocks == 300 and facts.reported.max_model_len == 2048
+    assert_engine_gone(tmp_path)

@@ -1,0 +1,146 @@
+"""vLLM's own KV planner, fed by kvprobe's worker, against kvprobe's ledger: two computations of one pool.
+
+For each sizing, the shadow target's real command line (`kvprobe.shadow.launch.command`) goes
+through vLLM 0.33.0's CLI parser, config resolution and CPU platform, then EngineCore.__init__
+builds the worker, asks it for its KV cache spec and bytes, groups the layers, plans the pool,
+applies `--num-gpu-blocks-override` and computes the capacity line (`tests/shadow/vllm_planner.py`,
+run in the engine environment). The ledger's numbers must be the same to the block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvprobe.errors import ConfigError
+from kvprobe.probe import predict
+from kvprobe.shadow import launch
+from kvprobe.shadow.target import launch_request
+from kvprobe.spec import load_expectations
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+
+# name -> the expectation's keys beside engine/version/target/profile
+CASES = {
+    "override": {"flags": {"num-gpu-blocks-override": 1000, "block-size": 16, "max-model-len": 4096}},
+    "kv-bytes": {"flags": {"kv-cache-memory-bytes": "4GiB", "max-model-len": 4096}},
+    "gpu-24GiB-util-0.9": {"flags": {"gpu-memory-utilization": 0.9, "max-model-len": 4096},
+                           "hardware": {"gpu_memory": "24GiB"}},
+    "gpu-24GiB-util-0.7": {"flags": {"gpu-memory-utilization": 0.7, "max-model-len": 2048},
+                           "hardware": {"gpu_memory": "24GiB"}},
+    "gpu-80GiB-default": {"flags": {"max-model-len": 8192}, "hardware": {"gpu_memory": "80GiB"}},
+    "gpu-80GiB-estimates": {"flags": {"max-model-len": 8192}, "hardware": {"gpu_memory": "80GiB"},
+                            "estimates": {"activation_bytes": "3GiB", "cudagraph_bytes": "1GiB"}},
+    "qwen-gqa": {"model": "Qwen/Qwen2.5-7B", "flags": {"gpu-memory-utilization": 0.95, "max-model-len": 4096},
+                 "hardware": {"gpu_memory": "24GiB"}},
+    "deepseek-v3-mla": {"model": "deepseek-ai/DeepSeek-V3",
+                        "flags": {"kv-cache-memory-bytes": "10GiB", "max-model-len": 8192}},
+    "glm-5.3-fp8_ds_mla": {"model": "zai-org/GLM-5.3", "flags": {"kv-cache-memory-bytes": "10GiB",
+                                                                 "max-model-len": 8192,
+                                                                 "kv-cache-dtype": "fp8_ds_mla"}},
+}
+# The ledger refuses these itself; vLLM must refuse them too, with the same estimate.
+REFUSED = {
+    "gpu-24GiB-util-0.685": {"flags": {"gpu-memory-utilization": 0.685, "max-model-len": 2048},
+                             "hardware": {"gpu_memory": "24GiB"}},
+    "override-too-small": {"flags": {"num-gpu-blocks-override": 100, "block-size": 16, "max-model-len": 4096}},
+}
+
+
+def _write(tmp_path: Path, name: str, keys: dict) -> Path:
+    doc = {"name": name, "engine": "vllm", "version": "0.33.0", "model": "meta-llama/Llama-3.1-8B",
+           "target": {"launch": "shadow"},
+           "profile": {"request": {"prompt_tokens": 128, "output_tokens": 32},
+                       "ramp": {"strategy": "explicit", "levels": [1]}, "hold": {"seconds": 1}}, **keys}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+def _case(exp) -> dict:
+    """The serve arguments the shadow target would run, minus --host/--port."""
+    argv, environ = launch.command(launch_request(exp, port=1))
+    serve = argv.index("serve")
+    model, rest = argv[serve + 1], argv[serve + 2:]
+    at = rest.index("--host")
+    return {"model": model, "argv": rest[:at] + rest[at + 4:], "env": environ}
+
+
+def _plan_all(env, cases: list[dict]) -> list[dict]:
+    out = subprocess.run([str(env.python), str(HERE / "vllm_planner.py")], input=json.dumps(cases),
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **cases[0]["env"]})
+    plans = [json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("PLAN ")]
+    assert len(plans) == len(cases), out.stderr[-4000:]
+    return plans
+
+
+@pytest.fixture(scope="module")
+def planned(vllm_env, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("planner")
+    names = list(CASES) + list(REFUSED)
+    exps = [load_expectations(_write(tmp, n, {**CASES, **REFUSED}[n]))[0] for n in names]
+    plans = _plan_all(vllm_env, [_case(e) for e in exps])
+    return dict(zip(names, zip(exps, plans, strict=True), strict=True))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vllm_planner_builds_the_ledgers_pool(planned, name, say):
+    exp, plan = planned[name]
+    ledger = predict(exp).to_dict()["capacity"]
+    say(f"\n{name}: vLLM planned {plan.get('num_blocks')} blocks of {plan.get('block_size')}, {plan.get('kv_tokens')} "
+        f"tokens, {plan.get('max_concurrency')}x ({plan.get('groups')}, {plan.get('scheduler')}); ledger "
+        f"{ledger['num_blocks']} blocks of {ledger['block_size']}, {ledger['kv_tokens']} tokens, "
+        f"{ledger['max_concurrency_at_max_model_len']}x")
+    assert "error" not in plan, plan["error"]
+    assert plan["num_blocks"] == ledger["num_blocks"]
+    assert plan["block_size"] == ledger["block_size"]
+    assert plan["kv_tokens"] == ledger["kv_tokens"]
+    assert plan["max_concurrency"] == pytest.approx(ledger["max_concurrency_at_max_model_len"], rel=1e-9)
+    # what a GPU would run with, not what vLLM's CPU platform picks (128 / 2048, chunked prefill
+    # and prefix caching off for MLA)
+    assert plan["max_num_seqs"] == ledger["max_running"]
+    assert plan["max_num_batched_tokens"] == ledger["token_budget"]
+    assert plan["chunked_prefill"] and plan["prefix_caching"] and plan["scheduler"] == "AsyncScheduler"
+    assert plan["async_scheduling"] is True
+
+
+def test_no_async_scheduling_keeps_vllms_sync_scheduler(vllm_env, tmp_path):
+    exp = load_expectations(_write(tmp_path, "sync", {
+        "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096, "async-scheduling": False}}))[0]
+    (plan,) = _plan_all(vllm_env, [_case(exp)])
+    assert plan["scheduler"] == "Scheduler" and plan["num_blocks"] == 1000, plan
+
+
+def test_mla_models_plan_one_mla_group_of_64_token_blocks(planned):
+    for name in ("deepseek-v3-mla", "glm-5.3-fp8_ds_mla"):
+        _, plan = planned[name]
+        assert plan["groups"] == ["MLAAttentionSpec"] and plan["block_size"] == 64, plan
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_vllm_refuses_where_the_ledger_refuses(planned, name, say):
+    exp, plan = planned[name]
+    with pytest.raises(ConfigError) as ledger_refusal:
+        predict(exp)
+    say(f"\n{name}: vLLM: {plan.get('error')}\n{name}: ledger: {ledger_refusal.value}")
+    assert "error" in plan, plan
+    # word for word: the GiB figures and the estimate of the longest sequence that would fit
+    assert plan["error"] == f"ValueError: {ledger_refusal.value}"
+
+
+def test_a_layer_kind_the_worker_cannot_describe_is_one_clear_error(vllm_env, tmp_path):
+    config = json.loads((Path(__file__).parents[2] / "kvprobe/theory/presets/mistral-7b-v0.3.json").read_text())
+    config["sliding_window"] = 4096  # Mistral-7B-v0.1: a 4096 window on every layer
+    (tmp_path / "mistral-v0.1.json").write_text(json.dumps(config))
+    exp = load_expectations(_write(tmp_path, "swa", {
+        "model": "./mistral-v0.1.json", "served_model_name": "mistralai/Mistral-7B-v0.1",
+        "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096}}))[0]
+    (plan,) = _plan_all(vllm_env, [_case(exp)])
+    assert "cannot describe this model's KV cache: it has sliding-window attention (sliding_window=4096)" \
+        in plan.get("error", ""), plan

@@ -1,0 +1,207 @@
+"""Drive SGLang 0.5.23's own Scheduler through a closed loop, step by step (no server, no model).
+
+Run by tests/theory/test_real_sglang.py with the python of an SGLang 0.5.23 environment (not
+kvprobe's): argv[1] is JSON with the model folder, the scheduler's flags, the shape (optionally an
+`eos_after`: every request samples EOS as that output), the arrival steps and the number of steps. The real `Scheduler` is built as `run_scheduler_process` builds it
+(scheduler.py L6310-6345: publish, then `Scheduler(server_args, port_args)`), with the five pieces
+that need a GPU replaced — the same five the shadow target replaces (shared/reference/
+shadow-engines.md): the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
+attention backends, CUDA graphs, and the forward, which returns one pseudo token per request.
+Everything that decides admission is SGLang's code: `get_next_batch_to_run` with PrefillAdder and
+`schedule_policy`, `ReqToTokenPool` and the token allocator, the radix cache, `update_running_batch`
+with `check_decode_mem`/`retract_decode`, the new_token_ratio tracker, `process_batch_result`.
+The loop is `event_loop_overlap` (or `event_loop_normal` without overlap), L2026-2135, with
+requests handed to `handle_generate_request` instead of arriving over ZMQ, and finished requests
+read from what `stream_output` sends to the detokenizer; their users resubmit before the next step.
+
+Prints one JSON line: per step, after it, [running (admitted, not finished, not waiting: the
+chunked request included), waiting, used tokens (max_total - available - evictable, as
+pool_stats_observer.py L235-245 counts them), retractions so far, new_token_ratio].
+"""
+import json
+import os
+import sys
+import time
+from array import array
+from collections import deque
+
+os.environ.setdefault("SGLANG_PLUGINS", "none")  # kvprobe's shadow plugin, if installed, stays out
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+args = json.loads(sys.argv[1])
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
+from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
+from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
+from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
+from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
+
+
+# ---------------------------------------------------------------- the five replacements
+class _NoModel(nn.Module):
+    def forward(self, input_ids, positions, forward_batch):
+        raise RuntimeError("the forward is replaced (TpModelWorker.forward_batch_generation)")
+
+
+class _NoLoader:
+    preloaded_weights_bytes = 0  # model_runner.py L933-941
+
+
+def load_model(self):  # ModelRunner.load_model (model_runner.py L1270): what initialize() reads after it
+    from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
+
+    self.loader, self.model, self.startup_weight_load = _NoLoader(), _NoModel(), None
+    self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
+    self.prefill_aware_swa, self.dtype = False, self.model_config.dtype
+    self.weight_load_mem_usage = self.weight_load_time = 0.0
+
+
+def profile_available_bytes(self, pre_model_load_memory):  # kv_cache_configurator.py L2990
+    return 1 << 50  # no pool reaches it: --max-total-tokens sizes the pool (_apply_token_constraints)
+
+
+def init_attention_backends(self):  # model_runner.py L1105
+    self.prefill_attention_backend_str = self.decode_attention_backend_str = "none"
+    self.attn_backend = self.decode_attn_backend = self.decode_attn_backend_group = None
+
+
+def init_cuda_graphs(self, capture_decode_cuda_graph=True):  # model_runner.py L1170
+    self.eager_runner = self.prefill_cuda_graph_runner = self.decode_cuda_graph_runner = None
+    self.decode_cuda_graph_captured, self.decode_cuda_graph_capture_bs = False, []
+    self.graph_memory_usage, self.graph_time_usage = {}, {}
+
+
+EOS_AT = None if args.get("eos_after") is None else args["P"] + args["eos_after"] - 1
+
+
+def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False,
+                             skip_attn_backend_init=None, *, capture_hidden_mode=None, return_kv_loc_plan=False):
+    """tp_worker.py L622: one sampled id per request (the scheduler drops a partial chunk's); the
+    EOS id (config.json's) as output number `eos_after`, sampled at sequence length P + eos_after - 1."""
+    ids = [2 if n == EOS_AT else 1000 + n % 251 for n in batch.seq_lens.tolist()]
+    return GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
+                                 next_token_ids=torch.tensor(ids, dtype=torch.int64), can_run_cuda_graph=False)
+
+
+ModelRunner.load_model = load_model
+KVCacheConfigurator._profile_available_bytes = profile_available_bytes
+ModelRunner.init_attention_backends = init_attention_backends
+ModelRunner.init_cuda_graphs = init_cuda_graphs
+TpModelWorker.forward_batch_generation = forward_batch_generation
+
+retracted = 0
+_retract = ScheduleBatch.retract_decode
+
+
+def retract_decode(self, *a, **k):
+    global retracted
+    out = _retract(self, *a, **k)
+    retracted += len(out[0])
+    return out
+
+
+ScheduleBatch.retract_decode = retract_decode
+
+from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
+
+# ---------------------------------------------------------------- the scheduler
+cfg = args["config"]
+server_args = ServerArgs(
+    model_path=args["model_dir"], device="cpu", skip_tokenizer_init=True, attention_backend="torch_native",
+    log_level="error", max_total_tokens=cfg["max_total_num_tokens"], page_size=cfg["page_size"],
+    max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
+    max_prefill_tokens=cfg["max_prefill_tokens"], context_length=cfg["context_len"],
+    disable_radix_cache=cfg["disable_radix_cache"], disable_overlap_schedule=not cfg["overlap"],
+    schedule_conservativeness=cfg["schedule_conservativeness"])
+port_args = PortArgs.init_new(server_args)
+publish(server_args, role="scheduler",
+        ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
+sched = Scheduler(server_args, port_args)
+assert sched.max_total_num_tokens == cfg["max_total_num_tokens"], sched.max_total_num_tokens
+
+finished: list[str] = []
+
+
+class Detokenizer:
+    """Stands in for the ZMQ socket to the detokenizer (output_streamer.py L235): finished rids."""
+
+    def send_output(self, payload, *rest):
+        for rid, reason in zip(payload.rids, getattr(payload, "finished_reasons", None) or [], strict=False):
+            if reason is not None:
+                finished.append(rid)
+
+
+sched.output_streamer.send_to_detokenizer = Detokenizer()
+
+P, O, K, N = args["P"], args["O"], args["K"], args["users"]  # noqa: E741
+count = 0
+
+
+def submit() -> None:
+    """kvprobe's workload_prompt structure: K shared ids, a unique id, the common filler."""
+    global count
+    prompt = ([7 + (i * 7919) % 30011 for i in range(K)] + [50000 + count]
+              + [13 + (i * 104729) % 30011 for i in range(P - K - 1)])
+    params = SamplingParams(max_new_tokens=O, ignore_eos=args["ignore_eos"])
+    params.normalize(None)
+    params.verify(sched.model_config.vocab_size)
+    sched.handle_generate_request(TokenizedGenerateReqInput(
+        input_text=None, input_ids=array("q", prompt), input_embeds=None, mm_inputs=None, token_type_ids=None,
+        sampling_params=params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+        token_ids_logprob=None, stream=False, rid=f"u{count}"))
+    count += 1
+
+
+# ---------------------------------------------------------------- the loop (event_loop_overlap / _normal)
+overlap = sched.enable_overlap
+sched.enable_skip_finishing_decode = overlap  # as event_loop_overlap sets them (L2063-2066)
+sched.result_queue = deque()
+
+
+def pop_and_process() -> None:
+    batch, result = sched.result_queue.popleft()
+    sched.process_batch_result(batch, result)
+
+
+arrivals, trace, done, nxt = args["arrivals"], [], 0, 0
+started = time.time()
+for t in range(args["steps"]):
+    while nxt < N and arrivals[nxt] <= t:
+        submit()
+        nxt += 1
+    plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
+    sched.running_batch, batch = plan.running_batch, plan.batch_to_run
+    if overlap:
+        disable = sched.is_disable_overlap_for_batch(batch, last_batch=sched.last_batch)
+        if disable:
+            pop_and_process()
+        result = None
+        if batch:
+            result = sched.run_batch(batch)
+            sched.result_queue.append((batch.copy(), result))
+        if sched.last_batch:
+            if not disable:
+                pop_and_process()
+        elif batch is None:
+            sched.on_idle()
+        sched.launch_batch_sample_if_needed(result, batch)
+    elif batch:
+        sched.process_batch_result(batch, sched.run_batch(batch))
+    else:
+        sched.on_idle()
+    sched.last_batch = batch
+    done += len(finished)
+    used = sched.max_total_num_tokens - sched.token_to_kv_pool_allocator.available_size() \
+        - sched.tree_cache.evictable_size()
+    waiting = len(sched.waiting_queue)
+    trace.append([count - done - waiting, waiting, used, retracted, round(sched.new_token_ratio_tracker.current, 9)])
+    for _ in finished:
+        submit()
+    finished.clear()
+print(json.dumps({"trace": trace, "seconds": time.time() - started}))
