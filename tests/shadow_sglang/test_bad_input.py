@@ -54,11 +54,12 @@ def test_the_console_names_the_install_command_when_the_env_is_missing(tmp_path,
 
 
 def test_an_outdated_env_is_refused_with_the_same_command(tmp_path, monkeypatch):
+    """An environment of an older recipe (another pin list: another digest) is not this one."""
     monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path / "cache"))
-    env = envs.env_for("sglang", "0.5.23")
-    (env.root / "bin").mkdir(parents=True)
-    (env.root / "bin" / "python").write_text("")
-    (env.root / envs.MARKER).write_text(json.dumps({"digest": "an-older-recipe"}))
+    old = envs.env_for("sglang", "0.5.23").root.with_name("sglang-0.5.23-0123456789abcdef")
+    (old / "bin").mkdir(parents=True)
+    (old / "bin" / "python").write_text("")
+    (old / envs.MARKER).write_text(json.dumps({"digest": "0123456789abcdef"}))
     with pytest.raises(envs.EnvError, match=r"is out of date .*run `kvprobe shadow install sglang==0\.5\.23`"):
         envs.require("sglang", "0.5.23")
 
