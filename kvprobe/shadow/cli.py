@@ -1,5 +1,6 @@
-"""`kvprobe shadow`: engine environments for the shadow target (install, list), and the real SGLang
-serving stack on this machine (`kvprobe shadow sglang --model-path MODEL [SGLang flags]`).
+"""`kvprobe shadow`: engine environments for the shadow target (install, list), and the real engines'
+serving stacks on this machine (`kvprobe shadow vllm MODEL [flags]`, `kvprobe shadow sglang
+--model-path MODEL [flags]`).
 
 The real engines' serving stacks run here with only the model replaced; they live in their own
 virtualenvs under the cache folder (`$KVPROBE_CACHE`, default `~/.cache/kvprobe`).
