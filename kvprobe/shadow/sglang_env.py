@@ -10,18 +10,17 @@ SGLang's pure-Python runtime set), then two steps written here:
 - `kvprobe_shadow_sglang-<v>.dist-info`: a distribution with no code, only an entry point in the
   group `sglang.srt.plugins` -> `kvprobe.shadow.sglang_plugin:register`. SGLang's
   `load_plugins()` finds it in every one of its processes. It acts only with KVPROBE_SHADOW=1,
-  and `kvprobe` itself is not installed in the environment: the shadow launch puts an import root
-  holding only the `kvprobe` package on PYTHONPATH (`import_root`), so the environment never
-  depends on one checkout of kvprobe, and kvprobe's own dependencies never shadow the engine's.
+  and `kvprobe` itself is not installed in the environment: the shadow launch puts a folder
+  holding only the `kvprobe` package on PYTHONPATH (`launch.kvprobe_pythonpath`), so the
+  environment never depends on one checkout of kvprobe, and kvprobe's own dependencies never
+  shadow the engine's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 from importlib import resources
-from pathlib import Path
 
 import kvprobe
 from kvprobe.shadow import envs
@@ -96,19 +95,3 @@ RECIPE = envs.Recipe(
     notes="torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
           "torchvision is kvprobe's stand-in",
 )
-
-
-def import_root() -> Path:
-    """A folder holding only `kvprobe` (a link to this checkout's package), for PYTHONPATH: the
-    plugin imports `kvprobe.shadow.sglang_plugin` and `kvprobe.theory.steptime` from it and nothing
-    else of kvprobe's environment reaches the engine's."""
-    pkg = Path(kvprobe.__file__).resolve().parent
-    root = envs.cache_root() / "import" / hashlib.sha256(str(pkg).encode()).hexdigest()[:12]
-    link = root / "kvprobe"
-    if not link.is_symlink() or link.resolve() != pkg:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".kvprobe.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(pkg, target_is_directory=True)
-        tmp.replace(link)  # atomic: concurrent launches see the old link or the new one
-    return root

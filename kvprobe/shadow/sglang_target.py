@@ -26,7 +26,7 @@ from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError, TargetError
 from kvprobe.shadow import modeldir, sglang_plugin
 from kvprobe.shadow.envs import EngineEnv
-from kvprobe.shadow.sglang_env import import_root
+from kvprobe.shadow.launch import kvprobe_pythonpath
 from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
 from kvprobe.units import format_bytes, parse_count
@@ -109,7 +109,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     bud, kv_per_token = shadow_budget(req, flags)
     check_memory(memory_needed(bud, kv_per_token), bud)
     folder = modeldir.model_folder(req.model, req.config, env)
-    environ = {"PYTHONPATH": str(import_root()), sglang_plugin.WEIGHT_BYTES_ENV: str(bud.weights)}
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(bud.weights)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache
         model_arg = req.model
         environ["HF_HOME"] = str(modeldir.hf_home(req.model, folder))

@@ -9,6 +9,7 @@ import subprocess
 
 from kvprobe.shadow import sglang_env as env_module
 from kvprobe.shadow import sglang_plugin
+from kvprobe.shadow.launch import kvprobe_pythonpath
 
 PROBE_HOOKS = r"""
 import json
@@ -25,7 +26,7 @@ print(json.dumps({
 
 def _run_in_env(env, code: str, **extra) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("KVPROBE_SHADOW")}
-    environ.update({"PYTHONPATH": str(env_module.import_root()), **extra})
+    environ.update({"PYTHONPATH": str(kvprobe_pythonpath()), **extra})
     return subprocess.run([str(env.python), "-c", code], capture_output=True, text=True, timeout=300, env=environ)
 
 
