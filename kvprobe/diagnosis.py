@@ -114,7 +114,10 @@ def _signature(*, prediction, rejection, levels, allowance, usage_tol, reported,
     agrees = abs(measured - predicted) <= allowance
     if not preempting and not kv_full:
         cap = pinned_count(saturated, rejection.weights, output_tokens)
-        if cap is not None and (not agrees or prediction.binding != "kv"):
+        engine_cap = reported.max_running if reported is not None else None
+        # A ceiling below the cap the engine reports is some other limit (a step budget holds an
+        # integer count too): the reported cap rules the request cap out.
+        if cap is not None and engine_cap in (None, cap) and (not agrees or prediction.binding != "kv"):
             return _request_cap(cap, measured, signs, config, reported, dialect)
         budget = _token_budget(measured, allowance, signs, config, reported, dialect, prompt_tokens, output_tokens)
         if budget is not None:

@@ -128,3 +128,19 @@ def test_a_saturated_client_is_said_first():
     assert "a request cap binds at 16" in d.reason  # what the levels show, as a caveat
     res = check_rejection_point(PRED, rejection, TOL, client_saturated=True, reported_agrees=True, diagnosis=d)
     assert res.inconclusive and "load generator" in res.reason  # the probe could not measure: an error
+
+
+def test_a_ceiling_below_the_cap_the_engine_reports_is_not_the_cap():
+    """vLLM emulated with --max-num-batched-tokens 64 --max-num-seqs 64 at P=128, O=32: running
+    never exceeds 14 (13.54 on average) — a ceiling, but the engine reports max_num_seqs=64, so it
+    is the step budget: 64 x 32 / 160 = 12.8."""
+    cfg = VllmConfig(num_gpu_blocks=201, max_num_seqs=256, max_num_batched_tokens=2048)
+    pred = SimpleNamespace(limit=20.41, no_preemption_limit=20, binding="kv", usage_at_limit=0.961)
+    levels = [level(10, 9.33, 0.0, usage=0.43)] + [level(n, 13.55, n - 14.5, usage=0.61, high=14)
+                                                   for n in (20, 24, 28, 32, 36)]
+    rejection = find_rejection_point(levels)
+    d = diagnose(prediction=pred, rejection=rejection, levels=levels, allowance=1.02, usage_tol=0.05,
+                 reported=ReportedCapacity(max_running=64, token_budget=64), config=cfg, dialect=get_dialect("vllm"),
+                 prompt_tokens=128, output_tokens=32, reported_agrees=True)
+    assert d.limit == "token_budget" and "max_num_batched_tokens=64 holds 12.8 running" in d.reason
+    assert "the engine reports max_num_batched_tokens=64, the expectation says 2048" in d.reason

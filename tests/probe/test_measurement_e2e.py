@@ -106,3 +106,21 @@ def test_an_unreachable_engine_is_an_error_with_exit_code_3(tmp_path):
         assert (tmp_path / "art" / name).is_file(), name
     doc = json.loads((tmp_path / "art" / "result.json").read_text())
     assert doc["verdict"]["status"] == "error"
+
+
+def test_the_token_budget_is_named_when_it_binds(expectation, tmp_path, groups):
+    """vLLM given a 64-token step budget (and a cap of 64, as vLLM requires): at P=128, O=32 each
+    step can prefill and decode for about 64 x 32 / 160 = 12.8 running requests, KV stays free."""
+    exp = expectation("emulated-vllm.yaml")
+    exp = replace(exp, checks=("rejection_point", "usage_gap"),
+                  target=replace(exp.target, emulator={**exp.target.emulator,
+                                                       "args": ["--max-num-batched-tokens", "64", "--max-num-seqs", "64"]}))
+    result, _ = probe(exp, tmp_path)
+    assert result.error is None and result.diagnosis.limit == "token_budget", result.diagnosis
+    rp = result.check("rejection_point")
+    assert not rp.passed and not rp.inconclusive
+    for words in ("max_num_batched_tokens=64 holds 12.8 running",
+                  "the engine reports max_num_batched_tokens=64, the expectation says 2048"):
+        assert words in rp.reason, rp.reason
+    assert "request cap" not in rp.reason and "smaller than reported" not in rp.reason
+    groups.assert_none_left()
