@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test probe bench lint ledger clean
+.PHONY: test probe bench lint ledger clean shadow-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ ledger: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+shadow-vllm: $(STAMP)
+	$(BIN)/kvprobe shadow install vllm==0.33.0
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvprobe tests bench

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "ledger": "kvprobe.cmd_ledger",
     "emulate": "kvprobe.emulator.cli",
     "probe": "kvprobe.cmd_probe",
+    "shadow": "kvprobe.shadow.cli",
 }
 
 

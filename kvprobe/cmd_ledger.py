@@ -16,6 +16,7 @@ _COUNTS = {
     "chunked_prefill_size": "chunked_prefill_size", "tp": "tp", "pp": "pp", "dp": "dp",
     "num_gpu_blocks_override": "num_gpu_blocks_override", "max_total_tokens": "max_total_tokens",
     "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens", "users": "users",
+    "shared_prefix_tokens": "shared_prefix_tokens",
 }
 
 
@@ -40,6 +41,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                  "max-num-batched-tokens", "chunked-prefill-size", "num-gpu-blocks-override",
                  "max-total-tokens", "prompt-tokens", "output-tokens", "users"):
         p.add_argument(f"--{flag}")
+    p.add_argument("--shared-prefix-tokens", metavar="K",
+                   help="the first K prompt tokens are the same in every request (a system prompt)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM: schedule one step ahead (default: the engine version's, on a GPU)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM: prefix caching (default on)")
+    p.add_argument("--disable-radix-cache", action="store_true", help="SGLang: no radix (prefix) cache")
     for flag in ("tp", "pp", "dp"):
         p.add_argument(f"--{flag}", default="1")
     p.add_argument("--kv-cache-memory-bytes", help="vLLM: KV bytes per GPU (replaces the profiled pool)")
@@ -82,8 +90,15 @@ def inputs_from_args(args: argparse.Namespace):
         if not sep:
             raise ConfigError(f"expected NAME=BYTES, got {item!r}", key="--estimate")
         estimates[name.strip()] = parse_bytes(size, key=f"--estimate {name.strip()}")
+    async_scheduling = args.async_scheduling
+    if args.engine == "vllm" and async_scheduling is None:
+        from kvprobe.engines import vllm
+
+        async_scheduling = vllm.async_scheduling_default(args.engine_version or vllm.DEFAULT_VERSION)
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version,
+        async_scheduling=async_scheduling, enable_prefix_caching=args.enable_prefix_caching,
+        disable_radix_cache=args.disable_radix_cache,
         gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
         gpu_memory_utilization=_fraction(args.gpu_memory_utilization, "--gpu-memory-utilization"),
         mem_fraction_static=_fraction(args.mem_fraction_static, "--mem-fraction-static"),

@@ -75,10 +75,7 @@ def _read_success(resp, t0: float, *, streaming: bool) -> OneShot:
 
 
 def unique_prompt(length: int, salt: int) -> list[int]:
-    """Token ids whose first token no load request uses (the load's first ids start at TOKEN_BASE),
-    all inside the load's id space, so a real engine neither refuses them as out of vocabulary
-    nor serves them from its prefix cache."""
-    from kvprobe.load.records import TOKEN_BASE, TOKEN_RANGE
+    """A prompt no load request shares a prefix with (see kvprobe.load.prompts)."""
+    from kvprobe.load.prompts import unique_prompt as build
 
-    first = 100 + salt % (TOKEN_BASE - 100)
-    return [first] + [(first * 7 + i) % TOKEN_RANGE + 1 for i in range(1, length)]
+    return build(length, salt)

@@ -313,7 +313,8 @@ def start_load(pr: ProbeRun) -> None:
     pr.load = LocustRun(pr.target.url, model=pr.model, prompt_tokens=shape.prompt_tokens,
                         output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
                         api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
-                        engine=exp.engine, time_limit=exp.profile.budget_seconds + 60,
+                        engine=exp.engine, shared_prefix_tokens=shape.shared_prefix_tokens,
+                        time_limit=exp.profile.budget_seconds + 60,
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
                         seed=int(time.time() * 1000) % 1_000_003)
@@ -547,7 +548,8 @@ def engine_implied(config, exp, reported):
         return None
     shape = exp.profile.request
     try:
-        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens)
+        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens,
+                                 shared_prefix_tokens=shape.shared_prefix_tokens)
     except KvprobeError:
         return None
 

@@ -59,11 +59,17 @@ RAMP_KEYS = {
 
 
 def _parse_request(node: Node) -> RequestShape:
-    keys = node.mapping(("prompt_tokens", "output_tokens", "stream"), required=("prompt_tokens", "output_tokens"))
+    keys = node.mapping(("prompt_tokens", "output_tokens", "stream", "shared_prefix_tokens"),
+                        required=("prompt_tokens", "output_tokens"))
     p = keys["prompt_tokens"].integer(lo=1, what="a whole number of prompt tokens")
     o = keys["output_tokens"].integer(lo=1, what="a whole number of output tokens")
     stream = keys["stream"].boolean() if "stream" in keys else True
-    return RequestShape(p, o, stream)
+    k = 0
+    if "shared_prefix_tokens" in keys:
+        # K identical tokens open every prompt; the token after them makes each prompt unique
+        k = keys["shared_prefix_tokens"].integer(
+            lo=0, hi=p - 1, what=f"a whole number of tokens shared by every prompt, less than prompt_tokens ({p})")
+    return RequestShape(p, o, stream, k)
 
 
 def _parse_ramp(node: Node) -> RampSpec:

@@ -180,6 +180,7 @@ class RequestShape:
     prompt_tokens: int
     output_tokens: int
     stream: bool = True
+    shared_prefix_tokens: int = 0  # K: the first K prompt tokens are the same in every request of a probe
 
 
 @dataclass(frozen=True)
@@ -461,6 +462,16 @@ def parallel_sizes(engine: str, flags: dict) -> tuple[int, int, int]:
     return tuple(int(flags.get(n, 1)) for n in names)  # type: ignore[return-value]
 
 
+def _vllm_async(exp: Expectation) -> bool:
+    """--async-scheduling as given, else the engine's default for the version (engines/vllm.py)."""
+    given = exp.flags.get("async-scheduling")
+    if given is not None:
+        return bool(given)
+    from kvprobe.engines import vllm
+
+    return vllm.async_scheduling_default(exp.version or vllm.DEFAULT_VERSION)
+
+
 def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
     """Keyword arguments of `kvprobe.theory.ledger.LedgerInputs` for one expectation."""
     f = exp.flags
@@ -471,6 +482,7 @@ def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
         kv_cache_dtype=f.get("kv-cache-dtype", "auto"), tp=tp, pp=pp, dp=dp,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir,
+        shared_prefix_tokens=exp.profile.request.shared_prefix_tokens,
     )
     if exp.engine == "vllm":
         mml = f.get("max-model-len")
@@ -482,6 +494,7 @@ def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
             kv_cache_memory_bytes=f.get("kv-cache-memory-bytes"),
             enable_prefix_caching=f.get("enable-prefix-caching"),
             reserve_full_isl=f.get("scheduler-reserve-full-isl", True),
+            async_scheduling=_vllm_async(exp),
         )
     else:
         kw.update(

@@ -129,3 +129,46 @@ def test_render_table_explicit_align_and_errors():
 def test_format_cell():
     assert [format_cell(v) for v in (None, True, 1234567, 7.12109375, 2.0, "x")] == \
         ["-", "yes", "1,234,567", "7.1211", "2", "x"]
+
+
+LONG = ["--engine", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--num-gpu-blocks-override", "6000",
+        "--max-model-len", "16384", "--max-num-seqs", "1024", "--max-num-batched-tokens", "8192",
+        "--prompt-tokens", "1000", "--output-tokens", "8000", "--users", "60"]
+
+
+def test_async_scheduling_default_and_flags(capsys):
+    modes = {}
+    for flag in ((), ("--async-scheduling",), ("--no-async-scheduling",)):
+        rc, out, err = run(capsys, *LONG, *flag, "--json")
+        assert rc == 0, err
+        d = json.loads(out)
+        modes[flag] = (d["scheduler_config"]["async_scheduling"], d["admission"]["async_scheduling"])
+        assert 18.5 <= d["admission"]["running"] <= 19.5 and "lifetimes" in d["admission"]["how"]
+    assert modes[()] == (True, True)  # vLLM 0.33.0 on a GPU
+    assert modes[("--async-scheduling",)] == (True, True)
+    assert modes[("--no-async-scheduling",)] == (False, False)
+    rc, out, _ = run(capsys, *LONG, "--engine-version", "0.11.0")
+    assert rc == 0 and "sync" in out
+
+
+def test_shared_prefix_tokens_with_and_without_prefix_caching(capsys):
+    base = ["--engine", "sglang", "--model", "meta-llama/Llama-3.1-8B", "--max-total-tokens", "16384",
+            "--context-length", "8192", "--prompt-tokens", "512", "--output-tokens", "256", "--json"]
+    limits = {}
+    for extra in ((), ("--shared-prefix-tokens", "384"), ("--shared-prefix-tokens", "384", "--disable-radix-cache")):
+        rc, out, err = run(capsys, *base, *extra)
+        assert rc == 0, err
+        limits[extra] = json.loads(out)["admission"]["limit"]
+    assert limits[()] == 21 and limits[("--shared-prefix-tokens", "384")] > 40
+    assert limits[("--shared-prefix-tokens", "384", "--disable-radix-cache")] == 21
+    rc, out, err = run(capsys, *base, "--shared-prefix-tokens", "512")
+    assert rc != 0 and "shared_prefix_tokens" in err
+
+
+def test_sglang_radix_off_in_the_table(capsys):
+    rc, out, _ = run(capsys, "--engine", "sglang", "--model", "meta-llama/Llama-3.1-8B", "--max-total-tokens", "16384",
+                     "--context-length", "8192", "--prompt-tokens", "512", "--output-tokens", "4096",
+                     "--disable-radix-cache")
+    assert rc == 0
+    row = next(line for line in out.splitlines() if line.startswith("admission limit"))
+    assert row.split()[2] == "4" and "burst start settles at 3" in row

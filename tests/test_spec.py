@@ -199,3 +199,32 @@ def test_override_profile_rechecks_lengths(tmp_path):
 def test_a_missing_profile_name_is_an_error():
     with pytest.raises(ConfigError, match=r"^nosuch: \(file\): expected a profile name found in"):
         load_profile("nosuch", search_dirs=[PROFILES])
+
+
+def _inline(shared):
+    return {"request": {"prompt_tokens": 100, "output_tokens": 10, "shared_prefix_tokens": shared},
+            "ramp": {"strategy": "explicit", "levels": [1, 2]}, "hold": {"lifetimes": 2}}
+
+
+def test_shared_prefix_tokens_reach_the_ledger(tmp_path):
+    path = write(tmp_path / "shared.yaml", {**BASE, "name": "s", "profile": _inline(64)})
+    (exp,) = load_expectations(path, profile_dirs=[PROFILES])
+    assert exp.profile.request.shared_prefix_tokens == 64
+    kw = ledger_kwargs(exp)
+    assert kw["shared_prefix_tokens"] == 64
+    assert kw["async_scheduling"] is True  # vLLM 0.33.0 on a GPU schedules asynchronously by default
+
+
+@pytest.mark.parametrize("bad", [100, 250, -1, "x"])
+def test_shared_prefix_tokens_must_be_shorter_than_the_prompt(tmp_path, bad):
+    path = write(tmp_path / "bad.yaml", {**BASE, "name": "s", "profile": _inline(bad)})
+    with pytest.raises(ConfigError) as err:
+        load_expectations(path, profile_dirs=[PROFILES])
+    text = str(err.value)
+    assert "bad.yaml" in text and "shared_prefix_tokens" in text and "less than prompt_tokens (100)" in text
+
+
+def test_async_scheduling_flag_overrides_the_default(tmp_path):
+    path = write(tmp_path / "sync.yaml", {**BASE, "name": "s", "flags": {**BASE["flags"], "async-scheduling": False}})
+    (exp,) = load_expectations(path, profile_dirs=[PROFILES])
+    assert ledger_kwargs(exp)["async_scheduling"] is False

@@ -21,9 +21,10 @@ from aiohttp import web
 
 from kvprobe.emulator.faults import Hooks, parse_faults, real_pool
 from kvprobe.emulator.metrics import SglangMetrics, VllmMetrics
-from kvprobe.emulator.runtime import Runtime, TimeModel
+from kvprobe.emulator.runtime import Runtime
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
+from kvprobe.theory.steptime import TimeModel
 
 
 class Secret:
@@ -96,7 +97,9 @@ class Emulator:
                                 max_model_len=self.max_model_len, enable_prefix_caching=f["enable-prefix-caching"],
                                 enable_chunked_prefill=f["enable-chunked-prefill"],
                                 policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
-                                watermark=f["watermark"])
+                                watermark=f["watermark"],
+                                async_scheduling=d.async_scheduling_default(self.version)
+                                if f["async-scheduling"] is None else f["async-scheduling"])
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
             self.stats_enabled = not f["disable-log-stats"]

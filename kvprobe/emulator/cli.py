@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from kvprobe.emulator.faults import FAULTS
-from kvprobe.emulator.runtime import TimeModel
 from kvprobe.engines import get_dialect
+from kvprobe.theory.steptime import TimeModel
 
 _TM = TimeModel()
 

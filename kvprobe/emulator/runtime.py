@@ -16,24 +16,11 @@ import asyncio
 import itertools
 import json
 import time
-from dataclasses import dataclass
 
 from kvprobe.emulator.tokens import pseudo_eos
+from kvprobe.theory.steptime import TimeModel
 
 MAX_BEHIND = 0.25  # seconds behind the timeline before the time is given up (counted as lost)
-
-
-@dataclass(frozen=True)
-class TimeModel:
-    """Modelled duration of one engine step: a fixed cost plus prefill and decode terms."""
-
-    step_ms: float = 5.0
-    prefill_us_per_token: float = 1.0
-    decode_us_per_seq: float = 20.0
-
-    def step_seconds(self, prefill_tokens: int, decode_seqs: int) -> float:
-        return (self.step_ms * 1e3 + self.prefill_us_per_token * prefill_tokens
-                + self.decode_us_per_seq * decode_seqs) / 1e6
 
 
 class Stream:

@@ -22,6 +22,14 @@ HEALTH_PATH = "/health"
 INFO_PATHS = ("/server_info", "/v1/models")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
+# --- running the real server on a CPU with kvprobe's plugin (shared/reference/shadow-engines.md,
+# verified with 0.5.23): no hub, no telemetry.
+SHADOW_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DO_NOT_TRACK": "1",
+}
+
 # --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
 TOKENIZER_LABELS = ("model_name", "engine_type")  # L1804-1819 (+ is_streaming on request histograms)

@@ -110,6 +110,9 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True),
     Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    # None = the engine's default for the version and platform: async_scheduling_default() below.
+    Flag("async-scheduling", None, None, "AsyncScheduler + batch queue of 2: allocate one step earlier, "
+         "free one step later (config/scheduler.py L211; default: config/vllm.py L1685-1719)", negatable=True),
     # entrypoints/common/cli_args.py L335 (list[str], nargs "+"; the emulator takes one key per flag).
     # Secret: never printed by the emulator; prefer the VLLM_API_KEY environment variable, which keeps
     # the key out of the process list.
@@ -130,12 +133,26 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
 # that an expectation's near-miss typo check does not refuse them.
 OTHER_FLAGS = (
     "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
-    "scheduling-policy", "async-scheduling", "prefill-schedule-interval", "max-num-queued-reqs",
+    "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
     "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
 )
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
+
+
+# --- running the real server on a CPU with a model-less worker (shared/reference/shadow-engines.md,
+# verified with 0.33.0). VLLM_TARGET_DEVICE: DeviceConfig cannot infer a device otherwise;
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the `uni` executor (platforms/cpu.py rewrites it to `mp`
+# and spawns an extra worker process otherwise); the rest keeps the engine off the network.
+SHADOW_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 # --- API key (entrypoints/serve/middleware/register.py L32-36, authenticate.py, 0.33.0): --api-key wins over
@@ -187,6 +204,20 @@ def is_legacy(version: str) -> bool:
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
     """The schedsim policy name for this version (reference §2.8)."""
     return "vllm-0.11" if is_legacy(version) or not reserve_full_isl else "vllm-0.33"
+
+
+def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = "cuda") -> bool:
+    """Whether `vllm serve` schedules asynchronously when --async-scheduling is not given.
+
+    0.33.0: `SchedulerConfig.async_scheduling` defaults to None (config/scheduler.py L211) and
+    `VllmConfig.__post_init__` turns it on unless the model pools, the executor cannot, or the V1
+    runner is incompatible (config/vllm.py L1685-1719); the CPU platform forces it off
+    (platforms/cpu.py L348). It arrived opt-in and experimental (vllm-project/vllm#19970, June
+    2025; 0.11 has `--async-scheduling` off by default); the release that made it the default lies
+    between 0.11 and 0.33 and is not pinned here: 0.12 and later are taken as on."""
+    if platform == "cpu":
+        return False
+    return _vt(version) >= (0, 12)
 
 
 def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int | None = None) -> str:

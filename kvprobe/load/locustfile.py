@@ -28,6 +28,7 @@ from gevent import GreenletExit
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from kvprobe.load.prompts import prompt_ids
 from kvprobe.load.records import (
     ABORTED,
     CONNECTION,
@@ -80,6 +81,7 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-path", required=True)  # the dialect's COMPLETIONS_PATH, from the runner
     g.add_argument("--kv-prompt-tokens", type=int, default=16)
     g.add_argument("--kv-output-tokens", type=int, default=16)
+    g.add_argument("--kv-shared-prefix-tokens", type=int, default=0, help="ids shared by every prompt")
     g.add_argument("--kv-stream", type=int, default=1)
     g.add_argument("--kv-api-key-env", default="", help="NAME of the env var holding the API key")
     g.add_argument("--kv-seed", type=int, default=0)
@@ -118,12 +120,12 @@ def body_template(opts) -> list[bytes]:
     Serialising a P-token list per request would cost ~P µs; splicing two ints costs ~1 µs.
     """
     p, base, rng = opts.kv_prompt_tokens, opts.kv_token_base, opts.kv_token_range
-    filler = [base + (i * 7919 + 13) % rng for i in range(2, p)]
-    ids = list(_SENTINELS[: min(p, 2)]) + filler
+    k = opts.kv_shared_prefix_tokens
+    ids = prompt_ids(p, _SENTINELS, shared_prefix_tokens=k, seed=opts.kv_seed, base=base, rng=rng)
     make = completion_body_fn(opts.kv_engine)
     text = json.dumps(make(ids, opts.kv_output_tokens, model=opts.kv_model or None, stream=bool(opts.kv_stream)))
     parts = [text]
-    for s in _SENTINELS[: min(p, 2)]:
+    for s in _SENTINELS[: min(p - k, 2)]:
         head, sep, rest = parts[-1].partition(str(s))
         if not sep:
             raise RuntimeError("completion_body did not keep the prompt ids")

@@ -89,7 +89,8 @@ class LocustRun:
                  workdir: str | os.PathLike, api_key_env: str | None = None, processes: int = 1, seed: int = 0,
                  stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
                  startup_timeout: float = 60.0, path: str | None = None, token_base: int = TOKEN_BASE,
-                 token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0):
+                 token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0,
+                 shared_prefix_tokens: int = 0):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
@@ -109,6 +110,10 @@ class LocustRun:
         self.token_base, self.token_range = int(token_base), int(token_range)
         self.network_timeout = float(network_timeout)
         self.start_jitter = float(start_jitter)
+        self.shared_prefix_tokens = int(shared_prefix_tokens)
+        if not 0 <= self.shared_prefix_tokens < self.prompt_tokens:
+            raise ConfigError(f"shared_prefix_tokens must be >= 0 and < prompt_tokens ({self.prompt_tokens}), "
+                              f"got {shared_prefix_tokens}")
         self.records_dir = self.workdir / "records"
         self.control_path = self.workdir / "control.json"
         self.log_path = self.workdir / "locust.log"
@@ -131,7 +136,8 @@ class LocustRun:
                "--kv-stream", "1" if self.stream else "0", "--kv-seed", str(self.seed), "--kv-run-id", self.run_id,
                "--kv-workers", str(self.processes), "--kv-token-base", str(self.token_base),
                "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout),
-               "--kv-start-jitter", str(self.start_jitter)]
+               "--kv-start-jitter", str(self.start_jitter),
+               "--kv-shared-prefix-tokens", str(self.shared_prefix_tokens)]
         if self.api_key_env:
             cmd += ["--kv-api-key-env", self.api_key_env]  # the name only; the key stays in the environment
         if self.processes > 1:

@@ -53,6 +53,16 @@ def _version_key(version: str | None, known: dict) -> str:
     return newest if mine >= tuple(int(x) for x in newest.split(".")) else oldest
 
 
+def refuse_hybrid(geom: ModelGeometry) -> None:
+    """These budgets hold one uniform pool. A hybrid model's pools are planned by
+    `theory.vllm_kv` / `theory.sglang_pools`; until the ledger's admission model takes them (issue
+    14, phase 2) a hybrid model is refused here rather than sized as if every layer were full."""
+    if geom.layers.hybrid:
+        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the ledger does not yet "
+                          "model admission for hybrid attention (sliding-window, chunked-local or "
+                          "linear layers)", key=geom.layers.key or "layer_types")
+
+
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
     return VLLM_GPU_MEMORY_UTILIZATION[_version_key(version, VLLM_GPU_MEMORY_UTILIZATION)]
 
@@ -203,6 +213,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False) -> VllmBudget:
     """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit."""
+    refuse_hybrid(geom)
     estimates = dict(estimates or {})
     unknown = set(estimates) - {"activation_bytes", "cudagraph_bytes", "other_bytes"}
     if unknown:
@@ -380,6 +391,7 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   estimates: dict[str, int] | None = None) -> SglangBudget:
     """KV pool = T x mfs - W - other. SGLang takes T as the *free* memory before the weights load;
     we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there."""
+    refuse_hybrid(geom)
     estimates = dict(estimates or {})
     other = estimates.pop("other_bytes", 0)
     if estimates:

@@ -12,43 +12,18 @@ The KV layouts are the engines' own (vLLM 0.33.0 `v1/kv_cache_interface.py`,
   132 bytes for a 128-dim key, only on layers marked ``"full"`` in ``indexer_types`` (all layers
   when the list is absent); its dtype does not follow ``--kv-cache-dtype``.
 
-Reading the packaged presets and a user's config.json is the only I/O in `kvprobe.theory`.
+Layer kinds (full, sliding-window, chunked-local, linear attention) come from `layers.py`; the
+presets and config loading from `model_presets.py` (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
-from importlib import resources
 
 from kvprobe.errors import ConfigError
-
-# HF id -> packaged file. Values written from the public config.json files on the Hugging Face hub
-# (no download at run time); provenance per entry:
-PRESETS: dict[str, str] = {
-    # meta-llama/Llama-3.1-8B config.json (transformers 4.43); 8,030,261,248 parameters, untied.
-    "meta-llama/Llama-3.1-8B": "llama-3.1-8b.json",
-    # meta-llama/Llama-3.1-70B config.json; same family, 80 layers, hidden 8192.
-    "meta-llama/Llama-3.1-70B": "llama-3.1-70b.json",
-    # Qwen/Qwen2.5-7B config.json; q/k/v biases implied by model_type qwen2; 7,615,616,512
-    # parameters (= the checkpoint's index total_size 15,231,233,024 B / 2).
-    "Qwen/Qwen2.5-7B": "qwen2.5-7b.json",
-    # Qwen/Qwen3-8B config.json; q_norm/k_norm per layer; 8,190,735,360 parameters
-    # (= index total_size 16,381,470,720 B / 2).
-    "Qwen/Qwen3-8B": "qwen3-8b.json",
-    # mistralai/Mistral-7B-v0.3 config.json. v0.3, not v0.1: v0.1 declares sliding_window 4096,
-    # which makes vLLM plan a sliding-window KV group (different capacity rules, reference §1.8).
-    "mistralai/Mistral-7B-v0.3": "mistral-7b-v0.3.json",
-    # deepseek-ai/DeepSeek-V3 config.json: MLA 512+64, 61 layers, 256 routed + 1 shared expert,
-    # first 3 layers dense, fp8 block-quantised checkpoint.
-    "deepseek-ai/DeepSeek-V3": "deepseek-v3.json",
-    # zai-org/GLM-5.3 (glm_moe_dsa) geometry per seed 002 and the published config fields: 78 layers,
-    # MLA 512+64, indexer on 21 "full" layers (3 full, then 18 x [3 shared + 1 full], 3 shared),
-    # index_head_dim 128, 256 routed experts 8 active, fp8 weights, 1M context as deployed in seed 002.
-    "zai-org/GLM-5.3": "glm-5.3.json",
-}
+from kvprobe.theory.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
+from kvprobe.theory.model_presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
 
 _DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
@@ -58,42 +33,10 @@ _DTYPE_BYTES = {
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", *_FP8_KV, "fp8_ds_mla")
 _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla latents
-
-
-def list_presets() -> list[str]:
-    return sorted(PRESETS)
-
-
-def _read_json(path: str, source: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            cfg = json.load(fh)
-    except OSError as err:
-        raise ConfigError(f"cannot read model config: {err.strerror or err}", file=source) from err
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"not valid JSON: {err.msg} at line {err.lineno}", file=source) from err
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"expected a JSON object, got {type(cfg).__name__}", file=source)
-    return cfg
-
-
-def load_model_config(model: str, *, base_dir: str | None = None) -> tuple[dict, str]:
-    """A preset HF id, a config.json path or a directory holding one -> (config dict, source)."""
-    if model in PRESETS:
-        text = resources.files("kvprobe.theory").joinpath("presets", PRESETS[model]).read_text("utf-8")
-        return json.loads(text), f"preset {model} (kvprobe/theory/presets/{PRESETS[model]})"
-    path = model if os.path.isabs(model) or base_dir is None else os.path.join(base_dir, model)
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    if os.path.isfile(path):
-        return _read_json(path, path), path
-    looks_like_id = "/" in model and not model.startswith((".", "/")) and not model.endswith(".json")
-    if looks_like_id:
-        raise ConfigError(
-            f"unknown model {model!r}: not a packaged preset ({', '.join(list_presets())}) and no "
-            f"config.json at {path!r}; pass a path to the model's config.json (nothing is downloaded)"
-        )
-    raise ConfigError(f"no model config at {path!r} (expected a config.json or a directory holding one)")
+# Defaults of transformers' config classes for keys a published config.json leaves out (the engines
+# read config.json through these classes): Gemma3TextConfig (gemma3/configuration_gemma3.py L74-82,
+# transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
+_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072}}
 
 
 @dataclass(frozen=True)
@@ -134,6 +77,7 @@ class ModelGeometry:
     tie_word_embeddings: bool
     moe: bool
     weight_parts: tuple[WeightPart, ...]
+    layers: LayerKinds  # the kind of every decoder layer (layers.py)
 
     @property
     def weight_bytes_total(self) -> int:
@@ -285,6 +229,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     source = source or name or "config.json"
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
     layers_n = _get(cfg, "num_hidden_layers", source)
     hidden = _get(cfg, "hidden_size", source)
     heads = _get(cfg, "num_attention_heads", source)
@@ -309,6 +254,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     vocab = _get(cfg, "vocab_size", source, default=32000)
     tied = bool(cfg.get("tie_word_embeddings", False))
 
+    kinds = layer_kinds(cfg, layers_n, source=source)
     all_layers = tuple(range(layers_n))
     dense_ids = _dense_layer_ids(cfg, layers_n)
     indexer_ids = _indexer_layer_ids(cfg, layers_n, source)
@@ -348,6 +294,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         tie_word_embeddings=tied,
         moe=len(dense_ids) < layers_n,
         weight_parts=tuple(p.parts),
+        layers=kinds,
     )
 
 
@@ -390,6 +337,10 @@ def _kv_dtype_bytes(geom: ModelGeometry, kv_cache_dtype: str) -> tuple[str, int]
 
 def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp: int = 1,
                        pp: int = 1) -> KVBytes:
+    """Bytes one token writes across the layers that keep K/V per token (full, sliding and chunked
+    attention alike); linear-attention layers keep a per-request state instead (vllm_kv.py,
+    sglang_pools.py size it). For a hybrid model this is not the pool's bytes per token: what a
+    window or chunk layer holds is bounded per request, and each engine bounds it its own way."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
     dtype, nbytes = _kv_dtype_bytes(geom, kv_cache_dtype)
@@ -406,12 +357,14 @@ def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp:
     d = geom.indexer_head_dim
     per_indexer = d + d // _SCALE_BLOCK * 4 if d else 0
     indexer_ids = set(geom.indexer_layer_ids)
+    kv_layers = {i for i, k in enumerate(geom.layers.kinds) if k in ATTENTION_KINDS}
     best = None
     for stage in pp_stages(geom.num_layers, pp):
         n_idx = sum(1 for i in stage if i in indexer_ids)
-        total = len(stage) * per_layer + n_idx * per_indexer
+        n_kv = sum(1 for i in stage if i in kv_layers)
+        total = n_kv * per_layer + n_idx * per_indexer
         if best is None or total > best[0]:
-            best = (total, len(stage), n_idx)
+            best = (total, n_kv, n_idx)
     total, n_layers, n_idx = best
     return KVBytes(per_layer, per_indexer, n_layers, n_idx, kv_heads, n_layers * per_layer,
                    n_idx * per_indexer, total, dtype)

@@ -57,6 +57,8 @@ class LedgerInputs:
     enable_prefix_caching: bool | None = None
     disable_radix_cache: bool = False
     reserve_full_isl: bool = True
+    async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
+    shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
     estimates: dict[str, int] = field(default_factory=dict)
     base_dir: str | None = None
 
@@ -173,7 +175,8 @@ def _validate(inp: LedgerInputs) -> None:
 _BYTE_FIELDS = ("gpu_memory_bytes", "kv_cache_memory_bytes")
 _COUNT_FIELDS = ("block_size", "page_size", "max_model_len", "context_length", "max_num_seqs",
                  "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
-                 "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users")
+                 "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users",
+                 "shared_prefix_tokens")
 
 
 def _normalized(inp: LedgerInputs) -> LedgerInputs:
@@ -256,7 +259,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection) -> Ledger:
             num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
             max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
             enable_prefix_caching=True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching,
-            enable_chunked_prefill=True,
+            enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
             policy=policy if policy.startswith("vllm") else admission_mod.policy_for("vllm", version))
         pred = _predict(admission_mod, sched, inputs, policy, request)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
@@ -303,7 +306,7 @@ def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: R
     if request is None:
         return None
     pred = admission_mod.predict(sched, request.prompt_tokens, request.output_tokens, inputs.users,
-                                 policy=policy)
+                                 policy=policy, shared_prefix_tokens=inputs.shared_prefix_tokens)
     # The admission model owns the per-request accounting; keep the request section consistent.
     request.blocks_admission, request.blocks_peak = pred.blocks_admission, pred.blocks_peak
     return pred
@@ -406,16 +409,31 @@ def _admission_text(led: Ledger) -> str:
         why = "give --prompt-tokens and --output-tokens" if led.request is None else \
             "admission model (kvprobe.theory.admission) not available"
         return f"admission: not predicted ({why})"
-    rows = [
-        ["policy", a.policy, a.method],
-        ["admission limit", a.limit, "running when saturated, per replica"],
+    limit_how = a.how or "running when saturated, per replica"
+    if a.limit_mean is not None and a.limit_mean != a.limit:
+        limit_how = f"most running at once (time average {a.limit_mean:g}); " + limit_how
+    rows = [["policy", a.policy, a.method]]
+    if led.inputs.engine == "vllm":
+        mode = "async" if a.async_scheduling else "sync"
+        rows.append(["scheduling", mode, "AsyncScheduler: slots one step earlier, frees one step later"
+                     if a.async_scheduling else "allocate and free within the step"])
+    if a.shared_prefix_tokens:
+        caching = led.scheduler_config.enable_prefix_caching if led.inputs.engine == "vllm" \
+            else not led.scheduler_config.disable_radix_cache
+        rows.append(["shared prompt prefix", a.shared_prefix_tokens,
+                     ("prefix caching on: " + ("full blocks shared" if led.inputs.engine == "vllm"
+                                               else "radix tree, whole pages shared"))
+                     if caching else "prefix caching off: nothing shared"])
+    rows += [
+        ["admission limit", a.limit, limit_how],
         ["no-preemption limit", a.no_preemption_limit, "largest N with no waiting, no preemption"],
         ["usage gauge at the limit", _pct(a.usage_at_limit), "what the dashboard shows"],
     ]
     if led.inputs.dp > 1:
         rows.append(["admission limit, all replicas", a.limit * led.inputs.dp, f"DP{led.inputs.dp}"])
     if a.users is not None:
-        rows += [["users", a.users, "closed loop"], ["running at users", a.running, "steady state"],
+        rows += [["users", a.users, "closed loop"],
+                 ["running at users", a.running, a.users_how or "steady state"],
                  ["waiting at users", a.waiting, "steady state"],
                  ["preemptions per 1k steps", a.preemption_rate, "at users"]]
     table = render_table(["admission", "value", "how"], rows, align="lrl")

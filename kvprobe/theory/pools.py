@@ -1,7 +1,9 @@
-"""KV pools of the two engines, as the schedulers in `schedsim.py` see them.
+"""KV pools of the two engines, as the schedulers in `schedsim.py` see them, and the footprint of
+one request in them (`FullAttention`; a model with other layer kinds adds a footprint per group).
 
-Blocks (vLLM) and cache units (SGLang) that carry no prefix hash are *anonymous*: only their
-count is kept, so a decode that crosses a block boundary costs an integer update, not an object.
+vLLM blocks that carry no prefix hash are *anonymous*: only their count is kept, so a decode that
+crosses a block boundary costs an integer update, not an object. SGLang's pool is a slot count
+plus its radix tree (`SglangTokenPool`) at page granularity.
 A block gets a key (its chained prefix hash) only when prefix caching needs one: full prompt
 blocks when they are scheduled, full output blocks when the request frees them (the only moment
 another request could hit them: a preempted request resuming, a later turn of a conversation).
@@ -14,9 +16,12 @@ blocks, while a *new* request whose prompt repeats another's outputs does not (n
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
+
+import numpy as np
 
 VOCAB = 32000
 
@@ -61,6 +66,7 @@ class VllmBlockPool:
         self.lru_blocks = 0
         self.refs: dict[object, int] = {}  # cached, ref_cnt > 0
         self._runs = 0
+        self.added = 0  # keys ever cached: a waiting request's prefix hits can only grow when it moves
 
     @property
     def num_free(self) -> int:
@@ -107,6 +113,7 @@ class VllmBlockPool:
         if self.is_cached(key):
             return False
         self.refs[key] = 1
+        self.added += 1
         return True
 
     def release(self, keys: Sequence, anon: int, dead: int = 0) -> None:
@@ -136,22 +143,114 @@ class VllmBlockPool:
                 f"block pool leak: {in_use} blocks in use, requests hold {anon_held} + {len(self.refs)} cached")
 
 
-class SglangTokenPool:
-    """SGLang token-slot allocator plus a radix-like prefix cache (mem_cache/, 0.5.23).
+# --------------------------------------------------------------------------- request footprint
 
-    The radix tree is modelled at `unit` granularity (page_size, or 16 tokens when page_size is 1):
-    a shared prompt matches in whole units, slightly less than the real token-level match.
-    Cached units not locked by a running request are *evictable*; admission counts them as free
-    (prefill_budget.py L91-97) and allocation evicts them LRU (leaf first) when slots run out.
+
+class FullAttention:
+    """What one request holds in a full-attention KV group: every computed token, in blocks (pages)
+    of `block_size`. The schedulers ask a footprint, never `cdiv` directly, so a model with several
+    layer kinds (a sliding-window or linear-attention group beside this one) adds a footprint per
+    group and sums them, without touching the admission policies.
+
+    `allocs(held_tokens, s)` and `allocs_sum(held_tokens, k)` are the closed forms behind the
+    event-driven fast path: with every request decoding one token per step, the blocks allocated
+    in steps 1..s, and their sum over s = 1..k (for the time-averaged usage)."""
+
+    def __init__(self, block_size: int):
+        self.B = block_size
+
+    def blocks(self, tokens):
+        return -(-tokens // self.B)
+
+    def _prefix(self, n: np.ndarray) -> np.ndarray:
+        """F(n) = sum_{t=1..n} ceil(t/B), exactly, in int64."""
+        q, r = np.divmod(n, self.B)
+        return self.B * q * (q + 1) // 2 + r * (q + 1)
+
+    def allocs(self, tokens: np.ndarray, s: int) -> int:
+        """Blocks taken by requests holding `tokens` computed tokens after each computes s more."""
+        return int((self.blocks(tokens + s) - self.blocks(tokens)).sum())
+
+    def allocs_sum(self, tokens: np.ndarray, k: int) -> int:
+        """sum_{s=1..k} allocs(tokens, s)."""
+        return int((self._prefix(tokens + k) - self._prefix(tokens) - k * self.blocks(tokens)).sum())
+
+    def steps_within(self, tokens: np.ndarray, free: int, k_max: int) -> int:
+        """The largest k <= k_max with allocs(tokens, k) <= free (allocations only grow)."""
+        if k_max <= 0 or self.allocs(tokens, k_max) <= free:
+            return max(k_max, 0)
+        lo, hi = 0, k_max  # allocs(lo) <= free < allocs(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.allocs(tokens, mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+
+# --------------------------------------------------------------------------- SGLang
+
+
+def _common_prefix(a: tuple, b: tuple) -> int:
+    """Length of the common prefix of two token tuples (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class OutputKey:
+    """The key of a finished request's output leaf: hashable, equal only to itself, never a page."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+
+class RadixNode:
+    __slots__ = ("key", "size", "children", "parent", "lock", "stamp", "alive")
+
+    def __init__(self, key, size: int, parent: RadixNode | None):
+        self.key = key  # token ids (a tuple), or an opaque object for a leaf that nothing can match
+        self.size = size
+        self.children: dict = {}
+        self.parent = parent
+        self.lock = 0
+        self.stamp = 0
+        self.alive = True
+
+
+class SglangTokenPool:
+    """SGLang's token-slot allocator with its radix cache (mem_cache/, 0.5.23), reduced to sizes.
+
+    The tree is SGLang's `RadixCache` at page granularity: a node holds a run of token ids (whole
+    pages), children are keyed by their first page, a match stops at the first differing page and
+    splits the node there (`_match_prefix_helper` / `_split_node`). A node locked by a running
+    request (`inc_lock_ref`, up to the root) is protected; unlocked nodes are *evictable*, counted
+    as free by admission (prefill_budget.py L91-97) and evicted least-recently-used leaf first
+    when slots run out. A finished request's output tokens are one opaque leaf below its prompt:
+    no other request can match them (their ids are the request's own).
     """
 
-    def __init__(self, max_total_num_tokens: int, unit: int):
+    def __init__(self, max_total_num_tokens: int, page_size: int):
         self.size = max_total_num_tokens
-        self.unit = unit
+        self.ps = page_size
         self.available = max_total_num_tokens
-        self.units: dict[object, list[int]] = {}  # key -> [tokens, lock_ref]
-        self.lru: OrderedDict[object, int] = OrderedDict()  # unlocked units, head evicted first
         self.evictable = 0
+        self.root = RadixNode((), 0, None)
+        self.root.lock = 1
+        self._clock = 0
+        self._heap: list = []  # (stamp, serial, node): evictable leaves, stale entries skipped
+        self._serial = 0
 
     @property
     def used(self) -> int:
@@ -173,55 +272,147 @@ class SglangTokenPool:
     def free(self, n: int) -> None:
         self.available += n
 
-    def evict(self, n: int) -> None:
-        freed = 0
-        while freed < n and self.lru:
-            key, size = self.lru.popitem(last=False)
-            del self.units[key]
-            self.evictable -= size
-            self.available += size
-            freed += size
+    # -- the tree
+    def _touch(self, node: RadixNode) -> None:
+        self._clock += 1
+        while node is not None and node is not self.root:
+            node.stamp = self._clock
+            if node.lock == 0 and not node.children:
+                self._push(node)
+            node = node.parent
 
-    def match(self, keys: Sequence) -> list:
-        hit = []
-        for key in keys:
-            if key not in self.units:
+    def _push(self, node: RadixNode) -> None:
+        self._serial += 1
+        heapq.heappush(self._heap, (node.stamp, self._serial, node))
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut `node` after `at` tokens; the new upper node keeps the lock count (_split_node)."""
+        upper = RadixNode(node.key[:at], at, node.parent)
+        upper.lock, upper.stamp = node.lock, node.stamp
+        node.parent.children[node.key[: self.ps]] = upper
+        node.key, node.size, node.parent = node.key[at:], node.size - at, upper
+        upper.children[node.key[: self.ps]] = node
+        return upper
+
+    def match(self, tokens: tuple, limit: int) -> tuple[RadixNode, int]:
+        """Longest cached prefix of `tokens` within `limit` tokens, in whole pages."""
+        ps, node, i = self.ps, self.root, 0
+        limit = limit // ps * ps
+        while i < limit:
+            child = node.children.get(tokens[i : i + ps])
+            if child is None or not isinstance(child.key, tuple):
                 break
-            hit.append(key)
-        return hit
+            n = min(child.size, limit - i)
+            m = n if child.key[:n] == tokens[i : i + n] else _common_prefix(child.key[:n], tokens[i : i + n])
+            m = m // ps * ps
+            if m == 0:
+                break
+            if m < child.size:
+                child = self._split(child, m)
+            node, i = child, i + m
+            if m < n:
+                break
+        self._touch(node)
+        return node, i
 
-    def evictable_in(self, keys: Sequence) -> int:
-        return sum(self.lru.get(key, 0) for key in keys)
+    def evictable_on_path(self, node: RadixNode) -> int:
+        """Evictable tokens a temporary lock of `node` would protect (add_one_req's _lock_node)."""
+        total = 0
+        while node is not self.root:
+            if node.lock == 0:
+                total += node.size
+            node = node.parent
+        return total
 
-    def lock(self, keys: Sequence) -> None:
-        for key in keys:
-            entry = self.units[key]
-            if entry[1] == 0:
-                self.evictable -= self.lru.pop(key)
-            entry[1] += 1
+    def freed_by_unlock(self, node: RadixNode) -> int:
+        """Tokens that become evictable if one holder of `node` unlocks it."""
+        total = 0
+        while node is not None and node is not self.root:
+            if node.lock == 1:
+                total += node.size
+            node = node.parent
+        return total
 
-    def unlock(self, keys: Sequence) -> None:
-        for key in reversed(keys):
-            entry = self.units[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                self.lru[key] = entry[0]
-                self.evictable += entry[0]
+    def lock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock == 0:
+                self.evictable -= node.size
+            node.lock += 1
+            node = node.parent
 
-    def insert(self, key, size: int, *, locked: bool) -> bool:
-        """Hand `size` private slots to the cache under `key`. False if the key is cached already:
-        the caller then frees its duplicate slots."""
-        if key in self.units:
-            return False
-        self.units[key] = [size, 1 if locked else 0]
-        if not locked:
-            self.lru[key] = size
-            self.evictable += size
-        return True
+    def unlock(self, node: RadixNode) -> None:
+        start = node
+        while node is not self.root:
+            node.lock -= 1
+            if node.lock == 0:
+                self.evictable += node.size
+            node = node.parent
+        if start is not self.root and start.lock == 0 and not start.children:
+            self._push(start)
+
+    def insert(self, tokens: tuple, node: RadixNode, depth: int) -> tuple[RadixNode, int]:
+        """Insert the whole pages of `tokens` below `node` (which holds the first `depth` tokens).
+        Returns the node holding the last page and how many of the new tokens were cached already
+        (a twin prefilled them meanwhile: the caller frees its duplicate slots)."""
+        ps = self.ps
+        end = len(tokens) // ps * ps
+        already = 0
+        i = depth
+        while i < end:
+            child = node.children.get(tokens[i : i + ps])
+            if child is None or not isinstance(child.key, tuple):
+                new = RadixNode(tokens[i:end], end - i, node)
+                node.children[tokens[i : i + ps]] = new
+                self.evictable += new.size
+                node, i = new, end
+                break
+            n = min(child.size, end - i)
+            m = n if child.key[:n] == tokens[i : i + n] else _common_prefix(child.key[:n], tokens[i : i + n])
+            m = m // ps * ps
+            if m < child.size:
+                child = self._split(child, m)
+            node, i, already = child, i + m, already + m
+        self._touch(node)
+        return node, already
+
+    def insert_leaf(self, parent: RadixNode, key, size: int) -> None:
+        """An unlocked leaf of `size` private slots that no prompt can match (finished outputs)."""
+        if size <= 0:
+            return
+        key = OutputKey(key)
+        leaf = RadixNode(key, size, parent)
+        parent.children[key] = leaf
+        self.evictable += size
+        self._touch(leaf)
+
+    def evict(self, n: int) -> None:
+        """Free at least n evictable tokens, least recently used leaf first (RadixCache.evict)."""
+        freed = 0
+        while freed < n and self._heap:
+            stamp, _, node = heapq.heappop(self._heap)
+            if not node.alive or node.lock or node.children or stamp != node.stamp:
+                continue
+            node.alive = False
+            parent = node.parent
+            del parent.children[node.key[: self.ps] if isinstance(node.key, tuple) else node.key]
+            self.evictable -= node.size
+            self.available += node.size
+            freed += node.size
+            if parent is not self.root and parent.lock == 0 and not parent.children:
+                self._push(parent)
 
     def check(self, private_held: int) -> None:
-        """Leak check: used slots are requests' private slots plus locked cache units."""
-        locked = sum(size for size, lock in self.units.values() if lock)
-        if self.used != private_held + locked:
+        """Leak check: used slots are requests' private slots plus locked tree nodes."""
+        locked = evictable = 0
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.lock:
+                locked += node.size
+            else:
+                evictable += node.size
+        if evictable != self.evictable or self.used != private_held + locked:
             raise AssertionError(
-                f"token pool leak: {self.used} slots in use, requests hold {private_held} + {locked} locked")
+                f"token pool leak: {self.used} slots in use, requests hold {private_held} + {locked} locked; "
+                f"evictable {self.evictable} counted, {evictable} in the tree")

@@ -30,6 +30,7 @@ class VllmConfig:
     enable_chunked_prefill: bool = True
     policy: str = "vllm-0.33"  # "vllm-0.33" (full-prompt admission) | "vllm-0.11" (first-chunk admission)
     watermark: float = 0.0
+    async_scheduling: bool = False  # AsyncScheduler + batch queue of 2 (the engine's default: engines/vllm.py)
 
 
 @dataclass
@@ -64,14 +65,18 @@ class SimRequest:
     _keys: list = field(default_factory=list, init=False, repr=False)  # cached units it holds / locks
     _stop: int = field(default=0, init=False, repr=False)
     _maxn: int = field(default=0, init=False, repr=False)  # SGLang max_new_tokens after clipping
+    _tokens: tuple = field(default=(), init=False, repr=False)  # SGLang: the prompt, for the radix tree
+    _node: object = field(default=None, init=False, repr=False)  # SGLang: the tree node it locks
+    _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
 
 
 class Emitted(Sequence):
     """`StepResult.emitted`: a list-like of (request, token id), built only when read."""
 
-    def __init__(self, reqs: np.ndarray | None = None, tokens: np.ndarray | None = None):
+    def __init__(self, reqs: np.ndarray | None = None, seeds: np.ndarray | None = None,
+                 index: np.ndarray | None = None):
         self._reqs = reqs if reqs is not None else np.empty(0, dtype=object)
-        self._tokens = tokens if tokens is not None else np.empty(0, dtype=np.int64)
+        self._seeds, self._index = seeds, index  # the token ids are computed when read
         self._extra: list[tuple[SimRequest, int]] = []
 
     def __len__(self) -> int:
@@ -81,7 +86,9 @@ class Emitted(Sequence):
         return list(self)[i]
 
     def __iter__(self):
-        yield from zip(self._reqs.tolist(), self._tokens.tolist(), strict=True)
+        if len(self._reqs):
+            tokens = output_tokens(self._seeds, self._index)
+            yield from zip(self._reqs.tolist(), tokens.tolist(), strict=True)
         yield from self._extra
 
 

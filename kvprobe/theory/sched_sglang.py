@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.pools import SglangTokenPool, prompt_keys
+from kvprobe.theory.pools import FullAttention, SglangTokenPool
 from kvprobe.theory.sched_common import (
     Emitted,
     Lanes,
@@ -39,8 +39,10 @@ class SglangScheduler(SchedulerBase):
             raise ConfigError(f"unknown SGLang scheduler policy {config.policy!r}")
         self.cfg = config
         self.ps = config.page_size
-        self.unit = 0 if config.disable_radix_cache else (self.ps if self.ps > 1 else 16)
-        self.pool = SglangTokenPool(config.max_total_num_tokens, self.unit or self.ps)
+        self.radix = not config.disable_radix_cache
+        self.pool = SglangTokenPool(config.max_total_num_tokens, self.ps)
+        self.fp = FullAttention(self.ps)  # pages a request holds (see pools.FullAttention)
+        self._req_states: list | None = None  # add_one_req_ignore_eos's per-pass list
         self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed"))
         self.chunked: SimRequest | None = None  # request between prefill chunks (not in `run`)
         self.batch_full = False
@@ -65,8 +67,7 @@ class SglangScheduler(SchedulerBase):
         stop = req._maxn
         if not req.ignore_eos and req.eos_after is not None:
             stop = min(stop, max(1, req.eos_after))
-        if self.unit:
-            req._pkeys = prompt_keys(req.prompt, self.unit)
+        req._tokens = tuple(req.prompt)
         self._accept(req, stop)
         self.refresh_stats()
 
@@ -94,6 +95,9 @@ class SglangScheduler(SchedulerBase):
             reserve *= np.where(ign > 0, 1.0, self.ratio)
         else:
             reserve *= self.ratio
+        # available + evictable as the pass began: this model allocates at admission, SGLang after
+        # the pass (its current_offset is what b["current"] tracks); locking a matched prefix does
+        # take evictable tokens out of _available_and_evictable() for the next candidates
         free = pool.available + pool.evictable
         b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
              "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
@@ -101,6 +105,7 @@ class SglangScheduler(SchedulerBase):
         if self.chunked is not None:
             scheduled += self._continue_chunk(free, b, result)
         admitted: list[SimRequest] = []
+        self._req_states = None
         room = cfg.max_running_requests - L.n  # get_num_allocatable_reqs (scheduler.py L4027-4050)
         if room <= 0 and self.waiting:
             self.batch_full = True
@@ -110,12 +115,12 @@ class SglangScheduler(SchedulerBase):
                 break
             req = self.waiting[0]
             P, done = len(req.prompt), req.output_len
-            hits = pool.match(req._pkeys[: (P + done - 1) // self.unit]) if self.unit else []
-            prefix = len(hits) * (self.unit or 1)
+            # the tree holds prompts only; a match is capped at len - 1 (_compute_max_prefix_len)
+            node, prefix = pool.match(req._tokens, min(P, P + done - 1)) if self.radix else (None, 0)
             ext = P + done - prefix
             max_new = min(max(req._maxn - done, 0), CLIP_MAX_NEW_TOKENS)
-            rem_total = free - pool.evictable_in(hits) - b["total"]  # matched prefix locked
-            if not self.unit and req.ignore_eos:
+            rem_total = free - b["total"] - (pool.evictable_on_path(node) if self.radix else 0)  # prefix locked
+            if not self.radix and req.ignore_eos:
                 fits = self._ignore_eos_fits(req, ext, free - b["current"], rem_total, admitted)
             else:
                 fits = ext + max_new + ps < rem_total  # check_prefill: strict (L114-130)
@@ -130,8 +135,10 @@ class SglangScheduler(SchedulerBase):
                 if chunk <= 0:
                     break
             self.waiting.popleft()
-            pool.lock(hits)
-            req._keys = hits
+            if self.radix:
+                free -= pool.evictable_on_path(node)
+                pool.lock(node)
+            req._node, req._cached = node, prefix
             pool.alloc(self.ceil_page(prefix + chunk) - prefix)
             scheduled += chunk
             paged = self.ceil_page(chunk)
@@ -184,33 +191,56 @@ class SglangScheduler(SchedulerBase):
         return size
 
     def _ignore_eos_fits(self, req, ext, rem_current, rem_total, admitted) -> bool:
-        """add_one_req_ignore_eos (L1241-1383), the --disable-radix-cache path: simulate the
-        future finishing order of everyone and refuse if some point runs out of room."""
+        """add_one_req_ignore_eos (schedule_policy.py L1241-1383), the --disable-radix-cache path.
+
+        First check (prefill_budget.py L132-140): the paged prompt alone against the remaining
+        budgets, without the candidate's own output. Then a simulation of the future: every
+        request's (tokens_left, tokens_occupied), in ascending tokens_left; walking it, `bs`
+        requests are still decoding and must each find room for their remaining tokens, helped by
+        the tokens of those that finished (L1297-1305, IGNORE_EOS_RESERVE_TOKENS = 1 per request).
+        The list is built once per pass (candidate, running, admitted; stable sort, L1280-1288);
+        later candidates are insert-sorted before the first entry with tokens_left >= theirs, or
+        before the LAST entry when none is (the loop variable's value after an unbroken loop)."""
         ps = self.ps
         paged_input = self.ceil_page(ext) + ps
         if paged_input > min(rem_current, rem_total):
             return False
-        out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")
-        ratio = np.where(ign > 0, 1.0, self.ratio)
-        left = np.concatenate(([req._maxn - req.output_len], maxn * ratio - out))
-        occ = np.concatenate(([len(req.prompt) + req.output_len], plen + out))
-        keep = left > 0
-        order = np.argsort(left[keep], kind="stable")
-        left, occ = left[keep][order], occ[keep][order]
-        bs = len(left) - np.arange(len(left))
-        freed = np.cumsum(occ) - occ
-        cur = rem_current - paged_input
-        return not bool(np.any(cur + freed - left * bs <= bs))  # IGNORE_EOS_RESERVE_TOKENS = 1
+        mine = self._req_state(req.ignore_eos, req._maxn, req.output_len, len(req.prompt))
+        if self._req_states is None:
+            out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")
+            states = [mine] + [self._req_state(bool(g), int(m), int(o), int(p))
+                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist(), strict=True)]
+            self._req_states = sorted((x for x in states if x is not None), key=lambda x: x[0])
+        elif mine is not None:
+            states, i = self._req_states, 0
+            for i in range(len(states)):
+                if mine[0] <= states[i][0]:
+                    break
+            states.insert(i, mine)
+        cur, freed = rem_current - paged_input, 0
+        n = len(self._req_states)
+        for i, (left, occupied) in enumerate(self._req_states):
+            bs = n - i
+            if cur + freed - left * bs <= bs:
+                return False
+            freed += occupied
+        return True
+
+    def _req_state(self, ignore_eos: bool, max_new: int, out: int, plen: int):
+        ratio = 1.0 if ignore_eos else self.ratio
+        left = max_new * ratio - out
+        return (left, plen + out) if left > 0 else None
 
     def _join_running(self, req: SimRequest, held: int) -> None:
-        """Prefill done: the prompt is checkpointed into the tree and locked (common.py L271-281);
-        the request produces its first token with this batch."""
-        if self.unit:
-            for key in req._pkeys[len(req._keys) : len(req.prompt) // self.unit]:
-                if not self.pool.insert(key, self.unit, locked=True):
-                    self.pool.lock([key])  # a twin prefilled it meanwhile: share, drop our copy
-                    self.pool.free(self.unit)
-                req._keys.append(key)
+        """Prefill done: the prompt's whole pages are checkpointed into the tree and locked
+        (common.py checkpoint_kv_cache L271-281); pages a twin inserted meanwhile are freed as
+        duplicates. The request produces its first token with this batch."""
+        if self.radix:
+            node, already = self.pool.insert(req._tokens, req._node, req._cached)
+            self.pool.free(already)
+            self.pool.lock(node)
+            self.pool.unlock(req._node)
+            req._node, req._cached = node, len(req._tokens) // self.ps * self.ps
         req.status = "running"
         self.run.append(req, plen=len(req.prompt), out=req.output_len, cur=1, held=held,
                         maxn=req._maxn, stop=req._stop, ign=int(req.ignore_eos), seed=req._seed)
@@ -238,6 +268,40 @@ class SglangScheduler(SchedulerBase):
         L("cur")[0][:] = active
         result.decode_seqs = int(active.sum())
 
+    # -- event-driven fast path (closed_loop): k plain decode steps in one jump, exactly
+    def plain_steps(self, k_max: int) -> int:
+        """How many of the next steps are plain decode steps: no prefill is attempted (nothing
+        waits, or admission is latched by batch_full), every running request decodes (its token
+        known, none finishing in flight), none finishes, and no step runs out of slots. In such
+        a stretch only counters move, so `skip(k)` can apply k of them at once."""
+        L, pool = self.run, self.pool
+        if not L.n or self.chunked is not None or (self.waiting and not self.batch_full):
+            return 0
+        out, pend, stop, held = L("out", "pend", "stop", "held")
+        if self.cfg.overlap and not (pend == 1).all():
+            return 0
+        k = min(k_max, int((stop - out).min()) - 1)
+        if k <= 0:
+            return 0
+        return self.fp.steps_within(held, (pool.available + pool.evictable) // self.ps, k)
+
+    def skip(self, k: int) -> int:
+        """Apply k plain decode steps (k <= plain_steps()); returns the sum over those steps of
+        the used-token count sampled after each, as k calls of step() would have seen it."""
+        L, pool, ps = self.run, self.pool, self.ps
+        held, out = L("held", "out")
+        used0 = pool.used
+        used_sum = k * used0 + ps * self.fp.allocs_sum(held, k)
+        pool.alloc(ps * self.fp.allocs(held, k))
+        for _ in range(k):  # the same float operations as k decode steps
+            self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
+        held += k
+        out += k
+        L("cur")[0][:] = 1
+        self.stats.steps += k
+        self.refresh_stats()
+        return used_sum
+
     def _decode_need(self, active: np.ndarray, held: np.ndarray) -> int:
         """check_decode_mem (schedule_batch.py L3403-3449): one page per request on a boundary."""
         if self.ps == 1:
@@ -255,7 +319,8 @@ class SglangScheduler(SchedulerBase):
             keep[i] = False
             req = L.reqs[i]  # its private slots free, its prompt units become evictable
             room += self._private(L.row(i), req)
-            room += sum(pool.units[k][0] for k in req._keys if pool.units[k][1] == 1)
+            if self.radix:
+                room += pool.freed_by_unlock(req._node)
             if self._decode_need(keep, held) <= room:
                 break
         victims = [L.reqs[i] for i in np.lexsort((-plen, out)).tolist() if not keep[i]]
@@ -290,7 +355,7 @@ class SglangScheduler(SchedulerBase):
         if self.cfg.overlap:
             pend[:] = cur
         idx = np.flatnonzero(got)
-        result.emitted = Emitted(L.reqs[idx], output_tokens(seed[idx], out[idx] - 1))
+        result.emitted = Emitted(L.reqs[idx], seed[idx], out[idx] - 1)
         done = np.flatnonzero((got > 0) & (out >= stop))
         if len(done):
             for i in done.tolist():
@@ -305,25 +370,26 @@ class SglangScheduler(SchedulerBase):
             self.batch_full = False  # a request left the running batch (L3948-3968)
 
     def _private(self, row: dict[str, int], req: SimRequest) -> int:
-        return self.ceil_page(row["held"]) - len(req._keys) * (self.unit or 0)
+        return self.ceil_page(row["held"]) - req._cached
 
     def _release(self, req: SimRequest, row: dict[str, int], *, finished: bool, result: StepResult) -> None:
         """Finished: the whole sequence (P + O - 1 tokens) enters the tree unlocked, i.e. evictable
         (common.py release_kv_cache L400-444). Retracted/aborted: private KV is freed, the prompt
         is unlocked (release_req L2360-2395)."""
-        pool, unit = self.pool, self.unit
+        pool = self.pool
         req.output_len = row["out"]
         if not finished and row["pend"]:  # an in-flight token of a retracted request is kept
             req.output_len += row["pend"]
             result.emitted._extra.append((req, int(output_tokens(np.int64(row["seed"]), req.output_len - 1))))
         req.num_computed_tokens = 0
         private = self._private(row, req)
-        if finished and unit:  # prompt units are in the tree already; the rest is one leaf
-            pool.insert(("leaf", req.rid, req.num_preemptions), private, locked=False)
+        if finished and self.radix:  # the prompt is in the tree already; the rest is one leaf
+            pool.insert_leaf(req._node, ("leaf", req.rid, req.num_preemptions), private)
         else:
             pool.free(private)
-        pool.unlock(req._keys)
-        req._keys = []
+        if self.radix:
+            pool.unlock(req._node)
+        req._node, req._cached = None, 0
 
     def _abort_running(self, req: SimRequest) -> None:
         dummy = StepResult(Emitted(), [], [])
@@ -353,7 +419,7 @@ class SglangScheduler(SchedulerBase):
         private = sum(self._private(L.row(i), L.reqs[i]) for i in range(L.n))
         if self.chunked is not None:
             c = self.chunked
-            private += self.ceil_page(c.num_computed_tokens) - len(c._keys) * (self.unit or 0)
+            private += self.ceil_page(c.num_computed_tokens) - c._cached
         self.pool.check(private)
 
     def refresh_stats(self) -> None:

@@ -12,6 +12,7 @@ retraction, a prefill chunk, prefix-cache hashing).
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple, dataclass
 from functools import lru_cache
 
@@ -42,6 +43,9 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
 
 # --------------------------------------------------------------------------- closed loop
 
+MIN_BATCH_STEPS = 200  # a batch mean shorter than this is mostly noise from one admission wave
+TARGET_COMPLETIONS = 2000  # requests the measured window should see finish (sets its lifetimes)
+
 
 @dataclass(frozen=True)
 class ClosedLoopStats:
@@ -49,58 +53,157 @@ class ClosedLoopStats:
     running_max: int
     waiting_mean: float
     waiting_max: int
-    usage_mean: float
+    usage_mean: float  # the engine's usage gauge, time average (unrounded)
     usage_at_full: float  # mean usage gauge over steps with someone waiting (max usage if none)
     preemptions_per_1k_steps: float  # vLLM preemptions / SGLang retractions
     steps: int  # length of the measured window
+    running_sem: float = 0.0  # standard error of the mean (batch means over the window)
+    waiting_sem: float = 0.0
+    usage_sem: float = 0.0
+    lifetimes: float = 0.0  # request lifetimes the window covers
+    warmup: int = 0  # steps simulated before the window (arrivals + settling)
+    lifetime: int = 0  # steps of one request's life without queueing: prefill steps + O
+    running_min: int = 0
+
+    @property
+    def simulated(self) -> int:
+        return self.warmup + self.steps
+
+
+def request_lifetime(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int) -> int:
+    """Steps one request lives when nothing else runs: its prefill chunks, then O - 1 decodes."""
+    if isinstance(config, VllmConfig):
+        chunk = config.max_num_batched_tokens
+    else:
+        chunk = config.chunked_prefill_size if config.chunked_prefill_size > 0 else prompt_tokens
+    return cdiv(prompt_tokens, max(chunk, 1)) + output_tokens - 1
+
+
+def workload_prompt(serial: int, prompt_tokens: int, shared_prefix_tokens: int = 0) -> list[int]:
+    """The structure of the load generator's prompts (kvprobe/load/prompts.py) without its ids:
+    K tokens shared by every request, then a token no other request has, then filler (the same for
+    all: after a unique token no block or page can match another prompt's)."""
+    K = shared_prefix_tokens
+    need = max(K, prompt_tokens - K - 1)
+    if len(_PREFIX) < need:  # grown once, sliced per request (list slices are C copies)
+        _PREFIX[:] = [7 + (i * 7919) % 30011 for i in range(2 * need)]
+        _FILLER[:] = [13 + (i * 104729) % 30011 for i in range(2 * need)]
+    return _PREFIX[:K] + [VOCAB + serial] + _FILLER[: prompt_tokens - K - 1]
+
+
+_PREFIX: list[int] = []
+_FILLER: list[int] = []
 
 
 def closed_loop(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int, *,
-                steps: int = 3000, warmup: int = 1000, stagger: bool = False, seed: int = 0) -> ClosedLoopStats:
-    """N users in a closed loop of fixed-length requests (unique prompts, ignore_eos), one engine
-    step per time unit, zero client latency. Stats are sampled after each step, where the engines
-    sample their gauges: after finished requests left and before their users resubmit. The window
-    is steps [warmup, steps). Users start together (in phase, the worst case) unless `stagger`,
-    which spreads their first requests evenly over one output lifetime."""
-    return _closed_loop(type(config), astuple(config), prompt_tokens, output_tokens, users,
-                        steps, warmup, stagger, seed)
+                shared_prefix_tokens: int = 0, start: str = "ramp", ramp_width: int | None = None,
+                lifetimes: float | None = None, warmup_lifetimes: float | None = None, batches: int = 8,
+                fast: bool = True, seed: int = 0) -> ClosedLoopStats:
+    """The steady state of N users in a closed loop of fixed-length requests (ignore_eos, zero
+    client latency, one engine step per time unit).
+
+    Start: "ramp" (default) lets users join one at a time, `lifetime / ramp_width` steps apart
+    (ramp_width defaults to N: every user's first request within one lifetime), as a probe's ramp
+    adds users; "burst" starts everyone at step 0 (in phase, the worst case). After the last user
+    joined, `warmup_lifetimes` request lifetimes settle (default 2; 1 with 200 or more in flight);
+    then the window of at least `lifetimes` lifetimes is measured in `batches` equal batches, whose
+    means give the standard error. By default the window sees about TARGET_COMPLETIONS requests
+    finish, within 2 to 8 lifetimes: many concurrent requests average out sooner.
+    Stats are sampled after each step, where the engines sample their gauges: after finished
+    requests left and before their users resubmit. `fast` jumps over plain decode stretches
+    (`plain_steps` / `skip` of each scheduler); the result is identical to stepping, only faster.
+    `seed` is accepted for callers that vary the workload; prompts are deterministic."""
+    if start not in ("ramp", "burst"):
+        raise ConfigError(f"start must be 'ramp' or 'burst', got {start!r}")
+    if users < 1:
+        raise ConfigError(f"users must be >= 1, got {users}")
+    if not 0 <= shared_prefix_tokens < prompt_tokens:
+        raise ConfigError(f"shared_prefix_tokens must be in [0, prompt_tokens), got {shared_prefix_tokens}")
+    width = max(1, min(users, ramp_width or users))
+    if lifetimes is None:
+        lifetimes = min(8, max(2, math.ceil(TARGET_COMPLETIONS / width)))
+    if warmup_lifetimes is None:
+        warmup_lifetimes = 2 if width < 200 else 1
+    return _closed_loop(type(config), astuple(config), prompt_tokens, output_tokens, users, shared_prefix_tokens,
+                        start, ramp_width or users, float(lifetimes), float(warmup_lifetimes), int(batches), fast)
 
 
 @lru_cache(maxsize=512)
-def _closed_loop(kind, fields, P, n_out, users, steps, warmup, stagger, seed) -> ClosedLoopStats:
-    sched = make_scheduler(kind(*fields))
-    rng = np.random.default_rng(seed)
+def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes, warmup_lifetimes,
+                 batches, fast) -> ClosedLoopStats:
+    config = kind(*fields)
+    sched = make_scheduler(config)
+    life = request_lifetime(config, P, n_out)
+    spacing = 0 if start == "burst" else max(1, life // max(1, min(users, ramp_width)))
+    arrivals = [u * spacing for u in range(users)]
+    t0 = arrivals[-1] + math.ceil(warmup_lifetimes * life)
+    batch_len = max(math.ceil(lifetimes * life / batches), MIN_BATCH_STEPS)
+    window = batch_len * batches
+    t_end = t0 + window
+    B = np.zeros((4, batches), np.int64)  # per batch: running, waiting, used tokens, steps
+    full_used = full_steps = 0
+    run_max = wait_max = 0
+    run_min = 1 << 62
     count = 0
+    preempt_at_t0 = 0
 
     def submit() -> None:
         nonlocal count
-        prompt = rng.integers(0, VOCAB, P)
-        prompt[0] = count % VOCAB  # unique from the first token (no prefix hits)
-        sched.add(SimRequest(f"u{count}", prompt.tolist(), n_out))
+        sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), n_out))
         count += 1
 
-    starts = sorted((u * n_out // users if stagger else 0) for u in range(users))
-    window = max(steps - warmup, 1)
-    running, waiting = np.zeros(window, np.int64), np.zeros(window, np.int64)
-    usage = np.zeros(window)
-    preempt_at_warmup = 0
-    for t in range(steps):
-        while starts and starts[0] <= t:
-            starts.pop(0)
+    def record(t: int, k: int, running: int, waiting: int, used_sum: int) -> None:
+        nonlocal full_used, full_steps, run_max, wait_max, run_min
+        b = (t - t0) // batch_len
+        B[0, b] += k * running
+        B[1, b] += k * waiting
+        B[2, b] += used_sum
+        B[3, b] += k
+        run_max, wait_max, run_min = max(run_max, running), max(wait_max, waiting), min(run_min, running)
+        if waiting:
+            full_used += used_sum
+            full_steps += k
+
+    t, nxt, idle, misses = 0, 0, 0, 0  # idle: steps to go before asking for a plain stretch again
+    while t < t_end:
+        while nxt < users and arrivals[nxt] <= t:
             submit()
+            nxt += 1
+        if t == t0:
+            preempt_at_t0 = sched.stats.preemptions_total
+        if fast and idle:
+            idle -= 1
+        elif fast:
+            boundary = t0 if t < t0 else t0 + ((t - t0) // batch_len + 1) * batch_len
+            if nxt < users:
+                boundary = min(boundary, arrivals[nxt])
+            k = sched.plain_steps(boundary - t)
+            # asking costs O(running): when events come every step, ask less often (stepping is exact)
+            misses = 0 if k else misses + 1
+            idle = min(misses, 8) if not k else 0
+            if k > 0:
+                used_sum = sched.skip(k)
+                if t >= t0:
+                    s = sched.stats
+                    record(t, k, s.running, s.waiting, used_sum)
+                t += k
+                continue
         result = sched.step()
-        if t == warmup - 1:
-            preempt_at_warmup = sched.stats.preemptions_total
-        if t >= warmup:
+        if t >= t0:
             s = sched.stats
-            running[t - warmup], waiting[t - warmup], usage[t - warmup] = s.running, s.waiting, s.usage
+            record(t, 1, s.running, s.waiting, s.used_tokens)
+        t += 1
         for _ in result.finished:
             submit()
-    full = waiting > 0
+    pool = sched.stats.pool_tokens
+    means = B[:3] / B[3]
+    sem = means.std(axis=1, ddof=1) / math.sqrt(batches) if batches > 1 else np.zeros(3)
+    used_mean = B[2].sum() / window
     return ClosedLoopStats(
-        running_mean=float(running.mean()), running_max=int(running.max()),
-        waiting_mean=float(waiting.mean()), waiting_max=int(waiting.max()),
-        usage_mean=float(usage.mean()),
-        usage_at_full=float(usage[full].mean()) if full.any() else float(usage.max()),
-        preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_warmup) * 1000 / window,
-        steps=window)
+        running_mean=float(B[0].sum() / window), running_max=int(run_max),
+        waiting_mean=float(B[1].sum() / window), waiting_max=int(wait_max),
+        usage_mean=float(used_mean / pool),
+        usage_at_full=float(full_used / full_steps / pool) if full_steps else float(used_mean / pool),
+        preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_t0) * 1000 / window,
+        steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
+        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min))

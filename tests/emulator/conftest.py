@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.emulator.app import Emulator, Settings, start_server, stop_server
-from kvprobe.emulator.runtime import TimeModel
+from kvprobe.theory.steptime import TimeModel
 
 
 class Served:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.emulator.faults import parse_faults
-from kvprobe.emulator.runtime import TimeModel
 from kvprobe.errors import ConfigError
 from kvprobe.theory.schedsim import SimRequest, VllmConfig, make_scheduler
+from kvprobe.theory.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
 SLOW = TimeModel(step_ms=20.0, prefill_us_per_token=0.0, decode_us_per_seq=0.0)

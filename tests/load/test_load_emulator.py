@@ -66,3 +66,32 @@ def test_exact_fixed_length_requests_against_the_emulator(emulator, tmp_path):
     assert len(done) >= 20
     assert all(r.status == 200 and (r.prompt_tokens, r.completion_tokens) == (p, o) for r in done), done[:3]
     assert all(r.t_send < r.t_first <= r.t_end for r in done)
+
+
+def _counter(url: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name)
+
+
+def test_shared_prompt_prefix_hits_the_emulators_prefix_cache(emulator, tmp_path):
+    p, k, o = 64, 40, 4  # 40 shared tokens: 2 full blocks of 16 are hashed and shared
+    run = LocustRun(emulator, model=None, prompt_tokens=p, output_tokens=o, workdir=tmp_path / "locust",
+                    time_limit=60, shared_prefix_tokens=k)
+    with run:
+        run.start()
+        run.set_users(3)
+        run.wait_level(3, timeout=20)
+        deadline = time.monotonic() + 20
+        while sum(1 for r in run.records("request") if r.status == 200) < 12 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert group_gone(run.pgid)
+    done = [r for r in run.records("request") if r.status == 200]
+    assert len(done) >= 12 and all((r.prompt_tokens, r.completion_tokens) == (p, o) for r in done)
+    queries = _counter(emulator, "vllm:prefix_cache_queries_total")
+    hits = _counter(emulator, "vllm:prefix_cache_hits_total")
+    admitted = queries // p
+    assert admitted >= 12
+    assert hits == 32 * (admitted - 1)  # everyone but the first finds the two full blocks, never more

@@ -64,7 +64,7 @@ def test_worst_case_policy_reserves_prompt_plus_output():
 
 def test_sglang_example_a():
     p = predict(EX_A, 512, 256)
-    assert (p.limit, p.no_preemption_limit, p.binding, p.method) == (21, 21, "kv", "closed-form")
+    assert (p.limit, p.no_preemption_limit, p.binding, p.method) == (21, 21, "kv", "schedsim")
     # the reference's 0.98 is the peak physical usage; the published gauge averages 0.79
     assert p.blocks_admission == 769 and p.usage_at_limit == pytest.approx(0.79, abs=0.01)
 

@@ -149,19 +149,19 @@ def test_sglang_example_a_cold_start_16_then_5():
 
 
 def test_sglang_example_a_steady_state():
-    s = closed_loop(EX_A, 512, 256, 64, stagger=True)
+    s = closed_loop(EX_A, 512, 256, 64)
     assert s.running_max == 21 and s.running_mean > 20.5
     assert s.preemptions_per_1k_steps == 0
 
 
 def test_sglang_example_b_long_output():
-    s = closed_loop(EX_A, 512, 4096, 16, steps=12000, warmup=4000)
+    s = closed_loop(EX_A, 512, 4096, 16, lifetimes=3, start="burst")
     assert s.running_max == 3 and s.preemptions_per_1k_steps == 0
 
 
 def test_sglang_0521_drifts_above_the_reservation_limit_with_retractions():
     cfg = SglangConfig(max_total_num_tokens=16384, context_len=8192, policy="sglang-0.5.21")
-    s = closed_loop(cfg, 512, 256, 64, stagger=True, steps=6000, warmup=1000)
+    s = closed_loop(cfg, 512, 256, 64, lifetimes=20)
     assert s.running_mean > 21.2
     assert s.preemptions_per_1k_steps > 0
 

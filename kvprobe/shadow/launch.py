@@ -1,0 +1,45 @@
+"""How a shadow target is started: one request, one engine-specific command builder per engine.
+
+`ShadowLaunch` is everything a shadow start needs, independent of where it came from (an
+expectation's `target: {launch: shadow}` or `kvprobe shadow ENGINE ...` on the console). Each engine
+has a module `kvprobe.shadow.<engine>_target` with `command(req, env) -> (argv, environ)`: the real
+server's command line from the engine environment, and the environment variables its processes
+need (the dialect's SHADOW_ENV, the time model, the pool sizing inputs). The launcher then starts it
+like any engine, in its own process group.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from kvprobe.shadow import envs
+from kvprobe.theory.steptime import TimeModel
+
+# Environment variables read inside the engine's processes by kvprobe's worker/plugin.
+ENV_ACTIVE = "KVPROBE_SHADOW"  # "1": the shadow worker/plugin may act (never set on a GPU install)
+ENV_TIME_MODEL = "KVPROBE_SHADOW_TIME_MODEL"  # TimeModel.encode()
+
+
+@dataclass(frozen=True)
+class ShadowLaunch:
+    engine: str
+    version: str
+    model: str  # the theory's model: a preset id or a config.json path
+    config: dict  # that model's config.json as kvprobe's theory read it
+    served_model_name: str  # the name clients send; the preset id unless the expectation says otherwise
+    flags: dict[str, object]  # the engine's own flags, as an expectation writes them
+    host: str = "127.0.0.1"
+    port: int = 0
+    gpu_memory_bytes: int | None = None  # a declared GPU: sizes the pool when no pool flag is given
+    time_model: TimeModel = field(default_factory=TimeModel)
+    extra_env: dict[str, str] = field(default_factory=dict)  # target.env
+
+
+def command(req: ShadowLaunch) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment additions) for the shadow server; raises EnvError/ConfigError with one line."""
+    env = envs.require(req.engine, req.version)
+    module = importlib.import_module(f"kvprobe.shadow.{req.engine}_target")
+    argv, environ = module.command(req, env)
+    base = {ENV_ACTIVE: "1", ENV_TIME_MODEL: req.time_model.encode(), **envs.shadow_import_env(req.engine)}
+    return argv, {**base, **environ, **req.extra_env}

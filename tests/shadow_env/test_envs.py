@@ -1,0 +1,104 @@
+"""Engine environments: recipes, markers, errors — driven with a stand-in engine (no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvprobe.errors import ConfigError
+from kvprobe.shadow import envs
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _write_engine(version: str, *, broken: bool = False):
+    def write(env: envs.EngineEnv) -> None:
+        pkg = env.site_packages / "fakeengine"
+        pkg.mkdir(parents=True)
+        body = "raise ImportError('needs libcuda.so.1')\n" if broken else f"__version__ = {version!r}\n"
+        (pkg / "__init__.py").write_text(body)
+    return write
+
+
+@pytest.fixture
+def fake_recipe(monkeypatch):
+    def make(version="1.2.3", *, written="1.2.3", broken=False, revision="1"):
+        rec = envs.Recipe(engine="fakeengine", version=version, module="fakeengine",
+                          steps=(envs.Call("write fakeengine", _write_engine(written, broken=broken), revision),))
+        monkeypatch.setitem(envs.RECIPES, ("fakeengine", version), rec)
+        return rec
+    return make
+
+
+def test_install_writes_marker_last_and_is_found(cache, fake_recipe):
+    rec = fake_recipe()
+    assert envs.find("fakeengine", "1.2.3") is None
+    lines = []
+    env = envs.install("fakeengine", "1.2.3", log=lines.append)
+    mark = json.loads((env.root / envs.MARKER).read_text())
+    assert mark["digest"] == rec.digest and mark["engine_version"] == "1.2.3"
+    assert env.root.is_relative_to(cache)
+    assert envs.find("fakeengine", "1.2.3") == env
+    assert any("[1/1] write fakeengine" in ln for ln in lines)
+    # a second install is a no-op that says so
+    lines.clear()
+    envs.ensure("fakeengine", "1.2.3", log=lines.append)
+    assert lines == [] and envs.find("fakeengine", "1.2.3") == env
+
+
+def test_changed_recipe_makes_the_env_outdated(cache, fake_recipe):
+    fake_recipe()
+    envs.install("fakeengine", "1.2.3", log=lambda _: None)
+    fake_recipe(revision="2")
+    assert envs.find("fakeengine", "1.2.3") is None
+    with pytest.raises(envs.EnvError, match=r"out of date .*kvprobe shadow install fakeengine==1\.2\.3"):
+        envs.require("fakeengine", "1.2.3")
+    envs.install("fakeengine", "1.2.3", log=lambda _: None)  # rebuilt from scratch
+    assert envs.find("fakeengine", "1.2.3") is not None
+
+
+def test_missing_env_names_the_command(cache, fake_recipe):
+    fake_recipe()
+    with pytest.raises(envs.EnvError, match=r"not installed .*run `kvprobe shadow install fakeengine==1\.2\.3`"):
+        envs.require("fakeengine", "1.2.3")
+
+
+def test_engine_that_does_not_import_leaves_no_marker(cache, fake_recipe):
+    fake_recipe(broken=True)
+    with pytest.raises(envs.EnvError, match="fakeengine does not import .*needs libcuda.so.1"):
+        envs.install("fakeengine", "1.2.3", log=lambda _: None)
+    assert not (envs.env_for("fakeengine", "1.2.3").root / envs.MARKER).exists()
+
+
+def test_wrong_engine_version_is_refused(cache, fake_recipe):
+    fake_recipe(written="1.2.4")
+    with pytest.raises(envs.EnvError, match="holds fakeengine 1.2.4, expected 1.2.3"):
+        envs.install("fakeengine", "1.2.3", log=lambda _: None)
+
+
+def test_unknown_version_lists_known_ones():
+    with pytest.raises(ConfigError, match=r"no pinned install list for vllm 9\.9\.9: .*vllm==0\.33\.0"):
+        envs.recipe("vllm", "9.9.9")
+
+
+@pytest.mark.parametrize(("spec", "expected"), [("vllm==0.33.0", ("vllm", "0.33.0")), ("VLLM", ("vllm", "0.33.0"))])
+def test_parse_spec(spec, expected):
+    assert envs.parse_spec(spec) == expected
+
+
+def test_parse_spec_unknown_engine():
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'"):
+        envs.parse_spec("tgi==1.0")
+
+
+def test_console_install_of_unknown_version_creates_nothing(cache, capsys):
+    from kvprobe.cli import main
+
+    assert main(["shadow", "install", "vllm==9.9.9"]) == 2
+    assert "no pinned install list for vllm 9.9.9" in capsys.readouterr().err
+    assert not (cache / "envs").exists()

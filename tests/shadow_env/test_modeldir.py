@@ -1,0 +1,68 @@
+"""The model folder the real engines load: checked by the engine environment's own transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from kvprobe.shadow import envs, modeldir
+from kvprobe.theory.geometry import load_model_config
+
+pytestmark = pytest.mark.slow
+
+_LOAD = r"""
+import json, sys
+from transformers import AutoConfig, AutoTokenizer
+folder = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(folder)
+cfg = AutoConfig.from_pretrained(folder)
+print(json.dumps({"len": len(tok), "eos": tok.eos_token_id, "bos": tok.bos_token_id,
+                  "text": tok.decode([5, 6, 7]), "ids": tok("t5 t9", add_special_tokens=False)["input_ids"],
+                  "model_type": cfg.model_type}))
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_env():
+    return envs.ensure("vllm", "0.33.0", log=print)  # installs when missing (~1 min warm)
+
+
+@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"])
+def test_engine_transformers_loads_the_folder(vllm_env, model):
+    config, _ = load_model_config(model)
+    folder = modeldir.model_folder(model, config, vllm_env)
+    out = subprocess.run([str(vllm_env.python), "-c", _LOAD, str(folder)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, **envs.shadow_import_env("vllm")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["len"] == config["vocab_size"]
+    eos = config["eos_token_id"]
+    assert got["eos"] == (eos[0] if isinstance(eos, list) else eos)
+    assert got["text"] == "t5 t6 t7" and got["ids"] == [5, 9]
+    assert got["model_type"] == config["model_type"]
+    # cached: the second call returns the same folder without rebuilding it
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    assert modeldir.model_folder(model, config, vllm_env) == folder
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def test_hf_home_resolves_the_hub_id_offline(vllm_env):
+    config, _ = load_model_config("meta-llama/Llama-3.1-8B")
+    folder = modeldir.model_folder("meta-llama/Llama-3.1-8B", config, vllm_env)
+    home = modeldir.hf_home("meta-llama/Llama-3.1-8B", folder)
+    code = ("from huggingface_hub import snapshot_download; "
+            "print(snapshot_download('meta-llama/Llama-3.1-8B'))")
+    out = subprocess.run([str(vllm_env.python), "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    snap = out.stdout.strip().splitlines()[-1]
+    assert json.loads(open(os.path.join(snap, "config.json")).read())["num_hidden_layers"] == 32
+
+
+def test_vocab_size_is_required():
+    with pytest.raises(envs.EnvError, match="my.json: vocab_size: expected a positive integer"):
+        modeldir.vocab_size({"hidden_size": 8}, "my.json")
+    assert modeldir.vocab_size({"text_config": {"vocab_size": 262208}}) == 262208
