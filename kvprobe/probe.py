@@ -368,7 +368,7 @@ def run_level(pr: ProbeRun, users: int) -> bool:
                                  counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
     pr.result.levels.append(level)
     gauge = "engine gauge" if pr.dialect.RUNNING_GAUGE_EXACT else "engine gauge, sampled"
-    pr.log(f"  users {users:>4}: running {level.running_mean:6.2f} ({gauge})  waiting {level.waiting_mean:6.2f}  "
+    pr.log(f"  users {users:>4}: running {_mean(level.running_mean)} ({gauge})  waiting {_mean(level.waiting_mean)}  "
            f"usage gauge {_pct(level.usage_mean)}  preemptions {_count(level.preemptions)}  (steady means)")
     return True
 
@@ -384,6 +384,10 @@ def _plan_rejection(pr: ProbeRun):
 
 def _pct(x) -> str:
     return "  —  " if x is None or x != x else f"{x:5.1%}"
+
+
+def _mean(x) -> str:
+    return "     —" if x is None or x != x else f"{x:6.2f}"
 
 
 def _count(x) -> str:
@@ -521,10 +525,13 @@ def judge(pr: ProbeRun) -> None:
     agrees = None if reported.inconclusive else reported.passed
     implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
     judged = {"reported_agrees": agrees, "implied": implied, "diagnosis": result.diagnosis}
+    weights = result.rejection.weights if result.rejection is not None else {}
+    disagreeing = [lv for lv in result.levels if lv.disagrees and weights.get(lv.users, 0) > 0]
     checks = {
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
-                                                                 client_saturated=saturated, **judged),
+                                                                 client_saturated=saturated, disagreeing=disagreeing,
+                                                                 **judged),
         "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol, **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),

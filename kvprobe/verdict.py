@@ -85,7 +85,8 @@ def _judged_against(prediction, implied, reported_agrees):
 
 
 def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
-                          reported_agrees: bool | None = None, implied=None, diagnosis=None) -> CheckResult:
+                          reported_agrees: bool | None = None, implied=None, diagnosis=None,
+                          disagreeing=()) -> CheckResult:
     """The measured running plateau where waiting starts versus the predicted admission limit.
 
     The plateau comes with an uncertainty (a ~95% half-width, `rejection.uncertainty`); the check
@@ -93,6 +94,7 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
     the tolerance even allowing for that uncertainty, PASSES when the measurement is inside the
     tolerance and precise enough to say so (uncertainty within the tolerance), and is otherwise
     INCONCLUSIVE — as it is when the plateau rests on too few deep levels (`rejection.confirmed`).
+    Levels of the plateau where the client's count and a sampled gauge disagree are named.
     """
     target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult(
@@ -140,6 +142,9 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
         res.reason = f"{head}, within ±{allowance:.2g}"
     if diagnosis is not None and not res.passed and diagnosis.reason not in res.reason:
         res.reason += f"; measured: {diagnosis.reason}"
+    if disagreeing:  # reported, not resolved: the plateau used the client's count at these levels
+        res.reason += "; the client's count and the engine's sampled gauge disagree at " + ", ".join(
+            f"N={lv.users} ({lv.running_mean:.2f} vs {lv.engine_running_mean:.2f})" for lv in disagreeing)
     if diagnosis is not None:
         res.diagnosis = diagnosis.limit
     return res

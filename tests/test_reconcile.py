@@ -117,3 +117,20 @@ def test_absent_preemption_counter_is_none_not_zero_and_a_lazy_one_counts_from_i
     assert lazy[0].preemptions is None and lazy[1].preemptions == 3.0
     eager = level_stats(arrays, windows, counter_lazy=False)  # a counter that should always exist
     assert eager[1].preemptions == 0.0  # seen, but its appearance is not an increase
+
+
+def test_a_disagreement_on_a_plateau_level_is_named_in_the_verdict():
+    from types import SimpleNamespace
+
+    from kvprobe.plateau import RejectionPoint
+    from kvprobe.spec import Tolerances
+    from kvprobe.verdict import check_rejection_point
+
+    lv = LevelStats(users=25, running_mean=16.69, running_max=21, waiting_mean=8.3, waiting_max=9, usage_mean=0.9,
+                    usage_max=0.9, preemptions=None, preemption_rate_per_s=None, samples=40, engine_running_mean=20.18,
+                    disagrees=True)
+    rejection = RejectionPoint(20.1, 20, 20.1, [24, 25, 28], 0.9, levels_seen=[20, 24, 25, 28], uncertainty=0.2,
+                               deep_levels=[25, 28], deep_waiting=2.2, confirmed=True, weights={25: 1.0, 28: 1.0})
+    pred = SimpleNamespace(limit=20, no_preemption_limit=20, binding="kv", usage_at_limit=0.83)
+    res = check_rejection_point(pred, rejection, Tolerances(), client_saturated=False, disagreeing=[lv])
+    assert "disagree at N=25 (16.69 vs 20.18)" in res.reason
