@@ -47,7 +47,7 @@ class RejectionPoint:
     last_clean_users: int | None  # highest N below the onset with no excess waiting and no preemption
     plateau: float | None  # plain mean of running over the saturated levels (for the record)
     saturated_levels: list[int]  # every level from the onset on (each of them waits)
-    usage_at_rejection: float | None  # the usage gauge on the plateau, where admission stopped ("26% yet full")
+    usage_at_rejection: float | None  # the usage gauge on the plateau (weighted median), where admission stopped
     onset_users: int | None = None  # lowest N from which every higher level waits
     plateau_spread: float | None = None  # max - min of running over those levels (falling: stuck admission)
     transient_levels: list[int] = field(default_factory=list)  # waited once, but a higher level did not
@@ -62,6 +62,14 @@ class RejectionPoint:
     weights: dict[int, float] = field(default_factory=dict)  # users -> weight in the estimate
     scale: float | None = None  # level-to-level scatter against the levels' own errors (1: consistent)
     confirmed: bool = False  # at least MIN_DEEP_LEVELS deep levels
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value at half the total weight: a level whose gauge read oddly (a sampled gauge, a
+    stall) does not move the gauge reading the verdict compares."""
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, cum[-1] / 2)])
 
 
 def deep_waiting(plateau: float) -> float:
@@ -163,7 +171,7 @@ def find_rejection_point(levels, *, waiting_threshold: float = 0.5, min_gap: flo
         last_clean_users=max(clean) if clean else None,
         plateau=float(running[onset:].mean()),
         saturated_levels=[lv.users for lv in saturated],
-        usage_at_rejection=float(np.average(usage[has], weights=weights[has])) if has.any() else None,
+        usage_at_rejection=weighted_median(usage[has], weights[has]) if has.any() else None,
         onset_users=saturated[0].users,
         plateau_spread=float(running[onset:].max() - running[onset:].min()),
         uncertainty=half, deep_levels=deep_levels, deep_waiting=deep,

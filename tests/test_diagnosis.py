@@ -112,6 +112,21 @@ def test_the_token_budget_binds_where_budget_x_o_over_p_plus_o_says():
     assert d.limit == "token_budget" and "max_num_batched_tokens=512 holds 170.7 running" in d.reason
 
 
+def test_admission_stopped_for_good_before_the_ramp_saw_a_plateau():
+    """The emulator's stuck-admission trips the first time the pool is full: every level after it
+    runs nothing while everyone waits."""
+    levels = [level(10, 9.5, 0.0, usage=0.45), level(16, 15.1, 0.2, usage=0.7), level(20, 18.6, 0.6, usage=0.9),
+              level(24, 0.0, 24.0, usage=0.0), level(28, 0.0, 28.0, usage=0.0), level(32, 0.0, 32.0, usage=0.0)]
+    _, d = run(levels)
+    assert d.limit == "stuck" and "from 18.6 at N=20 to 0.0 at N=32 while 32.0 requests waited" in d.reason
+
+
+def test_one_disturbed_last_level_is_not_stuck():
+    levels = [level(n, 0.95 * n, 0.05, usage=0.9 * n / 24) for n in (6, 12, 18)] + \
+        [level(n, 24.1, n - 25.6, usage=0.955, preemptions=8) for n in (28, 30, 32)] + [level(36, 15.0, 20.0, usage=0.9)]
+    assert run(levels)[1].limit != "stuck"
+
+
 def test_admission_stopped_for_good():
     levels = [level(10, 9.5, 0.0, usage=0.5), level(16, 15.2, 0.1, usage=0.8), level(24, 20.0, 3.5, usage=0.96,
               preemptions=3), level(28, 9.0, 18.0, usage=0.95), level(32, 2.0, 29.0, usage=0.95)]
