@@ -17,7 +17,8 @@ import numpy as np
 
 MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not averaged
 BATCHES = 8  # batch means per window for the standard error of a steady mean
-RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count vs a sampled gauge: max(1 request, 5%)
+RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count below a sampled gauge's mean: max(1 request, 5%)
+RECONCILE_OVER_ABS, RECONCILE_OVER_REL = 2.0, 0.10  # ... above its highest reading: max(2 requests, 10%)
 GRID = 0.05  # seconds between the instants at which the client's streams are counted
 
 
@@ -263,10 +264,11 @@ def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) 
       (a recomputed stream just pauses).
     - A sampled gauge (SGLang publishes at prefill batches — the count *before* the new requests
       — and every 40 decode steps) is biased low, so the streams measure running and the two are
-      reconciled: a sample never exceeds the true count at its moment and a full-step sample
-      equals it, so the true mean lies between the gauge's mean and its highest reading. A client
-      count outside [mean − tol, highest + tol] (tol = max(1, 5%)) is a disagreement: it is
-      recorded on the level and reported, not resolved.
+      reconciled. Most samples read below the true count, so the gauge's mean is close to a
+      lower bound: a client count below it by more than max(1, 5%) undercounts (issue 11: streams
+      cut at the stop counted as waiting). A decode report reads the batch as it is, so a client
+      count above the highest reading by more than max(2, 10%) counts requests the engine does
+      not hold. Either is a disagreement: recorded on the level and reported, not resolved.
       The queue gauge is published at the same moments (after the prefill's admissions), so
       waiting comes from the streams too; the engine's figure stays in `engine_waiting_mean`.
     - No gauge (no /metrics, or the family vanished for this level): the streams, waiting too.
@@ -282,10 +284,11 @@ def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) 
             lv.too_few_samples = False
         elif not gauge_exact:
             client, high = lv.client_running_mean, lv.engine_running_max
-            tol = max(RECONCILE_ABS, RECONCILE_REL * client)
+            below = max(RECONCILE_ABS, RECONCILE_REL * client)
+            above = max(RECONCILE_OVER_ABS, RECONCILE_OVER_REL * client)
             lv.running_mean, lv.running_se, lv.running_source = client, lv.client_running_se, "client"
             lv.disagreement = client - engine
-            lv.disagrees = not (engine - tol <= client <= high + tol)
+            lv.disagrees = not (engine - below <= client <= high + above)
             if lv.client_waiting_mean is not None:  # the queue gauge is sampled at the same moments
                 lv.waiting_mean = lv.client_waiting_mean
     return levels

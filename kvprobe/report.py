@@ -78,6 +78,7 @@ def summary_row(result) -> list[str]:
         fmt(pred),
         _measured(rp) if rp else fmt(None),
         binding,
+        result.diagnosis.limit if result.diagnosis is not None else "—",
         STATUS[result.status],
         "" if result.passed else result.status_reason,
     ]
@@ -90,7 +91,7 @@ def closing_line(result, directory) -> str:
     return f"artifacts: {directory}  ({', '.join(names) if names else 'none written'})"
 
 
-SUMMARY_HEADERS = ["expectation", "predicted", "measured", "binding", "verdict", "why"]
+SUMMARY_HEADERS = ["expectation", "predicted", "measured", "binding", "measured limit", "verdict", "why"]
 
 
 def write_artifacts(result, directory: Path, *, series, records, windows) -> dict[str, str]:

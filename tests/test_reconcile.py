@@ -67,9 +67,21 @@ def test_finding_1_a_sampled_gauge_flags_the_old_undercount_and_accepts_the_fix(
     assert old.running_source == new.running_source == "client"
     assert old.disagreement == pytest.approx(seen - engine) and new.disagreement == pytest.approx(0.01)
     assert new.disagrees is False
-    # The old undercount lies outside [gauge mean - max(1, 5%), gauge max + ...] for the two levels
-    # near 20 (the 2.27 vs 2.99 one is within a request of the gauge: reported, not flagged).
+    # The old undercount lies more than max(1, 5%) below the gauge's mean for the two levels near
+    # 20 (the 2.27 vs 2.99 one is within a request of the gauge: reported, not flagged).
     assert old.disagrees is (engine - seen > 1.0)
+
+
+def test_a_client_count_above_what_the_sampled_gauge_ever_read_disagrees_only_far_above():
+    def level(client):  # SGLang at N=24: the gauge averaged 16.6 and never read more than 19
+        return LevelStats(users=24, running_mean=16.6, running_max=19, waiting_mean=3.8, waiting_max=6,
+                          usage_mean=0.83, usage_max=0.9, preemptions=None, preemption_rate_per_s=None, samples=21,
+                          client_running_mean=client, engine_running_mean=16.6, engine_running_max=19.0)
+
+    near, far = level(20.05), level(21.2)
+    reconcile([near, far], gauge_exact=False, metrics_ok=True)
+    assert not near.disagrees  # a decode report may simply have missed the full batch
+    assert far.disagrees  # more than max(2, 10%) above anything the engine ever showed
 
 
 def test_an_exact_gauge_is_used_as_it_is_and_the_client_count_kept_beside_it():
