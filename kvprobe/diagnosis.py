@@ -57,10 +57,11 @@ def _preemptions(levels) -> float | None:
 
 def pinned_count(levels, weights: dict[int, float], output_tokens: int | None = None) -> int | None:
     """The integer K when a count caps running: no level that weighs in the plateau ever reads
-    above K, and the levels carrying most of the weight read K at their highest and sit just
+    above K, and the levels carrying two thirds of the weight read K at their highest and sit just
     below it on average — a finished request's slot stays empty until the next step admits a
     waiting one, about one step in O + 1, so a cap of K reads K(1 − 1/(O + 1)) on a per-step gauge
-    (15.5 for 16 at O = 32; 16.0 at O = 256)."""
+    (15.5 for 16 at O = 32; 16.0 at O = 256). Where running is the client's count (a sampled
+    gauge), its mean within that slack of the gauge's highest reading is the evidence."""
     used = [lv for lv in levels if weights.get(lv.users, 0) > 0]
     highs = [lv.engine_running_max if lv.engine_running_max is not None else lv.running_max for lv in used]
     if not used or not all(h is not None and np.isfinite(h) for h in highs):
@@ -69,9 +70,16 @@ def pinned_count(levels, weights: dict[int, float], output_tokens: int | None = 
     if k < 1 or abs(max(highs) - k) > 1e-9:
         return None
     slack = max(0.75, 2 * k / (output_tokens + 1)) if output_tokens else 0.75
-    held = sum(weights[lv.users] for lv, h in zip(used, highs, strict=True)
-               if abs(h - k) < 1e-9 and k - slack <= lv.running_mean <= k + PINNED)
-    return k if held >= 2 / 3 * sum(weights[lv.users] for lv in used) else None
+
+    def held(lv, high) -> bool:
+        if lv.running_source == "client":
+            # a sampled gauge may miss the full batch at a level (K is the highest it ever read), and
+            # the streams overlap a handover step: the client's mean sits within the slack either side
+            return k - slack <= lv.running_mean <= k + slack
+        return abs(high - k) < 1e-9 and k - slack <= lv.running_mean <= k + PINNED
+
+    weight = sum(weights[lv.users] for lv, h in zip(used, highs, strict=True) if held(lv, h))
+    return k if weight >= 2 / 3 * sum(weights[lv.users] for lv in used) else None
 
 
 def diagnose(*, prediction, rejection, levels, allowance: float, usage_tol: float, client=None,
