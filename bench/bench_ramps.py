@@ -26,7 +26,7 @@ STRATEGIES = (("around-prediction", "short"), ("bisect", "bisect"), ("sweep (10 
 
 def one(engine: str, profile_name: str, hold: float, workdir: Path) -> list:
     exp = load_expectations(ROOT / "expectations" / f"emulated-{engine}.yaml")[0]
-    profile = load_profile(ROOT / "loadprofiles" / f"{profile_name}.yaml")
+    profile = load_profile(profile_name)  # shipped with the package
     profile = replace(profile, hold=replace(profile.hold, seconds=hold), drain_seconds=3.0)
     exp = replace(exp, profile=profile, checks=("rejection_point",))
     start = time.monotonic()

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "ledger": "kvprobe.cmd_ledger",
     "emulate": "kvprobe.emulator.cli",
     "probe": "kvprobe.cmd_probe",
+    "profiles": "kvprobe.cmd_profiles",
     "shadow": "kvprobe.shadow.cli",
 }
 
@@ -34,10 +35,22 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _unknown_options(parser: argparse.ArgumentParser, args, extra: list[str]) -> None:
+    """argparse's own "unrecognized arguments" error, with the closest option of the subcommand."""
+    from kvprobe.spec_schema import did_you_mean
+
+    sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers else None
+    options = list(sub._option_string_actions) if sub is not None else []
+    hint = next((did_you_mean(a.split("=", 1)[0], options) for a in extra if a.startswith("--")), "")
+    (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unknown_options(parser, args, extra)
     try:
         return int(args.func(args) or 0)
     except KvprobeError as err:

@@ -1,119 +1,207 @@
-"""`kvprobe ledger`: print the capacity ledger of one engine configuration (theory only, no GPU)."""
+"""`kvprobe ledger`: print the capacity ledger of one engine configuration (theory only, no GPU).
+
+The engine's flags are options under their real names, generated from the dialect modules' flag
+tables (`kvprobe/engines/vllm.py`, `sglang.py` FLAGS): the same names, values and meaning as the
+`flags:` of an expectation, validated by the same code and mapped to the ledger by the same table
+(`Flag.ledger`, `spec_schema.flag_ledger_kwargs`). When the engine would refuse to start, every
+table is still printed, then the refusal as a finding, and the exit code is 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import textwrap
 
 from kvprobe.errors import ConfigError
 from kvprobe.units import parse_bytes, parse_count
 
-# flag -> LedgerInputs field for integer flags (vLLM human units accepted: 8k, 8K)
-_COUNTS = {
-    "block_size": "block_size", "page_size": "page_size", "max_model_len": "max_model_len",
-    "context_length": "context_length", "max_num_seqs": "max_num_seqs",
-    "max_running_requests": "max_running_requests", "max_num_batched_tokens": "max_num_batched_tokens",
-    "chunked_prefill_size": "chunked_prefill_size", "tp": "tp", "pp": "pp", "dp": "dp",
-    "num_gpu_blocks_override": "num_gpu_blocks_override", "max_total_tokens": "max_total_tokens",
-    "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens", "users": "users",
-    "shared_prefix_tokens": "shared_prefix_tokens",
-}
+ENGINES = ("vllm", "sglang")
+# Flags an expectation may not set either: the launcher owns them (spec_schema.MANAGED_FLAGS).
+_NOT_OPTIONS = ("served-model-name", "api-key")
+# The workload: not engine flags. (name, LedgerInputs field, help)
+REQUEST_OPTIONS = (
+    ("prompt-tokens", "prompt_tokens", "P: prompt tokens of every request"),
+    ("output-tokens", "output_tokens", "O: output tokens of every request"),
+    ("users", "users", "closed-loop users N: steady state at N (schedsim)"),
+    ("shared-prefix-tokens", "shared_prefix_tokens",
+     "K: the first K prompt tokens are the same in every request (a system prompt)"),
+)
+# kvprobe's short spellings of the parallel flags, one per engine's real name.
+PARALLEL = {"tp": ("tensor-parallel-size", "tp-size"), "pp": ("pipeline-parallel-size", "pp-size"),
+            "dp": ("data-parallel-size", "dp-size")}
+
+
+def _dialects():
+    from kvprobe.engines import get_dialect
+
+    return {name: get_dialect(name) for name in ENGINES}
+
+
+def engine_flags() -> dict[str, tuple[object, tuple[str, ...]]]:
+    """Every modelled flag of either engine: name -> (Flag, engines that have it)."""
+    out: dict[str, tuple[object, tuple[str, ...]]] = {}
+    for engine, d in _dialects().items():
+        for name, flag in d.FLAGS.items():
+            if name in _NOT_OPTIONS:
+                continue
+            first, engines = out.get(name, (flag, ()))
+            out[name] = (first, (*engines, engine))
+    return out
+
+
+def _help(flag, engines: tuple[str, ...]) -> str:
+    who = "" if len(engines) == len(ENGINES) else f"{engines[0]}: "
+    unread = "" if flag.ledger else " (not read by the ledger)"
+    return f"{who}{flag.help}{unread}"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "ledger", help="predict the KV pool and admission limit from config.json, GPU memory and flags",
-        description=__doc__)
-    p.add_argument("--engine", required=True, choices=("vllm", "sglang"))
+        description=__doc__, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", required=True, choices=ENGINES)
     from kvprobe.theory.geometry import list_presets
 
     p.add_argument("--model", required=True,
                    help="a path to a config.json (or its dir), or a packaged preset: " + ", ".join(list_presets()))
     p.add_argument("--engine-version", help="engine version (defaults: vLLM 0.33.0, SGLang 0.5.23)")
+    p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
+                                    "kvprobe has no facts for)")
     p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
-    p.add_argument("--gpu-memory-utilization", type=str, help="vLLM fraction (default per version)")
-    p.add_argument("--mem-fraction-static", type=str, help="SGLang fraction (default: its formula)")
-    p.add_argument("--dtype", help="model dtype override (bfloat16, float16, float32)")
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   help="auto, fp8, fp8_e4m3, fp8_e5m2, fp8_ds_mla, bfloat16, float16")
-    p.add_argument("--max-model-len", help="vLLM; 'auto' or -1 fits the pool")
-    for flag in ("block-size", "page-size", "context-length", "max-num-seqs", "max-running-requests",
-                 "max-num-batched-tokens", "chunked-prefill-size", "num-gpu-blocks-override",
-                 "max-total-tokens", "prompt-tokens", "output-tokens", "users"):
-        p.add_argument(f"--{flag}")
-    p.add_argument("--shared-prefix-tokens", metavar="K",
-                   help="the first K prompt tokens are the same in every request (a system prompt)")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="vLLM: schedule one step ahead (default: the engine version's, on a GPU)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="vLLM: prefix caching (default on)")
-    p.add_argument("--disable-radix-cache", action="store_true", help="SGLang: no radix (prefix) cache")
-    for flag in ("tp", "pp", "dp"):
-        p.add_argument(f"--{flag}", default="1")
-    p.add_argument("--kv-cache-memory-bytes", help="vLLM: KV bytes per GPU (replaces the profiled pool)")
-    p.add_argument("--policy", help="admission policy (default: the engine version's)")
     p.add_argument("--estimate", action="append", default=[], metavar="NAME=BYTES",
                    help="override a vLLM non-KV estimate: activation_bytes, cudagraph_bytes, other_bytes")
-    p.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    p.add_argument("--json", action="store_true", help="print the ledger as JSON (a refusal under `startup`)")
+    for name, _, help_text in REQUEST_OPTIONS:
+        p.add_argument(f"--{name}", help=help_text)
+    for short, names in PARALLEL.items():
+        p.add_argument(f"--{short}", help=f"the parallel degree ({' / '.join(names)})")
+    flags = p.add_argument_group("engine flags", "the engine's own flags, as an expectation's `flags:` writes them")
+    known = engine_flags()
+    # An alias that is another flag's own name (SGLang's --tensor-parallel-size, vLLM's flag) is
+    # one option; _given_flags resolves it with the chosen engine's aliases.
+    aliases = {a: t for d in _dialects().values() for a, t in d.FLAG_ALIASES.items()
+               if a not in known and a not in PARALLEL}
+    for name, (flag, engines) in known.items():
+        names = [f"--{name}", *(f"--{a}" for a, t in aliases.items() if t == name)]
+        dest = f"flag:{name}"
+        if flag.value_kind == "bool":
+            action = argparse.BooleanOptionalAction if flag.negatable else "store_true"
+            flags.add_argument(*names, dest=dest, action=action, default=None, help=_help(flag, engines))
+        else:
+            flags.add_argument(*names, dest=dest, metavar=flag.value_kind.upper(), help=_help(flag, engines))
+    others = sorted({f for d in _dialects().values() for f in d.OTHER_FLAGS} - set(known) - set(aliases))
+    unread = p.add_argument_group("other engine flags", textwrap.fill(
+        "real flags kvprobe does not model, accepted as in an expectation (a launched engine gets them) and "
+        "not read by the ledger: " + ", ".join(f"--{n}" for n in others), 100, break_on_hyphens=False))
+    for name in others:
+        unread.add_argument(f"--{name}", dest=f"other:{name}", nargs="?", const=True, default=None,
+                            metavar="VALUE", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
     return p
 
 
-def _fraction(text: str | None, key: str) -> float | None:
-    if text is None:
-        return None
+def unread_flags(args: argparse.Namespace) -> list[str]:
+    """Flags given that do not change the ledger (said once on stderr, so nobody expects them to)."""
+    from kvprobe.engines import get_dialect
+
+    dialect = get_dialect(args.engine)
+    out = []
+    for key, raw in vars(args).items():
+        kind, _, name = key.partition(":")
+        if raw is None or kind not in ("flag", "other"):
+            continue
+        name = dialect.FLAG_ALIASES.get(name, name)
+        flag = dialect.FLAGS.get(name)
+        if kind == "other" or flag is None or flag.ledger is None:
+            out.append(f"--{name}")
+    return out
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The engine flags given on the command line, validated as an expectation's are."""
+    from kvprobe.engines import get_dialect
+    from kvprobe.spec_schema import Node, parse_flag
+
+    known = engine_flags()
+    dialect = get_dialect(args.engine)
+    out: dict[str, object] = {}
+    for key, raw in vars(args).items():
+        if not key.startswith("flag:") or raw is None:
+            continue
+        name = dialect.FLAG_ALIASES.get(key[len("flag:"):], key[len("flag:"):])
+        flag, engines = known[name]
+        if args.engine not in engines:
+            raise ConfigError(f"expected a {args.engine} flag (--{name} is a {engines[0]} flag; "
+                              f"`kvprobe ledger --help` lists both)", key=f"--{name}")
+        flag = dialect.FLAGS[name]
+        if flag.value_kind == "bool":
+            out[name] = bool(raw)
+            continue
+        out[name] = parse_flag(Node(_typed(raw, flag.value_kind), "", f"--{name}"), flag.value_kind, flag.lo)
+    for short, names in PARALLEL.items():
+        text = getattr(args, short)
+        if text is not None:
+            name = names[ENGINES.index(args.engine)]
+            if name in out:
+                raise ConfigError(f"one of --{short} or --{name}", key=f"--{short}")
+            out[name] = parse_count(text, key=f"--{short}")
+    return out
+
+
+def _typed(raw: str, kind: str) -> object:
+    """A command-line string as the YAML reader would have typed it, for the same validation."""
+    text = raw.strip()
     try:
-        value = float(text)
-    except ValueError as err:
-        raise ConfigError(f"expected a fraction such as 0.9, got {text!r}", key=key) from err
-    if not 0 < value <= 1:
-        raise ConfigError(f"expected a fraction in (0, 1], got {text!r}", key=key)
-    return value
+        if kind == "int" or (kind == "len" and text == "-1"):
+            return int(text)
+        if kind in ("float", "frac"):
+            return float(text)
+    except ValueError:
+        pass  # parse_flag names what was expected
+    return text
 
 
 def inputs_from_args(args: argparse.Namespace):
+    from kvprobe.engines import is_known_version, unknown_version_message
+    from kvprobe.spec_schema import flag_ledger_kwargs
+    from kvprobe.theory.admission import POLICIES
     from kvprobe.theory.ledger import LedgerInputs
 
-    values = {}
-    for attr, field in _COUNTS.items():
-        text = getattr(args, attr)
-        if text is None:
-            continue
-        flag = "--" + attr.replace("_", "-")
-        if attr == "max_model_len" and str(text).strip() in ("auto", "-1"):
-            values[field] = -1
-            continue
-        values[field] = parse_count(text, key=flag)
+    if args.policy is not None and args.policy not in POLICIES:
+        raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
+    if args.engine_version and args.policy is None and not is_known_version(args.engine, args.engine_version):
+        raise ConfigError(f"expected {unknown_version_message(args.engine, args.engine_version, policy_hint='--policy')}",
+                          key="--engine-version")
+    request = {}
+    for name, field, _ in REQUEST_OPTIONS:
+        text = getattr(args, name.replace("-", "_"))
+        if text is not None:
+            request[field] = parse_count(text, key=f"--{name}")
     estimates = {}
     for item in args.estimate:
         name, sep, size = item.partition("=")
         if not sep:
             raise ConfigError(f"expected NAME=BYTES, got {item!r}", key="--estimate")
         estimates[name.strip()] = parse_bytes(size, key=f"--estimate {name.strip()}")
-    async_scheduling = args.async_scheduling
-    if args.engine == "vllm" and async_scheduling is None:
-        from kvprobe.engines import vllm
-
-        async_scheduling = vllm.async_scheduling_default(args.engine_version or vllm.DEFAULT_VERSION)
     return LedgerInputs(
-        engine=args.engine, model=args.model, engine_version=args.engine_version,
-        async_scheduling=async_scheduling, enable_prefix_caching=args.enable_prefix_caching,
-        disable_radix_cache=args.disable_radix_cache,
+        engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
         gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
-        gpu_memory_utilization=_fraction(args.gpu_memory_utilization, "--gpu-memory-utilization"),
-        mem_fraction_static=_fraction(args.mem_fraction_static, "--mem-fraction-static"),
-        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, policy=args.policy,
-        kv_cache_memory_bytes=None if args.kv_cache_memory_bytes is None
-        else parse_bytes(args.kv_cache_memory_bytes, key="--kv-cache-memory-bytes"),
-        estimates=estimates, **values)
+        estimates=estimates, **request,
+        **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 
 
 def run(args: argparse.Namespace) -> int:
     from kvprobe.theory.ledger import build_ledger
 
-    ledger = build_ledger(inputs_from_args(args))
+    ledger = build_ledger(inputs_from_args(args), explain_refusal=True)
+    unread = unread_flags(args)
+    if unread:
+        print(f"kvprobe ledger: note: {', '.join(unread)} not read by the ledger (the engine's own behaviour "
+              "there is not modelled)", file=sys.stderr)
     if args.json:
         print(json.dumps(ledger.to_dict(), indent=2))
     else:
         print(ledger.render())
-    return 0
+    return 1 if ledger.startup["refused"] else 0

@@ -50,6 +50,7 @@ class ProbeResult:
     drain: object = None
     client: object = None
     checks: list[verdict.CheckResult] = field(default_factory=list)
+    discovery: dict | None = None  # what the engine publishes vs the expectation (discover.Discovery)
     artifacts: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # why the probe could not complete, if it could not
     log_tail: str | None = None  # the engine's (or Locust's) last log lines behind `error`
@@ -117,6 +118,7 @@ class ProbeResult:
                             "cpus": os.cpu_count(), "started": self.started, "finished": self.finished},
             "prediction": self.ledger,
             "engine_facts": _facts_dict(facts),
+            "discovery": self.discovery,
             "levels": [_plain(x) for x in self.levels],
             "rejection": _plain(self.rejection),
             "diagnosis": _plain(self.diagnosis),
@@ -172,17 +174,18 @@ def open_target(exp, options: ProbeOptions, artifacts: Path, dialect=None):
     if url:
         return Target.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
     port = exp.target.port or free_port()
-    model = exp.served_model_name or exp.model
+    # The engine loads `model` and serves it as `served_model_name`: the name the load sends.
+    served = exp.served_model_name if exp.served_model_name not in (None, exp.model) else None
     if exp.target.mode == "emulator":
-        argv = dialect.emulator_command(model, exp.flags, host="127.0.0.1", port=port,
-                                        extra=emulator_args(exp.target.emulator))
-    elif options.engine_command or exp.target.command:
-        # The command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
-        # the model and flags follow as the dialect writes them.
-        binary = list(options.engine_command or exp.target.command)
-        argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port, binary=binary)
+        flags = {**exp.flags, "served-model-name": served} if served else exp.flags
+        argv = dialect.emulator_command(exp.model, flags, host="127.0.0.1", port=port,
+                                        extra=emulator_args(exp.target.emulator), version=exp.version)
     else:
-        argv = dialect.launch_command(model, exp.flags, host="127.0.0.1", port=port)
+        # A command replaces the engine's binary ("vllm serve", "python -m sglang.launch_server");
+        # the model and flags follow as the dialect writes them.
+        binary = list(options.engine_command or exp.target.command or ()) or None
+        argv = dialect.launch_command(exp.model, exp.flags, host="127.0.0.1", port=port, binary=binary,
+                                      served_model_name=served)
     return Target.launch(argv, engine=exp.engine, port=port, log_path=str(artifacts / "engine.log"),
                          startup_timeout=exp.target.startup_timeout)
 
@@ -203,29 +206,67 @@ def emulator_args(options: dict) -> list[str]:
     return args
 
 
-def calibrate(target, exp, model: str | None) -> float:
-    """Seconds one request takes alone: the unit of a hold given in request lifetimes."""
+# Requests timed alone before a hold given in lifetimes: the median of a few survives one slow
+# request on a loaded machine (issue 13: one 37.6 s calibration made every level 94 s long).
+CALIBRATION_REQUESTS = 3
+
+
+def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[float, list[float]]:
+    """Seconds one request takes alone: the median of `requests` sequential requests (the unit of a
+    hold given in request lifetimes), and every time measured."""
+    from statistics import median
+
     from kvprobe.oneshot import post_completion, unique_prompt
 
     dialect = target.dialect
     shape = exp.profile.request
-    body = dialect.completion_body(unique_prompt(shape.prompt_tokens, 0), shape.output_tokens, model=model, stream=True)
-    shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
-    if not shot.ok:
-        raise ProbeError(f"calibration request failed: HTTP {shot.status} {shot.body[:300]}")
-    if (shot.prompt_tokens, shot.completion_tokens) != (shape.prompt_tokens, shape.output_tokens):
-        raise ProbeError(
-            f"calibration usage {shot.prompt_tokens}/{shot.completion_tokens} != requested "
-            f"{shape.prompt_tokens}/{shape.output_tokens}: the engine does not honour fixed lengths"
-        )
-    return shot.seconds
+    times = []
+    for i in range(requests):
+        body = dialect.completion_body(unique_prompt(shape.prompt_tokens, i), shape.output_tokens, model=model,
+                                       stream=True)
+        shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
+        if not shot.ok:
+            raise ProbeError(f"calibration request failed: HTTP {shot.status} {shot.body[:300]}")
+        if (shot.prompt_tokens, shot.completion_tokens) != (shape.prompt_tokens, shape.output_tokens):
+            raise ProbeError(
+                f"calibration usage {shot.prompt_tokens}/{shot.completion_tokens} != requested "
+                f"{shape.prompt_tokens}/{shape.output_tokens}: the engine does not honour fixed lengths"
+            )
+        times.append(shot.seconds)
+    return median(times), times
 
 
-def hold_seconds(exp, lifetime: float | None) -> float:
+def planned_levels(exp, predicted: float | None) -> int:
+    """How many levels the profile's ramp will run: its plan, or a bisection's usual length."""
+    import math
+
+    from kvprobe.load.ramps import BisectRamp, make_ramp
+
+    ramp = make_ramp(exp.profile.ramp, predicted)
+    if isinstance(ramp, BisectRamp):
+        return math.ceil(math.log2(ramp.hi - ramp.lo + 2)) + 2 * ramp.confirm
+    return max(1, len(ramp.planned()))
+
+
+def hold_seconds(exp, lifetime: float | None, *, levels: int | None = None,
+                 remaining: float | None = None) -> tuple[float, str | None]:
+    """Seconds per level, and a message when the time budget capped it. A hold in lifetimes is
+    capped so that `levels` levels and the drain fit the `remaining` seconds of the budget."""
     hold = exp.profile.hold
-    if hold.lifetimes:
-        return max(hold.lifetimes * (lifetime or 1.0), 2.0)
-    return float(hold.seconds)
+    if not hold.lifetimes:
+        return float(hold.seconds), None
+    wanted = max(hold.lifetimes * (lifetime or 1.0), 2.0)
+    if levels is None or remaining is None:
+        return wanted, None
+    cap = (remaining - exp.profile.drain_seconds) / max(1, levels)
+    if wanted <= cap:
+        return wanted, None
+    capped = max(cap, 2.0)
+    note = (f"hold capped at {capped:.1f}s per level by the time budget ({levels} levels in {remaining:.0f}s left "
+            f"of budget_seconds {exp.profile.budget_seconds:g}); {hold.lifetimes:g} lifetimes would be {wanted:.1f}s")
+    if lifetime and capped < lifetime:
+        note += f"; shorter than one request ({lifetime:.2f}s): raise budget_seconds for a steady state"
+    return capped, note
 
 
 def level_result(stats):
@@ -290,15 +331,49 @@ def begin(exp, options: ProbeOptions) -> ProbeRun:
 
 
 def reach_engine(pr: ProbeRun) -> None:
-    """Launch or attach, read what the engine reports, time one request alone."""
+    """Launch or attach, read what the engine reports, check it against the expectation, time a
+    request alone."""
     pr.log(f"kvprobe: {pr.exp.name}: predicted admission limit {pr.prediction.limit:g} "
            f"({pr.prediction.binding} binds)")
     pr.target = open_target(pr.exp, pr.options, pr.artifacts, pr.dialect)
     pr.result.facts = pr.target.facts()
-    lifetime = calibrate(pr.target, pr.exp, pr.model)
-    pr.hold = hold_seconds(pr.exp, lifetime)
-    pr.log(f"kvprobe: engine up at {pr.target.url}; one request takes {lifetime:.2f}s alone; "
+    discover_engine(pr)
+    lifetimes = pr.exp.profile.hold.lifetimes
+    lifetime, times = calibrate(pr.target, pr.exp, pr.model, requests=CALIBRATION_REQUESTS if lifetimes else 1)
+    levels = planned_levels(pr.exp, pr.prediction.limit) if lifetimes else None
+    pr.hold, capped = hold_seconds(pr.exp, lifetime, levels=levels, remaining=pr.deadline - time.monotonic())
+    alone = f"median of {', '.join(f'{t:.2f}' for t in times)}s" if len(times) > 1 else "alone"
+    pr.log(f"kvprobe: engine up at {pr.target.url}; one request takes {lifetime:.2f}s ({alone}); "
            f"hold {pr.hold:.1f}s per level")
+    if capped:
+        pr.log(f"kvprobe: {capped}")
+
+
+def discover_engine(pr: ProbeRun) -> None:
+    """What the engine publishes about its configuration becomes the ledger's (the expectation fills
+    only the rest); assumptions and contradictions are said before the ramp starts."""
+    from kvprobe.discover import discover
+
+    disc = discover(pr.exp, pr.result.facts)
+    pr.result.discovery = disc.to_dict()
+    exp = disc.expectation(pr.exp)
+    if (exp.flags, exp.version) != (pr.exp.flags, pr.exp.version):
+        before = pr.prediction
+        try:
+            ledger = predict(exp)
+        except KvprobeError as err:  # e.g. a published chunk size whose reserve leaves the declared GPU no KV
+            pr.log(f"kvprobe: {exp.name}: the engine's published configuration gives no ledger ({err}); "
+                   "the prediction stays the expectation's")
+            ledger, exp = pr.ledger, replace(pr.exp, served_model_name=exp.served_model_name)
+        pr.ledger = ledger
+        pr.result.ledger = pr.ledger.to_dict()
+        (pr.artifacts / "ledger.txt").write_text(pr.ledger.render() + "\n")
+        if (before.limit, before.binding) != (pr.prediction.limit, pr.prediction.binding):
+            pr.log(f"kvprobe: {exp.name}: from what the engine publishes: admission limit {pr.prediction.limit:g} "
+                   f"({pr.prediction.binding} binds); the expectation alone gave {before.limit:g} ({before.binding})")
+    pr.exp = exp
+    for line in disc.lines(pr.ledger):
+        pr.log(f"kvprobe: {line}")
 
 
 def start_load(pr: ProbeRun) -> None:

@@ -143,6 +143,15 @@ def _parse_profile(node: Node, *, name: str, path: str | None) -> Profile:
     return Profile(name, path, request, ramp, hold, interval, budget, drain, processes, description)
 
 
+# The profiles shipped with kvprobe (package data): found by name from any folder, after the user's own.
+SHIPPED_PROFILES = Path(__file__).resolve().parent / "loadprofiles"
+
+
+def shipped_profiles() -> dict[str, Path]:
+    """name -> file of every profile installed with kvprobe."""
+    return {p.stem: p for p in sorted(SHIPPED_PROFILES.glob("*.y*ml"))}
+
+
 def _profile_file(ref: str, search_dirs) -> Path | None:
     for d in search_dirs:
         for ext in (".yaml", ".yml"):
@@ -157,13 +166,15 @@ def _is_path(ref: str) -> bool:
 
 
 def load_profile(path_or_name: str | Path, *, search_dirs=()) -> Profile:
-    """A profile from a path, or by name from `search_dirs` (`short` -> `<dir>/short.yaml`)."""
+    """A profile from a path, or by name from `search_dirs` (`short` -> `<dir>/short.yaml`), then from
+    the profiles shipped with kvprobe."""
     ref = str(path_or_name)
-    path = Path(ref) if _is_path(ref) else _profile_file(ref, search_dirs)
+    dirs = [*search_dirs, SHIPPED_PROFILES]
+    path = Path(ref) if _is_path(ref) else _profile_file(ref, dirs)
     if path is None:
-        dirs = ", ".join(str(d) for d in search_dirs) or "no directory"
-        raise spec_error(ref, "(file)", f"a profile name found in {dirs} or a path to a profile YAML file",
-                         Shown("not found"))
+        known = sorted({p.stem for d in dirs for p in Path(d).glob("*.y*ml")})
+        raise spec_error(ref, "(file)", f"a profile name ({', '.join(known) or 'none found'})"
+                         f"{did_you_mean(ref, known)} or a path to a profile YAML file", Shown("not found"))
     return _parse_profile(Node(read_yaml(path), str(path)), name=path.stem, path=str(path))
 
 
@@ -174,12 +185,12 @@ def profile_search_dirs(expectation_path: str | Path) -> list[Path]:
     here = Path(expectation_path).resolve().parent
     dirs = [p / "loadprofiles" for p in [here, *list(here.parents)[:3]]]
     cwd = Path.cwd() / "loadprofiles"
-    return [d for d in dict.fromkeys([*dirs, cwd]) if d.is_dir()]
+    return [d for d in dict.fromkeys([*dirs, cwd, SHIPPED_PROFILES]) if d.is_dir()]
 
 
 # -- expectations -----------------------------------------------------------------------------
 
-EXPECTATION_KEYS = ("name", "description", "enabled", "engine", "version", "model", "model_config",
+EXPECTATION_KEYS = ("name", "description", "enabled", "engine", "version", "policy", "model", "model_config",
                     "served_model_name", "flags", "hardware", "target", "profile", "tolerances", "checks",
                     "expect_fail", "estimates")
 REQUIRED_KEYS = ("engine", "version", "model", "target", "profile")
@@ -224,6 +235,7 @@ def _resolve_profile(node: Node, exp_path: Path, exp_name: str, profile_dirs) ->
             raise node.error(f"a profile file (looked for {path})", ref)
     else:
         dirs = profile_dirs if profile_dirs is not None else profile_search_dirs(exp_path)
+        dirs = list(dict.fromkeys([*dirs, SHIPPED_PROFILES]))
         path = _profile_file(ref, dirs)
         if path is None:
             known = sorted({p.stem for d in dirs for p in Path(d).glob("*.y*ml")})
@@ -376,6 +388,22 @@ def check_consistency(exp: Expectation, node: Node) -> None:
                                               exp.expect_fail)
 
 
+def parse_policy(node: Node, engine: str) -> str:
+    """An admission policy named explicitly: one of the engine's (kvprobe.theory.admission.POLICIES)."""
+    from kvprobe.theory.admission import POLICIES
+
+    return node.choice([p for p in POLICIES if p.startswith(engine) or p == "worst-case"],
+                       what=f"a {engine} admission policy, one of")
+
+
+def check_version(node: Node, engine: str, version: str, policy: str | None) -> None:
+    """A version kvprobe has no facts for is refused unless the policy is chosen explicitly."""
+    from kvprobe.engines import is_known_version, unknown_version_message
+
+    if policy is None and not is_known_version(engine, version):
+        raise node.error(unknown_version_message(engine, version), version)
+
+
 def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) -> Expectation:
     keys = node.mapping(EXPECTATION_KEYS, required=REQUIRED_KEYS,
                         what="an expectation mapping (engine, version, model, target, profile, ...)")
@@ -395,11 +423,14 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
     if isinstance(version_node.value, int | float) and not isinstance(version_node.value, bool):
         raise version_node.error('a version string in quotes, e.g. "0.33.0" (YAML read a number)')
     version = version_node.string(what='a version string, e.g. "0.33.0"')
+    policy = parse_policy(keys["policy"], engine) if "policy" in keys else None
+    check_version(version_node, engine, version, policy)
     model, model_config = parse_model(keys["model"], keys.get("model_config"), exp_path.parent)
     served = keys["served_model_name"].string() if "served_model_name" in keys else None
-    flags = parse_flags(keys["flags"], engine) if "flags" in keys else {}
-    hardware = parse_hardware(keys["hardware"]) if "hardware" in keys else Hardware()
     target = parse_target(keys["target"])
+    # Only a launched real engine reads a flag kvprobe does not know; anywhere else it is a mistake.
+    flags = parse_flags(keys["flags"], engine, strict=target.mode != "launch") if "flags" in keys else {}
+    hardware = parse_hardware(keys["hardware"]) if "hardware" in keys else Hardware()
     profile = _resolve_profile(keys["profile"], exp_path, name, profile_dirs)
     tolerances = _parse_tolerances(keys["tolerances"]) if "tolerances" in keys else Tolerances()
     checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS
@@ -415,6 +446,7 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
         enabled=keys["enabled"].boolean() if "enabled" in keys else True,
         model_config=model_config,
         estimates=_parse_estimates(keys["estimates"]) if "estimates" in keys else {},
+        policy=policy,
     )
     check_consistency(exp, node)
     return exp
@@ -487,5 +519,5 @@ __all__ = [
     "CHECKS", "ENGINES", "EMULATOR_FAULTS", "RAMP_STRATEGIES", "ConfigError",
     "RequestShape", "RampSpec", "HoldSpec", "Profile", "Tolerances", "Target", "Hardware", "Expectation",
     "load_profile", "load_expectations", "load_expectation_dir", "ledger_inputs", "override_profile",
-    "profile_search_dirs",
+    "profile_search_dirs", "shipped_profiles", "SHIPPED_PROFILES",
 ]

@@ -261,6 +261,7 @@ class Expectation:
     enabled: bool = True  # `enabled: false`: collected, skipped with a reason
     model_config: str | None = None  # config.json for the theory when `model` is not a preset
     estimates: dict = field(default_factory=dict)  # ledger overrides of non-KV terms, bytes
+    policy: str | None = None  # an admission policy chosen explicitly (required for an unknown version)
 
 
 # -- YAML -------------------------------------------------------------------------------------
@@ -396,9 +397,12 @@ def _plain_flag_value(node: Node) -> object:
     raise node.error("a value (a number, text, true for a bare flag, or a list)")
 
 
-def parse_flags(node: Node, engine: str) -> dict[str, object]:
+def parse_flags(node: Node, engine: str, *, strict: bool = False) -> dict[str, object]:
     """The engine's own flags, by their real names without `--`; known ones are typed and normalised
-    (counts and sizes to ints, aliases to one spelling), the rest are passed through as written."""
+    (counts and sizes to ints, aliases to one spelling). A flag kvprobe does not know is an error
+    with the closest known name when `strict` (the emulator, a shadow or an attached engine: nothing
+    would read it, so it could only mislead); otherwise (a launched real engine) it is passed
+    through as written and the engine judges it."""
     table, others, aliases = FLAG_TABLES[engine]
     foreign = {f: e for e, (t, _, _) in FLAG_TABLES.items() if e != engine for f in t
                if f not in table and f not in others and f not in aliases}
@@ -424,9 +428,12 @@ def parse_flags(node: Node, engine: str) -> dict[str, object]:
         if key in foreign:
             raise child.error(f"a {engine} flag ({key!r} is a {foreign[key]} flag)", Shown(repr(key)))
         if key not in others:
-            close = difflib.get_close_matches(key, [*table, *others], n=1, cutoff=0.85)
+            close = difflib.get_close_matches(key, [*table, *others], n=1, cutoff=0.6 if strict else 0.85)
             if close:
                 raise child.error(f"a {engine} flag (did you mean {close[0]!r}?)", Shown(repr(key)))
+            if strict:
+                raise child.error(f"a {engine} flag kvprobe knows (`kvprobe ledger --help` lists them; only "
+                                  "`launch: engine` passes other flags to the engine)", Shown(repr(key)))
         out[name] = _plain_flag_value(child)
     return out
 
@@ -462,45 +469,36 @@ def parallel_sizes(engine: str, flags: dict) -> tuple[int, int, int]:
     return tuple(int(flags.get(n, 1)) for n in names)  # type: ignore[return-value]
 
 
-def _vllm_async(exp: Expectation) -> bool:
-    """--async-scheduling as given, else the engine's default for the version (engines/vllm.py)."""
-    given = exp.flags.get("async-scheduling")
-    if given is not None:
-        return bool(given)
-    from kvprobe.engines import vllm
+def flag_ledger_kwargs(engine: str, flags: dict, version: str | None = None) -> dict:
+    """The ledger's engine configuration from the engine's flags: each flag whose dialect entry names a
+    `LedgerInputs` field (`Flag.ledger`) sets it. The one mapping of flags to the ledger, used by an
+    expectation and by `kvprobe ledger`'s generated options alike."""
+    from kvprobe.engines import get_dialect
 
-    return vllm.async_scheduling_default(exp.version or vllm.DEFAULT_VERSION)
+    kw: dict = {}
+    for name, flag in get_dialect(engine).FLAGS.items():
+        value = flags.get(name)
+        if flag.ledger is None or value is None:
+            continue
+        if name == "max-model-len" and value in ("auto", -1):
+            value = -1  # vLLM's auto-fit to the pool
+        kw[flag.ledger] = value
+    if engine == "vllm" and "async_scheduling" not in kw:
+        from kvprobe.engines import vllm
+
+        # not given: the engine's own default for the version (on a GPU; engines/vllm.py)
+        kw["async_scheduling"] = vllm.async_scheduling_default(version or vllm.DEFAULT_VERSION)
+    return kw
 
 
 def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
     """Keyword arguments of `kvprobe.theory.ledger.LedgerInputs` for one expectation."""
-    f = exp.flags
-    tp, pp, dp = parallel_sizes(exp.engine, f)
     kw: dict = dict(
         engine=exp.engine, model=exp.model_config or exp.model, engine_version=exp.version,
-        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, dtype=f.get("dtype"),
-        kv_cache_dtype=f.get("kv-cache-dtype", "auto"), tp=tp, pp=pp, dp=dp,
+        gpu_memory_bytes=exp.hardware.gpu_memory_bytes,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
-        users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir,
+        users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir, policy=exp.policy,
         shared_prefix_tokens=exp.profile.request.shared_prefix_tokens,
     )
-    if exp.engine == "vllm":
-        mml = f.get("max-model-len")
-        kw.update(
-            max_model_len=-1 if mml in ("auto", -1) else mml,  # -1: vLLM's auto-fit to the pool
-            block_size=f.get("block-size"), gpu_memory_utilization=f.get("gpu-memory-utilization"),
-            max_num_seqs=f.get("max-num-seqs"), max_num_batched_tokens=f.get("max-num-batched-tokens"),
-            num_gpu_blocks_override=f.get("num-gpu-blocks-override"),
-            kv_cache_memory_bytes=f.get("kv-cache-memory-bytes"),
-            enable_prefix_caching=f.get("enable-prefix-caching"),
-            reserve_full_isl=f.get("scheduler-reserve-full-isl", True),
-            async_scheduling=_vllm_async(exp),
-        )
-    else:
-        kw.update(
-            page_size=f.get("page-size"), context_length=f.get("context-length"),
-            max_running_requests=f.get("max-running-requests"), chunked_prefill_size=f.get("chunked-prefill-size"),
-            max_total_tokens=f.get("max-total-tokens"), mem_fraction_static=f.get("mem-fraction-static"),
-            disable_radix_cache=f.get("disable-radix-cache", False),
-        )
+    kw.update(flag_ledger_kwargs(exp.engine, exp.flags, exp.version))
     return kw

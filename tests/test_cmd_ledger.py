@@ -42,7 +42,9 @@ def test_table_sglang(capsys):
 @pytest.mark.parametrize("argv,match", [
     (["--engine", "vllm", "--model", "acme/Nope", "--gpu-memory", "24GiB"], "unknown model"),
     (["--engine", "vllm", *LLAMA[:2], "--gpu-memory", "24 parsecs"], "--gpu-memory"),
-    (["--engine", "vllm", *LLAMA], "estimated maximum model length"),
+    (["--engine", "sglang", *LLAMA, "--max-num-seqs", "8"], "expected a sglang flag (--max-num-seqs is a vllm flag"),
+    (["--engine", "vllm", *LLAMA, "--engine-version", "9.9.9"], "0.9.2, 0.11.0, 0.33.0"),
+    (["--engine", "vllm", *LLAMA, "--block-size", "many"], "--block-size: expected an integer"),
     (["--engine", "vllm", *LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8000", "--output-tokens", "500"],
      "beyond max_model_len"),
     (["--engine", "vllm", *LLAMA, "--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),

@@ -12,6 +12,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.spec import (
     CHECKS,
     Expectation,
+    ledger_inputs,
     load_expectation_dir,
     load_expectations,
     load_profile,
@@ -22,7 +23,7 @@ from kvprobe.spec_schema import ledger_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTATIONS = ROOT / "expectations"
-PROFILES = ROOT / "loadprofiles"
+PROFILES = ROOT / "kvprobe" / "loadprofiles"  # shipped with the package
 SHIPPED_EXPECTATIONS = sorted(EXPECTATIONS.rglob("*.yaml"))
 SHIPPED_PROFILES = sorted(PROFILES.glob("*.yaml"))
 
@@ -91,7 +92,7 @@ def test_fault_expectations_must_fail_their_check():
         (exp,) = load_expectations(EXPECTATIONS / "faults" / f"{fault}.yaml")
         assert exp.target.emulator["faults"] == (fault,)
         assert exp.expect_fail == check and check in exp.checks
-        assert exp.profile.name == "short"  # found in loadprofiles/ two levels up
+        assert exp.profile.name == "short"  # a shipped profile, found by name from any folder
 
 
 def test_examples_are_valid_but_off_by_default():
@@ -145,11 +146,12 @@ def test_a_single_file_is_named_after_itself(tmp_path):
     assert exp.name == "my-probe" and exp.model_base_dir == str(tmp_path.resolve())
 
 
-def test_flags_are_normalised_and_unknown_real_flags_pass(tmp_path):
+def test_flags_are_normalised_and_unknown_real_flags_pass_to_a_launched_engine(tmp_path):
     flags = {"num-gpu-blocks-override": 201, "device-memory-utilization": 0.9, "max-num-batched-tokens": "4K",
              "enforce-eager": True, "enable-prefix-caching": False, "kv-cache-memory-bytes": "10G",
              "some-new-flag": "x"}
-    (exp,) = load_expectations(write(tmp_path / "f.yaml", {**BASE, "flags": flags}), profile_dirs=[PROFILES])
+    doc = {**BASE, "flags": flags, "target": {"launch": "engine"}}
+    (exp,) = load_expectations(write(tmp_path / "f.yaml", doc), profile_dirs=[PROFILES])
     assert exp.flags["gpu-memory-utilization"] == 0.9 and "device-memory-utilization" not in exp.flags
     assert exp.flags["max-num-batched-tokens"] == 4096 and exp.flags["kv-cache-memory-bytes"] == 10 * 2**30
     assert exp.flags["enforce-eager"] is True and exp.flags["some-new-flag"] == "x"
@@ -170,11 +172,12 @@ def test_ledger_kwargs_map_the_flags():
     assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_model_len"]) == (201, 16, 2048)
     assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (256, 2048)
     assert (kw["prompt_tokens"], kw["output_tokens"], kw["users"]) == (128, 32, 12)
-    assert kw["gpu_memory_bytes"] == 24 * 2**30 and kw["reserve_full_isl"] is True
+    assert kw["gpu_memory_bytes"] == 24 * 2**30 and ledger_inputs(v).reserve_full_isl is True
     (s,) = load_expectations(EXPECTATIONS / "emulated-sglang.yaml")
     kw = ledger_kwargs(s)
     assert (kw["max_total_tokens"], kw["context_length"], kw["chunked_prefill_size"], kw["page_size"]) == (3300, 2048, 2048, 1)
-    assert kw["disable_radix_cache"] is False and (kw["tp"], kw["pp"], kw["dp"]) == (1, 1, 1)
+    inputs = ledger_inputs(s)  # flags left out keep LedgerInputs' defaults (the engines' own)
+    assert inputs.disable_radix_cache is False and (inputs.tp, inputs.pp, inputs.dp) == (1, 1, 1)
 
 
 def test_ledger_inputs_build_a_ledger():
@@ -197,8 +200,10 @@ def test_override_profile_rechecks_lengths(tmp_path):
 
 
 def test_a_missing_profile_name_is_an_error():
-    with pytest.raises(ConfigError, match=r"^nosuch: \(file\): expected a profile name found in"):
+    with pytest.raises(ConfigError, match=r"^nosuch: \(file\): expected a profile name \(attach, bisect, long, short, sweep\)"):
         load_profile("nosuch", search_dirs=[PROFILES])
+    with pytest.raises(ConfigError, match=r"did you mean 'short'"):
+        load_profile("shrot")
 
 
 def _inline(shared):

@@ -24,6 +24,7 @@ from kvprobe.emulator.metrics import SglangMetrics, VllmMetrics
 from kvprobe.emulator.runtime import Runtime
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
+from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.steptime import TimeModel
 
 
@@ -105,7 +106,9 @@ class Emulator:
             self.stats_enabled = not f["disable-log-stats"]
             self.metrics = VllmMetrics(self.served_model_name, d.cache_config_labels(
                 num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
-                enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks))
+                enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks,
+                user_specified_block_size=s.flags.get("block-size") is not None,
+                gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version)))
         else:
             m = f["max-total-tokens"]
             if not m or m < 2:
@@ -158,8 +161,24 @@ class Emulator:
             return [self.dialect.serving_line(host, port)]
         return self.dialect.serving_lines(host, port)
 
+    def dev_server_info(self) -> dict:
+        """vLLM's dev-mode /server_info (served when VLLM_SERVER_DEV_MODE=1, as the real server)."""
+        f = self.flags
+        return self.dialect.dev_server_info_body(
+            max_num_seqs=f["max-num-seqs"], max_num_batched_tokens=f["max-num-batched-tokens"],
+            enable_chunked_prefill=f["enable-chunked-prefill"], watermark=f["watermark"],
+            reserve_full_isl=f["scheduler-reserve-full-isl"], block_size=self.block_size,
+            num_gpu_blocks=self.num_blocks_reported, num_gpu_blocks_override=self.num_blocks_reported,
+            enable_prefix_caching=f["enable-prefix-caching"], max_model_len=self.max_model_len, model=self.model,
+            served_model_name=self.served_model_name,
+            user_specified_block_size=self.settings.flags.get("block-size") is not None,
+            gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version))
+
     def server_info(self) -> dict:
-        args = {k.replace("-", "_"): v for k, v in self.flags.items()}
+        # Every server argument, as SGLang's ServerArgs.resolved_dict (server_args.py L316-333): the
+        # modelled ones with the emulator's values, the rest (no GPU to resolve them) at their defaults.
+        args = {flag.dest: flag.default for name, flag in self.dialect.FLAGS.items() if name != "api-key"}
+        args.update({k.replace("-", "_"): v for k, v in self.flags.items()})
         args.update(model_path=self.model, served_model_name=self.served_model_name,
                     context_length=self.max_model_len, max_running_requests=self.flags["max-running-requests"])
         return self.dialect.server_info_body(args=args, max_total_num_tokens=self.pool_tokens_reported,

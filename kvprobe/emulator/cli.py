@@ -39,7 +39,10 @@ def _add_engine(sub, engine: str) -> None:
         elif flag.type is None:
             p.add_argument(opt, dest=flag.dest, action="store_true", default=flag.default, help=flag.help)
         else:
-            p.add_argument(opt, dest=flag.dest, type=flag.type, default=flag.default, help=flag.help)
+            # None = not given: the emulator then runs the default, and says so where the engine does
+            # (vLLM's cache_config_info user_specified_block_size, SGLang's /server_info raw fields).
+            shown = "" if flag.default is None else f" (default {flag.default})"
+            p.add_argument(opt, dest=flag.dest, type=flag.type, default=None, help=flag.help + shown)
     p.add_argument("--engine-version", default=d.DEFAULT_VERSION,
                    help="version-keyed behaviour (vLLM 0.11: first-chunk admission, two-line capacity log, "
                         "400 for P+max_tokens>max_model_len; SGLang <=0.5.21: new_token_ratio reservation)")

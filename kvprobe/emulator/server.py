@@ -7,6 +7,7 @@ A client that disconnects (handler cancelled or a write fails) aborts its reques
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from aiohttp import web
@@ -163,6 +164,9 @@ class Handlers:
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": self.emu.version})
+
+    async def dev_server_info(self, request: web.Request) -> web.Response:
+        return _json(self.emu.dev_server_info())
 
     async def load(self, request: web.Request) -> web.Response:
         return _json({"server_load": self.inflight})
@@ -384,6 +388,8 @@ def build_app(emu) -> web.Application:
     if emu.engine == "vllm":
         app.router.add_get("/version", h.version)
         app.router.add_get("/load", h.load)
+        if os.environ.get(emu.dialect.DEV_MODE_ENV, "0") == "1":  # as envs.py reads it: bool(int(...))
+            app.router.add_get("/server_info", h.dev_server_info)
     else:
         for path in ("/server_info", "/get_server_info"):
             app.router.add_get(path, h.server_info)

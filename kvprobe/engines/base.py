@@ -46,17 +46,30 @@ class ReportedCapacity:
     token_budget: int | None = None  # max_num_batched_tokens / chunked_prefill_size
     max_req_input_len: int | None = None  # SGLang only
     version: str | None = None
-    sources: dict[str, str] = field(default_factory=dict)  # field -> where it was read
+    served_model_name: str | None = None  # the id clients send (/v1/models `id`)
+    model_path: str | None = None  # what the engine loaded (vLLM /v1/models `root`, SGLang `model_path`)
+    # The engine's own flags as it publishes them, by their real names without `--` (the names an
+    # expectation writes): {"block-size": 16, "num-gpu-blocks-override": None, ...}. None means the
+    # engine says the flag was not given (it runs its default); a flag absent here is not published.
+    flags: dict[str, object] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # field (or "flags.NAME") -> where it was read
+
+    def value(self, name: str) -> object:
+        """A field by name, or a published flag as "flags.NAME" (the keys of `sources`)."""
+        if name.startswith("flags."):
+            return self.flags.get(name[len("flags."):])
+        return getattr(self, name)
 
     def merged(self, other: ReportedCapacity) -> ReportedCapacity:
         """Fields of `other` fill the gaps of `self`; `self` wins where both know a value."""
         values = {}
         for name in self.__dataclass_fields__:
-            if name == "sources":
+            if name in ("sources", "flags"):
                 continue
             mine = getattr(self, name)
             values[name] = mine if mine is not None else getattr(other, name)
-        return ReportedCapacity(**values, sources={**other.sources, **self.sources})
+        return ReportedCapacity(**values, flags={**other.flags, **self.flags},
+                                sources={**other.sources, **self.sources})
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,9 @@ class Flag:
     kind: str = ""  # how an expectation's value is validated: int, count ("2k"), len (count or auto),
     #                 bytes ("10G"), frac (0 < x <= 1), float, bool, str; "" derives it from `type`
     lo: float | None = None  # the smallest value the engine accepts
+    # The `kvprobe.theory.ledger.LedgerInputs` field this flag sets, when the ledger reads it: the one
+    # mapping used by expectations (spec_schema.flag_ledger_kwargs) and `kvprobe ledger`'s options.
+    ledger: str | None = None
 
     @property
     def dest(self) -> str:
@@ -112,6 +128,10 @@ def _nothing_reported(*_args) -> ReportedCapacity:
     return ReportedCapacity()
 
 
+def _no_refusal(log_text: str) -> str | None:
+    return None
+
+
 class OptionalFacts:
     """Every fact a dialect module *may* leave out, with the value that holds when it does.
 
@@ -125,6 +145,11 @@ class OptionalFacts:
     HEALTH_PATH: str = "/health"
     # JSON endpoints read by `reported_from_info` when facts are gathered.
     INFO_PATHS: tuple[str, ...] = ()
+    # Endpoints only some deployments serve (vLLM's dev-mode /server_info): a 404 there is no error.
+    OPTIONAL_INFO_PATHS: tuple[str, ...] = ()
+    # Versions whose facts (policy, log formats, defaults, error bodies) this module holds; another
+    # version is refused unless the user names the admission policy (`policy:` / `--policy`).
+    KNOWN_VERSIONS: tuple[str, ...] = ()
     # The running gauge is a count after every step (True), or a sample taken at scheduler events
     # (False): then the probe measures running from the client's streams and reconciles the two.
     RUNNING_GAUGE_EXACT: bool = True
@@ -143,6 +168,9 @@ class OptionalFacts:
     parse_startup_log = staticmethod(_nothing_reported)
     reported_from_metrics = staticmethod(_nothing_reported)
     reported_from_info = staticmethod(_nothing_reported)
+    # The line of a start-up log that says why the engine refused to start (an unknown flag, a pool
+    # too small for max_model_len), or None: it heads the launcher's one-line error.
+    startup_refusal_line = staticmethod(_no_refusal)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -137,8 +137,10 @@ def _with_sources(rc: ReportedCapacity, where: str) -> ReportedCapacity:
     """Every known field gets a source; ones the dialect did not label are labelled `where`."""
     sources = {}
     for name in rc.__dataclass_fields__:
-        if name != "sources" and getattr(rc, name) is not None:
+        if name not in ("sources", "flags") and getattr(rc, name) is not None:
             sources[name] = rc.sources.get(name, where)
+    for flag in rc.flags:  # a published flag counts even as None ("not given")
+        sources[f"flags.{flag}"] = rc.sources.get(f"flags.{flag}", where)
     values = {n: getattr(rc, n) for n in rc.__dataclass_fields__ if n != "sources"}
     return ReportedCapacity(**values, sources=sources)
 
@@ -157,7 +159,7 @@ def merge_reports(reports: list[tuple[str, ReportedCapacity]]) -> tuple[Reported
         rc = _with_sources(rc, where)
         merged = merged.merged(rc)
         for name in rc.sources:
-            seen.setdefault(name, {})[rc.sources[name]] = getattr(rc, name)
+            seen.setdefault(name, {})[rc.sources[name]] = rc.value(name)
     conflicts = {}
     for name, by_source in seen.items():
         values = list(by_source.values())
@@ -315,6 +317,19 @@ class Target:
         lines = data.decode("utf-8", "replace").splitlines()[-n:]
         return "\n".join(line[:_TAIL_LINE_CHARS] for line in lines)
 
+    def startup_refusal(self) -> str | None:
+        """The engine's own line saying why it would not start (an unknown flag, a pool too small),
+        read from its log by the dialect; None when there is no such line."""
+        if not self.log_path or self._dialect is None:
+            return None
+        try:
+            with open(self.log_path, "rb") as fh:
+                text = fh.read(_MAX_LOG_READ).decode("utf-8", "replace")
+        except OSError:
+            return None
+        line = self._dialect.startup_refusal_line(text)
+        return line[:_TAIL_LINE_CHARS] if line else None
+
     # ------------------------------------------------------------------ health
 
     def _health_status(self, timeout: float) -> tuple[int | None, str]:
@@ -331,9 +346,11 @@ class Target:
         last = "no answer yet"
         while True:
             if self._proc is not None and self._proc.poll() is not None:
+                refusal = self.startup_refusal()
                 raise TargetError(
                     f"{self.engine} exited with code {self._proc.returncode} during start-up "
-                    f"(after {time.monotonic() - start:.1f} s, log {self.log_path})",
+                    f"(after {time.monotonic() - start:.1f} s, log {self.log_path})"
+                    + (f": the engine refused: {refusal}" if refusal else ""),
                     log_tail=self.log_tail())
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -369,6 +386,8 @@ class Target:
             self._facts_from_metrics(d, timeout, reports, errors)
             for path in getattr(d, "INFO_PATHS", ()):
                 self._facts_from_info(d, path, timeout, reports, errors)
+            for path in getattr(d, "OPTIONAL_INFO_PATHS", ()):
+                self._facts_from_info(d, path, timeout, reports, errors, optional=True)
             if self.log_path and hasattr(d, "parse_startup_log"):
                 try:
                     with open(self.log_path, "rb") as fh:
@@ -399,9 +418,14 @@ class Target:
             return
         reports.append(("metrics", d.reported_from_metrics(families)))
 
-    def _facts_from_info(self, d, path, timeout, reports, errors) -> None:
+    def _facts_from_info(self, d, path, timeout, reports, errors, *, optional: bool = False) -> None:
         try:
-            body = json.loads(self._get(path, timeout))
+            status, raw = http_get(self.url + path, headers=self.headers, timeout=timeout)
+            if optional and status == 404:
+                return  # this deployment does not serve it (e.g. vLLM without VLLM_SERVER_DEV_MODE)
+            if status != 200:
+                raise ValueError(f"HTTP {status}")
+            body = json.loads(raw)
         except (OSError, urllib.error.URLError, ValueError) as err:
             errors.append(f"GET {path}: {_reason(err)}")
             return

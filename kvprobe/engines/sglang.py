@@ -20,6 +20,9 @@ DEFAULT_PORT = 30000  # arg_groups/fields/serving.py L65-66
 # 503 while starting or shutting down.
 HEALTH_PATH = "/health"
 INFO_PATHS = ("/server_info", "/v1/models")
+# Versions whose facts this module holds: 0.5.23 throughout; 0.5.22 and 0.5.21 where the admission
+# reservation of ignore_eos requests differs (policy() below).
+KNOWN_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
 # --- running the real server on a CPU with kvprobe's plugin (shared/reference/shadow-engines.md,
@@ -89,26 +92,27 @@ HELP = {
 # --- flags (server_args.py / arg_groups/fields/*.py, 0.5.23). GPU-tier defaults are the emulator's.
 FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("served-model-name", str, None, "model_name label / /v1/models id"),
-    Flag("max-total-tokens", int, None, "KV pool size in tokens (schedule.py L39-51)", lo=1),
-    Flag("context-length", int, 8192, "context_len (model.py L110-116)", lo=1),
-    Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs", lo=1),
-    Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)"),
+    Flag("max-total-tokens", int, None, "KV pool size in tokens (schedule.py L39-51)", lo=1, ledger="max_total_tokens"),
+    Flag("context-length", int, 8192, "context_len (model.py L110-116)", lo=1, ledger="context_length"),
+    Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs", lo=1,
+         ledger="max_running_requests"),
+    Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)", ledger="chunked_prefill_size"),
     Flag("max-prefill-tokens", int, 16384, "per-pass prefill token budget (L71-81)", lo=1),
-    Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1),
+    Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1, ledger="page_size"),
     Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)", lo=0),
-    Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)"),
+    Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)", ledger="disable_radix_cache"),
     Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
     Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
     Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports", lo=1),
     # arg_groups/fields/serving.py L160-163 (Optional[str]); no environment variable. Secret: never printed.
     Flag("api-key", str, None, "require `Authorization: Bearer KEY` on every path but /health*, /ready*, /metrics*"),
     Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False,
-         kind="frac"),
-    Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False),
-    Flag("dtype", str, "auto", "model dtype", emulated=False),
-    Flag("tp-size", int, 1, "tensor parallel size (parallel.py L45-51)", emulated=False, lo=1),
-    Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1),
-    Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1),
+         kind="frac", ledger="mem_fraction_static"),
+    Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False, ledger="kv_cache_dtype"),
+    Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
+    Flag("tp-size", int, 1, "tensor parallel size (parallel.py L45-51)", emulated=False, lo=1, ledger="tp"),
+    Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
+    Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
 )}
 # Real SGLang flags kvprobe does not model: passed through as written; listed for the typo check.
@@ -247,33 +251,71 @@ def reported_from_metrics(families: dict) -> ReportedCapacity:
     return ReportedCapacity(**out, sources={k: "metrics" for k in out})
 
 
+def _published_flags(body: dict) -> dict[str, object]:
+    """/server_info holds every server argument under its field name (ServerArgs.resolved_dict,
+    server_args.py L316-333: the value after resolution, e.g. the GPU tier's chunked_prefill_size).
+    None is a flag left unset; context_length stays None unless given (the model's own length is
+    /v1/models' max_model_len), so an unset context_length is not published here."""
+    flags = {}
+    for name, flag in FLAGS.items():
+        if name in ("api-key", "served-model-name") or flag.dest not in body:
+            continue
+        value = body[flag.dest]
+        if value is None and name == "context-length":
+            continue
+        flags[name] = value
+    return flags
+
+
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:
     if path == "/v1/models":
-        data = body.get("data") or [{}]
-        mml = data[0].get("max_model_len")
-        return ReportedCapacity(max_model_len=mml, sources={"max_model_len": "/v1/models"} if mml else {})
+        # http_server.py L1993-2022: id = root = the served name, max_model_len = context_len
+        data = (body.get("data") or [{}])[0]
+        out = {"max_model_len": data.get("max_model_len"), "served_model_name": data.get("id")}
+        out = {k: v for k, v in out.items() if v is not None}
+        flags = {"context-length": out["max_model_len"]} if "max_model_len" in out else {}
+        return ReportedCapacity(**out, flags=flags, sources={**{k: path for k in out},
+                                                             **{f"flags.{k}": path for k in flags}})
     if path in ("/server_info", "/get_server_info"):
         states = body.get("internal_states") or [{}]
         cps = body.get("chunked_prefill_size")
         out = {"kv_tokens": body.get("max_total_num_tokens"), "max_req_input_len": body.get("max_req_input_len"),
                "max_model_len": body.get("context_length"), "block_size": body.get("page_size"),
                "max_running": states[0].get("effective_max_running_requests_per_dp"),
-               "token_budget": cps if isinstance(cps, int) and cps > 0 else None, "version": body.get("version")}
+               "token_budget": cps if isinstance(cps, int) and cps > 0 else None, "version": body.get("version"),
+               "served_model_name": body.get("served_model_name"), "model_path": body.get("model_path")}
         out = {k: v for k, v in out.items() if v is not None}
-        return ReportedCapacity(**out, sources={k: path for k in out})
+        flags = _published_flags(body)
+        return ReportedCapacity(**out, flags=flags, sources={**{k: path for k in out},
+                                                             **{f"flags.{k}": path for k in flags}})
     return ReportedCapacity()
+
+
+# server_args.py prepare_server_args L679-695: argparse with prog "sglang serve", so an unknown flag
+# ends the process with `sglang serve: error: unrecognized arguments: --bogus-flag 3`.
+_RE_REFUSAL = re.compile(r"^.*?\bsglang serve: error: .*$", re.MULTILINE)
+
+
+def startup_refusal_line(log_text: str) -> str | None:
+    matches = _RE_REFUSAL.findall(log_text)
+    return matches[-1].strip() if matches else None
 
 
 # --- commands
 def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                   binary: list[str] | None = None) -> list[str]:
-    """`python -m sglang.launch_server --model-path MODEL --host H --port P ...` (launch_server.py)."""
+                   binary: list[str] | None = None, served_model_name: str | None = None) -> list[str]:
+    """`python -m sglang.launch_server --model-path MODEL --host H --port P [--served-model-name NAME] ...`
+    (launch_server.py). MODEL is loaded; clients send NAME, which defaults to MODEL
+    (arg_groups/fields/serving.py served_model_name)."""
+    flags = dict(flags)
+    if served_model_name and served_model_name != model:
+        flags["served-model-name"] = served_model_name
     return [*(binary or ["python", "-m", "sglang.launch_server"]), "--model-path", model, "--host", host,
             "--port", str(port), *render_flags(flags, FLAGS)]
 
 
 def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     extra: list[str] | tuple[str, ...] = (), version: str | None = None) -> list[str]:
     """`python -m kvprobe emulate sglang ...`; flags the emulator does not model are dropped (the pool
     must be given as max-total-tokens). --enable-metrics is added: a probe needs /metrics."""
     if flags.get("max-total-tokens") is None:
@@ -282,7 +324,8 @@ def emulator_command(model: str, flags: dict[str, object], *, host: str, port: i
     kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
     kept.setdefault("enable-metrics", True)
     return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model-path", model, "--host", host,
-            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+            "--port", str(port), *render_flags(kept, FLAGS), *(["--engine-version", version] if version else []),
+            *extra]
 
 
 def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,

@@ -20,6 +20,12 @@ DEFAULT_VERSION = "0.33.0"
 DEFAULT_PORT = 8000  # entrypoints/common/cli_args.py L293-296
 HEALTH_PATH = "/health"  # 200, empty body; 503 when the engine is dead (serve/instrumentator/health.py L22-33)
 INFO_PATHS = ("/v1/models", "/version")
+# With VLLM_SERVER_DEV_MODE=1 the server mounts /server_info (entrypoints/launchers/api_server/routers.py
+# L46-49; serve/dev/server_info/api_router.py L43-60): the whole VllmConfig, scheduler limits included.
+OPTIONAL_INFO_PATHS = ("/server_info?config_format=json",)
+# Versions whose facts this module holds: 0.33.0 throughout; 0.11.0 and 0.9.2 where they differ
+# (two-line capacity log, first-chunk admission, error bodies, gauge names).
+KNOWN_VERSIONS = ("0.9.2", "0.11.0", "0.33.0")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/openai/completion/api_router.py
 
 # --- metrics (v1/metrics/loggers.py, 0.33.0; exposition checked against fixtures/vllm-0.33.0-metrics.txt)
@@ -73,15 +79,18 @@ HELP = {
 
 
 def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_prefix_caching: bool,
-                        num_gpu_blocks_override: int | None, engine: str = "0") -> dict[str, str]:
+                        num_gpu_blocks_override: int | None, engine: str = "0",
+                        user_specified_block_size: bool = False, gpu_memory_utilization: float = 0.92) -> dict[str, str]:
     """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
-    CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture."""
+    CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture;
+    user_specified_block_size is True when --block-size was given (config/cache.py L455-466)."""
     tokens, concurrency = capacity_numbers(num_gpu_blocks, block_size, max_model_len)
     labels = {
         "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",
         "cache_hit_alignment_tokens": "None", "effective_attention_block_size": str(block_size),
         "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": str(bool(enable_prefix_caching)),
-        "engine": engine, "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
+        "engine": engine, "gpu_memory_utilization": str(gpu_memory_utilization), "hash_block_size": "None",
+        "is_attention_free": "False",
         "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": str(concurrency),
         "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": str(tokens), "kv_offloading_backend": "native",
         "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
@@ -91,7 +100,7 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
         "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
         "simple_cpu_offload_num_blocks": "None", "skip_page_size_padded": "None", "sliding_window": "None",
         "swa_bounded_replay": "True", "use_kda_recoverssm": "False", "use_replayssm": "False",
-        "user_specified_block_size": "False",
+        "user_specified_block_size": str(bool(user_specified_block_size)),
     }
     return labels
 
@@ -100,19 +109,24 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
 # depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
 FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("served-model-name", str, None, "name reported in /v1/models and the model_name label (L1031)"),
-    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)", lo=1),
-    Flag("block-size", int, 16, "tokens per KV block (L1387)", lo=1),
-    Flag("max-model-len", int, 8192, "longest sequence (prompt + output); also -1/auto (L991)", kind="len", lo=1),
-    Flag("max-num-seqs", int, 256, "running-request cap (L1754)", lo=1),
-    Flag("max-num-batched-tokens", int, 2048, "per-step token budget, human units (L1740)", kind="count", lo=1),
-    Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True),
+    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)", lo=1,
+         ledger="num_gpu_blocks_override"),
+    Flag("block-size", int, 16, "tokens per KV block (L1387)", lo=1, ledger="block_size"),
+    Flag("max-model-len", int, 8192, "longest sequence (prompt + output); also -1/auto (L991)", kind="len", lo=1,
+         ledger="max_model_len"),
+    Flag("max-num-seqs", int, 256, "running-request cap (L1754)", lo=1, ledger="max_num_seqs"),
+    Flag("max-num-batched-tokens", int, 2048, "per-step token budget, human units (L1740)", kind="count", lo=1,
+         ledger="max_num_batched_tokens"),
+    Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True,
+         ledger="enable_prefix_caching"),
     Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
-         negatable=True),
+         negatable=True, ledger="reserve_full_isl"),
     Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
     # None = the engine's default for the version and platform: async_scheduling_default() below.
     Flag("async-scheduling", None, None, "AsyncScheduler + batch queue of 2: allocate one step earlier, "
-         "free one step later (config/scheduler.py L211; default: config/vllm.py L1685-1719)", negatable=True),
+         "free one step later (config/scheduler.py L211; default: config/vllm.py L1685-1719)", negatable=True,
+         ledger="async_scheduling"),
     # entrypoints/common/cli_args.py L335 (list[str], nargs "+"; the emulator takes one key per flag).
     # Secret: never printed by the emulator; prefer the VLLM_API_KEY environment variable, which keeps
     # the key out of the process list.
@@ -120,14 +134,14 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     # engine/arg_utils.py L630/L1920: no stat loggers -> no vllm:* families on /metrics (see below)
     Flag("disable-log-stats", None, False, "disable engine statistics (the vllm:* metric families)"),
     Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False,
-         kind="frac"),
+         kind="frac", ledger="gpu_memory_utilization"),
     Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
-         kind="bytes", lo=1),
-    Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False),
-    Flag("dtype", str, "auto", "model dtype", emulated=False),
-    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1),
-    Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1),
-    Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1),
+         kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
+    Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False, ledger="kv_cache_dtype"),
+    Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
+    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1, ledger="tp"),
+    Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
+    Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1, ledger="dp"),
 )}
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.
@@ -326,8 +340,32 @@ def _label_int(value: str | None) -> int | None:
     return None if value in (None, "None", "") else int(float(value))
 
 
+def _label_float(value: str | None) -> float | None:
+    return None if value in (None, "None", "") else float(value)
+
+
+def _label_bool(value: str | None) -> bool | None:
+    return None if value in (None, "None", "") else value == "True"
+
+
+# `vllm:cache_config_info` label -> (flag, how the label's str() is read back). The labels are
+# CacheConfig.__dict__ rendered with str() (config/cache.py `metrics_info`); the flags set them
+# (engine/arg_utils.py create_engine_config: --block-size -> block_size, --kv-cache-dtype ->
+# cache_dtype, ...). "None" is a flag that was not given. Checked against a real 0.33.0 server
+# (tests/engines/published/vllm-0.33.0-cache_config_info.txt).
+CACHE_CONFIG_FLAGS = {
+    "block_size": ("block-size", _label_int),
+    "num_gpu_blocks_override": ("num-gpu-blocks-override", _label_int),
+    "gpu_memory_utilization": ("gpu-memory-utilization", _label_float),
+    "kv_cache_memory_bytes": ("kv-cache-memory-bytes", _label_int),
+    "cache_dtype": ("kv-cache-dtype", lambda v: None if v in (None, "None") else v),
+    "enable_prefix_caching": ("enable-prefix-caching", _label_bool),
+}
+
+
 def reported_from_metrics(families: dict) -> ReportedCapacity:
-    """From `vllm:cache_config_info` labels (0.33.0 has kv_cache_size_tokens / kv_cache_max_concurrency)."""
+    """From `vllm:cache_config_info` labels (0.33.0 has kv_cache_size_tokens / kv_cache_max_concurrency):
+    the pool, and the cache flags the engine was started with."""
     fam = families.get("vllm:cache_config_info")
     if fam is None or not fam.samples:
         return ReportedCapacity()
@@ -340,37 +378,138 @@ def reported_from_metrics(families: dict) -> ReportedCapacity:
            "max_concurrency": None if conc in (None, "None") else float(conc)}
     if tokens is None and blocks is not None and bsize is not None:
         out["kv_tokens"] = blocks * bsize  # pre-0.33 labels: the legacy log's definition
-    return ReportedCapacity(**out, sources={k: src for k, v in out.items() if v is not None})
+    flags = {flag: read(labels[label]) for label, (flag, read) in CACHE_CONFIG_FLAGS.items() if label in labels}
+    sources = {k: src for k, v in out.items() if v is not None}
+    sources.update({f"flags.{k}": src for k in flags})
+    return ReportedCapacity(**out, flags=flags, sources=sources)
+
+
+# Dev-mode /server_info?config_format=json: VllmConfig sections -> {field: flag}. The section fields
+# are the EngineArgs the flags set (engine/arg_utils.py create_engine_config, 0.33.0); checked
+# against a real 0.33.0 server (tests/engines/published/vllm-0.33.0-server_info.json).
+SERVER_INFO_FLAGS = {
+    "scheduler_config": {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
+                         "enable_chunked_prefill": "enable-chunked-prefill", "watermark": "watermark",
+                         "scheduler_reserve_full_isl": "scheduler-reserve-full-isl"},
+    "cache_config": {"block_size": "block-size", "num_gpu_blocks_override": "num-gpu-blocks-override",
+                     "gpu_memory_utilization": "gpu-memory-utilization", "cache_dtype": "kv-cache-dtype",
+                     "kv_cache_memory_bytes": "kv-cache-memory-bytes", "enable_prefix_caching": "enable-prefix-caching"},
+    "parallel_config": {"tensor_parallel_size": "tensor-parallel-size",
+                        "pipeline_parallel_size": "pipeline-parallel-size",
+                        "data_parallel_size": "data-parallel-size"},
+    "model_config": {"max_model_len": "max-model-len", "dtype": "dtype"},
+}
+
+
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # envs.py L1468: "1" mounts the dev routers, /server_info among them
+
+
+def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enable_chunked_prefill: bool,
+                         watermark: float, reserve_full_isl: bool, block_size: int, num_gpu_blocks: int,
+                         num_gpu_blocks_override: int | None, enable_prefix_caching: bool, max_model_len: int,
+                         model: str, served_model_name: str, user_specified_block_size: bool,
+                         gpu_memory_utilization: float = 0.92) -> dict:
+    """GET /server_info?config_format=json in dev mode (serve/dev/server_info/api_router.py L43-60):
+    `vllm_config` dumped by pydantic (mode json, str fallback), with the sections and fields kvprobe
+    reads as a real 0.33.0 server writes them (tests/engines/published/vllm-0.33.0-server_info.json;
+    the real dump has many more fields, and `vllm_env` / `system_env` beside it)."""
+    return {"vllm_config": {
+        "model_config": {"model": model, "tokenizer": model, "dtype": "torch.bfloat16", "max_model_len": max_model_len,
+                         "served_model_name": served_model_name},
+        "cache_config": {"block_size": block_size, "user_specified_block_size": user_specified_block_size,
+                         "gpu_memory_utilization": gpu_memory_utilization, "cache_dtype": "auto",
+                         "num_gpu_blocks_override": num_gpu_blocks_override,
+                         "enable_prefix_caching": enable_prefix_caching, "num_gpu_blocks": num_gpu_blocks,
+                         "kv_cache_memory_bytes": None},
+        "parallel_config": {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_parallel_size": 1},
+        "scheduler_config": {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                             "enable_chunked_prefill": enable_chunked_prefill, "policy": "fcfs",
+                             "scheduler_reserve_full_isl": reserve_full_isl, "watermark": watermark,
+                             "async_scheduling": False},
+    }, "vllm_env": {}, "system_env": {}}
+
+
+def _config_value(flag: str, value: object) -> object:
+    if flag == "dtype" and isinstance(value, str):
+        return value.removeprefix("torch.")  # ModelConfig.dtype is a torch.dtype, dumped with str()
+    return value
+
+
+def _from_server_info(body: dict, path: str) -> ReportedCapacity:
+    config = body.get("vllm_config")
+    if not isinstance(config, dict):  # config_format=text: one str(VllmConfig), nothing to read safely
+        return ReportedCapacity()
+    flags: dict[str, object] = {}
+    for section, fields in SERVER_INFO_FLAGS.items():
+        values = config.get(section) or {}
+        for name, flag in fields.items():
+            if name in values:
+                flags[flag] = _config_value(flag, values[name])
+    sched, model = config.get("scheduler_config") or {}, config.get("model_config") or {}
+    out = {"max_running": sched.get("max_num_seqs"), "token_budget": sched.get("max_num_batched_tokens"),
+           "max_model_len": model.get("max_model_len"), "served_model_name": model.get("served_model_name"),
+           "model_path": model.get("model"), "num_blocks": (config.get("cache_config") or {}).get("num_gpu_blocks")}
+    out = {k: v for k, v in out.items() if v is not None}
+    if isinstance(out.get("served_model_name"), list):  # --served-model-name takes several names
+        out["served_model_name"] = out["served_model_name"][0]
+    return ReportedCapacity(**out, flags=flags,
+                            sources={**{k: path for k in out}, **{f"flags.{k}": path for k in flags}})
 
 
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:
     if path == "/v1/models":
-        data = body.get("data") or [{}]
-        mml = data[0].get("max_model_len")
-        return ReportedCapacity(max_model_len=mml, sources={"max_model_len": "/v1/models"} if mml else {})
+        # openai/models/serving.py show_available_models L64-77: id = the served name, root = the
+        # model path, max_model_len = ModelConfig.max_model_len (the auto-fitted value included).
+        data = (body.get("data") or [{}])[0]
+        out = {"max_model_len": data.get("max_model_len"), "served_model_name": data.get("id"),
+               "model_path": data.get("root")}
+        out = {k: v for k, v in out.items() if v is not None}
+        flags = {"max-model-len": out["max_model_len"]} if "max_model_len" in out else {}
+        return ReportedCapacity(**out, flags=flags, sources={**{k: path for k in out},
+                                                             **{f"flags.{k}": path for k in flags}})
     if path == "/version":
         v = body.get("version")
         return ReportedCapacity(version=v, sources={"version": "/version"} if v else {})
+    if path.startswith("/server_info"):
+        return _from_server_info(body, "/server_info")
     return ReportedCapacity()
+
+
+# utils/argparse_utils.py FlexibleArgumentParser.error L182-195 -> argparse: `PROG: error: MESSAGE`
+# (an unknown flag: "vllm serve: error: unrecognized arguments: --bogus-flag 3"); a pool too small for
+# max_model_len raises the ValueError of kv_cache_planning._check_enough_kv_cache_memory L50-87.
+_RE_REFUSAL = re.compile(r"^(?:.*?\b(?:vllm|serve): error: .*|.*ValueError: To serve at least one request.*)$",
+                         re.MULTILINE)
+
+
+def startup_refusal_line(log_text: str) -> str | None:
+    matches = _RE_REFUSAL.findall(log_text)
+    return matches[-1].strip() if matches else None
 
 
 # --- commands
 def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                   binary: list[str] | None = None) -> list[str]:
-    """`vllm serve MODEL --host H --port P ...` (entrypoints/cli/serve.py: positional model_tag)."""
+                   binary: list[str] | None = None, served_model_name: str | None = None) -> list[str]:
+    """`vllm serve MODEL --host H --port P [--served-model-name NAME] ...` (entrypoints/cli/serve.py:
+    positional model_tag, the path or hub id loaded). Clients then send NAME (/v1/models `id`);
+    without it vLLM serves the model under MODEL itself (config/model.py served_model_name)."""
+    flags = dict(flags)
+    if served_model_name and served_model_name != model:
+        flags["served-model-name"] = served_model_name
     return [*(binary or ["vllm", "serve"]), model, "--host", host, "--port", str(port), *render_flags(flags, FLAGS)]
 
 
 def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
-                     extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+                     extra: list[str] | tuple[str, ...] = (), version: str | None = None) -> list[str]:
     """`python -m kvprobe emulate vllm ...`; flags the emulator does not model are dropped
-    (the pool must be given as num-gpu-blocks-override)."""
+    (the pool must be given as num-gpu-blocks-override). `version` selects version-keyed behaviour."""
     if flags.get("num-gpu-blocks-override") is None:
         raise ConfigError("the vLLM emulator needs flags.num-gpu-blocks-override (the pool in blocks)",
                           key="flags.num-gpu-blocks-override")
     kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
     return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model", model, "--host", host,
-            "--port", str(port), *render_flags(kept, FLAGS), *extra]
+            "--port", str(port), *render_flags(kept, FLAGS), *(["--engine-version", version] if version else []),
+            *extra]
 
 
 def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | None,

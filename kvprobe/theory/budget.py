@@ -200,6 +200,10 @@ class VllmBudget:
     fits_max_model_len: bool
     source: str  # "profiled" | "kv_cache_memory_bytes" | "num_gpu_blocks_override"
     estimates: dict[str, int] = field(default_factory=dict)  # the non-KV terms that were estimated
+    # vLLM's start-up refusal text when it would not start with this pool (vllm_budget(refuse=False)),
+    # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
+    refusal: str | None = None
+    largest_max_model_len: int = 0
 
     @property
     def usable_blocks(self) -> int:
@@ -211,8 +215,13 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 version: str | None = None, block_size: int | None = None,
                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, tp: int = 1, pp: int = 1,
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
-                estimates: dict[str, int] | None = None, auto_fit: bool = False) -> VllmBudget:
-    """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit."""
+                estimates: dict[str, int] | None = None, auto_fit: bool = False,
+                refuse: bool = True) -> VllmBudget:
+    """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
+
+    Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
+    its message as a ConfigError; with `refuse=False` the budget is returned with `refusal` set, so
+    a ledger can still show every number that leads to the refusal."""
     refuse_hybrid(geom)
     estimates = dict(estimates or {})
     unknown = set(estimates) - {"activation_bytes", "cudagraph_bytes", "other_bytes"}
@@ -239,7 +248,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
 
     requested = upper = upper_blocks = upper_tokens = None
-    if gpu_memory_bytes is not None:
+    # --kv-cache-memory-bytes replaces the memory split: no fraction is requested, nothing profiled.
+    if gpu_memory_bytes is not None and kv_cache_memory_bytes is None:
         requested = math.ceil(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
         upper = requested - weights
         upper_blocks = max(0, upper // bytes_per_block)
@@ -258,18 +268,24 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                           "--kv-cache-memory-bytes or --num-gpu-blocks-override)", key="gpu_memory")
     else:
         num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
-    if auto_fit:
-        if num_blocks <= 1:
-            raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to serve "
-                              "even a single token.")
-        max_model_len = min(max_model_len, (num_blocks - 1) * block)
+    refusal = None
+    try:
+        if auto_fit:
+            if num_blocks <= 1:
+                raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to serve "
+                                  "even a single token.")
+            max_model_len = min(max_model_len, (num_blocks - 1) * block)
+        vllm_check_fits(num_blocks, bytes_per_block, block, max_model_len, available - bytes_per_block)
+    except ConfigError as err:
+        if refuse:
+            raise
+        refusal = str(err)
     fits = num_blocks - 1 >= -(-max_model_len // block)
-    vllm_check_fits(num_blocks, bytes_per_block, block, max_model_len, available - bytes_per_block)
-    tokens, concurrency = vllm_capacity_numbers(num_blocks, block, max_model_len)
+    tokens, concurrency = vllm_capacity_numbers(max(num_blocks, 0), block, max_model_len)
     return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
-                      source, used)
+                      source, used, refusal, max(0, (num_blocks - 1) * block))
 
 
 # -------------------------------------------------------------------------------------- SGLang

@@ -114,6 +114,17 @@ class Ledger:
     admission: object | None  # admission.Prediction
     scheduler_config: object | None  # schedsim.VllmConfig | schedsim.SglangConfig
     engine_version: str = ""
+    refusal: str | None = None  # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
+
+    @property
+    def startup(self) -> dict:
+        """Would the engine start with this configuration; if not, why, in its own words, and the
+        largest max-model-len that would fit the same pool (vLLM's estimate in that message)."""
+        if self.refusal is None:
+            return {"refused": False}
+        fits = getattr(self.budget, "largest_max_model_len", None)
+        return {"refused": True, "engine": self.inputs.engine, "message": self.refusal,
+                "largest_max_model_len": fits or None}
 
     def to_dict(self) -> dict:
         g, kv = self.model.geometry, self.model.kv
@@ -135,6 +146,7 @@ class Ledger:
             "request": dataclasses.asdict(self.request) if self.request else None,
             "admission": None,
             "scheduler_config": dataclasses.asdict(self.scheduler_config) if self.scheduler_config else None,
+            "startup": self.startup,
         }
         if self.admission is not None:
             a = dataclasses.asdict(self.admission)
@@ -144,7 +156,10 @@ class Ledger:
         return out
 
     def render(self) -> str:
-        return "\n\n".join(_render_sections(self))
+        sections = _render_sections(self)
+        if self.refusal is not None:
+            sections.append(_refusal_text(self))
+        return "\n\n".join(sections)
 
 
 # ------------------------------------------------------------------------------------- build
@@ -201,15 +216,19 @@ def _normalized(inp: LedgerInputs) -> LedgerInputs:
     return dataclasses.replace(inp, **changes) if changes else inp
 
 
-def build_ledger(inputs: LedgerInputs) -> Ledger:
+def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledger:
+    """The ledger of one configuration. Where the engine would refuse to start, this raises its
+    message as a ConfigError; with `explain_refusal` the ledger is returned with every table and the
+    refusal as a finding (`Ledger.refusal`, `Ledger.startup`), and no admission prediction."""
     inputs = _normalized(inputs)
     _validate(inputs)
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
     model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source)
-    build = _build_vllm if inputs.engine == "vllm" else _build_sglang
-    return build(inputs, model)
+    if inputs.engine == "vllm":
+        return _build_vllm(inputs, model, refuse=not explain_refusal)
+    return _build_sglang(inputs, model)
 
 
 def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, key: str) -> int:
@@ -222,7 +241,7 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
     return asked
 
 
-def _build_vllm(inputs: LedgerInputs, model: ModelSection) -> Ledger:
+def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or B.VLLM_DEFAULT_VERSION
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
@@ -238,7 +257,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection) -> Ledger:
         block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
         pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
-        auto_fit=inputs.max_model_len == -1)
+        auto_fit=inputs.max_model_len == -1, refuse=refuse)
     cap = Capacity(bud.num_blocks, bud.usable_blocks, bud.block_size, bud.bytes_per_block, bud.kv_tokens,
                    bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, seqs, tokens)
     request = None
@@ -252,6 +271,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection) -> Ledger:
         request = RequestSection(p, o, -(-p // blk), -(-(p + o - 1) // blk), "blocks", bud.max_model_len)
     admission_mod, schedsim = _schedsim()
     sched = pred = None
+    if bud.refusal is not None:  # the engine would not start: nothing is admitted
+        return Ledger(inputs, model, bud, cap, request, None, None, version, bud.refusal)
     if schedsim is not None:
         policy = inputs.policy or admission_mod.policy_for("vllm", version,
                                                            reserve_full_isl=inputs.reserve_full_isl)
@@ -377,20 +398,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
         return f"estimate ({measured})" if key in est else "given"
 
     if isinstance(b, B.VllmBudget):
-        total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
-        rows = [
-            ["GPU memory", total, "per GPU"],
-            ["gpu_memory_utilization", b.fraction, "requested = ceil(total x fraction)"],
-            ["requested", None if b.requested_bytes is None else format_bytes(b.requested_bytes), "-"],
-            ["- weights", format_bytes(b.weights), "from config.json"],
-            ["- other", format_bytes(b.other), how("other_bytes", "CUDA context, NCCL")],
-            ["- activation peak", format_bytes(b.activation), how("activation_bytes", "profile run")],
-            ["- CUDA graphs", format_bytes(b.cudagraph), how("cudagraph_bytes", "graph pool")],
-            ["= KV pool", None if b.kv_pool_bytes is None else format_bytes(b.kv_pool_bytes), b.source],
-            ["KV pool upper bound", None if b.kv_pool_bytes_upper is None else format_bytes(b.kv_pool_bytes_upper),
-             "requested - weights"],
-        ]
-        return rows
+        return _vllm_budget_rows(b, how)
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
     return [
         ["GPU memory", total, "per GPU, assumed empty before load"],
@@ -403,11 +411,55 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     ]
 
 
+def _vllm_budget_rows(b: B.VllmBudget, how) -> list[list[object]]:
+    """The memory split, then the pool labelled by what really sized it: the profiled split, the
+    bytes given by --kv-cache-memory-bytes, or the blocks given by --num-gpu-blocks-override."""
+    total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
+    rows: list[list[object]] = [["GPU memory", total, "per GPU"]]
+    if b.source == "kv_cache_memory_bytes":
+        rows.append(["= KV pool", format_bytes(b.kv_pool_bytes), "kv-cache-memory-bytes (given: no memory "
+                     "profiling, gpu_memory_utilization not used)"])
+        return rows
+    profiled = None if b.kv_pool_bytes is None else format_bytes(b.kv_pool_bytes)
+    if b.source == "num_gpu_blocks_override" and b.requested_bytes is None:  # no GPU memory: no split
+        return rows + [["= KV pool", format_bytes(b.num_blocks * b.bytes_per_block),
+                        f"num-gpu-blocks-override: {b.num_blocks} blocks x {format_bytes(b.bytes_per_block)}"]]
+    rows += [
+        ["gpu_memory_utilization", b.fraction, "requested = ceil(total x fraction)"],
+        ["requested", None if b.requested_bytes is None else format_bytes(b.requested_bytes), "-"],
+        ["- weights", format_bytes(b.weights), "from config.json"],
+        ["- other", format_bytes(b.other), how("other_bytes", "CUDA context, NCCL")],
+        ["- activation peak", format_bytes(b.activation), how("activation_bytes", "profile run")],
+        ["- CUDA graphs", format_bytes(b.cudagraph), how("cudagraph_bytes", "graph pool")],
+    ]
+    if b.source == "num_gpu_blocks_override":
+        rows.append(["(profiled pool)", profiled, "what profiling gives; replaced by the override"
+                     if profiled else "no GPU memory given: not profiled"])
+        rows.append(["= KV pool", format_bytes(b.num_blocks * b.bytes_per_block),
+                     f"num-gpu-blocks-override: {b.num_blocks} blocks x {format_bytes(b.bytes_per_block)}"])
+    else:
+        rows.append(["= KV pool", profiled, "profiled: requested - weights - other - activation - graphs"])
+    rows.append(["KV pool upper bound", None if b.kv_pool_bytes_upper is None else format_bytes(b.kv_pool_bytes_upper),
+                 "requested - weights"])
+    return rows
+
+
+def _refusal_text(led: Ledger) -> str:
+    start = led.startup
+    fits = start["largest_max_model_len"]
+    hint = (f"the largest max-model-len that fits this pool: {fits} (--max-model-len {fits})" if fits
+            else "no max-model-len fits: the pool holds no usable block")
+    return (f"finding: {led.inputs.engine} {led.engine_version} would refuse to start with this configuration:\n"
+            f"  {start['message']}\n  {hint}")
+
+
 def _admission_text(led: Ledger) -> str:
     a = led.admission
     if a is None:
         why = "give --prompt-tokens and --output-tokens" if led.request is None else \
             "admission model (kvprobe.theory.admission) not available"
+        if led.refusal is not None:
+            why = "the engine would not start with this configuration"
         return f"admission: not predicted ({why})"
     limit_how = a.how or "running when saturated, per replica"
     if a.limit_mean is not None and a.limit_mean != a.limit:

@@ -12,7 +12,7 @@ def kvp(pytester):
     """A pytester project with the repo's load profiles and a probe-sized emulated expectation."""
     pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\n")
     (pytester.path / "loadprofiles").mkdir()
-    for f in (REPO / "loadprofiles").glob("*.yaml"):
+    for f in (REPO / "kvprobe" / "loadprofiles").glob("*.yaml"):
         (pytester.path / "loadprofiles" / f.name).write_text(f.read_text())
     (pytester.path / "expectations").mkdir()
     return pytester

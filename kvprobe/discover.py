@@ -1,0 +1,177 @@
+"""What a running engine says about its own configuration, against what the expectation assumed.
+
+An attached engine was started by someone else, with flags nobody wrote down. Before the ramp, the
+probe reads what the engine publishes (the dialect modules parse it into `EngineFacts.reported`:
+vLLM's /v1/models, /version, `vllm:cache_config_info` and, in dev mode, /server_info; SGLang's
+/server_info and /v1/models) and builds the ledger's engine configuration from it. The
+expectation's flags fill only what the engine does not publish, and each of those is named as an
+assumption. A flag of the expectation that the engine contradicts is reported with both values.
+
+`discover(exp, facts)` -> `Discovery`; `Discovery.expectation(exp)` is the expectation the ledger
+and the load should use (the engine's flags, version and served name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvprobe.engines import get_dialect, is_known_version, normalize_version, unknown_version_message
+from kvprobe.errors import ConfigError
+
+# An expectation's value that matches whatever the engine resolved it to.
+_RESOLVED_BY_ENGINE = {"max-model-len": ("auto", -1), "dtype": ("auto",)}
+# The flag that sizes the pool from the engine's own report when nothing else can (no GPU memory
+# declared, no pool flag): (flag, ReportedCapacity field, where the engine says it).
+_POOL_FROM_REPORT = {"vllm": ("num-gpu-blocks-override", "num_blocks", "num_gpu_blocks"),
+                     "sglang": ("max-total-tokens", "kv_tokens", "max_total_num_tokens")}
+_POOL_FLAGS = {"vllm": ("num-gpu-blocks-override", "kv-cache-memory-bytes"), "sglang": ("max-total-tokens",)}
+# Capacity figures of a built ledger that show the value an unpublished limit took by default.
+_LEDGER_VALUE = {"max_num_seqs": "max_running", "max_running_requests": "max_running",
+                 "max_num_batched_tokens": "token_budget", "chunked_prefill_size": "token_budget"}
+
+
+def _shown(value: object) -> str:
+    return "not given (the engine's default)" if value is None else str(value)
+
+
+def same_value(expected: object, published: object, flag: str = "") -> bool:
+    """Does the engine's published value agree with the expectation's (numbers within 1e-6)?"""
+    if expected in _RESOLVED_BY_ENGINE.get(flag, ()):
+        return True
+    if isinstance(expected, bool) or isinstance(published, bool):
+        return expected is published or (expected == published and type(expected) is type(published))
+    if isinstance(expected, int | float) and isinstance(published, int | float):
+        return abs(expected - published) <= 1e-6 * max(abs(expected), abs(published), 1.0)
+    return expected == published
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """A value the expectation states and the engine publishes differently."""
+
+    key: str  # a flag's real name, "version" or "served model name"
+    expected: object
+    published: object  # None: the engine says the flag was not given
+    source: str
+
+    def line(self) -> str:
+        return (f"{self.key}: the expectation says {self.expected}, the engine publishes "
+                f"{_shown(self.published)} ({self.source})")
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """A flag the ledger reads that the engine does not publish."""
+
+    flag: str
+    value: object  # None: the engine's default
+    origin: str  # "expectation" | "default"
+
+
+@dataclass
+class Discovery:
+    engine: str
+    version: str | None  # as published
+    served_model_name: str | None
+    model_path: str | None
+    flags: dict[str, object]  # the ledger's engine configuration
+    published: dict[str, tuple[object, str]] = field(default_factory=dict)  # flag -> (value, source)
+    assumed: list[Assumed] = field(default_factory=list)
+    contradictions: list[Contradiction] = field(default_factory=list)
+    pool_from_engine: str | None = None  # set when the pool is the engine's own report
+
+    def expectation(self, exp):
+        """`exp` with the engine's flags, version and served name: what the ledger and load use."""
+        version = normalize_version(self.version) if self.version else exp.version
+        served = self.served_model_name or exp.served_model_name
+        return dataclasses.replace(exp, flags=dict(self.flags), version=version, served_model_name=served)
+
+    def lines(self, ledger=None) -> list[str]:
+        """What the probe says before the ramp: what was read, what was assumed, what disagrees."""
+        out = []
+        if self.published:
+            shown = ", ".join(f"{k} {'unset' if v is None else v}" for k, (v, _) in sorted(self.published.items()))
+            out.append(f"published by the engine: {shown}")
+        if self.pool_from_engine:
+            out.append(f"pool: {self.pool_from_engine}")
+        given = [f"{a.flag} {a.value}" for a in self.assumed if a.origin == "expectation"]
+        defaults = [f"{a.flag}{self._default_value(a, ledger)}" for a in self.assumed if a.origin == "default"]
+        if given or defaults:
+            parts = ([f"from the expectation: {', '.join(given)}"] if given else []) + \
+                ([f"the engine's defaults: {', '.join(defaults)}"] if defaults else [])
+            out.append(f"assumed (the engine does not publish them): {'; '.join(parts)}")
+        out += [f"CONTRADICTION {c.line()}" for c in self.contradictions]
+        return out
+
+    def _default_value(self, a: Assumed, ledger) -> str:
+        flag = get_dialect(self.engine).FLAGS[a.flag]
+        attr = _LEDGER_VALUE.get(flag.ledger or "")
+        return f" {getattr(ledger.capacity, attr)}" if ledger is not None and attr is not None else ""
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "version": self.version, "served_model_name": self.served_model_name,
+                "model_path": self.model_path, "flags": self.flags,
+                "published": {k: {"value": v, "source": s} for k, (v, s) in self.published.items()},
+                "assumed": [dataclasses.asdict(a) for a in self.assumed],
+                "contradictions": [dataclasses.asdict(c) for c in self.contradictions],
+                "pool_from_engine": self.pool_from_engine}
+
+
+def discover(exp, facts) -> Discovery:
+    """Compare what the engine publishes (`facts.reported`) with the expectation `exp`."""
+    engine = exp.engine
+    rep = facts.reported
+    dialect = get_dialect(engine)
+    flags = dict(exp.flags)
+    published: dict[str, tuple[object, str]] = {}
+    contradictions: list[Contradiction] = []
+    for name, value in rep.flags.items():
+        source = rep.sources.get(f"flags.{name}", "published")
+        published[name] = (value, source)
+        if name in exp.flags and not same_value(exp.flags[name], value, name):
+            contradictions.append(Contradiction(name, exp.flags[name], value, source))
+        if value is None:
+            flags.pop(name, None)  # not given: the engine runs its default, so does the ledger
+        else:
+            flags[name] = value
+    contradictions += _identity_contradictions(exp, rep)
+    assumed = [Assumed(name, exp.flags.get(name), "expectation" if name in exp.flags else "default")
+               for name, flag in dialect.FLAGS.items() if flag.ledger and name not in published]
+    disc = Discovery(engine, rep.version, rep.served_model_name, rep.model_path, flags, published, assumed,
+                     contradictions)
+    _pool_from_report(disc, exp, rep)
+    _check_version(disc, exp, facts)
+    return disc
+
+
+def _identity_contradictions(exp, rep) -> list[Contradiction]:
+    out = []
+    if rep.version and normalize_version(rep.version) != normalize_version(exp.version):
+        out.append(Contradiction("version", exp.version, rep.version, rep.sources.get("version", "published")))
+    asked = exp.served_model_name or exp.model
+    if rep.served_model_name and rep.served_model_name != asked:
+        out.append(Contradiction("served model name", asked, rep.served_model_name,
+                                 rep.sources.get("served_model_name", "published")))
+    return out
+
+
+def _pool_from_report(disc: Discovery, exp, rep) -> None:
+    """Without a declared GPU or a pool flag the ledger cannot size the pool: take the engine's."""
+    if exp.hardware.gpu_memory_bytes is not None or any(disc.flags.get(f) is not None
+                                                        for f in _POOL_FLAGS[disc.engine]):
+        return
+    flag, attr, said = _POOL_FROM_REPORT[disc.engine]
+    value = getattr(rep, attr)
+    if value is None:
+        return  # the ledger will say what it needs
+    disc.flags[flag] = int(value)
+    disc.pool_from_engine = (f"{int(value)} ({said} as the engine reports it, {rep.sources.get(attr, 'published')}; "
+                             "no GPU memory declared, so the ledger takes the engine's pool)")
+
+
+def _check_version(disc: Discovery, exp, facts) -> None:
+    """A published version kvprobe has no facts for is refused unless the policy was chosen."""
+    if disc.version and exp.policy is None and not is_known_version(disc.engine, disc.version):
+        raise ConfigError(f"the engine at {facts.url} reports {disc.engine} {disc.version}: expected "
+                          + unknown_version_message(disc.engine, disc.version), key="version")
