@@ -109,21 +109,26 @@ def _signature(*, prediction, rejection, levels, allowance, usage_tol, reported,
     if stuck is not None:
         return stuck
     usage = rejection.usage_at_rejection
-    kv_full = usage is not None and usage >= prediction.usage_at_limit - max(KV_MARGIN, 2 * usage_tol)
     preemptions = _preemptions(saturated)
     preempting = bool(preemptions)
     signs = f"KV {_pct(usage)} used, " + ("no preemption" if preemptions == 0 else
                                           "preemption counter absent" if preemptions is None else
                                           f"{preemptions:g} preemptions")
     agrees = abs(measured - predicted) <= allowance
+    if agrees and prediction.binding != "kv":  # a cap or the budget, where the ledger put it
+        return Diagnosis(prediction.binding, f"{prediction.binding} binds as predicted ({signs})")
+    # KV's saturation level is the prediction's gauge reading only where the ledger has KV binding
+    kv_full = (prediction.binding == "kv" and usage is not None
+               and usage >= prediction.usage_at_limit - max(KV_MARGIN, 2 * usage_tol))
     if not preempting and not kv_full:
         cap = pinned_count(saturated, rejection.weights, output_tokens)
         engine_cap = reported.max_running if reported is not None else None
         # A ceiling below the cap the engine reports is some other limit (a step budget holds an
         # integer count too): the reported cap rules the request cap out.
-        if cap is not None and engine_cap in (None, cap) and (not agrees or prediction.binding != "kv"):
+        if cap is not None and engine_cap in (None, cap) and not agrees:
             return _request_cap(cap, measured, signs, config, reported, dialect)
-        budget = _token_budget(measured, allowance, signs, config, reported, dialect, prompt_tokens, output_tokens)
+        budget = None if agrees else _token_budget(measured, allowance, signs, config, reported, dialect,
+                                                    prompt_tokens, output_tokens)
         if budget is not None:
             return budget
         if not agrees:

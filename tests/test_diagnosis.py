@@ -162,3 +162,13 @@ def test_a_ceiling_below_the_cap_the_engine_reports_is_not_the_cap():
                  prompt_tokens=128, output_tokens=32, reported_agrees=True)
     assert d.limit == "token_budget" and "max_num_batched_tokens=64 holds 12.8 running" in d.reason
     assert "the engine reports max_num_batched_tokens=64, the expectation says 2048" in d.reason
+
+
+def test_a_cap_the_ledger_predicts_binds_as_predicted():
+    """Discovery (issue 13) builds the ledger from what SGLang publishes: max_running_requests=12."""
+    pred = SimpleNamespace(limit=12, no_preemption_limit=12, binding="max_running_requests", usage_at_limit=0.5)
+    levels = [level(n, 0.95 * n, 0.1, usage=0.5 * n / 12) for n in (4, 8)] + \
+        [level(n, 12.0, n - 13, usage=0.5, preemptions=None, high=12) for n in (16, 20, 24, 28)]
+    _, d = run(levels, reported=ReportedCapacity(max_running=12), config=SglangConfig(max_total_num_tokens=3300,
+               max_running_requests=12), engine="sglang", pred=pred)
+    assert d.limit == "max_running_requests" and d.reason.startswith("max_running_requests binds as predicted")

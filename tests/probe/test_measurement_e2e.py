@@ -56,22 +56,34 @@ def test_a_request_cap_attached_is_named_with_the_expectations_value(expectation
     assert "measured limit: a request cap binds at 16" in report
 
 
-@pytest.mark.parametrize("name, args, flag, words", [
-    ("emulated-vllm.yaml", ["--max-num-seqs", "16"], "max-num-seqs",
-     ["a request cap binds at 16", "the engine reports max_num_seqs=16, the expectation says 256"]),
-    ("emulated-sglang.yaml", ["--max-running-requests", "12"], "max-running-requests",
-     ["a request cap binds at 12", "the engine reports max_running_requests=12, the expectation says 1650"]),
-])
-def test_a_request_cap_the_engine_reports_names_the_flag_that_differs(expectation, tmp_path, groups, name, args,
-                                                                    flag, words):
-    """Launched: vLLM's start-up log lists its non-default args, SGLang's /server_info its effective
-    max_running_requests; the engine gets the cap, the ledger the expectation's flags."""
-    exp = expectation(name)
+def test_a_request_cap_the_engine_logs_names_the_flag_that_differs(expectation, tmp_path, groups):
+    """Launched: vLLM's start-up log lists its non-default args (not published anywhere the ledger
+    reads); the engine gets the cap, the ledger the expectation's flags."""
+    exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, checks=("rejection_point", "usage_gap"),
-                  target=replace(exp.target, emulator={**exp.target.emulator, "args": args}))
+                  target=replace(exp.target, emulator={**exp.target.emulator, "args": ["--max-num-seqs", "16"]}))
     result, _ = probe(exp, tmp_path)
-    assert_cap_named(result, flag, *words)
-    assert result.diagnosis.reported == int(args[1])
+    assert_cap_named(result, "max-num-seqs", "a request cap binds at 16",
+                     "the engine reports max_num_seqs=16, the expectation says 256")
+    assert result.diagnosis.reported == 16
+    groups.assert_none_left()
+
+
+def test_a_request_cap_sglang_publishes_is_predicted_and_binds_as_predicted(expectation, tmp_path, groups):
+    """SGLang publishes max_running_requests in /server_info: discovery (issue 13) says so before the
+    ramp and the ledger predicts from it; the signature the levels leave confirms the cap."""
+    exp = expectation("emulated-sglang.yaml")
+    exp = replace(exp, checks=("rejection_point",),
+                  target=replace(exp.target, emulator={**exp.target.emulator,
+                                                       "args": ["--max-running-requests", "12"]}))
+    result, lines = probe(exp, tmp_path)
+    assert result.error is None
+    assert any("from what the engine publishes: admission limit 12 (max_running_requests binds)" in line
+               for line in lines), lines[:4]
+    rp = result.check("rejection_point")
+    assert rp.predicted == 12 and rp.binding == "max_running_requests"
+    assert rp.passed or "load generator" in rp.reason, rp.reason
+    assert result.diagnosis.limit == "max_running_requests" and "binds as predicted" in result.diagnosis.reason
     groups.assert_none_left()
 
 
