@@ -158,6 +158,13 @@ class OptionalFacts:
     RUNNING_GAUGE_EXACT: bool = True
     # Engine steps between admission and the first streamed token (the client cannot see admission).
     FIRST_TOKEN_LEAD_STEPS: float = 1
+    # The preemption/retraction counter appears only at the first event (a labelled counter whose
+    # child is created then): absent from a good scrape before that means "none yet".
+    PREEMPTION_COUNTER_LAZY: bool = False
+    # The flags of the limits a diagnosis names (without --), or None when the engine has none;
+    # the theory's scheduler config has a field of the same name with '_' for '-'.
+    REQUEST_CAP_FLAG: str | None = None  # the cap on requests running at once
+    TOKEN_BUDGET_FLAG: str | None = None  # the per-step token budget
     # (max length, HTTP status of a fixed-length request one token past it), or None when unknown.
     length_limit = staticmethod(_no_length_limit)
     # What the engine says about itself: start-up log text, /metrics families, an info endpoint.

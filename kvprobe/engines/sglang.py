@@ -483,6 +483,13 @@ RUNNING_GAUGE_EXACT = False
 # L2061–2135) — the next iteration, which processes that batch's result and sends the token.
 FIRST_TOKEN_LEAD_STEPS = 2
 
+# sglang:num_retracted_requests_total is a labelled Counter (observability/metrics_collector.py
+# L557-562) whose child is created by `.labels(...).inc(n)` at the first retraction (L1519): until
+# then the family has no series on /metrics. Absent before it appears means "none yet".
+PREEMPTION_COUNTER_LAZY = True
+REQUEST_CAP_FLAG = "max-running-requests"  # reported as effective_max_running_requests_per_dp (/server_info)
+TOKEN_BUDGET_FLAG = "chunked-prefill-size"
+
 
 def length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:
     """(context_len, HTTP status of a request one token past it): the tokenizer manager refuses

@@ -99,7 +99,9 @@ def test_without_dev_mode_vllm_publishes_no_scheduler_limits(tmp_path):
         facts = target.facts()
         status, _ = http_get(target.url + "/server_info")
     assert status == 404 and facts.errors == []  # an optional endpoint: its absence is no error
-    assert "max-num-seqs" not in facts.reported.flags and facts.reported.max_running is None
+    assert "max-num-seqs" not in facts.reported.flags
+    # ... but a launched vLLM logs the arguments it was given (startup.py L94-96): the cap is read there
+    assert facts.reported.max_running == 16 and facts.reported.sources["max_running"] == "startup log: non-default args"
     assert facts.reported.flags["block-size"] == 16
 
 
