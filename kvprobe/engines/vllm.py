@@ -403,7 +403,10 @@ def reported_from_metrics(families: dict) -> ReportedCapacity:
 SERVER_INFO_FLAGS = {
     "scheduler_config": {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
                          "enable_chunked_prefill": "enable-chunked-prefill", "watermark": "watermark",
-                         "scheduler_reserve_full_isl": "scheduler-reserve-full-isl"},
+                         "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+                         # the API server's copy: on the CPU platform always false (platforms/cpu.py forces
+                         # it off); kvprobe's shadow worker turns it back on inside EngineCore only
+                         "async_scheduling": "async-scheduling"},
     "cache_config": {"block_size": "block-size", "num_gpu_blocks_override": "num-gpu-blocks-override",
                      "gpu_memory_utilization": "gpu-memory-utilization", "cache_dtype": "kv-cache-dtype",
                      "kv_cache_memory_bytes": "kv-cache-memory-bytes", "enable_prefix_caching": "enable-prefix-caching"},
