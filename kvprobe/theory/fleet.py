@@ -25,17 +25,21 @@ Rust policies of sgl-project/sglang `sgl-model-gateway/src/policies/`, older tre
   replica queues, finishing order can change — but only with every replica at or above L.)
 - random (random.rs): a uniform healthy replica per request, load ignored.
 - power_of_two (power_of_two.rs): two *distinct* random replicas, the one with the lower load
-  wins (`load1 <= load2` keeps the first). The load is the router's own in-flight request count
-  per worker unless a LoadMonitor has token loads for both (it polls SGLang's /get_load, which
-  neither the emulator's vLLM dialect nor vLLM serve); in-flight counts are what is modelled.
-  With two replicas it always compares both: join-the-shortest-queue, an even split.
+  wins (`load1 <= load2` keeps the first). The load is a LoadMonitor's token load when it has one
+  for both (it polls SGLang's /get_load), else the worker's own load counter. Measured with
+  0.3.2 in front of vLLM-dialect replicas (no /get_load): `GET /workers` shows load 0 for every
+  worker with 12 requests in flight, and 12 requests split 3/3/6 — every comparison is 0 <= 0, the
+  first pick wins, and the policy is uniform random (`load_signal="none"`, the default here).
+  With a load signal (`"inflight"`) it compares in-flight counts; with two replicas it then always
+  compares both: join-the-shortest-queue, an even split.
 - cache_aware (cache_aware.rs): if max_load - min_load > balance_abs_threshold (64) and
   max_load > min_load * balance_rel_threshold (1.5) (router_args.py defaults), the least loaded
   replica; else the replica whose approximate radix tree of request *text* matches best above
-  cache_threshold, else the replica with the smallest tree. kvprobe sends prompts as token-id
-  lists, which carry no text for the tree: every tree stays empty, the smallest is always the
-  same replica (the first), and the policy piles requests on one replica until the imbalance
-  rule fires — the fleet runs one replica's limit until max - min reaches 65.
+  cache_threshold (0.3), else the replica with the smallest tree. kvprobe's prompts reach the
+  router as text (token ids are refused, kvprobe/fleet/router.py) of equal length, unique from
+  the first word: no match reaches 0.3, and the smallest tree is the replica that was sent the
+  fewest requests so far — a cycle, like round_robin (measured: 12 requests in flight over three
+  replicas, 4/4/4 by `GET /workers`). The imbalance rule never fires under that cycle.
 
 Time model: every replica steps once per time unit in lockstep (identical replicas, one engine
 step each); a finished request's user resubmits through the router before the next step, as in
@@ -79,7 +83,9 @@ class RouterModel:
     seed: int = 0
     balance_abs_threshold: int = BALANCE_ABS_THRESHOLD
     balance_rel_threshold: float = BALANCE_REL_THRESHOLD
+    load_signal: str = "none"  # power_of_two: "none" (no /get_load: uniform random) | "inflight"
     _counter: int = field(default=0, init=False)
+    _sent: list = field(default_factory=list, init=False, repr=False)
     _rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -87,28 +93,34 @@ class RouterModel:
             raise ConfigError(f"router policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.replicas < 1:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if self.load_signal not in ("none", "inflight"):
+            raise ConfigError(f"load_signal must be 'none' or 'inflight', got {self.load_signal!r}")
         self._rng = np.random.default_rng(self.seed)
+        self._sent = [0] * self.replicas
 
     def pick(self, loads: list[int]) -> int:
         R = self.replicas
         if R == 1:
-            return 0
+            return self._chose(0)
         if self.policy == "round_robin":
-            k = self._counter % R
-            self._counter += 1
-            return k
-        if self.policy == "random":
-            return int(self._rng.integers(R))
+            return self._chose(self._counter % R)
+        if self.policy == "random" or (self.policy == "power_of_two" and self.load_signal == "none"):
+            return self._chose(int(self._rng.integers(R)))
         if self.policy == "power_of_two":
             # power_of_two.rs: idx2 = (idx1 + 1 + rand(0..R-1)) % R — two distinct replicas
             i = int(self._rng.integers(R))
             j = (i + 1 + int(self._rng.integers(R - 1))) % R
-            return i if loads[i] <= loads[j] else j
-        # cache_aware with no request text: imbalance rule, else the first (smallest, empty) tree
+            return self._chose(i if loads[i] <= loads[j] else j)
         lo, hi = min(loads), max(loads)
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
-            return loads.index(lo)  # min_by_key keeps the first minimum
-        return 0
+            return self._chose(loads.index(lo))  # min_by_key keeps the first minimum
+        sent = self._sent
+        return self._chose(sent.index(min(sent)))  # the smallest tree: fewest (equal-length) texts
+
+    def _chose(self, r: int) -> int:
+        self._counter += 1
+        self._sent[r] += 1
+        return r
 
 
 def even_split(users: int, replicas: int) -> list[int]:
@@ -197,11 +209,12 @@ def round_robin(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
 
 def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int,
              replicas: int, policy: str, *, lifetimes: float = 6.0, warmup_lifetimes: float = 2.0,
-             seed: int = 0, limit: float | None = None, saturating_users: int | None = None) -> FleetStats:
+             seed: int = 0, limit: float | None = None, saturating_users: int | None = None,
+             load_signal: str = "none") -> FleetStats:
     """R schedulers stepped in lockstep, the router model choosing each request's replica."""
     if users < 1:
         raise ConfigError(f"users must be >= 1, got {users}")
-    router = RouterModel(policy, replicas, seed=seed)
+    router = RouterModel(policy, replicas, seed=seed, load_signal=load_signal)
     scheds = [make_scheduler(config) for _ in range(replicas)]
     life = request_lifetime(config, prompt_tokens, output_tokens)
     arrivals = arrival_steps(life, users)
@@ -243,15 +256,21 @@ def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_token
                       replica_limit=limit, steps=window)
 
 
+def even_split_policy(policy: str, replicas: int, load_signal: str = "none") -> bool:
+    """Policies whose in-flight split is round robin's: round_robin; cache_aware with kvprobe's
+    equal-length unique texts (a cycle, module doc); power_of_two comparing in-flight counts
+    over two replicas (join-the-shortest-queue)."""
+    return (policy in ("round_robin", "cache_aware") or replicas == 1
+            or (policy == "power_of_two" and replicas == 2 and load_signal == "inflight"))
+
+
 def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int,
             replicas: int, policy: str, **kw) -> FleetStats:
-    """The fleet at N users: exact for round_robin with N a multiple of R (and power_of_two with
-    two replicas, which compares both: join-the-shortest-queue, the same even split), simulated
+    """The fleet at N users: exact for an even-split policy with N a multiple of R, simulated
     otherwise."""
     if policy not in POLICIES:
         raise ConfigError(f"router policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    even = policy == "round_robin" or (policy == "power_of_two" and replicas == 2) or replicas == 1
-    if even and users % replicas == 0:
+    if even_split_policy(policy, replicas, kw.get("load_signal", "none")) and users % replicas == 0:
         exact_kw = {k: v for k, v in kw.items() if k in ("limit", "saturating_users")}
         return replace(round_robin(config, prompt_tokens, output_tokens, users, replicas, **exact_kw), policy=policy)
     return simulate(config, prompt_tokens, output_tokens, users, replicas, policy, **kw)

@@ -25,19 +25,27 @@ def test_round_robin_counter_cycles_and_even_split():
 
 
 def test_power_of_two_with_two_replicas_is_shortest_queue():
-    r = fleet.RouterModel("power_of_two", 2, seed=1)
+    r = fleet.RouterModel("power_of_two", 2, seed=1, load_signal="inflight")
     assert {r.pick([5, 3]) for _ in range(50)} == {1}
     assert {r.pick([2, 7]) for _ in range(50)} == {0}
 
 
-def test_cache_aware_imbalance_rule_uses_both_thresholds():
+def test_power_of_two_without_a_load_signal_is_uniform():
+    # every worker's load reads 0 (no /get_load): 0 <= 0 keeps the first random pick
+    r = fleet.RouterModel("power_of_two", 3, seed=2)
+    picks = [r.pick([9, 0, 0]) for _ in range(3000)]
+    assert all(900 < picks.count(k) < 1100 for k in range(3))
+
+
+def test_cache_aware_cycles_by_tree_size_and_the_imbalance_rule_uses_both_thresholds():
+    r = fleet.RouterModel("cache_aware", 3)
+    assert [r.pick([0, 0, 0]) for _ in range(6)] == [0, 1, 2, 0, 1, 2]  # fewest texts sent so far
     r = fleet.RouterModel("cache_aware", 2)
-    assert r.pick([0, 0]) == 0
-    assert r.pick([64, 0]) == 0  # 64 - 0 is not > 64
-    assert r.pick([65, 0]) == 1  # > 64 and 65 > 0 * 1.5
-    assert r.pick([100, 40]) == 0  # difference 60
+    assert r.pick([64, 0]) == 0  # 64 - 0 is not > 64: balanced, smallest tree (both empty: the first)
+    assert r.pick([65, 0]) == 1  # > 64 and 65 > 0 * 1.5: least loaded
+    assert r.pick([100, 40]) == 0  # difference 60: balanced; 1 text each, the first
     assert r.pick([130, 65]) == 1  # 65 > 64 and 130 > 97.5
-    assert r.pick([200, 134]) == 0  # 66 > 64 but 200 <= 201
+    assert r.pick([200, 134]) == 0  # 66 > 64 but 200 <= 201: balanced; 2 texts each, the first
 
 
 def test_unknown_policy_is_one_clear_error():
@@ -87,22 +95,19 @@ def test_random_split_loses_to_imbalance_below_the_independent_bound():
     assert s.binding == "router"
 
 
-def test_cache_aware_piles_on_one_replica_until_the_imbalance_rule():
-    # 40 users, 2 replicas capped at 4: 40 - 0 never exceeds 64 -> all on replica 0
-    s = fleet.simulate(CAP4, P, OUT, 40, 2, "cache_aware", limit=4.0)
-    assert s.inflight == pytest.approx((40, 0), abs=0.05)
-    assert s.fleet_running == pytest.approx(4, abs=0.1)
-    assert s.binding == "router"
-    # 200 users, nothing capped: the ramp alternates once 65 - 0 > 64; an even total settles at
-    # difference 64 and stays (a finish on 0 returns to 0, a finish on 1 returns to 1): 132 / 68,
-    # less the one-step dip of a finish (sampled before the resubmit): x (1 - 1/200), lifetime 200
-    s = fleet.simulate(WIDE, P, OUT, 200, 2, "cache_aware", limit=1024.0)
-    assert s.inflight == pytest.approx((132 * 199 / 200, 68 * 199 / 200), abs=0.05)
-    assert s.imbalance == pytest.approx(64 * 199 / 200, abs=0.05)
+def test_cache_aware_with_equal_texts_splits_like_round_robin():
+    """Lockstep simulation of the smallest-tree cycle: the even split, so predict() uses the exact
+    round-robin figures for N a multiple of R."""
+    sim = fleet.simulate(CAP4, P, OUT, 15, 3, "cache_aware", limit=4.0)
+    exact = fleet.round_robin(CAP4, P, OUT, 15, 3, limit=4.0)
+    assert sim.inflight == pytest.approx(exact.inflight, abs=0.05)
+    assert sim.fleet_running == pytest.approx(12, abs=0.1)
+    assert fleet.predict(CAP4, P, OUT, 15, 3, "cache_aware", limit=4.0).exact
 
 
-def test_power_of_two_beats_random_with_three_replicas():
+def test_power_of_two_with_a_load_signal_beats_random_with_three_replicas():
     rnd = fleet.simulate(CAP4, P, OUT, 12, 3, "random", limit=4.0, seed=5, lifetimes=20)
-    p2c = fleet.simulate(CAP4, P, OUT, 12, 3, "power_of_two", limit=4.0, seed=5, lifetimes=20)
+    p2c = fleet.simulate(CAP4, P, OUT, 12, 3, "power_of_two", limit=4.0, seed=5, lifetimes=20,
+                         load_signal="inflight")
     assert p2c.fleet_running > rnd.fleet_running + 0.5
     assert p2c.imbalance < rnd.imbalance
