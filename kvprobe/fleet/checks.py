@@ -1,0 +1,128 @@
+"""Per-replica figures of a fleet probe and the fleet's own checks.
+
+The probe's usual analysis runs on the fleet's summed series (its rejection point is the
+fleet's, judged against R x L by the usual rejection_point check). Here each replica's series is
+read over the same level windows: running, waiting, usage and in-flight per replica, the
+imbalance (max - min in flight) the router left, and the policy's prediction at that N.
+
+- replica_leak: every replica drains to zero after the load stops (a fleet-wide usage mean hides
+  one block leaked on one of three replicas: 1/(3*pool) is under the half-block tolerance).
+- replica_usage: at the deepest level, every replica that was saturated (waiting > 0.5) reads the
+  usage gauge one replica's ledger predicts at its limit.
+- router_imbalance: at every level, the measured imbalance matches the policy's prediction.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvprobe import analysis
+from kvprobe.theory import fleet as theory
+from kvprobe.verdict import CheckResult, fmt
+
+SATURATED_WAITING = 0.5  # a replica with this many waiting on average was at its own limit
+
+
+def _f(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def replica_levels(replica_series, windows, *, warmup_fraction: float, counter_lazy: bool) -> list[list]:
+    """level_stats of each replica over the probe's windows: [replica][level]."""
+    return [analysis.level_stats(s.arrays(), windows, warmup_fraction=warmup_fraction, counter_lazy=counter_lazy)
+            for s in replica_series]
+
+
+def fleet_figures(ledger, per_replica: list[list], *, prompt_tokens: int, output_tokens: int) -> dict:
+    """Per level: each replica's means, the imbalance, and the policy's prediction at that N."""
+    levels = []
+    config = ledger.scheduler_config
+    for j in range(len(per_replica[0]) if per_replica else 0):
+        rows = [lv[j] for lv in per_replica]
+        users = rows[0].users
+        inflight = [(_f(r.running_mean) or 0.0) + (_f(r.waiting_mean) or 0.0) for r in rows]
+        predicted = None
+        if config is not None:
+            predicted = theory.predict(config, prompt_tokens, output_tokens, users, ledger.replicas, ledger.policy,
+                                       limit=ledger.replica_limit).to_dict()
+        levels.append({
+            "users": users,
+            "replicas": [{"running": _f(r.running_mean), "waiting": _f(r.waiting_mean), "usage": _f(r.usage_mean),
+                          "inflight": x, "samples": r.samples} for r, x in zip(rows, inflight, strict=True)],
+            "imbalance": max(inflight) - min(inflight),
+            "predicted": predicted,
+        })
+    return {"replicas": ledger.replicas, "policy": ledger.policy, "replica_limit": ledger.replica_limit,
+            "fleet_limit": float(ledger.admission.limit), "levels": levels}
+
+
+def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> CheckResult:
+    res = CheckResult("replica_leak", predicted=0, tolerance="0 on every replica")
+    if not drains or any(d is None or not d.samples for d in drains):
+        res.inconclusive = True
+        res.reason = "a replica had no /metrics samples after the load stopped"
+        return res
+    res.measured = [_f(d.residual_usage) for d in drains]
+    bad = [i for i, d in enumerate(drains) if not d.drained]
+    res.passed = not bad
+    if res.passed:
+        res.reason = f"every replica drained to zero (slowest {max(d.time_to_zero for d in drains):.1f}s)"
+    else:
+        parts = []
+        for i in bad:
+            d = drains[i]
+            leaked = d.leaked_blocks_estimate
+            parts.append(f"replica {i}: usage {fmt(d.residual_usage)}, running {fmt(d.residual_running)}"
+                         + (f", ≈{leaked} {unit} leaked" if leaked else ""))
+        res.reason = "; ".join(parts) + " after the load stopped"
+    return res
+
+
+def check_replica_usage(figures: dict, usage_at_limit: float, tol: float) -> CheckResult:
+    res = CheckResult("replica_usage", predicted=round(usage_at_limit, 3), tolerance=f"±{tol:g}")
+    levels = figures.get("levels") or []
+    if not levels:
+        res.inconclusive = True
+        res.reason = "no level was measured"
+        return res
+    deepest = levels[-1]
+    full = [(i, r) for i, r in enumerate(deepest["replicas"])
+            if (r["waiting"] or 0) > SATURATED_WAITING and r["usage"] is not None]
+    res.measured = [None if r["usage"] is None else round(r["usage"], 3) for r in deepest["replicas"]]
+    if not full:
+        res.inconclusive = True
+        res.reason = f"no replica was saturated at the deepest level ({deepest['users']} users)"
+        return res
+    off = [(i, r["usage"]) for i, r in full if abs(r["usage"] - usage_at_limit) > tol + 1e-9]
+    res.passed = not off
+    res.reason = (f"{len(full)} saturated replica(s) at {deepest['users']} users read "
+                  + ", ".join(f"{r['usage']:.0%}" for _, r in full) + f"; one replica's ledger predicts {usage_at_limit:.0%}")
+    if off:
+        res.reason += " — off: " + ", ".join(f"replica {i}" for i, _ in off)
+    return res
+
+
+def imbalance_allowance(users: int, tol) -> float:
+    return max(tol.rejection_point, tol.rejection_point_relative * users)
+
+
+def check_router_imbalance(figures: dict, tol) -> CheckResult:
+    res = CheckResult("router_imbalance", tolerance="per level: max(rejection_point, rejection_point_relative x N)")
+    levels = [lv for lv in figures.get("levels") or [] if lv["predicted"] is not None
+              and all(r["samples"] for r in lv["replicas"])]
+    if not levels:
+        res.inconclusive = True
+        res.reason = "no level with samples from every replica and a prediction"
+        return res
+    res.predicted = [round(lv["predicted"]["imbalance"], 2) for lv in levels]
+    res.measured = [round(lv["imbalance"], 2) for lv in levels]
+    off = [lv for lv in levels
+           if abs(lv["imbalance"] - lv["predicted"]["imbalance"]) > imbalance_allowance(lv["users"], tol)]
+    res.passed = not off
+    policy = figures.get("policy")
+    res.reason = (f"{policy}: max - min in flight per replica, measured vs predicted at "
+                  + ", ".join(f"{lv['users']} users ({lv['imbalance']:.1f} vs {lv['predicted']['imbalance']:.1f})"
+                              for lv in levels))
+    if off:
+        res.reason += " — outside the allowance at " + ", ".join(str(lv["users"]) for lv in off) + " users"
+    return res
