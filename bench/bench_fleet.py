@@ -45,7 +45,7 @@ def run(replicas: int = 4, policy: str = "round_robin") -> dict:
             "predicted": rp.predicted if rp else None, "measured": rp.measured if rp else None,
             "uncertainty": rp.uncertainty if rp else None, "levels": levels,
             "deepest": [(r["running"], r["waiting"]) for r in deepest.get("replicas", [])],
-            "failed": [c.name for c in result.checks if not c.passed], "error": result.error}
+            "failed": [f"{c.name}: {c.reason}" for c in result.checks if not c.passed], "error": result.error}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv or [])
     r = run(args.replicas, args.policy)
     share = "  ".join(f"{run_:.1f}+{wait:.1f}" for run_, wait in r["deepest"])
-    print(render_table(["fleet", "status", "time to verdict", "levels", "plateau (fleet)", "predicted R x L",
+    print(render_table(["fleet", "status", "time to verdict", "levels", "plateau (fleet)", "predicted plateau",
                         "per replica at deepest (running+waiting)"],
                        [[f"{r['replicas']} x emulated vLLM, {r['policy']}", r["status"], f"{r['seconds']:.1f} s",
                          ",".join(map(str, r["levels"])),
                          f"{r['measured']:.2f} ± {r['uncertainty'] or 0:.2f}" if r["measured"] is not None else "—",
                          f"{r['predicted']:.2f}" if r["predicted"] is not None else "—", share]]))
     if r["failed"] or r["error"]:
-        print(f"   failed checks: {', '.join(r['failed'])}; error: {r['error']}")
+        print("   failed checks:\n     " + "\n     ".join(r["failed"]) + f"\n   error: {r['error']}")
 
 
 if __name__ == "__main__":

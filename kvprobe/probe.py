@@ -597,6 +597,12 @@ def analyse(pr: ProbeRun) -> None:
                                   counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
     result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
     result.rejection = plateau.find_rejection_point(result.levels)
+    pool_units = _pool_units(result.ledger)
+    if exp.target.fleet:
+        from kvprobe.fleet import probe_steps as fleet
+
+        fleet.analyse(pr, pool_units)  # per-replica figures; a policy that splits unevenly sets the plateau's prediction
+        pool_units = pool_units and pool_units * fleet.replicas(exp)  # the summed series' pool
     tol = exp.tolerances
     limit = float(pr.prediction.limit)
     result.diagnosis = diagnose(
@@ -605,12 +611,6 @@ def analyse(pr: ProbeRun) -> None:
         client=result.client, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         reported_agrees=_reported_agrees(pr))
-    pool_units = _pool_units(result.ledger)
-    if exp.target.fleet:
-        from kvprobe.fleet import probe_steps as fleet
-
-        fleet.analyse(pr, pool_units)
-        pool_units = pool_units and pool_units * fleet.replicas(exp)  # the summed series' pool
     result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
                                         pool_units=pool_units)
 

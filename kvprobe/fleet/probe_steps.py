@@ -83,6 +83,20 @@ def analyse(pr, pool_units: int | None) -> None:
     figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=exp.profile.drain_seconds,
                                               pool_units=pool_units) for s in series] if pr.t_stop else []
     pr.result.fleet = figures
+    rejection = pr.result.rejection
+    if not pr.ledger.even and rejection is not None and rejection.weights:
+        # A policy that splits unevenly: the fleet reaches R x L only once every replica is full; at
+        # the levels the plateau is measured on, it runs what the simulated router leaves.
+        plateau = fchecks.plateau_prediction(figures, rejection.weights)
+        usage = fchecks.plateau_prediction(figures, rejection.weights, "fleet_usage")
+        if plateau is not None:
+            a = pr.ledger.admission
+            pr.ledger.admission = dataclasses.replace(
+                a, limit=plateau, usage_at_limit=a.usage_at_limit if usage is None else usage, how=f"{pr.ledger.policy} split simulated at the plateau's levels "
+                                      f"({', '.join(map(str, rejection.weights))} users); R x L = {float(a.limit):g}")
+            pr.result.ledger = pr.ledger.to_dict()
+            pr.log(f"kvprobe: {pr.ledger.policy} routing: the fleet's plateau at the measured levels is predicted "
+                   f"at {plateau:.2f} (R x L = {float(a.limit):g} once every replica is full)")
     for lv in figures["levels"]:
         share = "  ".join(f"r{i} {r['running'] or 0:.1f}+{r['waiting'] or 0:.1f}" for i, r in enumerate(lv["replicas"]))
         pred = lv["predicted"]

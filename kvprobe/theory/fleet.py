@@ -146,6 +146,7 @@ class FleetStats:
     waiting: tuple[float, ...]
     inflight: tuple[float, ...]  # running + waiting: what the router counts per worker
     replica_limit: float  # L: one replica's running plateau (closed_loop at saturation)
+    usage: tuple[float, ...] = ()  # per replica (same order), the usage gauge's time mean
     steps: int = 0  # measured window (0: exact, no simulation)
     exact: bool = False
 
@@ -161,6 +162,11 @@ class FleetStats:
     def fleet_limit(self) -> float:
         """R x L: the fleet's running plateau once every replica is saturated (any policy)."""
         return self.replicas * self.replica_limit
+
+    @property
+    def fleet_usage(self) -> float | None:
+        """The mean of the replicas' usage gauges (what the fleet sampler reads for identical pools)."""
+        return sum(self.usage) / len(self.usage) if self.usage else None
 
     @property
     def imbalance(self) -> float:
@@ -181,6 +187,7 @@ class FleetStats:
                 "running": list(self.running), "waiting": list(self.waiting), "inflight": list(self.inflight),
                 "replica_limit": self.replica_limit, "fleet_limit": self.fleet_limit,
                 "fleet_running": self.fleet_running, "fleet_waiting": self.fleet_waiting,
+                "usage": list(self.usage), "fleet_usage": self.fleet_usage,
                 "imbalance": self.imbalance, "binding": self.binding, "exact": self.exact, "steps": self.steps}
 
 
@@ -204,7 +211,7 @@ def round_robin(config: VllmConfig | SglangConfig, prompt_tokens: int, output_to
     inflight = one.running_mean + one.waiting_mean
     return FleetStats(users=users, replicas=replicas, policy="round_robin", running=(one.running_mean,) * replicas,
                       waiting=(one.waiting_mean,) * replicas, inflight=(inflight,) * replicas, replica_limit=limit,
-                      steps=one.steps, exact=True)
+                      usage=(one.usage_mean,) * replicas, steps=one.steps, exact=True)
 
 
 def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int, users: int,
@@ -220,7 +227,7 @@ def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_token
     arrivals = arrival_steps(life, users)
     t0 = arrivals[-1] + math.ceil(warmup_lifetimes * life)
     t_end = t0 + max(math.ceil(lifetimes * life), 200)
-    sums = np.zeros((2, replicas))
+    sums = np.zeros((3, replicas))
     count = 0
 
     def send() -> None:
@@ -242,6 +249,7 @@ def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_token
             for r, s in enumerate(scheds):
                 sums[0, r] += s.stats.running
                 sums[1, r] += s.stats.waiting
+                sums[2, r] += s.stats.used_tokens / s.stats.pool_tokens
         for _ in range(finished):
             send()
     window = t_end - t0
@@ -253,7 +261,7 @@ def simulate(config: VllmConfig | SglangConfig, prompt_tokens: int, output_token
                       running=tuple(float(means[0, r]) for r in order),
                       waiting=tuple(float(means[1, r]) for r in order),
                       inflight=tuple(float(means[0, r] + means[1, r]) for r in order),
-                      replica_limit=limit, steps=window)
+                      usage=tuple(float(means[2, r]) for r in order), replica_limit=limit, steps=window)
 
 
 def even_split_policy(policy: str, replicas: int, load_signal: str = "none") -> bool:
