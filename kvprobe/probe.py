@@ -317,6 +317,7 @@ class ProbeRun:
     load: object = None  # load.runner.LocustRun
     sampler: object = None  # observe.Sampler
     hold: float = 0.0  # seconds per level
+    lifetime: float | None = None  # seconds one request takes alone (calibration)
     windows: list = field(default_factory=list)  # analysis.LevelWindow per level run
     series: object = None  # observe.TimeSeries once the sampler stopped
     records: list = field(default_factory=list)  # load.records.Record, once Locust stopped
@@ -358,6 +359,7 @@ def reach_engine(pr: ProbeRun) -> None:
     discover_engine(pr)
     lifetimes = pr.exp.profile.hold.lifetimes
     lifetime, times = calibrate(pr.target, pr.exp, pr.model, requests=CALIBRATION_REQUESTS if lifetimes else 1)
+    pr.lifetime = lifetime
     levels = planned_levels(pr.exp, pr.prediction.limit) if lifetimes else None
     pr.hold, capped = hold_seconds(pr.exp, lifetime, levels=levels, remaining=pr.deadline - time.monotonic())
     alone = f"median of {', '.join(f'{t:.2f}' for t in times)}s" if len(times) > 1 else "alone"

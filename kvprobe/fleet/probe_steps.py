@@ -78,8 +78,11 @@ def analyse(pr, pool_units: int | None) -> None:
     per_replica = fchecks.replica_levels(series, pr.windows, warmup_fraction=exp.profile.hold.warmup,
                                          counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)
     shape = exp.profile.request
+    steady = pr.hold * (1 - exp.profile.hold.warmup)
+    window = steady / pr.lifetime if pr.lifetime else None  # request lifetimes in one level's steady window
+    full_usage = [fchecks.usage_when_waiting(s.arrays(), pr.windows, exp.profile.hold.warmup) for s in series]
     figures = fchecks.fleet_figures(pr.ledger, per_replica, prompt_tokens=shape.prompt_tokens,
-                                    output_tokens=shape.output_tokens)
+                                    output_tokens=shape.output_tokens, window_lifetimes=window, full_usage=full_usage)
     figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=exp.profile.drain_seconds,
                                               pool_units=pool_units) for s in series] if pr.t_stop else []
     pr.result.fleet = figures
