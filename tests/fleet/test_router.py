@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,28 @@ sys.stdout.write((parts[0] + b"1007" + parts[1] + b"1000" + parts[2]).decode())
     words = body["prompt"].split()
     assert len(words) == 6 and words[:2] == ["t1007", "t1000"]
     assert body["ignore_eos"] is True and body["min_tokens"] == body["max_tokens"] == 4
+
+
+@pytest.mark.slow
+def test_attach_to_a_running_fleet_and_refuse_a_router_not_ready(make_fleet, tmp_path):
+    """The attach form (`target: {fleet: {url, replicas: [...]}}`): the router and every replica must
+    answer; the facts are the first replica's; the spec names the replicas' URLs."""
+    from kvprobe.engines.launcher import TargetError
+    from kvprobe.fleet.target import FleetTarget
+    from kvprobe.spec import load_expectations
+
+    ft = make_fleet(2, "round_robin")
+    attached = FleetTarget.attach(ft.url, ft.replica_urls, engine="vllm", policy="round_robin")
+    assert attached.facts().reported.num_blocks == 201 and attached.prompt_format == "text"
+    attached.stop()  # attached: stops nothing
+    assert ft.alive()
+    with pytest.raises(TargetError, match="is not ready|cannot|not answer|refused"):
+        FleetTarget.attach(ft.replica_urls[0], ft.replica_urls, engine="vllm", policy="round_robin")
+    path = tmp_path / "attach.yaml"
+    text = (Path(__file__).resolve().parents[2] / "expectations" / "fleet" / "emulated-vllm-fleet.yaml").read_text()
+    path.write_text(text.replace("  fleet: {replicas: 2, router: sglang-router, policy: round_robin}\n  emulator: {seed: 0}\n",
+                                 f"  fleet: {{url: {ft.url}, replicas: [{', '.join(ft.replica_urls)}]}}\n"))
+    (exp,) = load_expectations(path)
+    assert exp.target.mode == "url" and exp.target.url == ft.url
+    assert exp.target.fleet == {"replicas": 2, "replica_urls": ft.replica_urls, "router": "sglang-router",
+                                "policy": "round_robin"}
