@@ -69,14 +69,15 @@ def predict_level(ledger, users: int, *, prompt_tokens: int, output_tokens: int,
         return theory.predict(config, prompt_tokens, output_tokens, users, ledger.replicas, ledger.policy,
                               **kw).to_dict()
     lifetimes = max(MIN_LIFETIMES, window_lifetimes) if window_lifetimes else LIFETIMES
+    seeds = 1 if ledger.even else SEEDS  # an even split is deterministic: one run says it all
     runs = [theory.simulate(config, prompt_tokens, output_tokens, users, ledger.replicas, ledger.policy, seed=k,
-                            lifetimes=lifetimes, **kw) for k in range(SEEDS)]
+                            lifetimes=lifetimes, **kw) for k in range(seeds)]
     out = runs[0].to_dict()
     for key in ("fleet_running", "fleet_waiting", "imbalance", "fleet_usage"):
         out[key] = sum(r.to_dict()[key] for r in runs) / len(runs)
     running = [r.fleet_running for r in runs]
     mean = sum(running) / len(running)
-    out["fleet_running_sd"] = (sum((x - mean) ** 2 for x in running) / (len(running) - 1)) ** 0.5
+    out["fleet_running_sd"] = (sum((x - mean) ** 2 for x in running) / (len(running) - 1)) ** 0.5 if seeds > 1 else 0.0
     out["seeds"], out["lifetimes"] = len(runs), lifetimes
     return out
 
