@@ -87,6 +87,6 @@ def fleet_ledger(replica, *, replicas: int, policy: str, prompt_tokens: int, out
     config = replica.scheduler_config
     if simulate_at_limit and config is not None:
         users = replicas * max(1, math.ceil(L))
-        at_limit = theory.predict(config, prompt_tokens, output_tokens, users, replicas, policy, limit=L)
+        at_limit = theory.predict(config, prompt_tokens, output_tokens, users, replicas, policy, limit=L, lifetimes=30)
     return FleetLedger(replica=replica, replicas=replicas, policy=policy, admission=fleet_pred, at_limit=at_limit,
                        even=even)

@@ -111,3 +111,26 @@ def test_power_of_two_with_a_load_signal_beats_random_with_three_replicas():
                          load_signal="inflight")
     assert p2c.fleet_running > rnd.fleet_running + 0.5
     assert p2c.imbalance < rnd.imbalance
+
+
+def test_kvprobe_ledger_prints_the_fleet_lines(capsys):
+    """`kvprobe ledger ... --replicas 4`: one replica's ledger, then the fleet's lines: 81 blocks
+    (80 usable), P=128 O=32 -> one replica ~7.8, the fleet 4 x that; round robin splits 32 as 8 each (7.8 in flight:
+    the one-step dip of a finish in a 33-step lifetime)."""
+    import json
+
+    from kvprobe.cli import main
+
+    base = ["ledger", "--engine", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "24GiB",
+            "--num-gpu-blocks-override", "81", "--max-model-len", "1024", "--prompt-tokens", "128",
+            "--output-tokens", "32", "--replicas", "4"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "admission limit, fleet" in out and "7.8 / 7.8 / 7.8 / 7.8" in out and "exact (even split)" in out
+    assert main([*base, "--json", "--router-policy", "random"]) == 0
+    fleet_json = json.loads(capsys.readouterr().out)["fleet"]
+    assert fleet_json["policy"] == "random" and not fleet_json["even_split"]
+    assert fleet_json["fleet_limit"] == pytest.approx(4 * fleet_json["replica_limit"])
+    assert fleet_json["at_limit"]["binding"] == "router"  # some replica queues while another has room
+    assert main([a for a in base if a not in ("--prompt-tokens", "128", "--output-tokens", "32")]) != 0
+    assert "--replicas: expected --prompt-tokens and --output-tokens" in capsys.readouterr().err
