@@ -222,6 +222,14 @@ def _parse_tolerances(node: Node) -> Tolerances:
     return Tolerances(**values)
 
 
+def _fleet_checks(engine: str) -> tuple[str, ...]:
+    """A fleet's default checks: router_imbalance only where the engine's gauges count (not SGLang's samples)."""
+    from kvprobe.engines import get_dialect
+
+    exact = get_dialect(engine).RUNNING_GAUGE_EXACT
+    return tuple(c for c in FLEET_CHECKS if exact or c != "router_imbalance")
+
+
 def _parse_checks(node: Node) -> tuple[str, ...]:
     names = [n.choice(CHECKS + FLEET_CHECKS, what="a check, one of")
              for n in node.seq(nonempty=True, what="a list of checks")]
@@ -452,7 +460,7 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
     hardware = parse_hardware(keys["hardware"]) if "hardware" in keys else Hardware()
     profile = _resolve_profile(keys["profile"], exp_path, name, profile_dirs)
     tolerances = _parse_tolerances(keys["tolerances"]) if "tolerances" in keys else Tolerances()
-    checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS + (FLEET_CHECKS if target.fleet else ())
+    checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS + (_fleet_checks(engine) if target.fleet else ())
     if not target.fleet and "checks" in keys and (fleet_only := [c for c in checks if c in FLEET_CHECKS]):
         raise keys["checks"].error(f"checks of one engine here ({', '.join(fleet_only)}: a fleet target only)")
     expect_fail = None

@@ -170,7 +170,7 @@ def imbalance_allowance(users: int, tol, spread: float = 0.0) -> float:
     return max(tol.rejection_point, tol.rejection_point_relative * users, 2 * spread)
 
 
-def check_router_imbalance(figures: dict, tol) -> CheckResult:
+def check_router_imbalance(figures: dict, tol, *, gauge_exact: bool = True) -> CheckResult:
     """An even split: the measured max - min in flight per replica against the prediction (about 0:
     a sharp test of the router). A random split fluctuates too slowly for a few seconds' mean of
     max - min to be judged; there the fleet's running (what the imbalance costs) is compared."""
@@ -178,6 +178,11 @@ def check_router_imbalance(figures: dict, tol) -> CheckResult:
     what = "imbalance (max - min in flight per replica)" if even else "fleet running"
     res = CheckResult("router_imbalance", tolerance="per level: max(rejection_point, rejection_point_relative x N"
                       + (")" if even else ", 2 x the simulated spread of one level's window)"))
+    if not gauge_exact:
+        res.inconclusive = True
+        res.reason = ("this engine's running and queue gauges are samples (the dialect's RUNNING_GAUGE_EXACT), "
+                      "so each replica's share of the requests in flight cannot be read from them")
+        return res
     levels = [lv for lv in figures.get("levels") or [] if lv["predicted"] is not None
               and all(r["samples"] for r in lv["replicas"])
               # uneven: where the split makes requests wait; below, running trails N by the client's

@@ -114,7 +114,8 @@ def checks(pr, pool_units: int | None, unit: str) -> dict:
     return {
         "replica_leak": lambda: fchecks.check_replica_leak(figures.get("drains") or [], pool_units, unit),
         "replica_usage": lambda: fchecks.check_replica_usage(figures, usage, tol.usage_gap),
-        "router_imbalance": lambda: fchecks.check_router_imbalance(figures, tol),
+        "router_imbalance": lambda: fchecks.check_router_imbalance(figures, tol,
+                                                                   gauge_exact=pr.dialect.RUNNING_GAUGE_EXACT),
     }
 
 

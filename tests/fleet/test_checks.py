@@ -63,3 +63,9 @@ def test_fleet_sample_sums_counts_and_averages_usage_and_a_missing_replica_voids
     assert s.usage == pytest.approx(0.6) and s.t == pytest.approx(1.1) and s.waiting_capacity is None
     bad = combine([a, Sample(t=1.1, ok=False, error="HTTP 500")])
     assert not bad.ok and bad.running is None and "replica 1: HTTP 500" in bad.error
+
+
+def test_router_imbalance_is_not_read_from_sampled_gauges():
+    res = checks.check_router_imbalance({"policy": "round_robin", "even_split": True,
+                                         "levels": [level(16, [8.0, 8.0])]}, TOL, gauge_exact=False)
+    assert res.inconclusive and "samples" in res.reason
