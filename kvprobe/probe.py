@@ -650,7 +650,8 @@ def judge(pr: ProbeRun) -> None:
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
                                                                  client_saturated=saturated, disagreeing=disagreeing,
                                                                  **judged),
-        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol, **judged),
+        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol,
+                                                             unpredicted=_unpredicted_preemptions(pr), **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),
         "exactness": lambda: verdict.check_exactness(pr.records, shape.prompt_tokens, shape.output_tokens),
@@ -662,6 +663,31 @@ def judge(pr: ProbeRun) -> None:
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
     result.checks = [checks[name]() for name in wanted]
+
+
+# Preemptions a level must show before they count against a policy that predicts none: one or two
+# can come from the moment a level's users arrive together, before the steady state.
+MIN_UNPREDICTED_PREEMPTIONS = 3
+
+
+def _unpredicted_preemptions(pr: ProbeRun) -> list[tuple[int, float]]:
+    """(N, preemptions) at the levels that preempted although the ledger's simulated steady state at
+    that N preempts nothing. One replica's ledger says nothing about a fleet's summed counter."""
+    from kvprobe.theory.ledger import build_ledger
+
+    if pr.exp.target.fleet:
+        return []
+    out = []
+    for lv in pr.result.levels:
+        if lv.too_few_samples or lv.preemptions is None or lv.preemptions < MIN_UNPREDICTED_PREEMPTIONS:
+            continue
+        try:
+            at_n = build_ledger(replace(pr.ledger.inputs, users=lv.users)).admission
+        except KvprobeError:  # the ledger refuses these settings: nothing is predicted, nothing to hold against
+            continue
+        if at_n.preemption_rate == 0:
+            out.append((lv.users, lv.preemptions))
+    return out
 
 
 def engine_implied(config, exp, reported):

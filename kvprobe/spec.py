@@ -24,6 +24,7 @@ from kvprobe.spec_launch import (
     check_shadow,
     parse_command,
     parse_env,
+    parse_engine_args,
     parse_time_model,
     resolve_relative,
 )
@@ -369,7 +370,9 @@ def parse_target(node: Node) -> Target:
         return Target("emulator", startup_timeout=timeout, port=port, emulator=emulator, env=env)
     if kind == "shadow":
         time_model = parse_time_model(keys["time_model"]) if "time_model" in keys else {}
-        return Target("shadow", startup_timeout=timeout, port=port, env=env, time_model=time_model)
+        engine_args = parse_engine_args(keys["engine_args"]) if "engine_args" in keys else ()
+        return Target("shadow", startup_timeout=timeout, port=port, env=env, time_model=time_model,
+                      engine_args=engine_args)
     base = Path(node.file).parent
     command = parse_command(keys["command"], base) if "command" in keys else None
     model = None

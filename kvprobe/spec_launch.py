@@ -7,7 +7,10 @@
 * `model` (`launch: engine`) — what the engine loads (a local path or a hub id) when it is not the
   theory's `model:`; the name clients send stays `served_model_name` (or `model:`);
 * `time_model` (`launch: shadow`) — the modelled step time of the shadow worker/plugin (the
-  emulator's time model, `kvprobe.theory.steptime.TimeModel`).
+  emulator's time model, `kvprobe.theory.steptime.TimeModel`);
+* `engine_args` (`launch: shadow`) — arguments appended to the engine's command line that kvprobe's
+  theory does not read: an engine started with a flag its expectation does not declare, as in a
+  staging deployment whose configuration nobody wrote down (the probe must find the effect).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from kvprobe.spec_schema import ENV_NAME_RE, Node, Shown
 
 LAUNCH_KINDS = ("emulator", "engine", "shadow")
-LAUNCH_KEYS = {"emulator": ("emulator",), "engine": ("command", "model"), "shadow": ("time_model",)}
+LAUNCH_KEYS = {"emulator": ("emulator",), "engine": ("command", "model"), "shadow": ("time_model", "engine_args")}
 # Seconds until /health must answer: the emulator starts in ~1 s, vLLM's shadow in 20-35 s on two
 # busy cores (SGLang's in 35-60 s), a real engine loads weights and compiles.
 STARTUP_TIMEOUTS = {"emulator": 60.0, "engine": 600.0, "shadow": 300.0}
@@ -53,6 +56,11 @@ def parse_env(node: Node, kind: str = "") -> dict[str, str]:
             raise child.error("a text or number value")
         out[name] = str(value)
     return out
+
+
+def parse_engine_args(node: Node) -> tuple[str, ...]:
+    """A list of command-line arguments, each a string (`[--no-scheduler-reserve-full-isl]`)."""
+    return tuple(n.string(what="a command-line argument, e.g. --no-scheduler-reserve-full-isl") for n in node.seq())
 
 
 def parse_time_model(node: Node) -> dict[str, float]:

@@ -166,8 +166,12 @@ def _diagnose(measured: float, predicted: float, rejection, reported_agrees: boo
 
 
 def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | None = None,
-                        implied=None, diagnosis=None) -> CheckResult:
-    """The largest N served with no waiting and no preemption versus the predicted bound."""
+                        implied=None, diagnosis=None, unpredicted=()) -> CheckResult:
+    """The largest N served with no waiting and no preemption versus the predicted bound, and no
+    preemption at all at the levels where the policy predicts none (`unpredicted`: (N, preemptions
+    measured) at levels whose simulated steady state never preempts). A policy that admits a
+    request only when it fits to the end (vLLM 0.33's full-ISL admission with a long prompt) never
+    preempts even while requests wait; an engine that preempts there admits more than fits."""
     target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult("no_preemption", predicted=prediction.no_preemption_limit,
                       reported=None if implied is None else implied.no_preemption_limit,
@@ -186,6 +190,11 @@ def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | N
         f"clean up to N={res.measured}{waited}; {source} guarantees clean up to {target.no_preemption_limit}"
         + ("" if res.passed else " — the engine queued or preempted earlier than its pool allows")
     )
+    if unpredicted:
+        res.passed = False
+        seen = ", ".join(f"N={n} ({count:g})" for n, count in unpredicted)
+        res.reason += (f"; but the engine preempted at {seen}, where the ledger's policy ({prediction.policy}) "
+                       "preempts nothing: it admits requests its pool cannot carry to completion")
     if diagnosis is not None:
         res.diagnosis = diagnosis.limit
         if not res.passed and not diagnosis.kv_binds:

@@ -58,7 +58,21 @@ def test_shadow_is_valid_for_sglang_too(tmp_path, monkeypatch):
     assert exp.target.mode == "shadow" and exp.engine == "sglang"
 
 
+def test_shadow_engine_args_reach_the_launch_and_not_the_theory(tmp_path):
+    from kvprobe.probe import predict
+    from kvprobe.shadow.target import launch_request
+
+    exp = load(tmp_path, {"launch": "shadow", "engine_args": ["--no-scheduler-reserve-full-isl"]},
+               flags={"num-gpu-blocks-override": 500, "max-model-len": 4096})
+    assert exp.target.engine_args == ("--no-scheduler-reserve-full-isl",)
+    assert launch_request(exp, port=8000).engine_args == ("--no-scheduler-reserve-full-isl",)
+    assert "scheduler-reserve-full-isl" not in exp.flags and predict(exp).admission.policy == "vllm-0.33"
+
+
 @pytest.mark.parametrize(("target", "keys", "key", "expect"), [
+    ({"launch": "shadow", "engine_args": "--x"}, {}, "target.engine_args", "a list"),
+    ({"launch": "shadow", "engine_args": [1]}, {}, "target.engine_args[0]", "a command-line argument"),
+    ({"launch": "emulator", "engine_args": ["--x"]}, {}, "target.engine_args", "unknown key 'engine_args'"),
     ({"launch": "shadow", "command": "x"}, {}, "target.command", "unknown key 'command'"),
     ({"launch": "shadow", "time_model": {"step_ms": 0}}, {}, "target.time_model.step_ms", "milliseconds per step"),
     ({"launch": "shadow", "time_model": {"steps": 1}}, {}, "target.time_model.steps", "did you mean 'step_ms'"),

@@ -12,6 +12,7 @@ from kvprobe.spec import Tolerances
 from kvprobe.verdict import (
     check_exactness,
     check_leak,
+    check_no_preemption,
     check_rejection_point,
     check_reported_capacity,
     check_usage_gap,
@@ -92,3 +93,15 @@ def test_exactness_fails_on_one_mismatch_and_ignores_streams_cut_at_stop():
     errors = check_exactness(good + [Record(status=500, error="boom")], 128, 32)
     assert not errors.passed and "1 requests failed" in errors.reason
     assert check_exactness([], 128, 32).inconclusive
+
+
+def test_no_preemption_fails_where_the_policy_preempts_nothing_but_the_engine_does():
+    """Clean up to the bound is not enough: at levels whose simulated steady state never preempts,
+    preemptions mean the engine admits more than fits (vLLM's first-chunk admission)."""
+    pred = SimpleNamespace(limit=9.85, no_preemption_limit=10, binding="kv", usage_at_limit=0.94, policy="vllm-0.33")
+    clean = RejectionPoint(9.9, 10, 9.9, [14, 20], 0.94, onset_users=14, levels_seen=[6, 10, 14, 20])
+    ok = check_no_preemption(pred, clean, TOL)
+    assert ok.passed and ok.measured == 10
+    bad = check_no_preemption(pred, clean, TOL, unpredicted=[(14, 37.0), (20, 52.0)])
+    assert not bad.passed and not bad.inconclusive and bad.measured == 10
+    assert "preempted at N=14 (37), N=20 (52), where the ledger's policy (vllm-0.33) preempts nothing" in bad.reason

@@ -39,6 +39,7 @@ class ShadowLaunch:
     extra_env: dict[str, str] = field(default_factory=dict)  # target.env
     estimates: dict[str, int] = field(default_factory=dict)  # the expectation's ledger estimates (bytes):
     #                                                          a shadow sizing the pool from a declared GPU uses the same
+    engine_args: tuple[str, ...] = ()  # target.engine_args: appended as they are, unseen by the theory
 
 
 def kvprobe_pythonpath() -> Path:
@@ -63,5 +64,6 @@ def command(req: ShadowLaunch) -> tuple[list[str], dict[str, str]]:
     env = envs.require(req.engine, req.version)
     module = importlib.import_module(f"kvprobe.shadow.{req.engine}_target")
     argv, environ = module.command(req, env)
+    argv += list(req.engine_args)  # last: the engine's own parser has the final word on them
     base = {ENV_ACTIVE: "1", ENV_TIME_MODEL: req.time_model.encode(), **envs.shadow_import_env(req.engine)}
     return argv, {**base, **environ, **req.extra_env}

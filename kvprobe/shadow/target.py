@@ -28,7 +28,7 @@ def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowL
         engine=exp.engine, version=exp.version, model=exp.model, config=config,
         served_model_name=served_name(exp), flags=dict(exp.flags), host=host, port=port,
         gpu_memory_bytes=exp.hardware.gpu_memory_bytes, time_model=TimeModel(**exp.target.time_model),
-        extra_env=dict(exp.target.env), estimates=dict(exp.estimates))
+        extra_env=dict(exp.target.env), estimates=dict(exp.estimates), engine_args=tuple(exp.target.engine_args))
 
 
 class ShadowTarget(Target):

@@ -119,21 +119,32 @@ def test_a_vllm_refusal_is_one_line_with_the_log_tail(vllm_env, tmp_path):
 def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_path, say):
     """A real behaviour of vLLM 0.33's code: with full-ISL admission (the default) P=3000 over a
     2048-token budget never preempts, even with requests waiting; without it (0.11's first-chunk
-    admission) the over-admitted requests preempt others at every saturated level."""
+    admission) the over-admitted requests preempt others at every saturated level — which the ledger
+    predicts when the flag is declared, and which fails no_preemption when it is not."""
     t0 = time.monotonic()
     out = run_cli(["probe", str(EXPECTATIONS / "shadow-vllm-overadmission.yaml"), "--artifacts", str(tmp_path)],
                   timeout=600)
     say(f"\n--- kvprobe probe shadow-vllm-overadmission.yaml ({time.monotonic() - t0:.0f} s)\n"
         + verdict_lines(out.stdout))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    levels = {name: json.loads((tmp_path / name / "result.json").read_text())["levels"]
-              for name in ("shadow-vllm-full-isl", "shadow-vllm-overadmission")}
-    full, over = levels["shadow-vllm-full-isl"], levels["shadow-vllm-overadmission"]
+    names = ("shadow-vllm-full-isl", "shadow-vllm-overadmission", "shadow-vllm-overadmission-undeclared")
+    docs = {name: json.loads((tmp_path / name / "result.json").read_text()) for name in names}
+    full, over, undeclared = (docs[name]["levels"] for name in names)
     assert sum(lv["preemptions"] for lv in full) == 0, full
-    saturated = [lv for lv in over if lv["users"] > 10]  # above floor(1999 / 192): requests wait
-    assert saturated and all(lv["preemptions"] > 0 for lv in saturated), over
-    assert all(lv["preemptions"] == 0 for lv in over if lv["users"] <= 10), over
-    for name in levels:
+    for levels in (over, undeclared):  # the flag, declared or not, is what the engine does
+        saturated = [lv for lv in levels if lv["users"] > 10]  # above floor(1999 / 192): requests wait
+        assert saturated and all(lv["preemptions"] > 0 for lv in saturated), levels
+        assert all(lv["preemptions"] == 0 for lv in levels if lv["users"] <= 10), levels
+    # not declared, the flag's preemptions fail no_preemption, naming where: the ledger's policy
+    # (full-ISL admission) preempts nothing at those levels
+    checks = {c["name"]: c for c in docs["shadow-vllm-overadmission-undeclared"]["checks"]}
+    assert checks["no_preemption"]["passed"] is False, checks["no_preemption"]
+    assert "the engine preempted at N=14" in checks["no_preemption"]["reason"], checks["no_preemption"]
+    assert "vllm-0.33" in checks["no_preemption"]["reason"]
+    assert checks["rejection_point"]["passed"] is True  # the plateau alone cannot tell
+    for name in ("shadow-vllm-full-isl", "shadow-vllm-overadmission"):  # declared: the policy predicts what happens
+        assert {c["name"]: c["passed"] for c in docs[name]["checks"]}["no_preemption"] is True
+    for name in names:
         assert_engine_gone(tmp_path / name)
 
 
