@@ -145,7 +145,7 @@ class Ledger:
             "capacity": dataclasses.asdict(self.capacity),
             "request": dataclasses.asdict(self.request) if self.request else None,
             "admission": None,
-            "scheduler_config": dataclasses.asdict(self.scheduler_config) if self.scheduler_config else None,
+            "scheduler_config": _scheduler_dict(self.scheduler_config),
             "startup": self.startup,
         }
         if self.admission is not None:
@@ -160,6 +160,15 @@ class Ledger:
         if self.refusal is not None:
             sections.append(_refusal_text(self))
         return "\n\n".join(sections)
+
+
+def _scheduler_dict(config) -> dict | None:
+    if config is None:
+        return None
+    out = dataclasses.asdict(config)
+    if "groups" in out:  # KV cache groups (vLLM): a JSON list of objects
+        out["groups"] = [dict(g) for g in out["groups"]]
+    return out
 
 
 # ------------------------------------------------------------------------------------- build
