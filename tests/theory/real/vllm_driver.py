@@ -47,7 +47,8 @@ mml, asyn, K = args["mml"], args["async"], args["K"]
 arrivals, t0, t_end = args["arrivals"], args["t0"], args["t_end"]
 mc = ModelConfig(model=args["model_dir"], dtype="float16", skip_tokenizer_init=True, max_model_len=mml)
 sc = SchedulerConfig(max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
-                     max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=asyn)
+                     max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=asyn,
+                     watermark=args.get("watermark", 0.0))
 cc = CacheConfig(block_size=B, enable_prefix_caching=args["caching"])
 groups = args.get("groups") or [{"kind": "full"}]
 if any(g["kind"] == "mamba" for g in groups):
