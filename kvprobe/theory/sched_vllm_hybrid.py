@@ -75,6 +75,22 @@ class HybridVllmScheduler(VllmScheduler):
         infl[:] = sched if self.async_ else 0  # num_in_flight_tokens at the next schedule()
         super()._after_schedule(result)
 
+    def _update_from_output(self, result: StepResult, sampled: np.ndarray) -> None:
+        """Async: a running request's output hashes its blocks up to its processed tokens before
+        it may finish and free them (update_from_output L2396-2416: cache_blocks(num_computed -
+        num_in_flight) for a request with placeholders), so a finished request's last full block
+        leaves hashed."""
+        L = self.run
+        if self.async_ and self.cfg.enable_prefix_caching and L.n:
+            comp, ntok, infl, qc = L("comp", "ntok", "infl", "qc")
+            n = comp - infl
+            for i in (sampled & (np.minimum(n, ntok + 1) >= qc)).nonzero()[0].tolist():
+                kv = self._kv(i)
+                kv.num_tokens += 1  # the token this output appends
+                self.kvm.cache_blocks(kv, int(n[i]))
+                self._set_quiet(i, kv.rid)
+        super()._update_from_output(result, sampled)
+
     def _kv(self, i: int, waiting: bool = False) -> KVRequest:
         """The lane's request as the KV cache manager reads it."""
         comp, ntok, infl = self.run("comp", "ntok", "infl")
