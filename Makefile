@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test probe bench lint ledger clean shadow-vllm
+.PHONY: test probe bench lint ledger clean shadow-vllm shadow-sglang
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,9 @@ bench: $(STAMP)
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0
+
+shadow-sglang: $(STAMP)
+	$(BIN)/kvprobe shadow install sglang==0.5.23
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvprobe tests bench

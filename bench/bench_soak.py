@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         ["blocks in use after drain (must be 0)", blocks_after],
         ["running / waiting after drain", f"{after.get('vllm:num_requests_running', '?')} / "
                                           f"{after.get('vllm:num_requests_waiting', '?')}"],
-        ["verdict", "PASS" if result.passed else f"FAIL {result.error or [c.reason for c in result.checks if not c.passed]}"],
+        ["verdict", result.status.upper() + ("" if result.passed else f" {result.status_reason}")],
     ]
     print(render_table(["soak", "value"], rows, title=f"soak: vLLM emulator, {BLOCKS} blocks, processes=2"))
     if blocks_after != 0:

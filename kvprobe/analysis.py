@@ -1,19 +1,25 @@
-"""From a metric time series and request records to measurements: steady state per level, the
-rejection point, the drain/leak check, and a client-side count of running requests.
+"""From a metric time series and request records to measurements: steady state per level, a
+client-side count of running requests reconciled with the engine's gauge, and the drain/leak
+check. The rejection point (the plateau over these levels) is `kvprobe.plateau`.
 
 numpy only, no I/O. Inputs are the arrays of `kvprobe.observe.TimeSeries.arrays()` — keys `t`,
 `ok`, `running`, `waiting`, `usage`, `preemptions` (a counter), optionally `waiting_capacity` and
-`used_tokens`; a failed scrape is a NaN (or `ok` false) and is skipped, never fatal. Records are
+`used_tokens`; a failed scrape is a NaN (or `ok` false) and is skipped, never fatal. A metric the
+engine does not export stays absent (NaN, None), never zero. Records are
 `kvprobe.load.records.Record` objects or dicts with `t_send`, `t_first`, `t_end` (and `kind`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not averaged
+BATCHES = 8  # batch means per window for the standard error of a steady mean
+RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count below a sampled gauge's mean: max(1 request, 5%)
+RECONCILE_OVER_ABS, RECONCILE_OVER_REL = 2.0, 0.10  # ... above its highest reading: max(2 requests, 10%)
+GRID = 0.05  # seconds between the instants at which the client's streams are counted
 
 
 @dataclass
@@ -26,38 +32,29 @@ class LevelWindow:
 @dataclass
 class LevelStats:
     users: int
-    running_mean: float
+    running_mean: float  # the figure the rejection point uses, from `running_source`
     running_max: float
     waiting_mean: float
     waiting_max: float
-    usage_mean: float
+    usage_mean: float  # NaN when the engine exports no usage gauge
     usage_max: float
-    preemptions: float  # counter increase inside the steady part of the window
-    preemption_rate_per_s: float
+    preemptions: float | None  # counter increase in the steady window; None: counter absent (not 0)
+    preemption_rate_per_s: float | None
     samples: int  # usable samples in the steady part
-    client_running_mean: float | None = None  # from the request records: first token, not finished
-    client_waiting_mean: float | None = None  # from the request records: sent, no first token yet
-    running_source: str = "engine"  # "client" when the engine's gauge is not trusted (see use_client_counts)
+    client_running_mean: float | None = None  # from the request records: admitted, not finished
+    client_waiting_mean: float | None = None  # from the request records: sent, not yet admitted
+    running_source: str = "engine"  # "engine" (its gauge) or "client" (the streams; see reconcile)
     waiting_capacity_mean: float | None = None
     t_start: float = 0.0
     t_end: float = 0.0
     too_few_samples: bool = False  # fewer than MIN_SAMPLES: reported, excluded from the rejection point
-
-
-@dataclass
-class RejectionPoint:
-    rejection_point: float | None  # the running plateau once saturated (median over the plateau levels)
-    last_clean_users: int | None  # highest N with running ~ N, waiting below threshold, no preemption
-    plateau: float | None  # mean running over the levels where waiting persists
-    saturated_levels: list[int]  # every level with waiting at or above the threshold
-    usage_at_rejection: float | None  # the usage gauge on the plateau, where admission stopped ("26% yet full")
-    onset_users: int | None = None  # lowest N from which every higher level waits
-    plateau_spread: float | None = None  # max - min of running over those levels (falling: stuck admission)
-    transient_levels: list[int] = field(default_factory=list)  # waited once, but a higher level did not
-    preempting_levels: list[int] = field(default_factory=list)
-    skipped_levels: list[int] = field(default_factory=list)  # too few samples
-    levels_seen: list[int] = field(default_factory=list)  # every usable level, ascending
-    follow: float | None = None  # fitted running/N below the knee (closed-loop duty cycle)
+    running_se: float | None = None  # standard error of running_mean (batch means over the window)
+    engine_running_mean: float | None = None  # the engine's running gauge, steady mean (NaN: absent)
+    engine_running_max: float | None = None  # its highest reading: what a sampled gauge shows at a full step
+    engine_waiting_mean: float | None = None  # the engine's queue gauge, steady mean (NaN: absent)
+    client_running_se: float | None = None
+    disagreement: float | None = None  # client − engine gauge mean, where the gauge is a sample
+    disagrees: bool = False  # the client count lies outside what the sampled gauge allows (see reconcile)
 
 
 @dataclass
@@ -73,6 +70,8 @@ class DrainResult:
 
 # -- helpers ----------------------------------------------------------------------------------
 
+FIELDS = ("running", "waiting", "usage", "preemptions", "waiting_capacity")
+
 
 def _col(arrays: dict, name: str, n: int) -> np.ndarray:
     """A float column; a missing key reads as all-NaN (the engine has no such metric)."""
@@ -83,14 +82,24 @@ def _col(arrays: dict, name: str, n: int) -> np.ndarray:
     return out if out.size == n else np.full(n, np.nan)
 
 
-def _columns(arrays: dict) -> dict[str, np.ndarray]:
+def _columns(arrays: dict, *, counter_lazy: bool = False) -> dict[str, np.ndarray]:
     t = np.asarray(arrays.get("t", ()), dtype=float).reshape(-1)
     n = t.size
-    cols = {k: _col(arrays, k, n) for k in ("running", "waiting", "usage", "preemptions", "waiting_capacity")}
+    cols = {k: _col(arrays, k, n) for k in FIELDS}
     ok = arrays.get("ok")
     ok = np.ones(n, dtype=bool) if ok is None or np.size(ok) != n else np.asarray(ok, dtype=bool).reshape(-1)
+    pre = cols["preemptions"]
+    if counter_lazy:
+        # A counter the engine creates at its first event (SGLang's retractions): absent from a
+        # good scrape before it first appears means "none yet", so its first value counts in full.
+        seen = np.flatnonzero(np.isfinite(pre))
+        before = (np.arange(n) < (seen[0] if seen.size else n)) & ok
+        cols["preemptions"] = np.where(before, 0.0, pre)
+        cols["preemptions_absent"] = before
+    else:
+        cols["preemptions_absent"] = ok & ~np.isfinite(pre)
     # A failed scrape carries no values even if a stale number was kept in the sample.
-    for k in cols:
+    for k in FIELDS:
         cols[k] = np.where(ok, cols[k], np.nan)
     cols["t"] = t
     return cols
@@ -99,6 +108,16 @@ def _columns(arrays: dict) -> dict[str, np.ndarray]:
 def _stat(x: np.ndarray, fn) -> float:
     x = x[np.isfinite(x)]
     return float(fn(x)) if x.size else float("nan")
+
+
+def batch_se(values: np.ndarray) -> float | None:
+    """Standard error of the mean of an autocorrelated series, by batch means (None: too short)."""
+    x = values[np.isfinite(values)]
+    k = min(BATCHES, x.size // 2)
+    if k < 2:
+        return None
+    means = np.array([b.mean() for b in np.array_split(x, k)])
+    return float(means.std(ddof=1) / np.sqrt(k))
 
 
 def counter_increase(values: np.ndarray) -> float:
@@ -141,19 +160,24 @@ def time_grid(t0: float, t1: float, step: float) -> np.ndarray:
 def _spans(records, lead_steps: float):
     """(send, admitted, end) per request. The client cannot see admission; it happens
     `lead_steps` engine steps before the first token arrives, a step estimated from the request's
-    own inter-token time. A request with no first token was never seen running."""
-    sends, admitted, ends = [], [], []
+    own inter-token time — or, for a stream cut before its end (no usage), from the median of the
+    others. A request with no first token was never seen running; one cut by a ramp-down or the
+    end of the load keeps its first token (the locustfile records it on arrival) and counts as
+    running until it was cut."""
+    rows = []
     for r in records or ():
         if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
             continue
         send, first, end = float(_rec(r, "t_send")), _rec(r, "t_first"), _rec(r, "t_end")
         end = float(end) if end is not None else np.inf
-        if first is None:
-            admit = end
-        else:
-            n = _rec(r, "completion_tokens") or 0
-            itl = (end - float(first)) / (n - 1) if n > 1 and np.isfinite(end) else 0.0
-            admit = max(send, float(first) - lead_steps * itl)
+        n = _rec(r, "completion_tokens") or 0
+        itl = (end - float(first)) / (n - 1) if first is not None and n > 1 and np.isfinite(end) else None
+        rows.append((send, None if first is None else float(first), end, itl))
+    known = [row[3] for row in rows if row[3] is not None]
+    typical = float(np.median(known)) if known else 0.0
+    sends, admitted, ends = [], [], []
+    for send, first, end, itl in rows:
+        admit = end if first is None else max(send, first - lead_steps * (typical if itl is None else itl))
         sends.append(send), admitted.append(admit), ends.append(end)
     return (np.sort(np.asarray(sends, dtype=float)), np.sort(np.asarray(admitted, dtype=float)),
             np.sort(np.asarray(ends, dtype=float)))
@@ -188,9 +212,14 @@ def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarra
 
 
 def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fraction: float = 0.3,
-                records=None, min_samples: int = MIN_SAMPLES, lead_steps: float = 0.0) -> list[LevelStats]:
-    """Steady-state statistics of each level: the first `warmup_fraction` of its window is skipped."""
-    cols = _columns(series_arrays)
+                records=None, min_samples: int = MIN_SAMPLES, lead_steps: float = 0.0,
+                counter_lazy: bool = False) -> list[LevelStats]:
+    """Steady-state statistics of each level: the first `warmup_fraction` of its window is skipped.
+
+    `counter_lazy`: the preemption counter is created at the first preemption (a dialect fact), so
+    a good scrape without it reads as none so far. Either way a level on which the counter was
+    never seen has `preemptions` None — absent, not zero."""
+    cols = _columns(series_arrays, counter_lazy=counter_lazy)
     t = cols["t"]
     out = []
     for w in windows:
@@ -198,124 +227,71 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
         sel = (t >= start) & (t <= w.t_end)
         running, waiting, usage = cols["running"][sel], cols["waiting"][sel], cols["usage"][sel]
         usable = int(np.sum(np.isfinite(running) | np.isfinite(waiting)))
-        preempt = counter_increase(cols["preemptions"][sel])
-        ts = t[sel][np.isfinite(cols["preemptions"][sel])]
+        pre = cols["preemptions"][sel]
+        seen = bool(np.isfinite(pre).any()) and not bool(cols["preemptions_absent"][sel].all())
+        preempt = counter_increase(pre) if seen else None
+        ts = t[sel][np.isfinite(pre)]
         span = float(ts[-1] - ts[0]) if ts.size >= 2 else 0.0
-        client = client_waiting = None
+        client = client_waiting = client_se = None
         if records is not None:
-            run, wait = client_side_counts(records, start, w.t_end, 0.05, lead_steps=lead_steps)
+            run, wait = client_side_counts(records, start, w.t_end, GRID, lead_steps=lead_steps)
             client = float(run.mean()) if run.size else None
             client_waiting = float(wait.mean()) if wait.size else None
+            client_se = batch_se(run)
         wcap = _stat(cols["waiting_capacity"][sel], np.mean)
+        engine = _stat(running, np.mean)
         out.append(LevelStats(
             users=int(w.users),
-            running_mean=_stat(running, np.mean), running_max=_stat(running, np.max),
+            running_mean=engine, running_max=_stat(running, np.max),
             waiting_mean=_stat(waiting, np.mean), waiting_max=_stat(waiting, np.max),
             usage_mean=_stat(usage, np.mean), usage_max=_stat(usage, np.max),
-            preemptions=preempt, preemption_rate_per_s=preempt / span if span > 0 else 0.0,
+            preemptions=preempt,
+            preemption_rate_per_s=None if preempt is None else (preempt / span if span > 0 else 0.0),
             samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
             t_start=w.t_start, t_end=w.t_end, too_few_samples=usable < min_samples,
+            running_se=batch_se(running), engine_running_mean=engine, engine_waiting_mean=_stat(waiting, np.mean),
+            engine_running_max=_stat(running, np.max), client_running_se=client_se,
         ))
     return out
 
 
-def use_client_counts(levels: list[LevelStats], *, waiting_too: bool) -> list[LevelStats]:
-    """Replace the engine's running (and, without /metrics, waiting) by what the client saw.
+def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) -> list[LevelStats]:
+    """Choose each level's running figure and record where it came from.
 
-    For engines whose running gauge is a sample taken at scheduler events rather than a count
-    after every step (SGLang reports at prefill batches, before the new requests, and every 40
-    decode steps), the streams are the better measurement of running; without /metrics they
-    are all there is."""
+    - An exact gauge (a count after every step: vLLM) is used as it is. The client count stays
+      beside it for the record; it is not compared, because a client cannot see a preemption
+      (a recomputed stream just pauses).
+    - A sampled gauge (SGLang publishes at prefill batches — the count *before* the new requests
+      — and every 40 decode steps) is biased low, so the streams measure running and the two are
+      reconciled. Most samples read below the true count, so the gauge's mean is close to a
+      lower bound: a client count below it by more than max(1, 5%) undercounts (issue 11: streams
+      cut at the stop counted as waiting). A decode report reads the batch as it is, so a client
+      count above the highest reading by more than max(2, 10%) counts requests the engine does
+      not hold. Either is a disagreement: recorded on the level and reported, not resolved.
+      The queue gauge is published at the same moments (after the prefill's admissions), so
+      waiting comes from the streams too; the engine's figure stays in `engine_waiting_mean`.
+    - No gauge (no /metrics, or the family vanished for this level): the streams, waiting too.
+    """
     for lv in levels:
-        if lv.client_running_mean is not None:
-            lv.running_mean, lv.running_source = lv.client_running_mean, "client"
-            lv.too_few_samples = lv.too_few_samples and not waiting_too
-        if waiting_too and lv.client_waiting_mean is not None:
-            lv.waiting_mean = lv.client_waiting_mean
+        if lv.client_running_mean is None:
+            continue
+        engine = lv.engine_running_mean
+        if not metrics_ok or engine is None or not np.isfinite(engine):
+            lv.running_mean, lv.running_se, lv.running_source = lv.client_running_mean, lv.client_running_se, "client"
+            if lv.client_waiting_mean is not None and (not metrics_ok or not np.isfinite(lv.waiting_mean)):
+                lv.waiting_mean = lv.client_waiting_mean
+            lv.too_few_samples = False
+        elif not gauge_exact:
+            client, high = lv.client_running_mean, lv.engine_running_max
+            below = max(RECONCILE_ABS, RECONCILE_REL * client)
+            above = max(RECONCILE_OVER_ABS, RECONCILE_OVER_REL * client)
+            lv.running_mean, lv.running_se, lv.running_source = client, lv.client_running_se, "client"
+            lv.disagreement = client - engine
+            lv.disagrees = not (engine - below <= client <= high + above)
+            if lv.client_waiting_mean is not None:  # the queue gauge is sampled at the same moments
+                lv.waiting_mean = lv.client_waiting_mean
     return levels
-
-
-# -- the rejection point ----------------------------------------------------------------------
-
-
-def fit_hinge(users: np.ndarray, running: np.ndarray) -> tuple[float, float, int, float, float]:
-    """Least-squares fit of running = min(follow × N, plateau), levels sorted by N.
-
-    Returns (follow, plateau, knee_index, sse_hinge, sse_line): levels [knee_index:] are on the
-    plateau; `sse_line` is the error of a plain line through the origin (no plateau at all).
-    Closed-loop clients never run at exactly N (each user spends part of its cycle between
-    requests, and a request waits a step before it is scheduled), so `follow` is fitted, not 1.
-    """
-    n = users.size
-    line = float(np.dot(users, running) / np.dot(users, users))
-    sse_line = float(np.sum((running - line * users) ** 2))
-    best = (line, float("inf"), n, sse_line)
-    for k in range(1, n):
-        lo_n, lo_r = users[:k], running[:k]
-        follow = float(np.dot(lo_n, lo_r) / np.dot(lo_n, lo_n))
-        plateau = float(running[k:].mean())
-        sse = float(np.sum((lo_r - follow * lo_n) ** 2) + np.sum((running[k:] - plateau) ** 2))
-        if sse < best[3]:
-            best = (follow, plateau, k, sse)
-    follow, plateau, knee, sse = best
-    return follow, plateau, knee, sse, sse_line
-
-
-def find_rejection_point(levels: list[LevelStats], *, waiting_threshold: float = 0.5,
-                         min_gap: float = 1.0) -> RejectionPoint:
-    """Where running stops following N: the plateau of a hinge fit over the levels.
-
-    Mean waiting alone cannot tell saturation from the queueing every engine shows between steps
-    (a request that arrives mid-step waits for the next one), so the levels are fitted with
-    running = min(follow × N, plateau). The engine is saturated when the plateau sits at least
-    `min_gap` requests below where the line would have gone at the highest level, and the
-    plateau levels wait. The rejection point is the plateau; the usage gauge is read there.
-    """
-    usable = sorted((lv for lv in levels if not lv.too_few_samples and np.isfinite(lv.running_mean)),
-                    key=lambda lv: lv.users)
-    skipped = sorted(lv.users for lv in levels if lv not in usable)
-    seen = [lv.users for lv in usable]
-    preempting = [lv.users for lv in usable if lv.preemptions > 0]
-    waits = [lv.users for lv in usable if np.isfinite(lv.waiting_mean) and lv.waiting_mean >= waiting_threshold]
-    if len(usable) < 2:
-        return RejectionPoint(None, None, None, [], None, preempting_levels=preempting,
-                              skipped_levels=skipped, levels_seen=seen)
-    users = np.array([lv.users for lv in usable], dtype=float)
-    running = np.array([lv.running_mean for lv in usable], dtype=float)
-    follow, plateau, knee, _sse, _sse_line = fit_hinge(users, running)
-    # A level at the knee fits the line and the plateau equally well, and a level where nothing
-    # waits is not saturated whatever its running count: neither starts the plateau.
-    while knee < len(usable) and (follow * users[knee] - running[knee] < min_gap / 2
-                                  or not usable[knee].waiting_mean >= waiting_threshold):
-        knee += 1
-    on_plateau = usable[knee:]
-    shortfall = follow * users[knee:] - running[knee:]
-    waiting_levels = [lv for lv in on_plateau if np.isfinite(lv.waiting_mean) and lv.waiting_mean >= waiting_threshold]
-    if not on_plateau or shortfall.max() < min_gap or len(waiting_levels) * 2 < len(on_plateau):
-        clean = [lv.users for lv in usable if lv.preemptions == 0]
-        return RejectionPoint(None, max(clean) if clean else None, None, [], None,
-                              transient_levels=waits, preempting_levels=preempting, skipped_levels=skipped,
-                              levels_seen=seen, follow=follow)
-    plateau_running = np.array([lv.running_mean for lv in on_plateau])
-    usage = np.array([lv.usage_mean for lv in on_plateau], dtype=float)
-    usage = usage[np.isfinite(usage)]
-    clean = [lv.users for lv in usable[:knee] if lv.preemptions == 0]
-    last_clean = max(clean) if clean else None
-    return RejectionPoint(
-        rejection_point=float(np.median(plateau_running)),
-        last_clean_users=last_clean,
-        plateau=float(plateau_running.mean()),
-        saturated_levels=[lv.users for lv in on_plateau],
-        usage_at_rejection=float(np.median(usage)) if usage.size else None,
-        onset_users=on_plateau[0].users,
-        plateau_spread=float(plateau_running.max() - plateau_running.min()),
-        transient_levels=[u for u in waits if u < on_plateau[0].users],
-        preempting_levels=preempting,
-        skipped_levels=skipped,
-        levels_seen=seen,
-        follow=follow,
-    )
 
 
 # -- after the load ---------------------------------------------------------------------------

@@ -1,6 +1,11 @@
 """`kvprobe probe EXPECTATION.yaml [--url URL] [--artifacts DIR]` — one probe from the console;
 `kvprobe probe --url URL --engine vllm|sglang --prompt-tokens P --output-tokens O` — a probe of a running
-engine with no YAML: what the engine publishes is the configuration (kvprobe.spec_attach)."""
+engine with no YAML: what the engine publishes is the configuration (kvprobe.spec_attach).
+
+Exit codes: 0 every probe passed; 1 a check failed (the engine disagrees with the expectation);
+2 bad input (one line naming the file and key); 3 a probe could not measure (engine unreachable
+or dead, client saturated, no metrics, too few deep levels) and none failed; 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ from kvprobe.errors import ConfigError
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("probe", help="run the probe(s) of an expectation file, or of a running engine "
-                              "(--url, --engine, --prompt-tokens, --output-tokens), and judge them")
+    p = subparsers.add_parser(
+        "probe", help="run the probe(s) of an expectation file, or of a running engine "
+        "(--url, --engine, --prompt-tokens, --output-tokens), and judge them",
+        epilog="exit codes: 0 passed, 1 a check failed, 2 bad input, 3 could not measure, 130 interrupted")
     p.add_argument("expectation", nargs="?", help="an expectations/*.yaml file (omit it to probe --url as it runs)")
     p.add_argument("--url", help="attach to this running engine instead of launching one")
     p.add_argument("--artifacts", default="artifacts", help="directory for results, records, metrics and the plot")
@@ -115,7 +122,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from kvprobe.errors import KvprobeError
     from kvprobe.probe import ProbeOptions, predict, run_probe
-    from kvprobe.report import SUMMARY_HEADERS, levels_table, summary_row, verdict_table
+    from kvprobe.report import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
     from kvprobe.spec import load_expectations
     from kvprobe.spec_launch import split_command
     from kvprobe.tables import render_table
@@ -149,9 +156,21 @@ def _run(args) -> int:
         if result.levels:
             print(levels_table(result))
         print(verdict_table(result))
-        print(f"artifacts: {options.artifacts_dir}  (result.json, ramp.png, requests.jsonl, metrics.jsonl)")
+        print(closing_line(result, options.artifacts_dir))
         results.append(result)
     if len(results) > 1:
         print(render_table(SUMMARY_HEADERS, [summary_row(r) for r in results], title="kvprobe summary"))
     sys.stdout.flush()
-    return 0 if all(r.passed for r in results) else 1
+    return exit_code([r.status for r in results])
+
+
+EXIT_CODES = {"passed": 0, "failed": 1, "error": 3}
+
+
+def exit_code(statuses: list[str]) -> int:
+    """A failed check wins (the engine disagrees, whatever else happened), then a probe that could
+    not measure; 0 only when every probe passed."""
+    for status in ("failed", "error"):
+        if status in statuses:
+            return EXIT_CODES[status]
+    return EXIT_CODES["passed"] if statuses else EXIT_CODES["error"]

@@ -9,6 +9,7 @@ through `run_probe(exp, options) -> ProbeResult`. Whatever happens (a failed che
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -16,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvprobe import __version__, analysis, verdict
+from kvprobe import __version__, analysis, plateau, verdict
 from kvprobe.engines import get_dialect
 from kvprobe.errors import KvprobeError, ProbeError, TargetError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: verdict.status, diagnosis, plateau uncertainty, absent metrics as null
 
 
 @dataclass
@@ -34,6 +35,10 @@ class ProbeOptions:
     log: Callable[[str], None] = lambda line: None
 
 
+# The three outcomes of a probe (console exit codes 0, 1 and 3; pytest passed, failed and error).
+PASSED, FAILED, ERROR = "passed", "failed", "error"
+
+
 @dataclass
 class ProbeResult:
     expectation: object
@@ -41,6 +46,7 @@ class ProbeResult:
     facts: object = None
     levels: list = field(default_factory=list)
     rejection: object = None
+    diagnosis: object = None  # kvprobe.diagnosis.Diagnosis: the limit the measurement shows
     drain: object = None
     client: object = None
     checks: list[verdict.CheckResult] = field(default_factory=list)
@@ -53,20 +59,52 @@ class ProbeResult:
 
     @property
     def expected_failure(self) -> str | None:
-        return getattr(self.expectation, "expect_fail", None)
+        return self.expectation.expect_fail
 
     def check(self, name: str) -> verdict.CheckResult | None:
         return next((c for c in self.checks if c.name == name), None)
 
     @property
-    def passed(self) -> bool:
-        """All selected checks pass — or, for a fault expectation, exactly the expected check fails."""
+    def status(self) -> str:
+        """passed: every selected check passes (a fault expectation: its check fails, for a reason).
+        failed: a check disagrees. error: the probe could not measure — the engine was unreachable
+        or died, the client saturated, no metrics, too few deep levels — so nothing was judged.
+        A definite disagreement wins over a check that could not be judged."""
         if self.error:
-            return False
+            return ERROR
         if self.expected_failure:
             target = self.check(self.expected_failure)
-            return target is not None and not target.passed and not target.inconclusive
-        return bool(self.checks) and all(c.passed for c in self.checks)
+            if target is None or target.inconclusive:
+                return ERROR
+            return FAILED if target.passed else PASSED
+        if not self.checks:
+            return ERROR
+        if any(not c.passed and not c.inconclusive for c in self.checks):
+            return FAILED
+        return ERROR if any(c.inconclusive for c in self.checks) else PASSED
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    @property
+    def status_reason(self) -> str:
+        """One line: why the status is what it is."""
+        if self.error:
+            return self.error
+        if self.expected_failure:
+            target = self.check(self.expected_failure)
+            if target is None or target.inconclusive:
+                return f"could not measure {self.expected_failure}" + (f": {target.reason}" if target else "")
+            return (f"{self.expected_failure} failed as the fault expects" if not target.passed
+                    else f"{self.expected_failure} passed, but the fault expectation needs it to fail")
+        failed = [c.name for c in self.checks if not c.passed and not c.inconclusive]
+        if failed:
+            return "failed: " + ", ".join(failed)
+        unjudged = [c for c in self.checks if c.inconclusive]
+        if unjudged:
+            return "could not measure " + "; ".join(f"{c.name}: {c.reason}" for c in unjudged)
+        return "every check passed" if self.checks else "no check was run"
 
     def to_dict(self) -> dict:
         exp = self.expectation
@@ -83,17 +121,26 @@ class ProbeResult:
             "discovery": self.discovery,
             "levels": [_plain(x) for x in self.levels],
             "rejection": _plain(self.rejection),
+            "diagnosis": _plain(self.diagnosis),
             "drain": _plain(self.drain),
             "client": _plain(self.client),
             "checks": [c.to_dict() for c in self.checks],
-            "verdict": {"passed": self.passed, "error": self.error, "log_tail": self.log_tail},
+            "verdict": {"status": self.status, "passed": self.passed, "reason": self.status_reason,
+                        "error": self.error, "log_tail": self.log_tail},
             "artifacts": self.artifacts,
         }
 
 
 def _plain(obj):
-    if obj is None or isinstance(obj, (int, float, str, bool, list, dict)):
+    """JSON-ready: dataclasses as dicts, and a measurement that is absent (NaN) as null, never 0."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (int, str, bool)):
         return obj
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
     if hasattr(obj, "__dataclass_fields__"):
         return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
     return str(obj)
@@ -357,32 +404,76 @@ def start_load(pr: ProbeRun) -> None:
 
 
 def run_ramp(pr: ProbeRun) -> None:
-    """Drive Locust level by level until the strategy stops or the time budget runs out."""
+    """Drive Locust level by level until the strategy stops, then add deep levels until the
+    plateau is confirmed — within the time budget and the profile's max_users."""
     from kvprobe.load.ramps import make_ramp
 
     strategy = make_ramp(pr.exp.profile.ramp, pr.prediction.limit)
     history = []
-    warmup = pr.exp.profile.hold.warmup
     while (users := strategy.next_level(history)) is not None:
-        if time.monotonic() + pr.hold > pr.deadline:
-            pr.log(f"time budget reached before level {users}; stopping the ramp")
-            break
-        asked = time.time()
-        pr.load.set_users(users)
-        t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
-        _hold_level(pr.target, pr.load, until=t_start + pr.hold)
-        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
-        pr.windows.append(window)
-        level = analysis.level_stats(pr.sampler.series.arrays(), [window], warmup_fraction=warmup,
-                                     records=None)[0]
-        pr.result.levels.append(level)
-        history.append(level_result(level))
-        pr.log(f"  users {users:>4}: running {level.running_mean:6.2f}  waiting {level.waiting_mean:6.2f}  "
-               f"usage {_pct(level.usage_mean)}  preemptions {level.preemptions:g}")
+        if not run_level(pr, users):
+            return
+        history.append(level_result(pr.result.levels[-1]))
+    if pr.exp.profile.ramp.strategy == "explicit":
+        return  # the levels as written, and no others
+    tol = pr.exp.tolerances
+    precision = max(tol.rejection_point, tol.rejection_point_relative * float(pr.prediction.limit))
+    for _ in range(MAX_ADDED_LEVELS):
+        rejection = _plan_rejection(pr)
+        added = plateau.deep_levels_to_add(rejection, [lv.users for lv in pr.result.levels],
+                                           max_users=pr.exp.profile.ramp.max_users,
+                                           precision=precision if pr.dialect.RUNNING_GAUGE_EXACT else None)
+        if not added:
+            return
+        why = (f"{len(rejection.deep_levels)} deep level(s) so far" if not rejection.confirmed else
+               f"the plateau is {rejection.rejection_point:.2f} ± {rejection.uncertainty or 0:.2f}")
+        pr.log(f"  adding level {added[0]}: {why}; the plateau is measured where the queue rarely empties")
+        if not run_level(pr, added[0]):
+            return
+
+
+MAX_ADDED_LEVELS = 6  # deep levels the ramp may add after its own, to confirm the plateau
+
+
+def run_level(pr: ProbeRun, users: int) -> bool:
+    """Hold one level and record it; False when the time budget does not allow it."""
+    if time.monotonic() + pr.hold > pr.deadline:
+        pr.log(f"time budget reached before level {users}; stopping the ramp")
+        return False
+    asked = time.time()
+    pr.load.set_users(users)
+    t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
+    _hold_level(pr.target, pr.load, until=t_start + pr.hold)
+    window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
+    pr.windows.append(window)
+    level = analysis.level_stats(pr.sampler.series.arrays(), [window], warmup_fraction=pr.exp.profile.hold.warmup,
+                                 counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
+    pr.result.levels.append(level)
+    gauge = "engine gauge" if pr.dialect.RUNNING_GAUGE_EXACT else "engine gauge, sampled"
+    pr.log(f"  users {users:>4}: running {_mean(level.running_mean)} ({gauge})  waiting {_mean(level.waiting_mean)}  "
+           f"usage gauge {_pct(level.usage_mean)}  preemptions {_count(level.preemptions)}  (steady means)")
+    return True
+
+
+def _plan_rejection(pr: ProbeRun):
+    """The plateau as the levels measured so far show it, to plan deep levels. A sampled gauge
+    reads low except at full steps, so its highest reading stands in for running here."""
+    levels = pr.result.levels
+    if not pr.dialect.RUNNING_GAUGE_EXACT:
+        levels = [replace(lv, running_mean=lv.engine_running_max) for lv in levels]
+    return plateau.find_rejection_point(levels)
 
 
 def _pct(x) -> str:
     return "  —  " if x is None or x != x else f"{x:5.1%}"
+
+
+def _mean(x) -> str:
+    return "     —" if x is None or x != x else f"{x:6.2f}"
+
+
+def _count(x) -> str:
+    return "—" if x is None or x != x else f"{x:g}"
 
 
 def _hold_level(target, load, *, until: float) -> None:
@@ -475,25 +566,34 @@ def _safe(fn, default):
 
 
 def analyse(pr: ProbeRun) -> None:
-    """Per-level figures with every record flushed, the rejection point, the drain."""
-    result, dialect = pr.result, pr.dialect
+    """Per-level figures with every record flushed, reconciled with the engine's gauge; the
+    rejection point; the limit the measurement shows; the drain."""
+    from kvprobe.diagnosis import diagnose
+
+    result, dialect, exp = pr.result, pr.dialect, pr.exp
     arrays = pr.series.arrays()
     metrics_ok = bool(arrays["ok"].any()) if len(arrays["ok"]) else False
-    exact = dialect.RUNNING_GAUGE_EXACT
-    # Levels of which the sampler saw nothing: /metrics lost its families (or died) halfway.
-    blind = any(lv.running_mean != lv.running_mean for lv in result.levels)
-    if not metrics_ok or not exact or blind:
-        # Recompute every level now that all request records are flushed.
-        levels = analysis.level_stats(arrays, pr.windows, warmup_fraction=pr.exp.profile.hold.warmup,
-                                      records=pr.records, lead_steps=dialect.FIRST_TOKEN_LEAD_STEPS)
-        if not metrics_ok or not exact:
-            levels = analysis.use_client_counts(levels, waiting_too=not metrics_ok)
-        # A blind level falls back to the streams rather than entering the fit as NaN.
-        analysis.use_client_counts([lv for lv in levels if lv.running_mean != lv.running_mean], waiting_too=True)
-        result.levels = levels
-    result.rejection = analysis.find_rejection_point(result.levels)
-    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=pr.exp.profile.drain_seconds,
+    levels = analysis.level_stats(arrays, pr.windows, warmup_fraction=exp.profile.hold.warmup, records=pr.records,
+                                  lead_steps=dialect.FIRST_TOKEN_LEAD_STEPS,
+                                  counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
+    result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
+    result.rejection = plateau.find_rejection_point(result.levels)
+    tol = exp.tolerances
+    limit = float(pr.prediction.limit)
+    result.diagnosis = diagnose(
+        prediction=pr.prediction, rejection=result.rejection, levels=result.levels,
+        allowance=max(tol.rejection_point, tol.rejection_point_relative * limit), usage_tol=tol.usage_gap,
+        client=result.client, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
+        prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
+        reported_agrees=_reported_agrees(pr))
+    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
                                         pool_units=_pool_units(result.ledger))
+
+
+def _reported_agrees(pr: ProbeRun) -> bool | None:
+    reported = verdict.check_reported_capacity(pr.result.ledger, pr.result.facts.reported,
+                                               pr.exp.tolerances.reported_capacity)
+    return None if reported.inconclusive else reported.passed
 
 
 def judge(pr: ProbeRun) -> None:
@@ -506,11 +606,14 @@ def judge(pr: ProbeRun) -> None:
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
     implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
-    judged = {"reported_agrees": agrees, "implied": implied}
+    judged = {"reported_agrees": agrees, "implied": implied, "diagnosis": result.diagnosis}
+    weights = result.rejection.weights if result.rejection is not None else {}
+    disagreeing = [lv for lv in result.levels if lv.disagrees and weights.get(lv.users, 0) > 0]
     checks = {
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
-                                                                 client_saturated=saturated, **judged),
+                                                                 client_saturated=saturated, disagreeing=disagreeing,
+                                                                 **judged),
         "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol, **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),

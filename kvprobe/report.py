@@ -7,12 +7,14 @@ from pathlib import Path
 
 from kvprobe.verdict import fmt
 
+STATUS = {"passed": "PASS", "failed": "FAIL", "error": "ERROR"}
+
 
 def verdict_table(result) -> str:
     """ledger | engine | measured | binding | status | reason — one row per check."""
     from kvprobe.tables import render_table
 
-    rows = [[c.name, fmt(c.predicted), fmt(c.reported), fmt(c.measured), c.binding or "", c.status, c.reason]
+    rows = [[c.name, fmt(c.predicted), fmt(c.reported), _measured(c), c.binding or "", c.status, c.reason]
             for c in result.checks]
     exp = result.expectation
     head = f"{exp.name}: {exp.engine} {exp.version}, {exp.model}"
@@ -21,22 +23,49 @@ def verdict_table(result) -> str:
     table = render_table(["check", "ledger", "engine", "measured", "binding", "status", "reason"], rows, title=head)
     if result.error:
         table += f"\nprobe error: {result.error}"
-        if getattr(result, "log_tail", None):
+        if result.log_tail:
             table += "\n--- log (last lines) ---\n" + result.log_tail
-    verdict = "PASS" if result.passed else "FAIL"
-    return f"{table}\nverdict: {verdict}"
+    if result.diagnosis is not None:
+        table += f"\nmeasured limit: {result.diagnosis.reason}"
+    status = result.status
+    tail = "" if status == "passed" else f" — {result.status_reason}"
+    return f"{table}\nverdict: {STATUS[status]}{tail}"
+
+
+def _measured(check) -> str:
+    if check.measured is None or check.uncertainty is None:
+        return fmt(check.measured)
+    return f"{fmt(check.measured)} ± {check.uncertainty:.2f}"
 
 
 def levels_table(result) -> str:
+    """One row per level, every number named: the running figure the verdict uses and where it
+    came from, the engine's gauge and the client's count beside it, the gauges' steady means."""
     from kvprobe.tables import render_table
 
-    rows = [[lv.users, f"{lv.running_mean:.2f}", f"{lv.waiting_mean:.2f}", _pct(lv.usage_mean), f"{lv.preemptions:g}"]
-            for lv in result.levels]
-    return render_table(["users", "running", "waiting", "usage", "preemptions"], rows, title="per level (steady state)")
+    weights = result.rejection.weights if result.rejection is not None else {}
+    rows = []
+    for lv in result.levels:
+        note = []
+        if lv.disagrees:
+            note.append(f"client and gauge disagree ({lv.disagreement:+.2f})")
+        if lv.too_few_samples:
+            note.append("too few samples")
+        rows.append([lv.users, f"{lv.running_mean:.2f}", lv.running_source, _num(lv.engine_running_mean),
+                     _num(lv.client_running_mean), _num(lv.waiting_mean), _pct(lv.usage_mean),
+                     _num(lv.preemptions, "{:g}"), _num(weights.get(lv.users), "{:.2f}"), "; ".join(note)])
+    headers = ["users", "running", "from", "engine gauge", "client count", "waiting", "usage gauge",
+               "preemptions", "plateau weight", "note"]
+    title = "per level: steady-state means after warm-up; running is the figure the verdict uses"
+    return render_table(headers, rows, title=title)
 
 
 def _pct(x) -> str:
     return "—" if x is None or x != x else f"{x:.1%}"
+
+
+def _num(x, pattern: str = "{:.2f}") -> str:
+    return "—" if x is None or x != x else pattern.format(x)
 
 
 def summary_row(result) -> list[str]:
@@ -44,23 +73,32 @@ def summary_row(result) -> list[str]:
     rp = result.check("rejection_point")
     pred = result.ledger["admission"]["limit"] if result.ledger and result.ledger.get("admission") else None
     binding = result.ledger["admission"]["binding"] if result.ledger and result.ledger.get("admission") else ""
-    failed = [c.name for c in result.checks if not c.passed]
     return [
         result.expectation.name,
         fmt(pred),
-        fmt(rp.measured if rp else None),
+        _measured(rp) if rp else fmt(None),
         binding,
-        "PASS" if result.passed else "FAIL",
-        result.error or (", ".join(failed) if failed else ""),
+        result.diagnosis.limit if result.diagnosis is not None else "—",
+        STATUS[result.status],
+        "" if result.passed else result.status_reason,
     ]
 
 
-SUMMARY_HEADERS = ["expectation", "predicted", "measured", "binding", "verdict", "failed checks"]
+def closing_line(result, directory) -> str:
+    """`artifacts: DIR (file, file, ...)` naming only the files that were written."""
+    names = [Path(path).name for key, path in result.artifacts.items()
+             if not key.endswith("_error") and Path(path).is_file()]
+    return f"artifacts: {directory}  ({', '.join(names) if names else 'none written'})"
+
+
+SUMMARY_HEADERS = ["expectation", "predicted", "measured", "binding", "measured limit", "verdict", "why"]
 
 
 def write_artifacts(result, directory: Path, *, series, records, windows) -> dict[str, str]:
     """result.json, metrics.jsonl, requests.jsonl, ramp.png, report.txt; partial results included."""
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics.jsonl", "ramp.png"):  # a reused folder must not show an earlier run's files
+        (directory / stale).unlink(missing_ok=True)
     paths: dict[str, str] = {}
     if series is not None:
         series.to_jsonl(directory / "metrics.jsonl")
@@ -128,10 +166,11 @@ def plot(result, series, windows, path: Path) -> None:
         top.axhline(adm["no_preemption_limit"], color="tab:red", lw=0.8, ls=":", label=f"no-preemption {adm['no_preemption_limit']}")
     rp = result.check("rejection_point")
     if rp is not None and rp.measured is not None:
-        top.axhline(rp.measured, color="tab:green", lw=1.0, ls="-.", label=f"measured plateau {rp.measured:g}")
+        shown = f"{rp.measured:g}" + ("" if rp.uncertainty is None else f" ± {rp.uncertainty:.2f}")
+        top.axhline(rp.measured, color="tab:green", lw=1.0, ls="-.", label=f"measured plateau {shown}")
     top.set_ylabel("requests")
     top.legend(loc="upper left", fontsize=8)
-    verdict = "PASS" if result.passed else "FAIL"
+    verdict = STATUS[result.status]
     exp = result.expectation
     top.set_title(f"{exp.name} — {exp.engine} {exp.version} — {verdict}", fontsize=10)
     bottom.plot(t, a["usage"], color="tab:purple", lw=1.2, label="usage gauge")

@@ -160,7 +160,10 @@ class KvprobeItem(pytest.Item):
         if disabled:
             self.add_marker(pytest.mark.skip(reason=f"{expectation.name}: disabled in its file (enabled: false)"))
 
-    def runtest(self):
+    def setup(self):
+        """The probe runs here, once per expectation. One that could not measure this check (the
+        engine unreachable or dead, the client saturated, no metrics, too few deep levels) is a
+        pytest *error* — a broken probe — never a failure, which means the engine disagrees."""
         from kvprobe.report import verdict_table
 
         session = self.config._kvprobe
@@ -168,15 +171,22 @@ class KvprobeItem(pytest.Item):
         check = result.check(self.check)
         for key, value in _properties(result, check):
             self.user_properties.append((key, value))
+        if result.error or check is None or check.inconclusive:
+            why = result.error or (check.reason if check is not None else f"check {self.check} was not run")
+            pytest.fail(f"kvprobe could not measure {self.name}: {why}\n{verdict_table(result)}\n"
+                        f"{_artifact_lines(result)}", pytrace=False)
+
+    def runtest(self):
+        from kvprobe.report import verdict_table
+
+        result = self.config._kvprobe.result_for(self.expectation)
+        check = result.check(self.check)
         expected_fail = self.expectation.expect_fail == self.check
-        if check is None:
-            raise CheckFailed(f"{verdict_table(result)}\nartifacts: {session.artifacts / self.expectation.name}")
-        ok = (not check.passed and not check.inconclusive) if expected_fail else check.passed
+        ok = not check.passed if expected_fail else check.passed
         if not ok:
-            lead = (f"fault expectation: check '{self.check}' should have FAILED but it "
-                    f"{'passed' if check.passed else 'was inconclusive'}\n") if expected_fail else ""
-            paths = "\n".join(f"  {k}: {v}" for k, v in result.artifacts.items())
-            raise CheckFailed(f"{lead}{verdict_table(result)}\nartifacts:\n{paths}")
+            lead = (f"fault expectation: check '{self.check}' should have FAILED but it passed\n"
+                    if expected_fail else "")
+            raise CheckFailed(f"{lead}{verdict_table(result)}\n{_artifact_lines(result)}")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
@@ -187,13 +197,20 @@ class KvprobeItem(pytest.Item):
         return self.path, 0, f"kvprobe {self.name}"
 
 
+def _artifact_lines(result) -> str:
+    return "artifacts:\n" + "\n".join(f"  {k}: {v}" for k, v in result.artifacts.items()
+                                       if not k.endswith("_error") and Path(v).is_file())
+
+
 def _properties(result, check):
     """JUnit properties: predicted, reported and measured values, so CI dashboards can plot them."""
-    props = [("kvprobe_expectation", result.expectation.name), ("kvprobe_passed", result.passed)]
+    props = [("kvprobe_expectation", result.expectation.name), ("kvprobe_passed", result.passed),
+             ("kvprobe_probe_status", result.status)]
     if check is not None:
         props += [("kvprobe_check", check.name), ("kvprobe_predicted", check.predicted),
                   ("kvprobe_reported", check.reported), ("kvprobe_measured", check.measured),
-                  ("kvprobe_binding", check.binding), ("kvprobe_status", check.status),
+                  ("kvprobe_uncertainty", check.uncertainty), ("kvprobe_binding", check.binding),
+                  ("kvprobe_measured_limit", check.diagnosis), ("kvprobe_status", check.status),
                   ("kvprobe_reason", check.reason)]
     if result.error:
         props.append(("kvprobe_error", result.error))

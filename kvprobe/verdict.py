@@ -22,6 +22,8 @@ class CheckResult:
     inconclusive: bool = False
     reason: str = ""
     tolerance: str = ""
+    uncertainty: float | None = None  # ± half-width (~95%) of `measured`, where it has one
+    diagnosis: str | None = None  # the limit the measurement shows (kvprobe.diagnosis), where read
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,8 +85,17 @@ def _judged_against(prediction, implied, reported_agrees):
 
 
 def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
-                          reported_agrees: bool | None = None, implied=None) -> CheckResult:
-    """The measured running plateau where waiting starts versus the predicted admission limit."""
+                          reported_agrees: bool | None = None, implied=None, diagnosis=None,
+                          disagreeing=()) -> CheckResult:
+    """The measured running plateau where waiting starts versus the predicted admission limit.
+
+    The plateau comes with an uncertainty (a ~95% half-width, `rejection.uncertainty`); the check
+    uses it both ways, so a tight tolerance is honest: it FAILS when the prediction lies outside
+    the tolerance even allowing for that uncertainty, PASSES when the measurement is inside the
+    tolerance and precise enough to say so (uncertainty within the tolerance), and is otherwise
+    INCONCLUSIVE — as it is when the plateau rests on too few deep levels (`rejection.confirmed`).
+    Levels of the plateau where the client's count and a sampled gauge disagree are named.
+    """
     target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult(
         "rejection_point",
@@ -99,26 +110,50 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
         return res
     if rejection.rejection_point is None:
         res.inconclusive = True
-        top = max(rejection.levels_seen, default=None) if hasattr(rejection, "levels_seen") else None
+        top = max(rejection.levels_seen, default=None)
         res.reason = "no level saturated the engine (waiting never persisted)" + (f"; highest level {top}" if top else "")
         return res
     res.measured = round(float(rejection.rejection_point), 2)
+    half = rejection.uncertainty
+    res.uncertainty = None if half is None else round(float(half), 2)
     expected = round(float(target.limit), 2)
-    ok, allowance = within(res.measured, expected, absolute=tol.rejection_point, relative=tol.rejection_point_relative)
-    res.passed = ok
-    verb = "within" if ok else "outside"
-    res.reason = (
-        f"running plateaus at {res.measured:g} while requests wait; {source} predicts {expected:g} "
-        f"({target.binding} binds), {verb} ±{allowance:.2g}"
-    )
-    if not ok:
-        res.reason += "; " + _diagnose(res.measured, expected, rejection, True if target is implied else reported_agrees)
+    allowance = max(tol.rejection_point, tol.rejection_point_relative * abs(expected))
+    diff = abs(res.measured - expected)
+    shown = f"{res.measured:g}" + ("" if half is None else f" ± {half:.2f}")
+    head = f"running plateaus at {shown} while requests wait; {source} predicts {expected:g} ({target.binding} binds)"
+    stuck = diagnosis is not None and diagnosis.limit == "stuck"
+    if not stuck and not rejection.confirmed:
+        # One level that looks saturated may be a measurement artefact (a last level read low):
+        # it can neither pass nor fail the engine.
+        res.inconclusive = True
+        deep = rejection.deep_levels
+        res.reason = (f"{head}, but the plateau rests on {len(deep)} deep level(s) {deep or ''} — levels where at "
+                      f"least {rejection.deep_waiting or 0:.1f} requests wait are needed to confirm it")
+    elif stuck or diff - (half or 0.0) > allowance + 1e-9:
+        res.reason = f"{head}, outside ±{allowance:.2g}; " + (
+            diagnosis.reason if diagnosis is not None else
+            _diagnose(res.measured, expected, rejection, True if target is implied else reported_agrees))
+    elif half is None or half > allowance or diff > allowance + 1e-9:
+        res.inconclusive = True
+        res.reason = (f"{head}: the measurement's uncertainty straddles the tolerance ±{allowance:.2g} "
+                      "(hold levels longer or add deep levels)")
+    else:
+        res.passed = True
+        res.reason = f"{head}, within ±{allowance:.2g}"
+    if diagnosis is not None and not res.passed and diagnosis.reason not in res.reason:
+        res.reason += f"; measured: {diagnosis.reason}"
+    if disagreeing:  # reported, not resolved: the plateau used the client's count at these levels
+        res.reason += "; the client's count and the engine's sampled gauge disagree at " + ", ".join(
+            f"N={lv.users} ({lv.running_mean:.2f} vs {lv.engine_running_mean:.2f})" for lv in disagreeing)
+    if diagnosis is not None:
+        res.diagnosis = diagnosis.limit
     return res
 
 
 def _diagnose(measured: float, predicted: float, rejection, reported_agrees: bool | None) -> str:
-    """Which of the three numbers disagrees: our theory, the engine's pool, or its admission."""
-    spread = getattr(rejection, "plateau_spread", None) or 0.0
+    """Which of the three numbers disagrees, when no signature was read: our theory, the engine's
+    pool, or its admission."""
+    spread = rejection.plateau_spread or 0.0
     if measured < predicted and spread > max(2.0, 0.2 * predicted):
         return f"running collapses at higher load (plateau spread {spread:.1f}): admission stopped for good"
     if measured < predicted and reported_agrees:
@@ -131,7 +166,7 @@ def _diagnose(measured: float, predicted: float, rejection, reported_agrees: boo
 
 
 def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | None = None,
-                        implied=None) -> CheckResult:
+                        implied=None, diagnosis=None) -> CheckResult:
     """The largest N served with no waiting and no preemption versus the predicted bound."""
     target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult("no_preemption", predicted=prediction.no_preemption_limit,
@@ -146,10 +181,15 @@ def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | N
     # up to the plateau; only running out of room *before* the bound is a failure.
     low = target.no_preemption_limit - tol.rejection_point
     res.passed = res.measured >= low
+    waited = f" (requests waited from N={rejection.onset_users})" if rejection.onset_users else ""
     res.reason = (
-        f"clean up to N={res.measured}; {source} guarantees clean up to {target.no_preemption_limit}"
+        f"clean up to N={res.measured}{waited}; {source} guarantees clean up to {target.no_preemption_limit}"
         + ("" if res.passed else " — the engine queued or preempted earlier than its pool allows")
     )
+    if diagnosis is not None:
+        res.diagnosis = diagnosis.limit
+        if not res.passed and not diagnosis.kv_binds:
+            res.reason += f"; measured: {diagnosis.reason}"
     return res
 
 
@@ -175,22 +215,30 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
 
 
 def check_usage_gap(prediction, rejection, tol: float, *, reported_agrees: bool | None = None,
-                    implied=None) -> CheckResult:
-    """What the dashboard gauge read at the moment admission stopped, next to the predicted value."""
+                    implied=None, diagnosis=None) -> CheckResult:
+    """What the dashboard gauge read at the moment admission stopped, next to the predicted value.
+    When a limit other than KV stopped admission, the gauge reads what that limit lets in: the
+    reason names the limit instead of blaming the dashboard."""
     target, source = _judged_against(prediction, implied, reported_agrees)
     res = CheckResult("usage_gap", predicted=round(prediction.usage_at_limit, 3),
                       reported=None if implied is None else round(implied.usage_at_limit, 3), tolerance=f"±{tol:g}")
     if rejection.usage_at_rejection is None:
         res.inconclusive = True
-        res.reason = "admission never stopped, so there is no gauge reading at the stop"
+        res.reason = ("admission never stopped, so there is no gauge reading at the stop"
+                      if rejection.rejection_point is None else "the engine exports no usage gauge")
         return res
     expected = round(target.usage_at_limit, 3)
     res.measured = round(float(rejection.usage_at_rejection), 3)
     res.passed = abs(res.measured - expected) <= tol + 1e-9
-    res.reason = (
-        f"the usage gauge read {res.measured:.0%} when admission stopped; {source} predicts {expected:.0%}"
-        + ("" if res.passed else " — the dashboard misreports the pool")
-    )
+    res.reason = f"the usage gauge read {res.measured:.0%} when admission stopped; {source} predicts {expected:.0%}"
+    if diagnosis is not None:
+        res.diagnosis = diagnosis.limit
+    if res.passed:
+        return res
+    if diagnosis is None or diagnosis.kv_binds or diagnosis.limit == prediction.binding:
+        res.reason += " — the dashboard misreports the pool"
+    else:
+        res.reason += f" — KV did not stop admission: {diagnosis.reason}"
     return res
 
 

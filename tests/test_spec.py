@@ -108,7 +108,7 @@ def test_examples_are_valid_but_off_by_default():
 def test_a_directory_is_its_top_level_files_only():
     found = load_expectation_dir([EXPECTATIONS])
     top = {e.name for f in EXPECTATIONS.glob("*.yaml") for e in load_expectations(f)}
-    assert {e.name for e in found} == top >= {"emulated-vllm", "emulated-sglang", "shadow-vllm"}
+    assert {e.name for e in found} == top >= {"emulated-vllm", "emulated-sglang", "shadow-vllm", "shadow-sglang-kv"}
     with_faults = load_expectation_dir([EXPECTATIONS, EXPECTATIONS / "faults"])
     assert len(with_faults) == len(top) + 4 and len({e.name for e in with_faults}) == len(top) + 4
     assert not {e.name for e in found} & {"vllm-h100-llama8b", "zombie-blocks"}  # subfolders run only when named

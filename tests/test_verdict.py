@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvprobe.analysis import DrainResult, RejectionPoint
+from kvprobe.analysis import DrainResult
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.load.records import Record
+from kvprobe.plateau import RejectionPoint
 from kvprobe.spec import Tolerances
 from kvprobe.verdict import (
     check_exactness,
@@ -20,8 +21,11 @@ TOL = Tolerances()
 PRED = SimpleNamespace(limit=20.41, no_preemption_limit=20, binding="kv", usage_at_limit=0.96)
 
 
-def rejection(point, *, spread=0.3, usage=0.95):
-    return RejectionPoint(point, 20, point, [22, 24], usage, plateau_spread=spread, levels_seen=[10, 20, 22, 24])
+def rejection(point, *, spread=0.3, usage=0.95, uncertainty=0.2, deep=(22, 24)):
+    """A plateau measured on levels 22 and 24, both deep (confirmed) unless `deep` says otherwise."""
+    return RejectionPoint(point, 20, point, [22, 24], usage, plateau_spread=spread, levels_seen=[10, 20, 22, 24],
+                          uncertainty=uncertainty, deep_levels=list(deep), deep_waiting=2.2,
+                          confirmed=len(deep) >= 2)
 
 
 def test_rejection_point_within_and_outside_with_a_diagnosis():

@@ -144,9 +144,13 @@ class Emulator:
     def startup_lines(self) -> list[str]:
         d, f = self.dialect, self.flags
         if self.engine == "vllm":
-            return d.startup_lines(num_blocks=self.num_blocks_reported, block_size=self.block_size,
-                                   max_model_len=self.max_model_len,
-                                   max_num_batched_tokens=f["max-num-batched-tokens"], version=self.version)
+            # `vllm serve` lists the arguments it was given that differ from its parser's defaults
+            # first (startup.py L94-96); the emulator compares with the dialect's defaults.
+            given = {"model_tag": self.model, **{d.FLAGS[k].dest: v for k, v in f.items() if v != d.FLAGS[k].default}}
+            return [d.non_default_args_line(given),
+                    *d.startup_lines(num_blocks=self.num_blocks_reported, block_size=self.block_size,
+                                     max_model_len=self.max_model_len,
+                                     max_num_batched_tokens=f["max-num-batched-tokens"], version=self.version)]
         return d.startup_lines(max_total_num_tokens=self.pool_tokens_reported,
                                chunked_prefill_size=f["chunked-prefill-size"],
                                max_prefill_tokens=f["max-prefill-tokens"], max_running_requests=self.max_running,

@@ -17,6 +17,7 @@ from kvprobe.engines import sglang as sg
 from kvprobe.engines import vllm as vl
 
 vm, sm = vl.METRICS, sg.METRICS  # every metric name is the dialect module's
+TRUE_RUNNING = "kvprobe_emulator_running"  # the emulator's own family: its true running count
 
 
 @dataclass
@@ -48,6 +49,8 @@ class _View:
                 continue
             if self.no_created:
                 metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+                if not metric.samples:
+                    continue  # the multiprocess collector prints no family that was never written
             yield metric
 
 
@@ -64,6 +67,11 @@ class _Base:
         self.steps_total = Counter("kvprobe_emulator_steps", "Engine steps run.", registry=r)
         self.true_usage = Gauge("kvprobe_emulator_pool_usage",
                                 "Fraction of the real pool held by requests (not the engine's gauge).", registry=r)
+        # The engine's own count after every step, whatever its dialect publishes (SGLang samples):
+        # the reference the plateau benchmark measures against.
+        self.true_running = Gauge(TRUE_RUNNING,
+                                  "Requests in the running batch after the last step (not the engine's gauge).",
+                                  registry=r)
         self._last: dict[str, float] = {}
 
     def on_lag(self, lag_s: float, lost_s: float, model_s: float) -> None:
@@ -139,9 +147,11 @@ class VllmMetrics(_Base):
         self.prompt_tokens.inc(prefill_tokens)
         self.generation_tokens.inc(emitted)
         self.publish(s)
+        self.true_running.set(s.running)
 
     def on_idle(self, s: Snapshot, now: float) -> None:
         self.publish(s)
+        self.true_running.set(s.running)
 
     def on_first_token(self, ttft: float, stream: bool) -> None:
         self.ttft.observe(ttft)
@@ -177,8 +187,10 @@ class SglangMetrics(_Base):
         self.ratio = gauge(sm.extra["new_token_ratio"]).labels(**lv)
         # no multiprocess_mode -> "all" mode adds a pid label (fixture: pid="1607")
         self.retracted_gauge = gauge(sm.extra["retracted_gauge"], ["pid"]).labels(**lv, pid=str(os.getpid()))
-        self.retracted = Counter(sm.preemptions, h[sm.preemptions], ln,
-                                 registry=r).labels(**lv)
+        # The retraction counter's child is created at the first retraction (metrics_collector.py
+        # L557-562, L1519, 0.5.23): until then sglang:num_retracted_requests_total is not on /metrics.
+        self._retracted_family = Counter(sm.preemptions, h[sm.preemptions], ln, registry=r)
+        self._labels_sched = lv
         for name, value in ((sm.pool_tokens, max_total_num_tokens), (sm.extra["page_size"], page_size),
                             (sm.extra["num_pages"], max_total_num_tokens // page_size),
                             (sm.extra["context_len"], context_len)):
@@ -212,7 +224,7 @@ class SglangMetrics(_Base):
         retracted = self._delta("ret", s.preemptions_total)
         self.retracted_gauge.set(retracted)  # "number retracted since the last report"
         if retracted:
-            self.retracted.inc(retracted)
+            self._retracted_family.labels(**self._labels_sched).inc(retracted)
         self._reported = (running, s.waiting)  # what the gauge shows, so on_idle sees a stale one
         self._reported_at = now
 
@@ -225,11 +237,13 @@ class SglangMetrics(_Base):
             if self._decode_steps % self.interval == 0:
                 self.publish(s, now=now)
         self._prev_running = s.running
+        self.true_running.set(s.running)
 
     def on_idle(self, s: Snapshot, now: float) -> None:
         if self._reported != (s.running, s.waiting) or now - self._reported_at >= sg.IDLE_REPORT_SECONDS:
             self.publish(s, now=now)
         self._prev_running = s.running
+        self.true_running.set(s.running)
 
     def _labels(self, stream: bool) -> dict[str, str]:
         return {**self._tok, "is_streaming": "true" if stream else "false"}

@@ -397,4 +397,6 @@ def build_app(emu) -> web.Application:
             app.router.add_get(path, h.model_info)
         app.router.add_post("/generate", h.generate)
         app.router.add_get("/health_generate", h.health)
+    if emu.dialect.ALIVE_PATH and emu.dialect.ALIVE_PATH != emu.dialect.HEALTH_PATH:
+        app.router.add_get(emu.dialect.ALIVE_PATH, h.health)  # SGLang's /ready: the liveness an attach polls
     return app

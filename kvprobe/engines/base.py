@@ -143,6 +143,9 @@ class OptionalFacts:
 
     # /health answers 200 once the engine serves (both engines today).
     HEALTH_PATH: str = "/health"
+    # What an attached engine's liveness is polled on during a probe (every 0.2 s, 2 s per answer),
+    # so it must be cheap under load; None: HEALTH_PATH.
+    ALIVE_PATH: str | None = None
     # JSON endpoints read by `reported_from_info` when facts are gathered.
     INFO_PATHS: tuple[str, ...] = ()
     # Endpoints only some deployments serve (vLLM's dev-mode /server_info): a 404 there is no error.
@@ -155,6 +158,13 @@ class OptionalFacts:
     RUNNING_GAUGE_EXACT: bool = True
     # Engine steps between admission and the first streamed token (the client cannot see admission).
     FIRST_TOKEN_LEAD_STEPS: float = 1
+    # The preemption/retraction counter appears only at the first event (a labelled counter whose
+    # child is created then): absent from a good scrape before that means "none yet".
+    PREEMPTION_COUNTER_LAZY: bool = False
+    # The flags of the limits a diagnosis names (without --), or None when the engine has none;
+    # the theory's scheduler config has a field of the same name with '_' for '-'.
+    REQUEST_CAP_FLAG: str | None = None  # the cap on requests running at once
+    TOKEN_BUDGET_FLAG: str | None = None  # the per-step token budget
     # (max length, HTTP status of a fixed-length request one token past it), or None when unknown.
     length_limit = staticmethod(_no_length_limit)
     # What the engine says about itself: start-up log text, /metrics families, an info endpoint.

@@ -136,6 +136,10 @@ def _health_path(dialect) -> str:
     return getattr(dialect, "HEALTH_PATH", DEFAULT_HEALTH_PATH)
 
 
+def _alive_path(dialect) -> str:
+    return getattr(dialect, "ALIVE_PATH", None) or _health_path(dialect)
+
+
 def _with_sources(rc: ReportedCapacity, where: str) -> ReportedCapacity:
     """Every known field gets a source; ones the dialect did not label are labelled `where`."""
     sources = {}
@@ -289,12 +293,13 @@ class Target:
     __str__ = __repr__
 
     def alive(self) -> bool:
-        """Launched: the process has not exited. Attached: /health answers 200 within 2 s."""
+        """Launched: the process has not exited. Attached: the dialect's ALIVE_PATH (else the health
+        path) answers 200 within 2 s."""
         if self._stopped:
             return False
         if self._proc is not None:
             return self._proc.poll() is None
-        return self._health_status(timeout=2.0)[0] == 200
+        return self._health_status(timeout=2.0, path=_alive_path(self._dialect))[0] == 200
 
     def ensure_alive(self) -> None:
         """Raise TargetError (exit code and log tail) when the engine has gone away."""
@@ -335,9 +340,9 @@ class Target:
 
     # ------------------------------------------------------------------ health
 
-    def _health_status(self, timeout: float) -> tuple[int | None, str]:
+    def _health_status(self, timeout: float, path: str | None = None) -> tuple[int | None, str]:
         try:
-            status, _ = http_get(self.url + self.health_path, headers=self.headers, timeout=timeout)
+            status, _ = http_get(self.url + (path or self.health_path), headers=self.headers, timeout=timeout)
             return status, f"HTTP {status}"
         except (OSError, urllib.error.URLError, ValueError) as err:
             return None, _reason(err)

@@ -19,6 +19,11 @@ DEFAULT_PORT = 30000  # arg_groups/fields/serving.py L65-66
 # /health submits a 1-token generate and answers 200 once the scheduler replies (http_server.py L721-799);
 # 503 while starting or shutting down.
 HEALTH_PATH = "/health"
+# /health is a generation: it sleeps 1 s before it looks for any scheduler output, and under load it
+# waits for the running batch's next output (http_server.py L723-800; a busy scheduler skips the
+# request itself, scheduler.py L2240-2247) — too slow to poll. /ready answers from the tokenizer
+# manager's state at once (http_server.py L714-718).
+ALIVE_PATH = "/ready"
 INFO_PATHS = ("/server_info", "/v1/models")
 # Versions whose facts this module holds: 0.5.23 throughout; 0.5.22 and 0.5.21 where the admission
 # reservation of ignore_eos requests differs (policy() below).
@@ -26,12 +31,24 @@ KNOWN_VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
 # --- running the real server on a CPU with kvprobe's plugin (shared/reference/shadow-engines.md,
-# verified with 0.5.23): no hub, no telemetry.
+# verified with 0.5.23): no hub, no telemetry. When a member of the group dies (a stop sends SIGTERM
+# to all of them), the tokenizer manager sleeps 5 s "to let GPU activity settle" before py-spy and
+# CUDA coredump diagnostics (managers/tokenizer_manager.py L3395-3486; environ.py L401-402): there is
+# no GPU and no py-spy here, so both are off and a stop takes ~1 s instead of ~7.
 SHADOW_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "DO_NOT_TRACK": "1",
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
+# Flags the shadow always passes: SGLang picks the device from the machine (no CUDA -> CPU); it is
+# stated so a log reads the same on every machine. /metrics is what a probe reads. --sleep-on-idle
+# (arg_groups/fields/device.py L74; managers/scheduler_components/idle_sleeper.py): a fully idle
+# scheduler waits on its zmq sockets (waking at once for a request) instead of spinning — measured
+# here, an idle shadow scheduler otherwise takes 70% of a core from the tokenizer, the detokenizer and
+# the load generator on a two-core machine. Only the fully idle loop changes; admission does not.
+SHADOW_FLAGS = {"device": "cpu", "enable-metrics": True, "sleep-on-idle": True}
 
 # --- metrics (observability/metrics_collector.py, 0.5.23; checked against fixtures/sglang-0.5.23-metrics.txt)
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
@@ -57,8 +74,21 @@ METRICS = MetricMap(
         "prompt_tokens": "sglang:prompt_tokens",
         "generation_tokens": "sglang:generation_tokens",
         "e2e": "sglang:e2e_request_latency_seconds",
+        # tokens/s over the last decode-log window (every decode_log_interval steps); the token
+        # counters above move only when a request finishes
+        "gen_throughput": "sglang:gen_throughput",
     },
 )
+# Retraction (check_decode_mem fails -> retract_decode): a WARNING line per retraction, and the labelled
+# counter sglang:num_retracted_requests_total, which does not exist before the first retraction —
+# absent is neither an error nor a zero (scheduler.py L4520-4530; shadow-engines.md "Metrics to know").
+RETRACT_LOG = "KV cache pool is full. Retract requests."
+# SGLang's own pool check whenever the scheduler is idle (scheduler.py on_idle L5281-5307,
+# invariant_checker.py L452-459 `_report_leak`): strict by default (environ.py L502
+# SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE), so a leaked token raises in the scheduler and the server
+# dies; not strict, it logs this.
+LEAK_LOG = "memory leak detected!"
+
 # Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle
 # (metrics_reporter.py L719-1140, L1476-1520).
 DECODE_LOG_INTERVAL = 40
@@ -121,6 +151,7 @@ OTHER_FLAGS = (
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
     "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
+    "stream-interval", "sleep-on-idle", "device",
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}
@@ -451,6 +482,13 @@ RUNNING_GAUGE_EXACT = False
 # admits it, then — overlap scheduling is on by default (event_loop_overlap, scheduler.py
 # L2061–2135) — the next iteration, which processes that batch's result and sends the token.
 FIRST_TOKEN_LEAD_STEPS = 2
+
+# sglang:num_retracted_requests_total is a labelled Counter (observability/metrics_collector.py
+# L557-562) whose child is created by `.labels(...).inc(n)` at the first retraction (L1519): until
+# then the family has no series on /metrics. Absent before it appears means "none yet".
+PREEMPTION_COUNTER_LAZY = True
+REQUEST_CAP_FLAG = "max-running-requests"  # reported as effective_max_running_requests_per_dp (/server_info)
+TOKEN_BUDGET_FLAG = "chunked-prefill-size"
 
 
 def length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:

@@ -343,6 +343,9 @@ def parse_startup_log(text: str) -> ReportedCapacity:
         put("token_budget", int(m.group(1)), "Chunked prefill is enabled")
     if m := (_last(_RE_BLOCKS, text) or _last(_RE_OVERRIDE, text)):
         put("num_blocks", int(m.group(1)), "num_gpu_blocks")
+    for name, value in parse_non_default_args(text).items():
+        if name not in values:  # the engine's own resolved figures win over the arguments given
+            put(name, value, "non-default args")
     return ReportedCapacity(**values, sources=src)
 
 
@@ -400,7 +403,10 @@ def reported_from_metrics(families: dict) -> ReportedCapacity:
 SERVER_INFO_FLAGS = {
     "scheduler_config": {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
                          "enable_chunked_prefill": "enable-chunked-prefill", "watermark": "watermark",
-                         "scheduler_reserve_full_isl": "scheduler-reserve-full-isl"},
+                         "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+                         # the API server's copy: on the CPU platform always false (platforms/cpu.py forces
+                         # it off); kvprobe's shadow worker turns it back on inside EngineCore only
+                         "async_scheduling": "async-scheduling"},
     "cache_config": {"block_size": "block-size", "num_gpu_blocks_override": "num-gpu-blocks-override",
                      "gpu_memory_utilization": "gpu-memory-utilization", "cache_dtype": "kv-cache-dtype",
                      "kv_cache_memory_bytes": "kv-cache-memory-bytes", "enable_prefix_caching": "enable-prefix-caching"},
@@ -640,6 +646,42 @@ RUNNING_GAUGE_EXACT = True
 # Engine steps between admission and the first streamed token: the step that schedules the whole
 # prompt samples the first token (chunked prefill of a prompt within the token budget, sync view).
 FIRST_TOKEN_LEAD_STEPS = 1
+
+# vllm:num_preemptions: its per-engine child is created with the stat logger
+# (create_metric_per_engine, v1/metrics/loggers.py L738-745), so it reads 0 from the start.
+PREEMPTION_COUNTER_LAZY = False
+REQUEST_CAP_FLAG = "max-num-seqs"  # engine/arg_utils.py L1754; scheduler.py caps len(running) by it
+TOKEN_BUDGET_FLAG = "max-num-batched-tokens"  # engine/arg_utils.py L1740
+
+# `vllm serve` logs the arguments that differ from its parser's defaults before the engine starts:
+# `logger.info("non-default args: %s", redact_sensitive_args(non_default_args))`
+# (entrypoints/common/startup.py L94-96, called from entrypoints/launchers/launcher.py L368),
+# a Python dict repr: `non-default args: {'model_tag': '...', 'port': 8000, 'max_num_seqs': 16}`.
+# max_num_seqs and max_num_batched_tokens default to None in the parser (resolved later per
+# device), so they appear whenever they were given.
+NON_DEFAULT_ARGS = "non-default args: "
+_RE_NON_DEFAULT = re.compile(r"non-default args: (\{[^\n]*\})")
+_NON_DEFAULT_FIELDS = {"max_num_seqs": "max_running", "max_num_batched_tokens": "token_budget",
+                       "max_model_len": "max_model_len", "num_gpu_blocks_override": "num_blocks",
+                       "block_size": "block_size"}
+
+
+def non_default_args_line(args: dict[str, object], *, pid: int | None = None) -> str:
+    """The start-up line as vLLM 0.33 prints it (for the emulator)."""
+    return log_prefix("APIServer", "startup.py:96", pid=pid) + NON_DEFAULT_ARGS + repr(dict(args))
+
+
+def parse_non_default_args(text: str) -> dict[str, int]:
+    """{ReportedCapacity field: value} from the last `non-default args:` line; only integers are
+    read (by key, with a regex: the dict may hold reprs that are not Python literals)."""
+    m = _last(_RE_NON_DEFAULT, text)
+    if m is None:
+        return {}
+    out = {}
+    for key, name in _NON_DEFAULT_FIELDS.items():
+        if v := re.search(rf"'{key}': (\d+)\b", m.group(1)):
+            out[name] = int(v.group(1))
+    return out
 
 
 def length_limit(reported: ReportedCapacity) -> tuple[int, int] | None:

@@ -321,8 +321,13 @@ def _usage_from_tail(tail: bytes) -> dict | None:
         return None
 
 
-def read_stream(stream) -> tuple[float | None, bytes]:
-    """Time the first content chunk, then drain the message in bulk; returns (t_first, tail)."""
+def read_stream(stream, rec: Record | None = None) -> tuple[float | None, bytes]:
+    """Time the first content chunk, then drain the message in bulk; returns (t_first, tail).
+
+    The first-token time goes into `rec` the moment the chunk arrives, not when the stream ends:
+    a stream cut by a ramp-down or the end of the load (GreenletExit inside the bulk read) is
+    recorded as aborted *with* its first token, so it counts as running until it was cut.
+    """
     t_first = None
     tail = b""
     while True:
@@ -337,6 +342,8 @@ def read_stream(stream) -> tuple[float | None, bytes]:
             c = _is_content(payload)
             if c:
                 t_first = time.time()
+                if rec is not None:
+                    rec.t_first = t_first
                 tail = line
                 break
             tail = (tail + line)[-TAIL:]
@@ -400,7 +407,7 @@ class ProbeUser(FastHttpUser):
                 return self._failed(resp, rec, code)
             try:
                 if stream:
-                    rec.t_first, tail = read_stream(resp.stream)
+                    rec.t_first, tail = read_stream(resp.stream, rec)
                     usage = _usage_from_tail(tail)
                 else:
                     payload = json.loads(resp.content or b"{}")

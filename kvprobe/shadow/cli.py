@@ -1,4 +1,6 @@
-"""`kvprobe shadow`: engine environments for the shadow target (install, list).
+"""`kvprobe shadow`: engine environments for the shadow target (install, list), and the real engines'
+serving stacks on this machine (`kvprobe shadow vllm MODEL [flags]`, `kvprobe shadow sglang
+--model-path MODEL [flags]`).
 
 The real engines' serving stacks run here with only the model replaced; they live in their own
 virtualenvs under the cache folder (`$KVPROBE_CACHE`, default `~/.cache/kvprobe`).
@@ -15,7 +17,7 @@ from kvprobe.shadow import envs
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("shadow", help="run the real vLLM/SGLang serving stack without a model",
                               description=__doc__)
-    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,vllm}")
+    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,vllm,sglang}")
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
@@ -24,9 +26,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     inst.set_defaults(func=_install)
     lst = sub.add_parser("list", help="the versions kvprobe can install, and which are installed")
     lst.set_defaults(func=_list)
-    from kvprobe.shadow import vllm_cli
+    from kvprobe.shadow import sglang_cli, vllm_cli
 
     vllm_cli.add_parser(sub)
+    sglang_cli.add_parser(sub)
     return p
 
 

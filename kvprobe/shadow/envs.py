@@ -139,6 +139,13 @@ register(Recipe(
 ))
 
 
+def _register_engine_modules() -> None:
+    """Recipes whose steps are written in an engine's own module (stand-ins, plugin entry points)."""
+    from kvprobe.shadow import sglang_env
+
+    register(sglang_env.RECIPE)
+
+
 def known_versions(engine: str) -> list[str]:
     return sorted((v for e, v in RECIPES if e == engine), key=version_key)
 
@@ -338,3 +345,6 @@ def shadow_import_env(engine: str) -> dict[str, str]:
     from kvprobe.engines import ENGINES, get_dialect
 
     return dict(get_dialect(engine).SHADOW_ENV) if engine in ENGINES else {}
+
+
+_register_engine_modules()

@@ -10,9 +10,12 @@ like any engine, in its own process group.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import kvprobe
 from kvprobe.shadow import envs
 from kvprobe.theory.steptime import TimeModel
 
@@ -36,6 +39,23 @@ class ShadowLaunch:
     extra_env: dict[str, str] = field(default_factory=dict)  # target.env
     estimates: dict[str, int] = field(default_factory=dict)  # the expectation's ledger estimates (bytes):
     #                                                          a shadow sizing the pool from a declared GPU uses the same
+
+
+def kvprobe_pythonpath() -> Path:
+    """A folder holding only a link to this kvprobe package: on the engine's PYTHONPATH it makes
+    kvprobe's worker/plugin importable in the engine's processes (their children inherit it) without
+    exposing kvprobe's own site-packages to the engine environment, and without tying the shared
+    environment to one checkout of kvprobe."""
+    package = Path(kvprobe.__file__).resolve().parent
+    folder = envs.cache_root() / "pythonpath" / hashlib.sha256(str(package).encode()).hexdigest()[:12]
+    link = folder / "kvprobe"
+    if not (link.is_symlink() and link.resolve() == package):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".kvprobe.{id(folder)}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(package, target_is_directory=True)
+        tmp.replace(link)  # atomic: a concurrent launch sees the old or the new link
+    return folder
 
 
 def command(req: ShadowLaunch) -> tuple[list[str], dict[str, str]]:

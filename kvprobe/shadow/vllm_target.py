@@ -17,15 +17,13 @@ that the real scheduler runs with the limits a GPU deployment would have
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
-import kvprobe
 from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.shadow import modeldir
-from kvprobe.shadow.envs import EngineEnv, cache_root
+from kvprobe.shadow.envs import EngineEnv
+from kvprobe.shadow.launch import kvprobe_pythonpath
 from kvprobe.shadow.vllm_settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings
 from kvprobe.theory import budget
 from kvprobe.theory.geometry import geometry_from_config
@@ -89,22 +87,6 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
                           gpu_memory_bytes=gpu_memory_bytes,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
-
-
-def kvprobe_pythonpath() -> Path:
-    """A folder holding only a link to this kvprobe package: on the engine's PYTHONPATH it makes
-    the worker importable in vLLM's processes (the EngineCore child inherits it) without exposing
-    kvprobe's own site-packages to the engine environment."""
-    package = Path(kvprobe.__file__).resolve().parent
-    folder = cache_root() / "pythonpath" / hashlib.sha256(str(package).encode()).hexdigest()[:12]
-    link = folder / "kvprobe"
-    if not (link.is_symlink() and link.resolve() == package):
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".kvprobe.{id(folder)}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(package, target_is_directory=True)
-        tmp.replace(link)  # atomic: a concurrent launch sees the old or the new link
-    return folder
 
 
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:

@@ -63,9 +63,10 @@ def test_metrics_drop_after(serve, engine):
                      what="the running/waiting/usage families to vanish")
     assert before - after >= gone
     kept = before - gone - ({m.waiting_capacity[0]} if m.waiting_capacity else set())
-    assert kept <= after and m.ttft in after  # the rest stays
+    assert kept <= after  # the rest stays
     assert served_one(s)
-    assert not gone & names(scrape(s)[1])  # for good
+    # SGLang's multiprocess collector shows a histogram only once it was observed (as the real one)
+    assert m.ttft in names(scrape(s)[1]) and not gone & names(scrape(s)[1])  # for good
 
 
 def test_vllm_disable_log_stats(serve):

@@ -55,7 +55,7 @@ def test_real_vllm_dev_server_info_gives_the_scheduler_limits():
     rep = vllm.reported_from_info("/server_info?config_format=json", body)
     assert (rep.max_running, rep.token_budget, rep.num_blocks, rep.served_model_name) == (16, 2048, 1000, "staging-llama")
     want = {"max-num-seqs": 16, "max-num-batched-tokens": 2048, "enable-chunked-prefill": True, "watermark": 0.0,
-            "scheduler-reserve-full-isl": True, "block-size": 16, "num-gpu-blocks-override": 1000,
+            "scheduler-reserve-full-isl": True, "async-scheduling": False, "block-size": 16, "num-gpu-blocks-override": 1000,
             "gpu-memory-utilization": 0.92, "kv-cache-dtype": "auto", "kv-cache-memory-bytes": None,
             "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
             "data-parallel-size": 1, "max-model-len": 4096, "dtype": "bfloat16"}
@@ -99,7 +99,9 @@ def test_without_dev_mode_vllm_publishes_no_scheduler_limits(tmp_path):
         facts = target.facts()
         status, _ = http_get(target.url + "/server_info")
     assert status == 404 and facts.errors == []  # an optional endpoint: its absence is no error
-    assert "max-num-seqs" not in facts.reported.flags and facts.reported.max_running is None
+    assert "max-num-seqs" not in facts.reported.flags
+    # ... but a launched vLLM logs the arguments it was given (startup.py L94-96): the cap is read there
+    assert facts.reported.max_running == 16 and facts.reported.sources["max_running"] == "startup log: non-default args"
     assert facts.reported.flags["block-size"] == 16
 
 

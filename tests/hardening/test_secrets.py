@@ -23,7 +23,9 @@ from tests.probe.conftest import TINY
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ENV = "KVPROBE_HARDENING_API_KEY"
-FAST = TINY.replace("levels: [10, 16, 20, 24, 28]", "levels: [10, 20, 28]").replace("drain_seconds: 6", "drain_seconds: 3")
+FAST = TINY.replace("levels: [10, 16, 20, 24, 28, 32, 36]", "levels: [10, 20, 28]").replace("drain_seconds: 6",
+                                                                                          "drain_seconds: 3")
+assert FAST != TINY  # the fast profile really is faster
 
 COMPLETIONS = get_dialect("vllm").COMPLETIONS_PATH
 
@@ -88,7 +90,8 @@ def test_console_probe_with_the_key_leaks_it_nowhere(secured, key, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvprobe", "probe", str(exp_path), "--artifacts", str(art)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, ENV: key, "PYTHONPATH": str(REPO)})
-    assert proc.returncode in (0, 1), proc.stderr  # a verdict, not an error
+    # a verdict (3: three levels may not confirm the plateau — the test is about the key), not bad input
+    assert proc.returncode in (0, 1, 3) and "verdict: " in proc.stdout, proc.stderr
     assert authenticated_requests(art) > 100
     assert key not in proc.stdout and key not in proc.stderr
     assert files_holding(art, key) == []  # result.json, requests.jsonl, locust/locust.log, report.txt...

@@ -16,7 +16,7 @@ from tests.plugin.conftest import REPO, pgid_alive
 TINY_PROFILE = """
 name: tiny
 request: {prompt_tokens: 128, output_tokens: 32, stream: true}
-ramp: {strategy: explicit, levels: [12, 20, 23, 26]}
+ramp: {strategy: explicit, levels: [12, 20, 24, 28, 32]}
 hold: {seconds: 2.5, warmup: 0.3}
 sampling: {interval: 0.1}
 budget_seconds: 60

@@ -11,11 +11,13 @@ from kvprobe.spec import load_expectations, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Levels chosen around the emulated pools' limit of ~20: two below, one at it, two above.
+# Levels chosen around the emulated pools' limit of ~20: two below, one at it, four above — three of
+# them deep enough (at least about 2.3 requests queued past the knee) to measure the plateau to
+# within the expectations' ±1 request.
 TINY = """
 name: tiny
 request: {prompt_tokens: 128, output_tokens: 32, stream: true}
-ramp: {strategy: explicit, levels: [10, 16, 20, 24, 28]}
+ramp: {strategy: explicit, levels: [10, 16, 20, 24, 28, 32, 36]}
 hold: {seconds: 2.5, warmup: 0.3}
 sampling: {interval: 0.1}
 budget_seconds: 60

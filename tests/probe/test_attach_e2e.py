@@ -16,7 +16,7 @@ import yaml
 
 from kvprobe.engines import get_dialect
 from kvprobe.engines.launcher import Target, free_port
-from kvprobe.probe import ProbeOptions, open_target, run_probe
+from kvprobe.probe import ProbeOptions, open_target, predict, run_probe
 from kvprobe.spec import load_expectations
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,8 @@ def test_attached_vllm_with_max_num_seqs_16_against_a_file_that_says_256(expecta
                     "(/server_info)",
                     "kvprobe: CONTRADICTION served model name: the expectation says llama, the engine publishes "
                     "staging-llama (/v1/models)"]
-    assert any("admission limit 16 (max_num_seqs binds); the expectation alone gave 20.41 (kv)" in line
+    alone = predict(exp).admission.limit  # 20.32 since issue 12's ledger (20.41 before)
+    assert any(f"admission limit 16 (max_num_seqs binds); the expectation alone gave {alone:g} (kv)" in line
                for line in lines[:first_level])
     rp = result.check("rejection_point")
     assert rp.binding == "max_num_seqs" and rp.predicted == 16

@@ -34,26 +34,31 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, group
     assert result.check("leak").passed
     assert result.check("exactness").passed
     assert result.passed
+    assert result.diagnosis.kv_binds and not result.diagnosis.client_saturated, result.diagnosis
+    assert result.rejection.confirmed and rp.uncertainty is not None and rp.uncertainty <= 1.0
     for artifact in ("result", "requests", "metrics", "plot", "report"):
         assert Path(result.artifacts[artifact]).stat().st_size > 0
     doc = json.loads(Path(result.artifacts["result"]).read_text())
-    assert doc["schema"] == "kvprobe.result/1" and doc["verdict"]["passed"] is True
-    assert [lv["users"] for lv in doc["levels"]] == [10, 16, 20, 24, 28]
+    assert doc["schema"] == "kvprobe.result/2" and doc["verdict"]["passed"] is True
+    assert doc["verdict"]["status"] == "passed"
+    assert [lv["users"] for lv in doc["levels"]] == [10, 16, 20, 24, 28, 32, 36]  # explicit: no level added
     groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
-@pytest.mark.parametrize("fault, check, words", [
-    ("zombie-blocks.yaml", "leak", "after the load stopped"),
-    ("gauge-written-only.yaml", "usage_gap", "misreports"),
-    ("stuck-admission.yaml", "rejection_point", "outside"),
-    ("underreported-pool.yaml", "rejection_point", "smaller than reported"),
+@pytest.mark.parametrize("fault, check, words, limit", [
+    ("zombie-blocks.yaml", "leak", "after the load stopped", None),
+    ("gauge-written-only.yaml", "usage_gap", "misreports", "kv"),
+    ("stuck-admission.yaml", "rejection_point", "admission stopped for good", "stuck"),
+    ("underreported-pool.yaml", "rejection_point", "smaller than reported", "pool"),
 ])
-def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, groups, fault, check, words):
+def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, groups, fault, check, words, limit):
     result, _ = probe(expectation(f"faults/{fault}"), tmp_path)
     target = result.check(check)
     assert target is not None and not target.passed and not target.inconclusive, target
     assert words in target.reason
-    assert result.passed  # a fault expectation passes exactly when its check fails
+    if limit is not None:  # the signature the measurement leaves names the limit (issue 11 §4)
+        assert result.diagnosis.limit == limit, result.diagnosis
+    assert result.passed and result.status == "passed"  # a fault expectation passes exactly when its check fails
     if fault == "underreported-pool.yaml":
         assert result.check("reported_capacity").passed  # the engine's report agrees with the ledger
     groups.assert_none_left()  # the engine and Locust groups are gone, by id
