@@ -68,6 +68,12 @@ class HybridKVManager:
         self.retention = retention
         self.simple = len(self.spec_groups) == 2 and self.spec_groups[0][0].kind == FULL
 
+    @property
+    def request_blocks(self) -> int:
+        """Blocks one request of max_model_len holds at most over all groups: the divisor of
+        vLLM's "maximum concurrency" and its startup check (kv_cache_utils.py L1061-1128, L50-87)."""
+        return sum(m.max_blocks for m in self.managers)
+
     # -- prefix hits
     def find_hit(self, req: KVRequest) -> tuple[list[list[int]], int, int]:
         """get_computed_blocks: (hit blocks per group, hit tokens, shared_prefix_boundary)."""

@@ -19,6 +19,7 @@ class Manager:
     def __init__(self, gid: int, group: KVGroup, pool: BlockPool, block_size: int, cap: int | None):
         self.gid, self.group, self.pool, self.B = gid, group, pool, block_size
         self.cap = cap  # max_admission_blocks_per_request (window and chunk groups)
+        self.max_blocks = 0  # set by make_manager
         self.tables: dict[str, list[int]] = {}
         self.ncached: dict[str, int] = {}  # num_cached_block: running requests only
 
@@ -340,14 +341,22 @@ class MambaAlignManager(Manager):
 
 def make_manager(gid: int, group: KVGroup, pool: BlockPool, *, block_size: int, caching: bool,
                  max_model_len: int, in_flight: int) -> Manager:
-    """`get_manager_for_kv_cache_spec` (single_type_kv_cache_manager.py L2608-2653)."""
+    """`get_manager_for_kv_cache_spec` (single_type_kv_cache_manager.py L2608-2653). Each manager
+    also knows `max_blocks`, what one request can hold in the group at most (the spec's
+    max_memory_usage_bytes / page, as vllm_kv.VllmLayerSpec.blocks_per_request computes it)."""
     B = group.block_size or block_size
     if group.kind == FULL:
-        return Manager(gid, group, pool, B, None)
-    if group.kind == SLIDING:  # SlidingWindowSpec.max_admission_blocks_per_request (kv_cache_interface.py L917-944)
-        return SlidingManager(gid, group, pool, B, cdiv(min(group.window - 1 + in_flight, max_model_len), B) + 1)
-    if group.kind == CHUNKED:  # ChunkedLocalAttentionSpec (L864-881)
-        return ChunkedManager(gid, group, pool, B, cdiv(min(group.window + in_flight, max_model_len), B))
-    if group.kind == MAMBA:
-        return (MambaAlignManager if caching else MambaNoneManager)(gid, group, pool, B, None)
-    raise ValueError(f"unknown KV group kind {group.kind!r}")
+        m = Manager(gid, group, pool, B, None)
+        m.max_blocks = cdiv(max_model_len, B)
+    elif group.kind == SLIDING:  # SlidingWindowSpec.max_admission_blocks_per_request (kv_cache_interface.py L917-944)
+        m = SlidingManager(gid, group, pool, B, cdiv(min(group.window - 1 + in_flight, max_model_len), B) + 1)
+        m.max_blocks = m.cap
+    elif group.kind == CHUNKED:  # ChunkedLocalAttentionSpec (L864-881)
+        m = ChunkedManager(gid, group, pool, B, cdiv(min(group.window + in_flight, max_model_len), B))
+        m.max_blocks = m.cap
+    elif group.kind == MAMBA:  # MambaSpec.max_memory_usage_bytes (L1135-1141), no checkpoint blocks
+        m = (MambaAlignManager if caching else MambaNoneManager)(gid, group, pool, B, None)
+        m.max_blocks = 2 if caching else 1
+    else:
+        raise ValueError(f"unknown KV group kind {group.kind!r}")
+    return m

@@ -136,3 +136,24 @@ def test_one_full_group_through_the_explicit_pool_is_the_count_based_scheduler(c
     counts = _trace(VllmScheduler(cfg), P, O, users, K, 300)
     explicit = _trace(HybridVllmScheduler(dataclasses.replace(cfg, groups=(FULL,))), P, O, users, K, 300)
     assert counts == explicit
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=__import__("tests.theory.test_fastpath", fromlist=["vllm_hybrid_case"]).vllm_hybrid_case(),
+       users=st.integers(1, 20), asyn=st.booleans())
+def test_hybrid_pools_never_leak_and_every_request_completes(case, users, asyn):
+    """Whatever the groups: after every step the blocks out of the free queue are exactly the ones
+    running requests hold, and each request ends with its O tokens."""
+    cfg, P, O = case  # noqa: E741
+    sched = make_scheduler(dataclasses.replace(cfg, async_scheduling=asyn))
+    reqs = [SimRequest(f"u{i}", workload_prompt(i, P), O) for i in range(users)]
+    for r in reqs:
+        sched.add(r)
+    steps = 0
+    while sched.has_work():
+        sched.step()
+        sched.check_pool()
+        steps += 1
+        assert steps < 200 * (P + O) * users, "no progress"
+    assert all(r.status == "finished" and r.output_len == O for r in reqs)
+    assert sched.kvm.pool.num_free == cfg.num_gpu_blocks - 1
