@@ -82,28 +82,52 @@ def simulated(cfg: VllmConfig, P: int, O: int, users: int, arrivals: list[int], 
     return out, sched.stats.preemptions_total
 
 
-def engine(env, model_dir, cfg: VllmConfig, P, O, users, arrivals, steps, K=0):  # noqa: E741
-    spec = dict(model_dir=model_dir, blocks=cfg.num_gpu_blocks, block_size=cfg.block_size, P=P, O=O, users=users,
+def driver_spec(model_dir, cfg: VllmConfig, P, O, users, arrivals, steps, K=0) -> dict:  # noqa: E741
+    return dict(model_dir=model_dir, blocks=cfg.num_gpu_blocks, block_size=cfg.block_size, P=P, O=O, users=users,
                 mml=cfg.max_model_len, K=K, arrivals=arrivals, t0=0, t_end=steps, max_num_seqs=cfg.max_num_seqs,
                 max_num_batched_tokens=cfg.max_num_batched_tokens, caching=cfg.enable_prefix_caching,
                 groups=[g.__dict__ for g in cfg.groups], trace=True, **{"async": cfg.async_scheduling})
-    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(spec)], capture_output=True, text=True,
+
+
+def engine_traces(env, specs: list[dict]) -> list[list[tuple]]:
+    """Every loop through vLLM's scheduler in ONE driver process (its imports cost more than a loop)."""
+    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(specs)], capture_output=True, text=True,
                          timeout=900, start_new_session=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    return [tuple(x) for x in json.loads(out.stdout.strip().splitlines()[-1])["trace"]]
+    return [[tuple(x) for x in r["trace"]] for r in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def shape_config(fields: dict) -> VllmConfig:
+    return VllmConfig(**{"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_model_len": 4096,
+                         **fields})
+
+
+STEPS, PARTING_STEPS = 1500, 400
+
+
+@pytest.fixture(scope="module")
+def real(vllm_env, model_dir) -> dict:
+    """vLLM's trace of every shape here, keyed by the shape's name or PARTING index."""
+    keys, specs = [], []
+    for name, fields, P, O, users in SHAPES:  # noqa: E741
+        cfg = shape_config(fields)
+        keys.append(name)
+        specs.append(driver_spec(model_dir, cfg, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users),
+                                 STEPS))
+    for i, (fields, P, O, users, K) in enumerate(PARTING):  # noqa: E741
+        keys.append(i)
+        specs.append(driver_spec(model_dir, parting_config(fields), P, O, users, [0] * users, PARTING_STEPS, K))
+    return dict(zip(keys, engine_traces(vllm_env, specs), strict=True))
 
 
 @pytest.mark.parametrize("name, fields, P, O, users", SHAPES, ids=[s[0] for s in SHAPES])
-def test_every_step_equals_vllms_scheduler(vllm_env, model_dir, name, fields, P, O, users):  # noqa: E741
-    cfg = VllmConfig(**{"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_model_len": 4096,
-                        **fields})
-    arrivals = arrival_steps(request_lifetime(cfg, P, O), users)
-    steps = 1500
-    sim, preemptions = simulated(cfg, P, O, users, arrivals, steps)
-    real = engine(vllm_env, model_dir, cfg, P, O, users, arrivals, steps)
-    first = next((t for t, (a, b) in enumerate(zip(sim, real, strict=True)) if a != b), None)
-    assert first is None, f"step {first}: simulated {sim[first]}, vLLM {real[first]}"
+def test_every_step_equals_vllms_scheduler(real, name, fields, P, O, users):  # noqa: E741
+    cfg = shape_config(fields)
+    sim, preemptions = simulated(cfg, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users), STEPS)
+    engine = real[name]
+    first = next((t for t, (a, b) in enumerate(zip(sim, engine, strict=True)) if a != b), None)
+    assert first is None, f"step {first}: simulated {sim[first]}, vLLM {engine[first]}"
     assert max(w for _, w, _ in sim) > 0  # the pool binds: requests wait
     assert preemptions > 0 or name.startswith("Mistral")  # and decode runs out of blocks
 
@@ -119,10 +143,14 @@ PARTING = [  # (config fields, P, O, users, K); every user starts at step 0
 ]
 
 
-@pytest.mark.parametrize("fields, P, O, users, K", PARTING)
-def test_the_explicit_pool_where_the_count_model_parts(vllm_env, model_dir, fields, P, O, users, K):  # noqa: E741
-    cfg = VllmConfig(**fields, async_scheduling=True, groups=(FULL,))
-    steps, arrivals = 400, [0] * users
+def parting_config(fields: dict) -> VllmConfig:
+    return VllmConfig(**fields, async_scheduling=True, groups=(FULL,))
+
+
+@pytest.mark.parametrize("i", range(len(PARTING)))
+def test_the_explicit_pool_where_the_count_model_parts(real, i):
+    fields, P, O, users, K = PARTING[i]  # noqa: E741
+    cfg, steps = parting_config(fields), PARTING_STEPS
     sched, count, sim = HybridVllmScheduler(cfg), 0, []
     for _ in range(users):
         sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O))
@@ -133,5 +161,4 @@ def test_the_explicit_pool_where_the_count_model_parts(vllm_env, model_dir, fiel
         for _ in result.finished:
             sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O))
             count += 1
-    real = engine(vllm_env, model_dir, cfg, P, O, users, arrivals, steps, K)
-    assert sim == real
+    assert sim == real[i]
