@@ -66,7 +66,7 @@ def cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class VllmLayerSpec:
     """One layer's `KVCacheSpec` as vLLM's GPU model runner registers it; the field names are the
-    spec classes' own, so `kvprobe.shadow.vllm_specs` builds the real objects from them."""
+    spec classes' own, so `kvprobe.shadow.vllm_kvspec.to_vllm_spec` builds the real objects from them."""
 
     name: str
     spec: str  # FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
