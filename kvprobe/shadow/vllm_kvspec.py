@@ -185,7 +185,20 @@ def gpu_block_size(vllm_config: VllmConfig, asked: int | None) -> int:
         return int(asked)
     if vllm_config.model_config.use_mla:
         return GPU_MLA_BLOCK_SIZE
+    if vllm_config.model_config.is_hybrid:
+        # the CPU platform aligned it to its own backend's page (cpu.py L546-570); the GPU starts
+        # from FlashAttention's 16 and the hybrid specs align from there (vllm_kv.hybrid_block_size)
+        return budget.VLLM_DEFAULT_BLOCK_SIZE
     return vllm_config.cache_config.block_size
+
+
+def attention_block_size(kv_cache_config, default: int) -> int:
+    """The block size of the first attention group the planner formed (a Mamba group's may be
+    max_model_len)."""
+    for group in kv_cache_config.kv_cache_groups:
+        if not isinstance(group.kv_cache_spec, MambaSpec):
+            return group.kv_cache_spec.block_size
+    return default
 
 
 def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCacheSpec]:

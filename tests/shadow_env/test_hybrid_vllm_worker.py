@@ -29,6 +29,7 @@ from tests.engine_envs import engine_env
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 GPT_OSS = "openai/gpt-oss-20b"
+QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
 SMALL = {"num-gpu-blocks-override": 400, "max-model-len": 4096, "max-num-seqs": 8, "max-num-batched-tokens": 512}
 CASES = {  # name -> (model, the expectation's keys)
     "gpt-oss-20b, 400 blocks": (GPT_OSS, {"flags": SMALL}),
@@ -36,6 +37,10 @@ CASES = {  # name -> (model, the expectation's keys)
                                                                 "enable-prefix-caching": False}}),
     "gpt-oss-20b on an 80 GiB GPU": (GPT_OSS, {"flags": {"max-model-len": 8192}, "hardware": {"gpu_memory": "80GiB"}}),
     "Mistral 7B v0.1 (a window on every layer)": ("mistralai/Mistral-7B-v0.1", {"flags": SMALL}),
+    # Gated DeltaNet layers: three Mamba groups beside the full one, the attention block enlarged to
+    # hold a state (544 tokens; 576 in "align" mode with FlashInfer's 64-token checkpoints)
+    "Qwen3-Next, prefix caching off (Mamba none)": (QWEN3_NEXT, {"flags": {**SMALL, "enable-prefix-caching": False}}),
+    "Qwen3-Next, prefix caching on (Mamba align)": (QWEN3_NEXT, {"flags": SMALL}),
 }
 REFUSED = {"gpt-oss-20b, 300 blocks": (GPT_OSS, {"flags": {**SMALL, "num-gpu-blocks-override": 300}})}
 
@@ -93,11 +98,12 @@ def test_vllms_planner_on_the_workers_hybrid_specs_is_the_ledgers_pool(planned, 
     assert "error" not in plan, plan["error"]
     led = predict(exp)
     cap = led.to_dict()["capacity"]
-    kinds = {"FullAttentionSpec": "full", "SlidingWindowSpec": "sliding"}
-    # the groups as vLLM formed them: spec, layers, window — the ledger's, group for group
-    got = [(kinds[g["spec"]], g["layers"], g["window"]) for g in plan["group_detail"]]
-    ours = [(g.kind, int(layers / g.copies), g.window or None) for g, layers in
-            zip(led.scheduler_config.groups, (c["layers"] for c in cap["groups"]), strict=True)]
+    # the groups as vLLM formed them from the worker's specs: spec, layers, window or chunk, block
+    # and page — the ledger's plan (theory.vllm_kv), group for group
+    specs = {s.name: s for s in led.budget.plan.specs}
+    ours = [(g.spec, len(g.layers), specs[g.layers[0]].sliding_window or specs[g.layers[0]].attention_chunk_size,
+             g.block_size, g.page_size_bytes) for g in led.budget.plan.groups]
+    got = [(g["spec"], g["layers"], g["window"], g["block_size"], g["page_size_bytes"]) for g in plan["group_detail"]]
     assert got == ours
     assert (plan["num_blocks"], plan["kv_tokens"]) == (cap["num_blocks"], cap["kv_tokens"])
     assert plan["max_concurrency"] == pytest.approx(cap["max_concurrency_at_max_model_len"], rel=1e-12)

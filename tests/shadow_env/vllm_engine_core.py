@@ -40,7 +40,8 @@ def plan(case: dict) -> dict:
                 "group_detail": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
                                   "window": getattr(g.kv_cache_spec, "sliding_window", None)
                                   or getattr(g.kv_cache_spec, "attention_chunk_size", None),
-                                  "block_size": g.kv_cache_spec.block_size}
+                                  "block_size": g.kv_cache_spec.block_size,
+                                  "page_size_bytes": g.kv_cache_spec.page_size_bytes}
                                  for g in core.scheduler.kv_cache_config.kv_cache_groups],
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
