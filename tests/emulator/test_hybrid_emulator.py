@@ -12,7 +12,8 @@ from kvprobe.theory.schedsim import SimRequest, make_scheduler
 from kvprobe.theory.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
-SLOW = TimeModel(step_ms=20.0, prefill_us_per_token=0.0, decode_us_per_seq=0.0)
+# 5 ms steps: the four-running state lasts ~200 steps (1 s), long enough to be seen, short to finish
+STEPS = TimeModel(step_ms=5.0, prefill_us_per_token=0.0, decode_us_per_seq=0.0)
 GPT_OSS = {"num-gpu-blocks-override": 400, "max-model-len": 4096, "max-num-seqs": 16, "max-num-batched-tokens": 512}
 
 
@@ -32,7 +33,7 @@ def test_gpt_oss_admission_over_http_is_the_hybrid_simulation(serve):
     """Nine streams of P=1000, O=200: each needs 63 blocks in both groups to be admitted; four run
     (as the real vLLM shadow runs them) and five wait; the usage gauge counts both groups' blocks."""
     n, prompt, out = 9, 1000, 200
-    s = serve("vllm", GPT_OSS, model="openai/gpt-oss-20b", time_model=SLOW)
+    s = serve("vllm", GPT_OSS, model="openai/gpt-oss-20b", time_model=STEPS)
     sim = make_scheduler(s.emu.config)
     for i in range(n):
         sim.add(SimRequest(rid=f"r{i}", prompt=[1000 + i] * prompt, max_tokens=out))
