@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test probe bench lint ledger clean shadow-vllm shadow-sglang
+.PHONY: test probe bench lint ledger clean shadow-vllm shadow-sglang router
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,9 @@ shadow-vllm: $(STAMP)
 
 shadow-sglang: $(STAMP)
 	$(BIN)/kvprobe shadow install sglang==0.5.23
+
+router: $(STAMP)
+	$(BIN)/kvprobe shadow install sglang-router==0.3.2
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvprobe tests bench

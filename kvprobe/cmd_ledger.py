@@ -77,6 +77,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", help=help_text)
     for short, names in PARALLEL.items():
         p.add_argument(f"--{short}", help=f"the parallel degree ({' / '.join(names)})")
+    fleet = p.add_argument_group("fleet", "replicas of this configuration behind sglang-router (kvprobe/theory/fleet.py)")
+    fleet.add_argument("--replicas", type=int, help="number of replicas: adds the fleet's lines to the ledger")
+    fleet.add_argument("--router-policy", default="round_robin",
+                       help="sglang-router 0.3.2 policy: round_robin, random, power_of_two, cache_aware")
     flags = p.add_argument_group("engine flags", "the engine's own flags, as an expectation's `flags:` writes them")
     known = engine_flags()
     # An alias that is another flag's own name (SGLang's --tensor-parallel-size, vLLM's flag) is
@@ -192,10 +196,28 @@ def inputs_from_args(args: argparse.Namespace):
         **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 
 
+def _fleet(ledger, args: argparse.Namespace):
+    """One replica's ledger and the fleet's lines (needs the request shape: the admission limit)."""
+    from kvprobe.fleet.ledger import fleet_ledger
+    from kvprobe.theory.fleet import POLICIES
+
+    if args.replicas < 1:
+        raise ConfigError(f"expected a number of replicas >= 1, got {args.replicas}", key="--replicas")
+    if args.router_policy not in POLICIES:
+        raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.router_policy!r}", key="--router-policy")
+    if ledger.admission is None:
+        raise ConfigError("expected --prompt-tokens and --output-tokens with --replicas (the fleet's figures "
+                          "scale one replica's admission limit)", key="--replicas")
+    return fleet_ledger(ledger, replicas=args.replicas, policy=args.router_policy,
+                        prompt_tokens=ledger.inputs.prompt_tokens, output_tokens=ledger.inputs.output_tokens)
+
+
 def run(args: argparse.Namespace) -> int:
     from kvprobe.theory.ledger import build_ledger
 
     ledger = build_ledger(inputs_from_args(args), explain_refusal=True)
+    if getattr(args, "replicas", None) is not None:
+        ledger = _fleet(ledger, args)
     unread = unread_flags(args)
     if unread:
         print(f"kvprobe ledger: note: {', '.join(unread)} not read by the ledger (the engine's own behaviour "

@@ -155,6 +155,10 @@ def _run(args) -> int:
         result = run_probe(exp, options)
         if result.levels:
             print(levels_table(result))
+            if getattr(result, "fleet", None):
+                from kvprobe.fleet.report import replica_table
+
+                print(replica_table(result))
         print(verdict_table(result))
         print(closing_line(result, options.artifacts_dir))
         results.append(result)

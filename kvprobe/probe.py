@@ -54,6 +54,7 @@ class ProbeResult:
     artifacts: dict[str, str] = field(default_factory=dict)
     error: str | None = None  # why the probe could not complete, if it could not
     log_tail: str | None = None  # the engine's (or Locust's) last log lines behind `error`
+    fleet: dict | None = None  # a fleet target: per-replica figures per level (kvprobe/fleet/checks.py)
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -125,6 +126,7 @@ class ProbeResult:
             "drain": _plain(self.drain),
             "client": _plain(self.client),
             "checks": [c.to_dict() for c in self.checks],
+            "fleet": _plain(self.fleet),
             "verdict": {"status": self.status, "passed": self.passed, "reason": self.status_reason,
                         "error": self.error, "log_tail": self.log_tail},
             "artifacts": self.artifacts,
@@ -159,10 +161,12 @@ def _facts_dict(facts) -> dict | None:
 
 def predict(exp, users: int | None = None):
     """The ledger for an expectation (raises ConfigError on impossible settings)."""
+    from kvprobe.fleet import probe_steps as fleet
     from kvprobe.spec import ledger_inputs
     from kvprobe.theory.ledger import build_ledger
 
-    return build_ledger(ledger_inputs(exp, users=users))
+    ledger = build_ledger(ledger_inputs(exp, users=users))
+    return fleet.ledger(exp, ledger) if fleet.is_fleet(exp) else ledger  # one replica's ledger, and the fleet's
 
 
 def open_target(exp, options: ProbeOptions, artifacts: Path, dialect=None):
@@ -170,6 +174,10 @@ def open_target(exp, options: ProbeOptions, artifacts: Path, dialect=None):
     from kvprobe.engines.launcher import Target, free_port
 
     dialect = dialect or get_dialect(exp.engine)
+    if exp.target.fleet:
+        from kvprobe.fleet.probe_steps import open_fleet
+
+        return open_fleet(exp, options, artifacts, dialect)
     url = options.url or exp.target.url
     if url:
         return Target.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
@@ -216,6 +224,9 @@ def emulator_args(options: dict) -> list[str]:
 # Requests timed alone before a hold given in lifetimes: the median of a few survives one slow
 # request on a loaded machine (issue 13: one 37.6 s calibration made every level 94 s long).
 CALIBRATION_REQUESTS = 3
+# Two that agree this closely settle it: a third adds nothing but one more lifetime (12 s each
+# for SGLang's long-output shapes here).
+CALIBRATION_AGREE = 0.05
 
 
 def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[float, list[float]]:
@@ -223,6 +234,7 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
     hold given in request lifetimes), and every time measured."""
     from statistics import median
 
+    from kvprobe.fleet.probe_steps import as_target_prompt
     from kvprobe.oneshot import post_completion, unique_prompt
 
     dialect = target.dialect
@@ -231,6 +243,7 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
     for i in range(requests):
         body = dialect.completion_body(unique_prompt(shape.prompt_tokens, i), shape.output_tokens, model=model,
                                        stream=True)
+        body = as_target_prompt(body, target)
         shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
         if not shot.ok:
             raise ProbeError(f"calibration request failed: HTTP {shot.status} {shot.body[:300]}")
@@ -240,6 +253,8 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
                 f"{shape.prompt_tokens}/{shape.output_tokens}: the engine does not honour fixed lengths"
             )
         times.append(shot.seconds)
+        if len(times) == 2 and abs(times[0] - times[1]) <= CALIBRATION_AGREE * max(times):
+            break
     return median(times), times
 
 
@@ -307,9 +322,11 @@ class ProbeRun:
     load: object = None  # load.runner.LocustRun
     sampler: object = None  # observe.Sampler
     hold: float = 0.0  # seconds per level
+    lifetime: float | None = None  # seconds one request takes alone (calibration)
     windows: list = field(default_factory=list)  # analysis.LevelWindow per level run
     series: object = None  # observe.TimeSeries once the sampler stopped
     records: list = field(default_factory=list)  # load.records.Record, once Locust stopped
+    replica_series: list | None = None  # a fleet: each replica's observe.TimeSeries, once the sampler stopped
     t_stop: float | None = None  # when the load stopped (the drain is watched from here)
 
     @property
@@ -347,6 +364,7 @@ def reach_engine(pr: ProbeRun) -> None:
     discover_engine(pr)
     lifetimes = pr.exp.profile.hold.lifetimes
     lifetime, times = calibrate(pr.target, pr.exp, pr.model, requests=CALIBRATION_REQUESTS if lifetimes else 1)
+    pr.lifetime = lifetime
     levels = planned_levels(pr.exp, pr.prediction.limit) if lifetimes else None
     pr.hold, capped = hold_seconds(pr.exp, lifetime, levels=levels, remaining=pr.deadline - time.monotonic())
     alone = f"median of {', '.join(f'{t:.2f}' for t in times)}s" if len(times) > 1 else "alone"
@@ -389,8 +407,13 @@ def start_load(pr: ProbeRun) -> None:
     from kvprobe.observe import Sampler
 
     exp, shape = pr.exp, pr.exp.profile.request
-    pr.sampler = Sampler(pr.target.url, pr.dialect.METRICS, interval=exp.profile.sample_interval,
-                         headers=pr.target.headers)
+    if exp.target.fleet:
+        from kvprobe.fleet.probe_steps import sampler
+
+        pr.sampler = sampler(pr)  # every replica's /metrics; `series` is the fleet's sum
+    else:
+        pr.sampler = Sampler(pr.target.url, pr.dialect.METRICS, interval=exp.profile.sample_interval,
+                             headers=pr.target.headers)
     pr.sampler.start()
     pr.load = LocustRun(pr.target.url, model=pr.model, prompt_tokens=shape.prompt_tokens,
                         output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
@@ -399,7 +422,8 @@ def start_load(pr: ProbeRun) -> None:
                         time_limit=exp.profile.budget_seconds + 60,
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
-                        seed=int(time.time() * 1000) % 1_000_003)
+                        seed=int(time.time() * 1000) % 1_000_003,
+                        prompt_format=getattr(pr.target, "prompt_format", "ids"))
     pr.load.start()
 
 
@@ -494,6 +518,7 @@ def stop_load(pr: ProbeRun) -> None:
     if "leak" in pr.exp.checks or pr.exp.expect_fail == "leak":
         wait_drained(pr.sampler, seconds=pr.exp.profile.drain_seconds)
     pr.series = pr.sampler.stop()
+    pr.replica_series = getattr(pr.sampler, "replica_series", None)
     pr.sampler = None
     pr.records = pr.load.records()
 
@@ -534,6 +559,7 @@ def close(pr: ProbeRun) -> None:
             pr.records = _safe(pr.load.records, [])
     if pr.sampler is not None:
         pr.series = pr.sampler.stop()
+        pr.replica_series = getattr(pr.sampler, "replica_series", None)
     if pr.target is not None:
         pr.target.stop()
     pr.result.finished = time.time()
@@ -578,6 +604,12 @@ def analyse(pr: ProbeRun) -> None:
                                   counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
     result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
     result.rejection = plateau.find_rejection_point(result.levels)
+    pool_units = _pool_units(result.ledger)
+    if exp.target.fleet:
+        from kvprobe.fleet import probe_steps as fleet
+
+        fleet.analyse(pr, pool_units)  # per-replica figures; a policy that splits unevenly sets the plateau's prediction
+        pool_units = pool_units and pool_units * fleet.replicas(exp)  # the summed series' pool
     tol = exp.tolerances
     limit = float(pr.prediction.limit)
     result.diagnosis = diagnose(
@@ -587,7 +619,7 @@ def analyse(pr: ProbeRun) -> None:
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         reported_agrees=_reported_agrees(pr))
     result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                        pool_units=_pool_units(result.ledger))
+                                        pool_units=pool_units)
 
 
 def _reported_agrees(pr: ProbeRun) -> bool | None:
@@ -606,6 +638,10 @@ def judge(pr: ProbeRun) -> None:
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
     implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
+    if exp.target.fleet:
+        from kvprobe.fleet import probe_steps as fleet
+
+        implied = fleet.scale(implied, exp)  # the reported pool x R replicas
     judged = {"reported_agrees": agrees, "implied": implied, "diagnosis": result.diagnosis}
     weights = result.rejection.weights if result.rejection is not None else {}
     disagreeing = [lv for lv in result.levels if lv.disagrees and weights.get(lv.users, 0) > 0]
@@ -620,6 +656,8 @@ def judge(pr: ProbeRun) -> None:
         "exactness": lambda: verdict.check_exactness(pr.records, shape.prompt_tokens, shape.output_tokens),
         "length_limit": lambda: _length_limit(pr),
     }
+    if exp.target.fleet:
+        checks.update(fleet.checks(pr, _pool_units(result.ledger), unit))
     wanted = list(exp.checks)
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
@@ -662,6 +700,9 @@ def _length_limit(pr: ProbeRun):
     out = pr.exp.profile.request.output_tokens
     prompt = max(1, max_len - out + 1)
     body = dialect.completion_body(unique_prompt(prompt, 1), out, model=pr.model, stream=False)
+    from kvprobe.fleet.probe_steps import as_target_prompt
+
+    body = as_target_prompt(body, target)
     shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=30)
     return verdict.check_length_limit(shot, expected_status, f"P+O = {prompt}+{out} > {max_len}")
 

@@ -121,6 +121,10 @@ def write_artifacts(result, directory: Path, *, series, records, windows) -> dic
     result.artifacts = paths
     (directory / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     text = verdict_table(result) if result.checks or result.error else ""
+    if getattr(result, "fleet", None):
+        from kvprobe.fleet.report import replica_table
+
+        text = replica_table(result) + "\n\n" + text
     if result.levels:
         text = levels_table(result) + "\n\n" + text
     (directory / "report.txt").write_text(text + "\n")

@@ -33,6 +33,7 @@ from kvprobe.spec_schema import (
     ENGINES,
     ENV_NAME_RE,
     ESTIMATE_KEYS,
+    FLEET_CHECKS,
     MIN_STEADY_SAMPLES,
     NAME_RE,
     RAMP_STRATEGIES,
@@ -221,8 +222,17 @@ def _parse_tolerances(node: Node) -> Tolerances:
     return Tolerances(**values)
 
 
+def _fleet_checks(engine: str) -> tuple[str, ...]:
+    """A fleet's default checks: router_imbalance only where the engine's gauges count (not SGLang's samples)."""
+    from kvprobe.engines import get_dialect
+
+    exact = get_dialect(engine).RUNNING_GAUGE_EXACT
+    return tuple(c for c in FLEET_CHECKS if exact or c != "router_imbalance")
+
+
 def _parse_checks(node: Node) -> tuple[str, ...]:
-    names = [n.choice(CHECKS, what="a check, one of") for n in node.seq(nonempty=True, what="a list of checks")]
+    names = [n.choice(CHECKS + FLEET_CHECKS, what="a check, one of")
+             for n in node.seq(nonempty=True, what="a list of checks")]
     if len(set(names)) != len(names):
         dup = next(x for x in names if names.count(x) > 1)
         raise node.error("each check once", Shown(f"{dup!r} twice"))
@@ -318,6 +328,10 @@ def parse_target(node: Node) -> Target:
     """`{launch: emulator, ...}`, `{launch: engine, command: ..., model: ...}`, `{launch: shadow, ...}`
     or `{url: ..., api_key_env: NAME}`; every launch kind takes `port`, `startup_timeout` and `env`."""
     v = node.value
+    if isinstance(v, dict) and "fleet" in v:
+        from kvprobe.fleet.spec import parse_fleet_target
+
+        return parse_fleet_target(node)
     if not isinstance(v, dict):
         raise node.error("a mapping: {launch: emulator}, {launch: engine}, {launch: shadow} or {url: http://...}")
     if "api_key" in v:  # never echo it: the value is a secret
@@ -446,7 +460,9 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
     hardware = parse_hardware(keys["hardware"]) if "hardware" in keys else Hardware()
     profile = _resolve_profile(keys["profile"], exp_path, name, profile_dirs)
     tolerances = _parse_tolerances(keys["tolerances"]) if "tolerances" in keys else Tolerances()
-    checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS
+    checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS + (_fleet_checks(engine) if target.fleet else ())
+    if not target.fleet and "checks" in keys and (fleet_only := [c for c in checks if c in FLEET_CHECKS]):
+        raise keys["checks"].error(f"checks of one engine here ({', '.join(fleet_only)}: a fleet target only)")
     expect_fail = None
     if "expect_fail" in keys:
         expect_fail = keys["expect_fail"].choice(checks, what="one of this expectation's checks:")

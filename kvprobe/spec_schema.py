@@ -160,6 +160,7 @@ def _bounded(what: str, lo, hi, lo_open: bool = False, hi_open: bool = False) ->
 # -- the schema: what a loaded profile and expectation hold ------------------------------
 
 CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usage_gap", "length_limit", "exactness")
+FLEET_CHECKS = ("replica_leak", "replica_usage", "router_imbalance")  # a fleet target only (kvprobe/fleet/checks.py)
 ENGINES = ("vllm", "sglang")
 RAMP_STRATEGIES = ("explicit", "around-prediction", "bisect")
 # Fault names of `kvprobe emulate --fault NAME` (kvprobe/emulator); each makes one check fail.
@@ -235,6 +236,7 @@ class Target:
     env: dict = field(default_factory=dict)  # extra environment of a launched engine (target.env)
     model: str | None = None  # what `launch: engine` loads, when not the theory's `model`
     time_model: dict = field(default_factory=dict)  # `launch: shadow`: step_ms, prefill_us_per_token, decode_us_per_seq
+    fleet: dict = field(default_factory=dict)  # `fleet:` replicas, router, policy (+ replica_urls attached); {}: one engine
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from kvprobe.spec import (
     override_profile,
     profile_search_dirs,
 )
-from kvprobe.spec_schema import ledger_kwargs
+from kvprobe.spec_schema import FLEET_CHECKS, ledger_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTATIONS = ROOT / "expectations"
@@ -50,7 +50,7 @@ def test_every_shipped_expectation_loads(path):
     assert found
     for exp in found:
         assert isinstance(exp, Expectation) and exp.path == str(path)
-        assert set(exp.checks) <= set(CHECKS)
+        assert set(exp.checks) <= set(CHECKS) | (set(FLEET_CHECKS) if exp.target.fleet else set())
 
 
 def test_shipped_profiles_say_what_the_brief_says():

@@ -28,7 +28,7 @@ from gevent import GreenletExit
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from kvprobe.load.prompts import prompt_ids
+from kvprobe.load.prompts import ids_to_text, prompt_ids
 from kvprobe.load.records import (
     ABORTED,
     CONNECTION,
@@ -82,6 +82,8 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-prompt-tokens", type=int, default=16)
     g.add_argument("--kv-output-tokens", type=int, default=16)
     g.add_argument("--kv-shared-prefix-tokens", type=int, default=0, help="ids shared by every prompt")
+    g.add_argument("--kv-prompt-format", choices=("ids", "text"), default="ids",
+                   help="text: one word per id, for a router that refuses token ids (load/prompts.ids_to_text)")
     g.add_argument("--kv-stream", type=int, default=1)
     g.add_argument("--kv-api-key-env", default="", help="NAME of the env var holding the API key")
     g.add_argument("--kv-seed", type=int, default=0)
@@ -123,7 +125,10 @@ def body_template(opts) -> list[bytes]:
     k = opts.kv_shared_prefix_tokens
     ids = prompt_ids(p, _SENTINELS, shared_prefix_tokens=k, seed=opts.kv_seed, base=base, rng=rng)
     make = completion_body_fn(opts.kv_engine)
-    text = json.dumps(make(ids, opts.kv_output_tokens, model=opts.kv_model or None, stream=bool(opts.kv_stream)))
+    body = make(ids, opts.kv_output_tokens, model=opts.kv_model or None, stream=bool(opts.kv_stream))
+    if getattr(opts, "kv_prompt_format", "ids") == "text":
+        body["prompt"] = ids_to_text(body["prompt"])  # the sentinels stay spliceable inside their words
+    text = json.dumps(body)
     parts = [text]
     for s in _SENTINELS[: min(p - k, 2)]:
         head, sep, rest = parts[-1].partition(str(s))

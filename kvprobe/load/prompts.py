@@ -44,3 +44,14 @@ def unique_prompt(length: int, salt: int) -> list[int]:
     nor serves them from its prefix cache (a calibration or a length-limit request)."""
     first = 100 + salt % (TOKEN_BASE - 100)
     return [first] + [(first * 7 + i) % TOKEN_RANGE + 1 for i in range(1, length)]
+
+
+TEXT_WORD_PREFIX = "t"
+
+
+def ids_to_text(ids: Sequence[int]) -> str:
+    """A prompt as text, one word per id ("t<id>"), for a front end that refuses token-id prompts
+    (sglang-router 0.3.2: kvprobe/fleet/router.py). The emulator reads one whitespace-separated
+    word as one token (emulator/tokens.py), so P words stay exactly P tokens there, and distinct
+    ids stay distinct words: the first word is as unique as the first id."""
+    return " ".join(f"{TEXT_WORD_PREFIX}{i}" for i in ids)

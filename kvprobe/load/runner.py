@@ -90,7 +90,7 @@ class LocustRun:
                  stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
                  startup_timeout: float = 60.0, path: str | None = None, token_base: int = TOKEN_BASE,
                  token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0,
-                 shared_prefix_tokens: int = 0):
+                 shared_prefix_tokens: int = 0, prompt_format: str = "ids"):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
@@ -111,6 +111,9 @@ class LocustRun:
         self.network_timeout = float(network_timeout)
         self.start_jitter = float(start_jitter)
         self.shared_prefix_tokens = int(shared_prefix_tokens)
+        if prompt_format not in ("ids", "text"):
+            raise ConfigError(f"prompt_format must be 'ids' or 'text', got {prompt_format!r}")
+        self.prompt_format = prompt_format  # "text" behind a router that refuses token ids (fleet/router.py)
         if not 0 <= self.shared_prefix_tokens < self.prompt_tokens:
             raise ConfigError(f"shared_prefix_tokens must be >= 0 and < prompt_tokens ({self.prompt_tokens}), "
                               f"got {shared_prefix_tokens}")
@@ -138,6 +141,8 @@ class LocustRun:
                "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout),
                "--kv-start-jitter", str(self.start_jitter),
                "--kv-shared-prefix-tokens", str(self.shared_prefix_tokens)]
+        if self.prompt_format != "ids":
+            cmd += ["--kv-prompt-format", self.prompt_format]
         if self.api_key_env:
             cmd += ["--kv-api-key-env", self.api_key_env]  # the name only; the key stays in the environment
         if self.processes > 1:

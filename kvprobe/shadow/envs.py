@@ -141,9 +141,11 @@ register(Recipe(
 
 def _register_engine_modules() -> None:
     """Recipes whose steps are written in an engine's own module (stand-ins, plugin entry points)."""
+    from kvprobe.fleet import router
     from kvprobe.shadow import sglang_env
 
     register(sglang_env.RECIPE)
+    register(router.make_recipe())  # the fleet's router: not an engine, installed the same way
 
 
 def known_versions(engine: str) -> list[str]:

@@ -40,6 +40,15 @@ def test_one_slow_request_does_not_set_the_hold(long_exp, monkeypatch):
     assert len(set(sent)) == 3  # each prompt unique from its first token: no prefix-cache hit
 
 
+def test_two_requests_that_agree_settle_the_lifetime(long_exp, monkeypatch):
+    """A third request would cost one more lifetime and could not move the median of two that agree."""
+    times = iter([12.30, 12.45, 99.0])
+    monkeypatch.setattr(oneshot, "post_completion", lambda *a, **k: OneShot(200, next(times), 0.1, 128, 32, ""))
+    target = SimpleNamespace(dialect=get_dialect("vllm"), url="http://x", headers={})
+    lifetime, seen = probe.calibrate(target, long_exp, "m", requests=probe.CALIBRATION_REQUESTS)
+    assert seen == [12.30, 12.45] and lifetime == pytest.approx(12.375)
+
+
 def test_calibration_refuses_inexact_lengths(long_exp, monkeypatch):
     monkeypatch.setattr(oneshot, "post_completion", lambda *a, **k: OneShot(200, 1.0, 0.1, 128, 31, ""))
     target = SimpleNamespace(dialect=get_dialect("vllm"), url="http://x", headers={})

@@ -17,13 +17,18 @@ VERSION = "0.33.0"
 
 @pytest.fixture(scope="session")
 def vllm_env(pytestconfig):
+    """The environment, installed when missing. Its cache folder is pinned for the session:
+    pytester moves HOME, and with it the default ~/.cache/kvprobe a probe run inside it would read."""
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
 
     def log(line: str) -> None:
         if reporter is not None:
             reporter.write_line(line)
 
-    return envs.ensure("vllm", VERSION, log=log)  # ~90 s warm pip cache, 2-3 min cold
+    mp = pytest.MonkeyPatch()
+    mp.setenv(envs.CACHE_ENV, str(envs.cache_root()))
+    yield envs.ensure("vllm", VERSION, log=log)  # ~90 s warm pip cache, 2-3 min cold
+    mp.undo()
 
 
 @pytest.fixture

@@ -74,15 +74,21 @@ def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, 
     return trace
 
 
-def real_trace(env, model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos,  # noqa: E741
-               eos_after=None) -> list[list]:
-    spec = dict(model_dir=model_dir, config=dataclasses.asdict(cfg), P=P, O=O, K=K, users=users, arrivals=arrivals,
-                steps=steps, ignore_eos=ignore_eos, eos_after=eos_after)
-    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(spec)], capture_output=True, text=True,
+def real_traces(env, cases: list[dict]) -> list[dict]:
+    """SGLang's own traces for `cases` (real_spec dicts), one driver run: SGLang is imported once and
+    each case runs in a fresh forked process (tests/theory/real/sglang_driver.py)."""
+    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(cases)], capture_output=True, text=True,
                          timeout=900, start_new_session=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])["trace"]
+    results = [json.loads(line[len("TRACE "):]) for line in out.stdout.splitlines() if line.startswith("TRACE ")]
+    assert len(results) == len(cases), out.stdout[-2000:] + out.stderr[-3000:]
+    return results
+
+
+def real_spec(model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None) -> dict:  # noqa: E741
+    return dict(model_dir=model_dir, config=dataclasses.asdict(cfg), P=P, O=O, K=K, users=users, arrivals=arrivals,
+                steps=steps, ignore_eos=ignore_eos, eos_after=eos_after)
 
 
 BASE = SglangConfig(max_total_num_tokens=16384, context_len=8192)
@@ -124,12 +130,24 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
-def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_env, model_dir, name):
+def _case(name: str):
     cfg, P, O, K, users, start, ignore_eos, steps, *eos = SHAPES[name]  # noqa: E741
-    arrivals = _arrivals(cfg, P, O, users, start)
-    real = real_trace(sglang_env, model_dir, cfg, P, O, K, users, arrivals, steps, ignore_eos, *eos)
-    sim = model_trace(cfg, P, O, K, users, arrivals, steps, ignore_eos, *eos)
+    return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos, *eos
+
+
+@pytest.fixture(scope="module")
+def sglang_traces(sglang_env, model_dir) -> dict[str, dict]:
+    """SGLang's trace of every shape, from one driver run (one import of SGLang, not one per shape)."""
+    names = list(SHAPES)
+    return dict(zip(names, real_traces(sglang_env, [real_spec(model_dir, *_case(n)) for n in names]), strict=True))
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_traces, name):
+    real = sglang_traces[name]
+    assert "error" not in real, real.get("error")
+    real = real["trace"]
+    sim = model_trace(*_case(name))
     first = next((t for t, (a, b) in enumerate(zip(sim, real, strict=True)) if a != b), None)
     assert first is None, (f"step {first}: simulation {sim[first]} vs SGLang {real[first]} "
                            f"(running, waiting, used tokens, retractions, new_token_ratio)")

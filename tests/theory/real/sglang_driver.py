@@ -1,8 +1,10 @@
 """Drive SGLang 0.5.23's own Scheduler through a closed loop, step by step (no server, no model).
 
 Run by tests/theory/test_real_sglang.py with the python of an SGLang 0.5.23 environment (not
-kvprobe's): argv[1] is JSON with the model folder, the scheduler's flags, the shape (optionally an
-`eos_after`: every request samples EOS as that output), the arrival steps and the number of steps. The real `Scheduler` is built as `run_scheduler_process` builds it
+kvprobe's): argv[1] is a JSON list of cases, each with the model folder, the scheduler's flags, the
+shape (optionally an `eos_after`: every request samples EOS as that output), the arrival steps and
+the number of steps. SGLang is imported once; each case runs in a forked child of its own, so every
+Scheduler starts from a fresh process state (its distributed and runtime context are per process). The real `Scheduler` is built as `run_scheduler_process` builds it
 (scheduler.py L6310-6345: publish, then `Scheduler(server_args, port_args)`), with the five pieces
 that need a GPU replaced — the same five the shadow target replaces (shared/reference/
 shadow-engines.md): the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
@@ -14,7 +16,7 @@ The loop is `event_loop_overlap` (or `event_loop_normal` without overlap), L2026
 requests handed to `handle_generate_request` instead of arriving over ZMQ, and finished requests
 read from what `stream_output` sends to the detokenizer; their users resubmit before the next step.
 
-Prints one JSON line: per step, after it, [running (admitted, not finished, not waiting: the
+Prints one line per case, `TRACE {"trace": ..., "seconds": ...}` (or `{"error": ...}`): per step, after it, [running (admitted, not finished, not waiting: the
 chunked request included), waiting, used tokens (max_total - available - evictable, as
 pool_stats_observer.py L235-245 counts them), retractions so far, new_token_ratio].
 """
@@ -22,15 +24,12 @@ import json
 import os
 import sys
 import time
+import traceback
 from array import array
 from collections import deque
 
 os.environ.setdefault("SGLANG_PLUGINS", "none")  # kvprobe's shadow plugin, if installed, stays out
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-args = json.loads(sys.argv[1])
-
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: E402
@@ -41,6 +40,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
 from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 # ---------------------------------------------------------------- the five replacements
@@ -77,7 +77,7 @@ def init_cuda_graphs(self, capture_decode_cuda_graph=True):  # model_runner.py L
     self.graph_memory_usage, self.graph_time_usage = {}, {}
 
 
-EOS_AT = None if args.get("eos_after") is None else args["P"] + args["eos_after"] - 1
+EOS_AT = None  # set by each case: the sequence length at which EOS is sampled
 
 
 def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=None, is_verify=False,
@@ -110,98 +110,126 @@ ScheduleBatch.retract_decode = retract_decode
 
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 
-# ---------------------------------------------------------------- the scheduler
-cfg = args["config"]
-server_args = ServerArgs(
-    model_path=args["model_dir"], device="cpu", skip_tokenizer_init=True, attention_backend="torch_native",
-    log_level="error", max_total_tokens=cfg["max_total_num_tokens"], page_size=cfg["page_size"],
-    max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
-    max_prefill_tokens=cfg["max_prefill_tokens"], context_length=cfg["context_len"],
-    disable_radix_cache=cfg["disable_radix_cache"], disable_overlap_schedule=not cfg["overlap"],
-    schedule_conservativeness=cfg["schedule_conservativeness"])
-port_args = PortArgs.init_new(server_args)
-publish(server_args, role="scheduler",
-        ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
-sched = Scheduler(server_args, port_args)
-assert sched.max_total_num_tokens == cfg["max_total_num_tokens"], sched.max_total_num_tokens
 
-finished: list[str] = []
+# ---------------------------------------------------------------- one case
+def run_case(args: dict) -> dict:
+    global EOS_AT
+    EOS_AT = None if args.get("eos_after") is None else args["P"] + args["eos_after"] - 1
+    cfg = args["config"]
+    server_args = ServerArgs(
+        model_path=args["model_dir"], device="cpu", skip_tokenizer_init=True, attention_backend="torch_native",
+        log_level="error", max_total_tokens=cfg["max_total_num_tokens"], page_size=cfg["page_size"],
+        max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
+        max_prefill_tokens=cfg["max_prefill_tokens"], context_length=cfg["context_len"],
+        disable_radix_cache=cfg["disable_radix_cache"], disable_overlap_schedule=not cfg["overlap"],
+        schedule_conservativeness=cfg["schedule_conservativeness"])
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="scheduler",
+            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
+    sched = Scheduler(server_args, port_args)
+    assert sched.max_total_num_tokens == cfg["max_total_num_tokens"], sched.max_total_num_tokens
 
-
-class Detokenizer:
-    """Stands in for the ZMQ socket to the detokenizer (output_streamer.py L235): finished rids."""
-
-    def send_output(self, payload, *rest):
-        for rid, reason in zip(payload.rids, getattr(payload, "finished_reasons", None) or [], strict=False):
-            if reason is not None:
-                finished.append(rid)
+    finished: list[str] = []
 
 
-sched.output_streamer.send_to_detokenizer = Detokenizer()
+    class Detokenizer:
+        """Stands in for the ZMQ socket to the detokenizer (output_streamer.py L235): finished rids."""
 
-P, O, K, N = args["P"], args["O"], args["K"], args["users"]  # noqa: E741
-count = 0
-
-
-def submit() -> None:
-    """kvprobe's workload_prompt structure: K shared ids, a unique id, the common filler."""
-    global count
-    prompt = ([7 + (i * 7919) % 30011 for i in range(K)] + [50000 + count]
-              + [13 + (i * 104729) % 30011 for i in range(P - K - 1)])
-    params = SamplingParams(max_new_tokens=O, ignore_eos=args["ignore_eos"])
-    params.normalize(None)
-    params.verify(sched.model_config.vocab_size)
-    sched.handle_generate_request(TokenizedGenerateReqInput(
-        input_text=None, input_ids=array("q", prompt), input_embeds=None, mm_inputs=None, token_type_ids=None,
-        sampling_params=params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
-        token_ids_logprob=None, stream=False, rid=f"u{count}"))
-    count += 1
+        def send_output(self, payload, *rest):
+            for rid, reason in zip(payload.rids, getattr(payload, "finished_reasons", None) or [], strict=False):
+                if reason is not None:
+                    finished.append(rid)
 
 
-# ---------------------------------------------------------------- the loop (event_loop_overlap / _normal)
-overlap = sched.enable_overlap
-sched.enable_skip_finishing_decode = overlap  # as event_loop_overlap sets them (L2063-2066)
-sched.result_queue = deque()
+    sched.output_streamer.send_to_detokenizer = Detokenizer()
+
+    P, O, K, N = args["P"], args["O"], args["K"], args["users"]  # noqa: E741
+    count = 0
 
 
-def pop_and_process() -> None:
-    batch, result = sched.result_queue.popleft()
-    sched.process_batch_result(batch, result)
+    def submit() -> None:
+        """kvprobe's workload_prompt structure: K shared ids, a unique id, the common filler."""
+        nonlocal count
+        prompt = ([7 + (i * 7919) % 30011 for i in range(K)] + [50000 + count]
+                  + [13 + (i * 104729) % 30011 for i in range(P - K - 1)])
+        params = SamplingParams(max_new_tokens=O, ignore_eos=args["ignore_eos"])
+        params.normalize(None)
+        params.verify(sched.model_config.vocab_size)
+        sched.handle_generate_request(TokenizedGenerateReqInput(
+            input_text=None, input_ids=array("q", prompt), input_embeds=None, mm_inputs=None, token_type_ids=None,
+            sampling_params=params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False, rid=f"u{count}"))
+        count += 1
 
 
-arrivals, trace, done, nxt = args["arrivals"], [], 0, 0
-started = time.time()
-for t in range(args["steps"]):
-    while nxt < N and arrivals[nxt] <= t:
-        submit()
-        nxt += 1
-    plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
-    sched.running_batch, batch = plan.running_batch, plan.batch_to_run
-    if overlap:
-        disable = sched.is_disable_overlap_for_batch(batch, last_batch=sched.last_batch)
-        if disable:
-            pop_and_process()
-        result = None
-        if batch:
-            result = sched.run_batch(batch)
-            sched.result_queue.append((batch.copy(), result))
-        if sched.last_batch:
-            if not disable:
+    # ---------------------------------------------------------------- the loop (event_loop_overlap / _normal)
+    overlap = sched.enable_overlap
+    sched.enable_skip_finishing_decode = overlap  # as event_loop_overlap sets them (L2063-2066)
+    sched.result_queue = deque()
+
+
+    def pop_and_process() -> None:
+        batch, result = sched.result_queue.popleft()
+        sched.process_batch_result(batch, result)
+
+
+    arrivals, trace, done, nxt = args["arrivals"], [], 0, 0
+    started = time.time()
+    for t in range(args["steps"]):
+        while nxt < N and arrivals[nxt] <= t:
+            submit()
+            nxt += 1
+        plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
+        sched.running_batch, batch = plan.running_batch, plan.batch_to_run
+        if overlap:
+            disable = sched.is_disable_overlap_for_batch(batch, last_batch=sched.last_batch)
+            if disable:
                 pop_and_process()
-        elif batch is None:
+            result = None
+            if batch:
+                result = sched.run_batch(batch)
+                sched.result_queue.append((batch.copy(), result))
+            if sched.last_batch:
+                if not disable:
+                    pop_and_process()
+            elif batch is None:
+                sched.on_idle()
+            sched.launch_batch_sample_if_needed(result, batch)
+        elif batch:
+            sched.process_batch_result(batch, sched.run_batch(batch))
+        else:
             sched.on_idle()
-        sched.launch_batch_sample_if_needed(result, batch)
-    elif batch:
-        sched.process_batch_result(batch, sched.run_batch(batch))
-    else:
-        sched.on_idle()
-    sched.last_batch = batch
-    done += len(finished)
-    used = sched.max_total_num_tokens - sched.token_to_kv_pool_allocator.available_size() \
-        - sched.tree_cache.evictable_size()
-    waiting = len(sched.waiting_queue)
-    trace.append([count - done - waiting, waiting, used, retracted, round(sched.new_token_ratio_tracker.current, 9)])
-    for _ in finished:
-        submit()
-    finished.clear()
-print(json.dumps({"trace": trace, "seconds": time.time() - started}))
+        sched.last_batch = batch
+        done += len(finished)
+        used = sched.max_total_num_tokens - sched.token_to_kv_pool_allocator.available_size() \
+            - sched.tree_cache.evictable_size()
+        waiting = len(sched.waiting_queue)
+        trace.append([count - done - waiting, waiting, used, retracted, round(sched.new_token_ratio_tracker.current, 9)])
+        for _ in finished:
+            submit()
+        finished.clear()
+    return {"trace": trace, "seconds": time.time() - started}
+
+
+def in_child(args: dict) -> dict:
+    """`run_case` in a forked child: SGLang's per-process state stays out of the next case."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            out = run_case(args)
+        except BaseException:  # noqa: BLE001 - the parent reports it for this case
+            out = {"error": traceback.format_exc()}
+        with os.fdopen(w, "w") as fh:
+            fh.write(json.dumps(out))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    return json.loads(data) if data else {"error": f"the case's process ended with status {status} and no result"}
+
+
+for case in json.loads(sys.argv[1]):
+    print("TRACE " + json.dumps(in_child(case)), flush=True)
