@@ -25,7 +25,10 @@ from kvprobe.emulator.runtime import Runtime
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
+from kvprobe.theory.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.steptime import TimeModel
+from kvprobe.theory.vllm_hybrid_groups import sched_groups
+from kvprobe.theory.vllm_kv import VllmKVPlan, VllmOptions, vllm_kv_plan
 
 
 class Secret:
@@ -68,6 +71,24 @@ class Settings:
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
+def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) -> VllmKVPlan | None:
+    """vLLM's plan of a hybrid model's pool (theory.vllm_kv) when `model` is one kvprobe has a
+    config.json for (a preset id or a path) and its layers are not all full attention; None otherwise:
+    the uniform pool the flags describe, as before. Unknown layer kinds are an error naming the key."""
+    try:
+        cfg, source = load_model_config(model)
+    except ConfigError:
+        return None  # a served name only (emulated/model): no geometry to plan
+    geom = geometry_from_config(cfg, model, source=source)
+    if not geom.layers.hybrid:
+        return None
+    opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
+                       max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
+                       enable_prefix_caching=bool(flags["enable-prefix-caching"]))
+    return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
+                        refuse=False)
+
+
 class Emulator:
     def __init__(self, settings: Settings):
         from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
@@ -93,6 +114,12 @@ class Emulator:
             self.num_blocks_reported, self.block_size = blocks, f["block-size"]
             self.max_model_len = f["max-model-len"]
             self.refusal = d.startup_refusal(blocks, self.block_size, self.max_model_len)
+            self.kv_plan = plan = hybrid_plan(s.model, f, blocks, d.async_scheduling_default(self.version)
+                                              if f["async-scheduling"] is None else f["async-scheduling"])
+            groups = ()
+            if plan is not None:  # a hybrid model: its groups share the pool, as vLLM plans them
+                self.block_size, self.refusal, groups = plan.block_size, plan.refusal, sched_groups(plan)
+            self.capacity = None if plan is None else (plan.kv_tokens, plan.max_concurrency)
             config = VllmConfig(num_gpu_blocks=real_pool(blocks, self.faults), block_size=self.block_size,
                                 max_num_seqs=f["max-num-seqs"], max_num_batched_tokens=f["max-num-batched-tokens"],
                                 max_model_len=self.max_model_len, enable_prefix_caching=f["enable-prefix-caching"],
@@ -100,7 +127,7 @@ class Emulator:
                                 policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
                                 watermark=f["watermark"],
                                 async_scheduling=d.async_scheduling_default(self.version)
-                                if f["async-scheduling"] is None else f["async-scheduling"])
+                                if f["async-scheduling"] is None else f["async-scheduling"], groups=groups)
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
             self.stats_enabled = not f["disable-log-stats"]
@@ -108,7 +135,7 @@ class Emulator:
                 num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                 enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks,
                 user_specified_block_size=s.flags.get("block-size") is not None,
-                gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version)))
+                gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version), capacity=self.capacity))
         else:
             m = f["max-total-tokens"]
             if not m or m < 2:
@@ -150,7 +177,8 @@ class Emulator:
             return [d.non_default_args_line(given),
                     *d.startup_lines(num_blocks=self.num_blocks_reported, block_size=self.block_size,
                                      max_model_len=self.max_model_len,
-                                     max_num_batched_tokens=f["max-num-batched-tokens"], version=self.version)]
+                                     max_num_batched_tokens=f["max-num-batched-tokens"], version=self.version,
+                                     capacity=self.capacity)]
         return d.startup_lines(max_total_num_tokens=self.pool_tokens_reported,
                                chunked_prefill_size=f["chunked-prefill-size"],
                                max_prefill_tokens=f["max-prefill-tokens"], max_running_requests=self.max_running,

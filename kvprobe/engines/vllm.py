@@ -80,11 +80,13 @@ HELP = {
 
 def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_prefix_caching: bool,
                         num_gpu_blocks_override: int | None, engine: str = "0",
-                        user_specified_block_size: bool = False, gpu_memory_utilization: float = 0.92) -> dict[str, str]:
+                        user_specified_block_size: bool = False, gpu_memory_utilization: float = 0.92,
+                        capacity: tuple[int, float] | None = None) -> dict[str, str]:
     """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
     CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture;
-    user_specified_block_size is True when --block-size was given (config/cache.py L455-466)."""
-    tokens, concurrency = capacity_numbers(num_gpu_blocks, block_size, max_model_len)
+    user_specified_block_size is True when --block-size was given (config/cache.py L455-466). `capacity`:
+    (kv tokens, max concurrency) of a hybrid model's groups (theory.vllm_kv.vllm_kv_plan), else one group's."""
+    tokens, concurrency = capacity or capacity_numbers(num_gpu_blocks, block_size, max_model_len)
     labels = {
         "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",
         "cache_hit_alignment_tokens": "None", "effective_attention_block_size": str(block_size),
@@ -242,13 +244,15 @@ def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int 
 
 
 def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version: str = DEFAULT_VERSION,
-                   *, pid: int | None = None, t: float | None = None) -> list[str]:
+                   *, pid: int | None = None, t: float | None = None,
+                   capacity: tuple[int, float] | None = None) -> list[str]:
     """The capacity line(s) as the engine prints them.
 
-    0.33.0: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity`.
+    0.33.0: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity` (`capacity`: a hybrid model's
+    figures, summed over its groups, L1061-1128).
     0.11.0 / 0.9.2: two lines (0.11.0 kv_cache_utils.py L1087 and L1091), tokens = num_blocks * block_size.
     """
-    tokens, conc = capacity_numbers(num_blocks, block_size, max_model_len)
+    tokens, conc = capacity or capacity_numbers(num_blocks, block_size, max_model_len)
     if not is_legacy(version):
         pre = log_prefix("EngineCore", "kv_cache_utils.py:1147", t=t, pid=pid)
         return [pre + f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
@@ -261,13 +265,14 @@ def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version
 
 
 def startup_lines(*, num_blocks: int, block_size: int, max_model_len: int, max_num_batched_tokens: int,
-                  version: str = DEFAULT_VERSION, pid: int | None = None) -> list[str]:
+                  version: str = DEFAULT_VERSION, pid: int | None = None,
+                  capacity: tuple[int, float] | None = None) -> list[str]:
     """What the emulator prints before it serves: model.py:2170, scheduler.py:310, then the capacity line(s)."""
     return [
         log_prefix("APIServer", "model.py:2170", pid=pid) + f"Using max model len {max_model_len}",
         log_prefix("APIServer", "scheduler.py:310", pid=pid)
         + f"Chunked prefill is enabled with max_num_batched_tokens={max_num_batched_tokens}.",
-        *capacity_lines(num_blocks, block_size, max_model_len, version, pid=pid),
+        *capacity_lines(num_blocks, block_size, max_model_len, version, pid=pid, capacity=capacity),
     ]
 
 

@@ -9,7 +9,11 @@ Two answers, each a copy of the real code path it replaces (vLLM 0.33.0, `/work/
   return them on a CUDA GPU: `Attention` (model_executor/layers/attention/attention.py L611-680)
   for standard attention, `MLAAttention` (layers/attention/mla_attention.py L1371-1400) for MLA,
   `DeepseekV32IndexerCache` (models/deepseek_v2.py L638-670, sized at L731-735) for the DSA
-  indexer. vLLM's own planner then groups them, sizes the pool and prints the capacity line.
+  indexer. A hybrid model (sliding-window, chunked-local, Gated DeltaNet layers) registers the
+  specs `kvprobe.theory.vllm_kv.vllm_layer_specs` computes, turned into vLLM's objects by
+  `to_vllm_spec` — the one place kvprobe's layer specs become vLLM spec objects (the planner
+  program `vllm_kvplan` uses it too). vLLM's own planner then groups them, sizes the pool and
+  prints the capacity line.
 * `available_kv_bytes` — `Worker.determine_available_memory` (v1/worker/gpu_worker.py L641-820):
   `--kv-cache-memory-bytes` exactly when given, else requested (ceil(total x
   gpu_memory_utilization), v1/worker/utils.py L716-726) minus weights, activation peak, non-torch
@@ -20,6 +24,7 @@ Two answers, each a copy of the real code path it replaces (vLLM 0.33.0, `/work/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -28,16 +33,22 @@ from dataclasses import dataclass
 import torch
 from vllm.config import VllmConfig
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowSpec,
     SparseCacheRole,
     get_kv_quant_mode,
 )
 
+from kvprobe.errors import ConfigError
 from kvprobe.theory import budget
-from kvprobe.theory.geometry import geometry_from_config, weight_bytes
+from kvprobe.theory.geometry import ModelGeometry, geometry_from_config, weight_bytes
+from kvprobe.theory.vllm_kv import VllmOptions, vllm_layer_specs
 
 # The block size a CUDA GPU's MLA backend takes when --block-size is not given: FlashMLA (Hopper)
 # kernels run 64-token blocks only (shared/reference/vllm.md §1.5). The CPU platform forces 16
@@ -56,6 +67,37 @@ class UnsupportedModelError(ValueError):
     """The model has a layer kind this worker cannot describe as the GPU runner would."""
 
 
+_ATTENTION = {"FullAttentionSpec": FullAttentionSpec, "SlidingWindowSpec": SlidingWindowSpec,
+              "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec}
+_MAMBA_TYPES = {"gdn_attn": MambaAttentionBackendEnum.GDN_ATTN}
+
+
+def to_vllm_spec(d: dict) -> KVCacheSpec:
+    """One `theory.vllm_kv.VllmLayerSpec` (as a dict: its fields are the spec classes' own) -> the
+    vLLM spec object (kv_cache_interface.py; Gated DeltaNet: layers/mamba/abstract.py L72-91)."""
+    if d["spec"] == "MambaSpec":
+        return MambaSpec(
+            block_size=d["block_size"], shapes=tuple(tuple(s) for s in d["shapes"]),
+            dtypes=tuple(getattr(torch, t) for t in d["dtypes"]),
+            page_size_padded=d["page_size_padded"], mamba_type=_MAMBA_TYPES[d["mamba_type"]],
+            mamba_cache_mode=d["mamba_cache_mode"],
+            num_prefill_checkpoint_blocks=d["num_prefill_checkpoint_blocks"])
+    cls = _ATTENTION[d["spec"]]
+    kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
+              dtype=getattr(torch, d["dtype"]), kv_quant_mode=get_kv_quant_mode(d["cache_dtype"]))
+    if cls is not ChunkedLocalAttentionSpec:  # chunked_local_attention.py L119-128 passes no head_size_v
+        kw["head_size_v"] = d["head_size_v"]
+    if cls is SlidingWindowSpec:
+        kw["sliding_window"] = d["sliding_window"]
+    if cls is ChunkedLocalAttentionSpec:
+        kw["attention_chunk_size"] = d["attention_chunk_size"]
+    return cls(**kw)
+
+
+def to_vllm_specs(specs: list[dict]) -> dict[str, KVCacheSpec]:
+    return {d["name"]: to_vllm_spec(d) for d in specs}
+
+
 @dataclass(frozen=True)
 class Layout:
     """The attention layers of this worker's pipeline stage, as the GPU model would build them."""
@@ -63,6 +105,7 @@ class Layout:
     mla: bool
     layers: range  # this rank's decoder layers (get_layers_start_end_indices)
     indexer_layers: tuple[int, ...]  # layers that own a DSA indexer cache
+    hybrid: ModelGeometry | None = None  # a hybrid model: its geometry (layer kinds) as kvprobe reads it
 
 
 def _unsupported_kind(vllm_config: VllmConfig) -> str | None:
@@ -105,13 +148,30 @@ def _dsa_indexer_layers(text_config, layers: range) -> tuple[int, ...]:
     return tuple(owners)
 
 
+def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
+    """kvprobe's reading of the model folder's config.json; a layer kind it does not know is an
+    UnsupportedModelError naming the key (never a full-attention guess)."""
+    mc = vllm_config.model_config
+    try:
+        return geometry_from_config(_config_json(mc.model), mc.model, dtype=str(mc.dtype).removeprefix("torch."),
+                                    source=os.path.join(mc.model, "config.json"))
+    except ConfigError as err:
+        raise UnsupportedModelError(f"kvprobe's shadow worker cannot describe this model's KV cache: {err}") from err
+
+
 def layout(vllm_config: VllmConfig) -> Layout:
+    mc = vllm_config.model_config
+    if not mc.is_attention_free:
+        geom = _geometry(vllm_config)
+        if geom.layers.hybrid:  # window, chunk and linear layers: kvprobe's hybrid layer specs
+            start, end = mc.get_layers_start_end_indices(vllm_config.parallel_config)
+            return Layout(False, range(start, end), (), geom)
     kind = _unsupported_kind(vllm_config)
     if kind is not None:
         raise UnsupportedModelError(
             f"kvprobe's shadow worker cannot describe this model's KV cache: it has {kind}; "
-            "only full attention (MHA/GQA) and MLA (with a DSA indexer) are modelled")
-    mc = vllm_config.model_config
+            "only full attention (MHA/GQA), MLA (with a DSA indexer) and the hybrid layer kinds "
+            "kvprobe reads from config.json are modelled")
     start, end = mc.get_layers_start_end_indices(vllm_config.parallel_config)
     layers = range(start, end)
     indexers = _dsa_indexer_layers(mc.hf_text_config, layers) if mc.use_mla else ()
@@ -125,12 +185,27 @@ def gpu_block_size(vllm_config: VllmConfig, asked: int | None) -> int:
         return int(asked)
     if vllm_config.model_config.use_mla:
         return GPU_MLA_BLOCK_SIZE
+    if vllm_config.model_config.is_hybrid:
+        # the CPU platform aligned it to its own backend's page (cpu.py L546-570); the GPU starts
+        # from FlashAttention's 16 and the hybrid specs align from there (vllm_kv.hybrid_block_size)
+        return budget.VLLM_DEFAULT_BLOCK_SIZE
     return vllm_config.cache_config.block_size
+
+
+def attention_block_size(kv_cache_config, default: int) -> int:
+    """The block size of the first attention group the planner formed (a Mamba group's may be
+    max_model_len)."""
+    for group in kv_cache_config.kv_cache_groups:
+        if not isinstance(group.kv_cache_spec, MambaSpec):
+            return group.kv_cache_spec.block_size
+    return default
 
 
 def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCacheSpec]:
     """{layer name: spec}, one per attention layer (and per DSA indexer cache) of this rank."""
     lay = layout(vllm_config)
+    if lay.hybrid is not None:
+        return hybrid_kv_cache_spec(vllm_config, lay.hybrid, block_size)
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     cache_dtype = cc.cache_dtype
     dtype = kv_cache_dtype_str_to_dtype(cache_dtype, mc)
@@ -163,6 +238,27 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     return specs
 
 
+def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
+    """The settings a hybrid model's layer specs depend on, from the engine's config (after the
+    worker put back what the CPU platform changed)."""
+    cc, sc, pc = vllm_config.cache_config, vllm_config.scheduler_config, vllm_config.parallel_config
+    return VllmOptions(cache_dtype=cc.cache_dtype, block_size=block_size, tp=pc.tensor_parallel_size,
+                       pp=pc.pipeline_parallel_size, max_num_batched_tokens=sc.max_num_batched_tokens,
+                       async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
+                       mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype)
+
+
+def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
+    """A hybrid model's layers as a CUDA GPU's runner registers them (vllm_kv.vllm_layer_specs);
+    vLLM's planner groups them (and promotes the window layers itself when the hybrid manager is off)."""
+    try:
+        specs = vllm_layer_specs(geom, hybrid_options(vllm_config, block_size),
+                                 max_model_len=vllm_config.model_config.max_model_len)
+    except ConfigError as err:
+        raise UnsupportedModelError(f"kvprobe's shadow worker cannot describe this model's KV cache: {err}") from err
+    return to_vllm_specs([dataclasses.asdict(s) for s in specs])
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """How the KV bytes were found, for the worker's log line."""
@@ -175,7 +271,7 @@ class MemoryPlan:
 def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
                        estimates: dict[str, int]) -> MemoryPlan:
     """Bytes for the KV cache, as the GPU worker's `determine_available_memory` would return them."""
-    cc, sc, mc = vllm_config.cache_config, vllm_config.scheduler_config, vllm_config.model_config
+    cc, sc = vllm_config.cache_config, vllm_config.scheduler_config
     if cc.kv_cache_memory_bytes:  # gpu_worker.py L654-681: exactly this, no profiling
         return MemoryPlan(int(cc.kv_cache_memory_bytes), "kv_cache_memory_bytes",
                           f"--kv-cache-memory-bytes {cc.kv_cache_memory_bytes}")
@@ -188,9 +284,7 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
             "the shadow worker has no GPU to profile: declare one (hardware.gpu_memory, or "
             "--gpu-memory on the console), or pass --kv-cache-memory-bytes or --num-gpu-blocks-override")
     pc = vllm_config.parallel_config
-    cfg = _config_json(mc.model)
-    geom = geometry_from_config(cfg, mc.model, dtype=str(mc.dtype).removeprefix("torch."),
-                                source=os.path.join(mc.model, "config.json"))
+    geom = _geometry(vllm_config)
     weights = weight_bytes(geom, tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size)
     other = estimates.get("other_bytes", budget.estimate_vllm_other_bytes(
         tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size))

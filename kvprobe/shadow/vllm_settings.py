@@ -33,6 +33,9 @@ class WorkerSettings:
     chunked_prefill: bool = True  # False only for --no-enable-chunked-prefill
     prefix_caching: bool | None = None  # --[no-]enable-prefix-caching; None: vLLM's default for the model
     max_num_batched_tokens: int | None = None  # the step budget the launcher passed (the GPU's default or the flag)
+    # --mamba-ssm-cache-dtype as given ("auto" when absent): the CPU platform resets it to float32
+    # for its accelerated GDN kernels (platforms/cpu.py L318-337); a CUDA GPU keeps it
+    mamba_ssm_cache_dtype: str = "auto"
     gpu_memory_bytes: int | None = None  # a declared GPU (hardware.gpu_memory / --gpu-memory)
     estimates: dict[str, int] = field(default_factory=dict)  # the ledger's non-KV overrides, bytes
 

@@ -85,6 +85,7 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           chunked_prefill=flags.get("enable-chunked-prefill") is not False,
                           prefix_caching=None if prefix is None else bool(prefix),
                           max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
+                          mamba_ssm_cache_dtype=str(flags.get("mamba-ssm-cache-dtype") or "auto"),
                           gpu_memory_bytes=gpu_memory_bytes,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 

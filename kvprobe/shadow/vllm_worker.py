@@ -169,8 +169,10 @@ class ShadowWorker(WorkerBase):
 
     def initialize_from_config(self, kv_cache_config) -> None:
         sc = self.vllm_config.scheduler_config
+        # the attention block the planner settled on (a hybrid Mamba model's is enlarged to hold a state)
+        block = vllm_kvspec.attention_block_size(kv_cache_config, self.block_size)
         logger.info(scheduler_line("AsyncScheduler" if sc.async_scheduling else "Scheduler", sc.async_scheduling,
-                                   kv_cache_config.num_blocks, self.block_size, self.time_model.encode()))
+                                   kv_cache_config.num_blocks, block, self.time_model.encode()))
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         return CompilationTimes(language_model=0.0, encoder=0.0)
@@ -259,6 +261,8 @@ def _undo_cpu_platform(vllm_config, settings: WorkerSettings) -> None:
               (cc, "enable_prefix_caching", prefix)]
     if settings.max_num_batched_tokens:
         wanted.append((sc, "max_num_batched_tokens", settings.max_num_batched_tokens))
+    if mc.is_hybrid:  # a Mamba/linear-attention state: the GPU's SSM dtype (cpu.py L318-337 resets it)
+        wanted.append((cc, "mamba_ssm_cache_dtype", settings.mamba_ssm_cache_dtype))
     changes = []
     for obj, name, value in wanted:
         if getattr(obj, name) != value:

@@ -7,10 +7,12 @@ new_token_ratio drift). Formulas: shared/reference/vllm.md §3, shared/reference
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.sched_vllm_hybrid import is_hybrid
 from kvprobe.theory.schedsim import (
     CLIP_MAX_NEW_TOKENS,
     SEM_STOP,
@@ -20,6 +22,7 @@ from kvprobe.theory.schedsim import (
     cdiv,
     closed_loop,
 )
+from kvprobe.theory.vllm_hybrid_groups import request_group_blocks
 
 POLICIES = ("vllm-0.33", "vllm-0.11", "sglang-0.5.22", "sglang-0.5.21", "worst-case")
 
@@ -59,12 +62,18 @@ class Prediction:
     start: str = ""  # "ramp" | "burst": the arrival history whose steady state gives `limit`
     probe_users: int | None = None  # the closed loop behind `limit`: its users and ramp width
     ramp_width: int | None = None
+    # vLLM hybrid models: one request's blocks per KV cache group (vllm_hybrid_groups.GroupBlocks
+    # as dicts), and the group holding most of them when KV binds ("full layers", ...)
+    groups: tuple = ()
+    binding_group: str = ""
 
 
 def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int,
-            users: int | None = None, *, policy: str | None = None, shared_prefix_tokens: int = 0) -> Prediction:
+            users: int | None = None, *, policy: str | None = None, shared_prefix_tokens: int = 0,
+            layers: tuple[int, ...] = ()) -> Prediction:
     """Admission limit (and the steady state at `users`) of fixed-length requests whose prompts
-    share their first `shared_prefix_tokens` tokens (a system prompt; the rest unique)."""
+    share their first `shared_prefix_tokens` tokens (a system prompt; the rest unique). `layers`:
+    a hybrid vLLM model's layer count per KV group (shown in the per-group breakdown)."""
     P, O, K = prompt_tokens, output_tokens, shared_prefix_tokens  # noqa: E741  (the references' names)
     if P < 1 or O < 1:
         raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got P={P} O={O}")
@@ -75,7 +84,7 @@ def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
     if isinstance(config, VllmConfig):
-        pred = _vllm(config, P, O, K, policy)
+        pred = _vllm(config, P, O, K, policy, layers)
     elif isinstance(config, SglangConfig):
         pred = _sglang(config, P, O, K, policy)
     else:
@@ -130,22 +139,35 @@ def vllm_shared_blocks(cfg: VllmConfig, K: int) -> int:
     return K // cfg.block_size if cfg.enable_prefix_caching else 0
 
 
-def _vllm(cfg: VllmConfig, P: int, O: int, K: int, policy: str) -> Prediction:  # noqa: E741
+def _vllm(cfg: VllmConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
     B, U, S, T = cfg.block_size, cfg.num_gpu_blocks - 1, cfg.max_num_seqs, cfg.max_num_batched_tokens
     if P + O > cfg.max_model_len:  # 0.33 clamps max_tokens, then min_tokens=O is a 400 (vllm.md §4)
         raise ConfigError(f"P+O = {P + O} exceeds max_model_len {cfg.max_model_len} (binding: length)")
     b_adm, b_max, b_avg = vllm_request_blocks(P, O, B)
+    groups: tuple = ()
+    if cfg.groups and is_hybrid(cfg):  # the groups' blocks of one request, as the engine holds them
+        per_group = request_group_blocks(cfg, P, O, list(layers))
+        groups = tuple(dataclasses.asdict(g) for g in per_group)
+        b_adm = sum(g.blocks_admission for g in per_group)
+        b_max = max(1, sum(g.blocks_peak for g in per_group))
+        b_avg = max(1.0, sum(g.blocks_mean for g in per_group))
     if b_adm > U:
         raise ConfigError(f"one prompt needs {b_adm} blocks but the pool has {U} usable (binding: length)")
     common = {"policy": policy, "blocks_admission": b_adm, "blocks_peak": b_max,
-              "async_scheduling": cfg.async_scheduling, "shared_prefix_tokens": K}
+              "async_scheduling": cfg.async_scheduling, "shared_prefix_tokens": K, "groups": groups}
+    if groups:
+        if policy == "worst-case":
+            raise ConfigError("the worst-case policy reserves full attention for every layer; a hybrid "
+                              "model's groups are modelled by the vllm policies only", key="policy")
+        common["binding_group"] = max(groups, key=lambda g: g["blocks_mean"])["group"]
     if policy == "worst-case":  # seed 000: reserve ceil((P+O)/B) blocks per request up front
         per = cdiv(P + O, B)
         limit = min(S, U // per)
         return Prediction(limit=limit, no_preemption_limit=limit, binding=_cap(limit, S, "max_num_seqs"),
                           usage_at_limit=min(1.0, limit * b_avg / U), method="closed-form",
                           how="closed form: usable // ceil((P+O)/B)", **{**common, "blocks_admission": per})
-    sb = vllm_shared_blocks(cfg, K)  # held once, by whoever runs
+    # held once, by whoever runs (hybrid: not estimated; the simulation below shares what vLLM shares)
+    sb = 0 if groups else vllm_shared_blocks(cfg, K)
     U_own, b_max_own, b_avg_own = U - sb, b_max - sb, b_avg - sb
     no_preempt = min(S, U_own // b_max_own)
     budget_limit = T * O / (P - sb * B + O)  # decodes + the prefill they need per step fill the budget

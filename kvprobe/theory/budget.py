@@ -14,11 +14,13 @@ bound (`kv_pool_bytes_upper`, seed 001's 7.12 GiB) subtracts weights only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.vllm_kv import MAMBA_SPEC, VllmKVPlan, VllmOptions, plan_layout, vllm_kv_plan
 from kvprobe.units import format_bytes
 
 GIB = 2**30
@@ -54,13 +56,13 @@ def _version_key(version: str | None, known: dict) -> str:
 
 
 def refuse_hybrid(geom: ModelGeometry) -> None:
-    """These budgets hold one uniform pool. A hybrid model's pools are planned by
-    `theory.vllm_kv` / `theory.sglang_pools`; until the ledger's admission model takes them (issue
-    14, phase 2) a hybrid model is refused here rather than sized as if every layer were full."""
+    """SGLang's budget holds one uniform pool. A hybrid model's pools are planned by
+    `theory.sglang_pools`; until its admission model takes them (issue 14) a hybrid model is refused
+    here rather than sized as if every layer were full. (vLLM's hybrid pool: `vllm_budget(plan_opts=)`.)"""
     if geom.layers.hybrid:
         raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the ledger does not yet "
-                          "model admission for hybrid attention (sliding-window, chunked-local or "
-                          "linear layers)", key=geom.layers.key or "layer_types")
+                          "model SGLang's admission for hybrid attention (sliding-window, chunked-local "
+                          "or linear layers)", key=geom.layers.key or "layer_types")
 
 
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
@@ -204,6 +206,7 @@ class VllmBudget:
     # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
     refusal: str | None = None
     largest_max_model_len: int = 0
+    plan: VllmKVPlan | None = None  # a hybrid model's groups (vllm_kv.vllm_kv_plan); None: one uniform pool
 
     @property
     def usable_blocks(self) -> int:
@@ -216,13 +219,20 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, tp: int = 1, pp: int = 1,
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False,
-                refuse: bool = True) -> VllmBudget:
+                refuse: bool = True, plan_opts: VllmOptions | None = None) -> VllmBudget:
     """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
 
     Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
     its message as a ConfigError; with `refuse=False` the budget is returned with `refusal` set, so
-    a ledger can still show every number that leads to the refusal."""
-    refuse_hybrid(geom)
+    a ledger can still show every number that leads to the refusal.
+
+    A hybrid model (window, chunked-local or linear layers) is planned by `vllm_kv.vllm_kv_plan`
+    with `plan_opts` (the engine settings its layout depends on): its groups share one pool whose
+    block is the largest group's page, and the capacity line divides by the sum over groups
+    (`VllmBudget.plan`)."""
+    if geom.layers.hybrid and plan_opts is None:
+        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: its vLLM pool needs the "
+                          "hybrid plan's options (vllm_budget(plan_opts=...))", key=geom.layers.key or "layer_types")
     estimates = dict(estimates or {})
     unknown = set(estimates) - {"activation_bytes", "cudagraph_bytes", "other_bytes"}
     if unknown:
@@ -230,6 +240,10 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                           "cudagraph_bytes, other_bytes", key="estimates")
     block = block_size or vllm_default_block_size(geom)
     bytes_per_block = kv.total * block  # layers_on_rank x page bytes (MLA: one latent, no factor 2)
+    if geom.layers.hybrid:
+        _, layout, bytes_per_block, _, _ = plan_layout(geom, plan_opts, max_model_len)
+        block = layout[0].block_size if layout[0].spec != MAMBA_SPEC else \
+            next((g.block_size for g in layout if g.spec != MAMBA_SPEC), layout[0].block_size)
     fraction = gpu_memory_utilization if gpu_memory_utilization is not None else \
         vllm_default_gpu_memory_utilization(version)
     if not 0 < fraction <= 1:
@@ -254,6 +268,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         upper = requested - weights
         upper_blocks = max(0, upper // bytes_per_block)
         upper_tokens = max(0, upper // kv.total)
+        if geom.layers.hybrid:  # the capacity line of the upper pool: blocks / blocks per request x length
+            upper_tokens = int(upper_blocks / sum(g.blocks_per_request for g in layout) * max_model_len)
     if kv_cache_memory_bytes is not None:
         kv_pool, source = kv_cache_memory_bytes, "kv_cache_memory_bytes"
     elif requested is not None:
@@ -268,6 +284,12 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                           "--kv-cache-memory-bytes or --num-gpu-blocks-override)", key="gpu_memory")
     else:
         num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
+    if geom.layers.hybrid:
+        return _hybrid_budget(geom, plan_opts, max_model_len, auto_fit, refuse, num_gpu_blocks_override,
+                              kv_pool, VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None
+                                                  else None, requested, weights, other, act, graph, kv_pool,
+                                                  upper, bytes_per_block, num_blocks, upper_blocks, block, 0,
+                                                  upper_tokens, max_model_len, 0.0, True, source, used))
     refusal = None
     try:
         if auto_fit:
@@ -286,6 +308,19 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
                       source, used, refusal, max(0, (num_blocks - 1) * block))
+
+
+def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,
+                   override: int | None, kv_pool: int | None, split: VllmBudget) -> VllmBudget:
+    """The memory split's pool planned as vLLM plans a hybrid model (vllm_kv.vllm_kv_plan)."""
+    plan = vllm_kv_plan(geom, max_model_len=max_model_len, available_bytes=None if override is not None
+                        else kv_pool, num_gpu_blocks_override=override, opts=opts, auto_fit=auto_fit,
+                        refuse=refuse)
+    return dataclasses.replace(
+        split, num_blocks=plan.num_blocks, block_size=plan.block_size, kv_tokens=plan.kv_tokens,
+        max_model_len=plan.max_model_len, max_concurrency_at_max_model_len=plan.max_concurrency,
+        fits_max_model_len=plan.refusal is None, refusal=plan.refusal,
+        largest_max_model_len=plan.largest_max_model_len, plan=plan)
 
 
 # -------------------------------------------------------------------------------------- SGLang

@@ -20,6 +20,8 @@ from kvprobe.theory.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
+from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
 
 ENGINES = ("vllm", "sglang")
@@ -83,6 +85,9 @@ class Capacity:
     max_model_len: int  # vLLM max_model_len / SGLang context_len
     max_running: int  # max_num_seqs / max_running_requests
     token_budget: int  # max_num_batched_tokens / chunked_prefill_size
+    # a hybrid model's KV cache groups (vLLM): label, kind, copies, layers, block_size, and the
+    # blocks one max-length request holds at most (the capacity line's divisor, per group)
+    groups: list = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +98,7 @@ class RequestSection:
     blocks_peak: int  # vLLM: peak blocks of one request; SGLang: peak tokens held
     unit: str  # "blocks" | "tokens"
     length_limit: int
+    groups: list = field(default_factory=list)  # hybrid (vLLM): vllm_hybrid_groups.GroupBlocks as dicts
 
 
 def _schedsim():
@@ -115,6 +121,7 @@ class Ledger:
     scheduler_config: object | None  # schedsim.VllmConfig | schedsim.SglangConfig
     engine_version: str = ""
     refusal: str | None = None  # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
+    not_predicted: str | None = None  # why admission is not predicted although the request is given
 
     @property
     def startup(self) -> dict:
@@ -141,17 +148,18 @@ class Ledger:
                 "weight_bytes": self.model.weight_bytes,
                 "tp": self.inputs.tp, "pp": self.inputs.pp, "dp": self.inputs.dp,
             },
-            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items()},
+            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k != "plan"},
             "capacity": dataclasses.asdict(self.capacity),
             "request": dataclasses.asdict(self.request) if self.request else None,
             "admission": None,
-            "scheduler_config": dataclasses.asdict(self.scheduler_config) if self.scheduler_config else None,
+            "scheduler_config": _scheduler_dict(self.scheduler_config),
             "startup": self.startup,
         }
         if self.admission is not None:
             a = dataclasses.asdict(self.admission)
             a["replicas"] = self.inputs.dp
             a["total_limit"] = a["limit"] * self.inputs.dp
+            a["groups"] = [dict(g) for g in a.get("groups", ())]  # a JSON list
             out["admission"] = a
         return out
 
@@ -160,6 +168,15 @@ class Ledger:
         if self.refusal is not None:
             sections.append(_refusal_text(self))
         return "\n\n".join(sections)
+
+
+def _scheduler_dict(config) -> dict | None:
+    if config is None:
+        return None
+    out = dataclasses.asdict(config)
+    if "groups" in out:  # KV cache groups (vLLM): a JSON list of objects
+        out["groups"] = [dict(g) for g in out["groups"]]
+    return out
 
 
 # ------------------------------------------------------------------------------------- build
@@ -251,15 +268,28 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     if tokens < seqs:  # config/scheduler.py L317-336
         raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
                           f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
+    caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
+    plan_opts = None
+    if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm_kv.VllmOptions)
+        plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
+                                B.VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
+                                async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching)
     bud = B.vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,
         block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
         pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
-        auto_fit=inputs.max_model_len == -1, refuse=refuse)
+        auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts)
+    groups, not_modelled = (), None
+    if bud.plan is not None:
+        try:
+            groups = sched_groups(bud.plan)
+        except ConfigError as err:
+            not_modelled = str(err)
     cap = Capacity(bud.num_blocks, bud.usable_blocks, bud.block_size, bud.bytes_per_block, bud.kv_tokens,
-                   bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, seqs, tokens)
+                   bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, seqs, tokens,
+                   _capacity_groups(bud.plan) if bud.plan is not None else [])
     request = None
     if inputs.prompt_tokens is not None:
         p, o, blk = inputs.prompt_tokens, inputs.output_tokens, bud.block_size
@@ -273,16 +303,20 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     sched = pred = None
     if bud.refusal is not None:  # the engine would not start: nothing is admitted
         return Ledger(inputs, model, bud, cap, request, None, None, version, bud.refusal)
+    if not_modelled is not None:
+        return Ledger(inputs, model, bud, cap, None, None, None, version, not_predicted=not_modelled)
     if schedsim is not None:
         policy = inputs.policy or admission_mod.policy_for("vllm", version,
                                                            reserve_full_isl=inputs.reserve_full_isl)
         sched = schedsim.VllmConfig(
             num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
             max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
-            enable_prefix_caching=True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching,
+            enable_prefix_caching=caching,
             enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
-            policy=policy if policy.startswith("vllm") else admission_mod.policy_for("vllm", version))
-        pred = _predict(admission_mod, sched, inputs, policy, request)
+            policy=policy if policy.startswith("vllm") else admission_mod.policy_for("vllm", version),
+            groups=groups)
+        layers = tuple(group_layers(bud.plan)) if groups else ()
+        pred = _predict(admission_mod, sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
@@ -323,14 +357,33 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection) -> Ledger:
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
-def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None):
+def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None,
+             layers: tuple[int, ...] = ()):
     if request is None:
         return None
     pred = admission_mod.predict(sched, request.prompt_tokens, request.output_tokens, inputs.users,
-                                 policy=policy, shared_prefix_tokens=inputs.shared_prefix_tokens)
+                                 policy=policy, shared_prefix_tokens=inputs.shared_prefix_tokens,
+                                 **({"layers": layers} if layers else {}))
     # The admission model owns the per-request accounting; keep the request section consistent.
     request.blocks_admission, request.blocks_peak = pred.blocks_admission, pred.blocks_peak
+    request.groups = list(getattr(pred, "groups", ()))
     return pred
+
+
+def _capacity_groups(plan) -> list[dict]:
+    """The plan's groups for the capacity table, merged as the scheduler runs them."""
+    try:
+        kinds = sched_groups(plan)
+    except ConfigError:  # not simulated; the planner's own groups still show
+        return [{"group": g.spec, "copies": 1, "layers": len(g.layers), "block_size": g.block_size,
+                 "blocks_per_request": g.blocks_per_request} for g in plan.groups]
+    out, it = [], iter(plan.groups)
+    for g in kinds:
+        members = [next(it) for _ in range(g.copies)]
+        out.append({"group": group_label(g), "copies": g.copies, "layers": sum(len(m.layers) for m in members),
+                    "block_size": members[0].block_size,
+                    "blocks_per_request": sum(m.blocks_per_request for m in members)})
+    return out
 
 
 # ------------------------------------------------------------------------------------ render
@@ -355,6 +408,8 @@ def _render_sections(led: Ledger) -> list[str]:
         ["weights per rank", format_bytes(led.model.weight_bytes), par],
         ["KV bytes per token per rank", kv.total, f"{kv.dtype}: {kv_note}"],
     ]
+    if g.layers.hybrid:  # the bytes per token above count every attention layer as full
+        model_rows.append(["layer kinds", "hybrid", f"{g.layers.describe()}: pooled per KV cache group below"])
     out = [render_table(["model", "value", "how"], model_rows, title=f"capacity ledger: {inp.engine} "
                         f"{led.engine_version}", align="lrl")]
     out.append(render_table(["budget", "value", "how"], _budget_rows(led), align="lrl"))
@@ -374,6 +429,9 @@ def _render_sections(led: Ledger) -> list[str]:
     ]
     if not vllm:
         cap_rows.append(["max_req_input_len", b.max_req_input_len, "min(ctx-1, pool-1) - 5"])
+    for g in c.groups:  # one pool, several block tables per request
+        cap_rows.append([f"  group: {g['group']}", g["blocks_per_request"],
+                         f"blocks per max-length request; {g['copies']} group(s), {g['layers']} layers"])
     out.append(render_table(["capacity", "value", "how"], cap_rows, align="lrl"))
     r = led.request
     if r is not None:
@@ -385,6 +443,11 @@ def _render_sections(led: Ledger) -> list[str]:
             ["requests the pool holds at peak", (c.usable_blocks if vllm else c.kv_tokens) // r.blocks_peak,
              f"usable {r.unit} // peak"],
         ]
+        if r.groups:
+            req_rows[2][2] = "sum over groups of each group's peak (one request alone)"
+            for g in r.groups:
+                req_rows.append([f"  {g['group']}", f"{g['blocks_admission']} / {g['blocks_peak']}",
+                                 f"blocks to admit / peak; mean {g['blocks_mean']:g} over its life"])
         out.append(render_table(["request", "value", "how"], req_rows, align="lrl"))
     out.append(_admission_text(led))
     return out
@@ -460,6 +523,8 @@ def _admission_text(led: Ledger) -> str:
             "admission model (kvprobe.theory.admission) not available"
         if led.refusal is not None:
             why = "the engine would not start with this configuration"
+        if led.not_predicted is not None:
+            why = led.not_predicted
         return f"admission: not predicted ({why})"
     limit_how = a.how or "running when saturated, per replica"
     if a.limit_mean is not None and a.limit_mean != a.limit:
@@ -489,4 +554,6 @@ def _admission_text(led: Ledger) -> str:
                  ["waiting at users", a.waiting, "steady state"],
                  ["preemptions per 1k steps", a.preemption_rate, "at users"]]
     table = render_table(["admission", "value", "how"], rows, align="lrl")
-    return f"{table}\nbinding limit: {a.binding}"
+    group = getattr(a, "binding_group", "")
+    binding = f"{a.binding} ({group})" if group and a.binding == "kv" else a.binding
+    return f"{table}\nbinding limit: {binding}"

@@ -31,6 +31,9 @@ class VllmConfig:
     policy: str = "vllm-0.33"  # "vllm-0.33" (full-prompt admission) | "vllm-0.11" (first-chunk admission)
     watermark: float = 0.0
     async_scheduling: bool = False  # AsyncScheduler + batch queue of 2 (the engine's default: engines/vllm.py)
+    # the model's KV cache groups (vllm_kvm.KVGroup), in the planner's order; () = one full-attention
+    # group. A hybrid model (window, chunked-local or Mamba groups) runs sched_vllm_hybrid.py.
+    groups: tuple = ()
 
 
 @dataclass
@@ -72,6 +75,7 @@ class SimRequest:
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
     _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
     _out_ids: tuple = field(default=(), init=False, repr=False)  # SGLang: its output ids, as far as asked
+    _kv: object = field(default=None, init=False, repr=False)  # vLLM hybrid: its vllm_kvm.KVRequest
 
 
 class Emitted(Sequence):

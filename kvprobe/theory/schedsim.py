@@ -37,11 +37,14 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
 )
 from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sched_vllm import VllmScheduler
+from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
 from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
 
 
 def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangScheduler:
     if isinstance(config, VllmConfig):
+        if is_hybrid(config):
+            return HybridVllmScheduler(config)
         return VllmScheduler(config)
     if isinstance(config, SglangConfig):
         return SglangScheduler(config)

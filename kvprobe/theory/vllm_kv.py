@@ -66,7 +66,7 @@ def cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class VllmLayerSpec:
     """One layer's `KVCacheSpec` as vLLM's GPU model runner registers it; the field names are the
-    spec classes' own, so `kvprobe.shadow.vllm_specs` builds the real objects from them."""
+    spec classes' own, so `kvprobe.shadow.vllm_kvspec.to_vllm_spec` builds the real objects from them."""
 
     name: str
     spec: str  # FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec | MambaSpec
@@ -314,6 +314,10 @@ class VllmKVPlan:
     hma_reason: str
     in_flight_tokens: int
     specs: tuple[VllmLayerSpec, ...] = field(default=(), repr=False)
+    # vLLM's start-up refusal text (vllm_kv_plan(refuse=False)), and the longest max_model_len
+    # the pool holds (the estimate in that text; 0 when not even one token fits)
+    refusal: str | None = None
+    largest_max_model_len: int = 0
 
     @property
     def usable_blocks(self) -> int:
@@ -347,40 +351,56 @@ def _gib(nbytes: float) -> str:
     return str(round(nbytes / 2**30, 2))  # format_gib (utils/mem_utils.py L30-31)
 
 
-def vllm_kv_plan(geom: ModelGeometry, *, max_model_len: int, available_bytes: int | None = None,
-                 num_gpu_blocks_override: int | None = None, opts: VllmOptions | None = None,
-                 auto_fit: bool = False) -> VllmKVPlan:
-    """What `get_kv_cache_configs` + `get_kv_cache_capacity` compute for one worker."""
-    opts = opts or VllmOptions()
+def plan_layout(geom: ModelGeometry, opts: VllmOptions, max_model_len: int
+                ) -> tuple[list[VllmLayerSpec], list[VllmGroup], int, bool, str]:
+    """(specs, groups, bytes per block, hybrid manager on, why): the layout, before any memory."""
     hma, why = hybrid_kv_cache_manager(geom, opts)
     specs = vllm_layer_specs(geom, opts, max_model_len=max_model_len)
     if not hma:
         specs = promote_local_specs(specs)
     if not specs:
         raise ConfigError("the model has no KV cache layers", key="layer_types")
-    inflight = opts.in_flight_tokens
-    groups = group_specs(specs, max_model_len=max_model_len, in_flight=inflight)
+    groups = group_specs(specs, max_model_len=max_model_len, in_flight=opts.in_flight_tokens)
     bpb = max(g.bytes_per_block for g in groups)  # _get_kv_cache_bytes_per_block (L574-605)
+    return specs, groups, bpb, hma, why
+
+
+def vllm_kv_plan(geom: ModelGeometry, *, max_model_len: int, available_bytes: int | None = None,
+                 num_gpu_blocks_override: int | None = None, opts: VllmOptions | None = None,
+                 auto_fit: bool = False, refuse: bool = True) -> VllmKVPlan:
+    """What `get_kv_cache_configs` + `get_kv_cache_capacity` compute for one worker. Where vLLM
+    would refuse to start this raises its message; with `refuse=False` the plan is returned with
+    `refusal` set (a ledger still shows every number behind it)."""
+    opts = opts or VllmOptions()
+    specs, groups, bpb, hma, why = plan_layout(geom, opts, max_model_len)
+    inflight = opts.in_flight_tokens
     if num_gpu_blocks_override is not None:  # the planner re-plans with N x bytes (L1510-1533)
         available_bytes = num_gpu_blocks_override * bpb
     if available_bytes is None:
         raise ConfigError("the KV pool needs available bytes or --num-gpu-blocks-override",
                           key="gpu_memory")
     check = available_bytes - bpb  # the null block (L1535-1544)
-    if auto_fit:  # _auto_fit_max_model_len (L1337-1410)
-        fit = _estimate_max_model_len(specs, check, max_model_len, inflight)
-        if fit <= 0:
-            raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to "
-                              "serve even a single token. Try increasing `gpu_memory_utilization`.")
-        max_model_len = min(max_model_len, fit)
-        groups = group_specs(specs, max_model_len=max_model_len, in_flight=inflight)
-    _check_fits(specs, groups, bpb, check, max_model_len, inflight)
-    num_blocks = available_bytes // bpb if num_gpu_blocks_override is None else num_gpu_blocks_override
+    refusal = None
+    fit = _estimate_max_model_len(specs, check, max_model_len, inflight) if check > 0 else 0
+    try:
+        if auto_fit:  # _auto_fit_max_model_len (L1337-1410)
+            if fit <= 0:
+                raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to "
+                                  "serve even a single token. Try increasing `gpu_memory_utilization`.")
+            max_model_len = min(max_model_len, fit)
+            groups = group_specs(specs, max_model_len=max_model_len, in_flight=inflight)
+        _check_fits(specs, groups, bpb, check, max_model_len, inflight)
+    except ConfigError as err:
+        if refuse:
+            raise
+        refusal = str(err)
+    num_blocks = max(0, available_bytes // bpb) if num_gpu_blocks_override is None else num_gpu_blocks_override
     per_request = sum(g.blocks_per_request for g in groups)
     concurrency = num_blocks / per_request
     attn_block = next((s.block_size for s in specs if s.spec != MAMBA_SPEC), specs[0].block_size)
     return VllmKVPlan(tuple(groups), attn_block, bpb, num_blocks, max_model_len, per_request,
-                      concurrency, int(concurrency * max_model_len), hma, why, inflight, tuple(specs))
+                      concurrency, int(concurrency * max_model_len), hma, why, inflight, tuple(specs),
+                      refusal, fit)
 
 
 def _check_fits(specs, groups, bpb: int, check: int, max_model_len: int, inflight: int) -> None:

@@ -7,37 +7,11 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from kvprobe.errors import ConfigError
 from kvprobe.shadow import envs
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 600.0  # seconds for one engine subprocess: imports alone take ~5-10 s on 2 busy cores
-
-
-def engine_env(engine: str, version: str, *, install: bool) -> envs.EngineEnv:
-    """The engine environment as it is. A complete environment built from another branch's recipe
-    (a different pin digest) is used as found rather than rebuilt: rebuilding would pull it from
-    under whoever built it. Missing: installed when `install`, else the test is skipped."""
-    try:
-        env = envs.find(engine, version)
-    except ConfigError:  # no recipe on this branch (SGLang's comes with its shadow target)
-        env = None
-    if env is not None:
-        return env
-    env = envs.env_for(engine, version)
-    try:
-        mark = json.loads((env.root / envs.MARKER).read_text())
-    except (OSError, ValueError):
-        mark = None
-    if mark and mark.get("engine_version") == version and env.python.exists():
-        return env
-    if not install:
-        pytest.skip(f"no {engine} {version} environment at {env.root} (built by the shadow target's "
-                    f"own tests; not installed from here)")
-    return envs.ensure(engine, version, log=print)
 
 
 def run_json(env: envs.EngineEnv, args: list[str], payload, extra_env: dict | None = None) -> object:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 from hybrid_engines import HERE, model_folder, run_json
-from hybrid_engines import engine_env as _engine_env
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang_pools import SglangOptions, sglang_layout, sglang_pools
+from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 GIB = 2**30
@@ -43,8 +43,8 @@ CASES = [  # (preset, rest GiB, server args)
 
 
 @pytest.fixture(scope="module")
-def sglang_env():
-    return _engine_env("sglang", "0.5.23", install=False)
+def sglang_env(pytestconfig):
+    return engine_env("sglang", "0.5.23", pytestconfig)
 
 
 def _folder(tmp_path, name):

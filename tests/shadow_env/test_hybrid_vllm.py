@@ -6,7 +6,7 @@ Three things are checked in the vLLM environment:
 * the spec choices: FlashAttention's block sizes, the window layer's block, the Gated DeltaNet
   state and the hybrid block alignment, from vLLM's own functions;
 * the plan: kvprobe's layer specs, turned into vLLM's `KVCacheSpec` objects
-  (`kvprobe.shadow.vllm_specs`) and planned by `get_kv_cache_configs`, give the groups, block
+  (`kvprobe.shadow.vllm_kvplan`) and planned by `get_kv_cache_configs`, give the groups, block
   count, capacity tokens, max concurrency and startup errors kvprobe computes.
 """
 
@@ -16,7 +16,6 @@ import dataclasses
 
 import pytest
 from hybrid_engines import HERE, model_folder, run_json
-from hybrid_engines import engine_env as _engine_env
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
@@ -28,6 +27,7 @@ from kvprobe.theory.vllm_kv import (
     vllm_kv_plan,
     vllm_layer_specs,
 )
+from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 GIB = 2**30
@@ -39,8 +39,8 @@ _KIND = {"full_attention": FULL, "sliding_attention": SLIDING, "chunked_attentio
 
 
 @pytest.fixture(scope="module")
-def vllm_env():
-    return _engine_env("vllm", "0.33.0", install=True)
+def vllm_env(pytestconfig):
+    return engine_env("vllm", "0.33.0", pytestconfig)
 
 
 def geom(name):
@@ -148,7 +148,7 @@ def _request(name, mml, budget, opts, auto_fit):
 
 def test_kvprobes_plan_is_vllms_plan(vllm_env):
     cases = _cases()
-    answers = run_json(vllm_env, ["-m", "kvprobe.shadow.vllm_specs"], [_request(*c) for c in cases])
+    answers = run_json(vllm_env, ["-m", "kvprobe.shadow.vllm_kvplan"], [_request(*c) for c in cases])
     compared = errors = 0
     for (name, mml, budget, opts, auto_fit), got in zip(cases, answers, strict=True):
         what = f"{name} max_model_len={mml} {budget} {opts} auto_fit={auto_fit}"

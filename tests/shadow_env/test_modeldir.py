@@ -10,6 +10,7 @@ import pytest
 
 from kvprobe.shadow import envs, modeldir
 from kvprobe.theory.geometry import load_model_config
+from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +27,8 @@ print(json.dumps({"len": len(tok), "eos": tok.eos_token_id, "bos": tok.bos_token
 
 
 @pytest.fixture(scope="module")
-def vllm_env():
-    return envs.ensure("vllm", "0.33.0", log=print)  # installs when missing (~1 min warm)
+def vllm_env(pytestconfig):
+    return engine_env("vllm", "0.33.0", pytestconfig)  # installs when missing (~1 min warm)
 
 
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"])

@@ -1,13 +1,12 @@
-"""kvprobe's per-layer KV specs as vLLM's own `KVCacheSpec` objects, and vLLM's own planner run on
-them — inside a vLLM environment (imports vllm and torch; run with that environment's python and
-kvprobe on PYTHONPATH).
+"""vLLM's own KV planner run on kvprobe's per-layer KV specs — inside a vLLM environment (imports
+vllm and torch; run with that environment's python and kvprobe on PYTHONPATH).
 
-`to_vllm_specs` is what the model-less worker's `get_kv_cache_spec` returns for a hybrid model;
-`plan` runs vLLM 0.33.0's `get_global_kv_cache_groups` + `get_kv_cache_configs` +
-`get_kv_cache_capacity` (v1/core/kv_cache_planning.py, kv_cache_utils.py) with no server and no
-model, so `kvprobe.theory.vllm_kv` can be compared with the engine's arithmetic.
+The specs become vLLM's `KVCacheSpec` objects through `vllm_kvspec.to_vllm_specs`, the very
+function the model-less worker's `get_kv_cache_spec` uses for a hybrid model; `plan` runs vLLM
+0.33.0's `get_global_kv_cache_groups` + `get_kv_cache_configs` + `get_kv_cache_capacity`
+(v1/core/kv_cache_planning.py, kv_cache_utils.py) with no server and no model, so `kvprobe.theory.vllm_kv` can be compared with the engine's arithmetic.
 
-As a program: `python -m kvprobe.shadow.vllm_specs < request.json` prints the plan as JSON.
+As a program: `python -m kvprobe.shadow.vllm_kvplan < request.json` prints the plan as JSON.
 The request holds `specs` (dicts of `theory.vllm_kv.VllmLayerSpec` fields), `available_bytes`,
 `max_model_len`, `max_num_batched_tokens`, `async_scheduling`, `hybrid_kv_cache_manager`,
 `mamba_cache_mode`, and optionally `num_gpu_blocks_override` and `auto_fit`.
@@ -23,9 +22,7 @@ import types
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: the planner itself is device-free
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
-import torch  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
-from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
 from vllm.v1.core.kv_cache_planning import (  # noqa: E402
     get_global_kv_cache_groups,
     get_kv_cache_configs,
@@ -34,43 +31,9 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     generate_scheduler_kv_cache_config,
     get_kv_cache_capacity,
 )
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-    UniformTypeKVCacheSpecs,
-    get_kv_quant_mode,
-)
+from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs  # noqa: E402
 
-_ATTENTION = {"FullAttentionSpec": FullAttentionSpec, "SlidingWindowSpec": SlidingWindowSpec,
-              "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec}
-_MAMBA_TYPES = {"gdn_attn": MambaAttentionBackendEnum.GDN_ATTN}
-
-
-def to_vllm_spec(d: dict):
-    """One `theory.vllm_kv.VllmLayerSpec` (as a dict) -> the vLLM spec object."""
-    if d["spec"] == "MambaSpec":
-        return MambaSpec(
-            block_size=d["block_size"], shapes=tuple(tuple(s) for s in d["shapes"]),
-            dtypes=tuple(getattr(torch, t) for t in d["dtypes"]),
-            page_size_padded=d["page_size_padded"], mamba_type=_MAMBA_TYPES[d["mamba_type"]],
-            mamba_cache_mode=d["mamba_cache_mode"],
-            num_prefill_checkpoint_blocks=d["num_prefill_checkpoint_blocks"])
-    cls = _ATTENTION[d["spec"]]
-    kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
-              dtype=getattr(torch, d["dtype"]), kv_quant_mode=get_kv_quant_mode(d["cache_dtype"]))
-    if cls is not ChunkedLocalAttentionSpec:  # chunked_local_attention.py L119-128 passes no head_size_v
-        kw["head_size_v"] = d["head_size_v"]
-    if cls is SlidingWindowSpec:
-        kw["sliding_window"] = d["sliding_window"]
-    if cls is ChunkedLocalAttentionSpec:
-        kw["attention_chunk_size"] = d["attention_chunk_size"]
-    return cls(**kw)
-
-
-def to_vllm_specs(specs: list[dict]) -> dict:
-    return {d["name"]: to_vllm_spec(d) for d in specs}
+from kvprobe.shadow.vllm_kvspec import to_vllm_specs  # noqa: E402
 
 
 def planner_config(req: dict) -> VllmConfig:

@@ -1,0 +1,102 @@
+"""A hybrid model's vLLM KV cache groups as the ledger and the admission model show them: the
+planner's groups (vllm_kv.VllmKVPlan) turned into the scheduler's groups (vllm_kvm.KVGroup), and
+what one request holds in each group — at admission, at its peak and on average over its life —
+measured by running it alone through the simulated engine (sched_vllm_hybrid), so the figures
+follow the engine's own rules (window frees on the processed basis, the admission cap, Mamba's
+state blocks) rather than a formula beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvprobe.errors import ConfigError
+from kvprobe.theory.sched_common import SimRequest, VllmConfig
+from kvprobe.theory.vllm_kv import CHUNKED_SPEC, FULL_SPEC, MAMBA_SPEC, SLIDING_SPEC, VllmKVPlan
+from kvprobe.theory.vllm_kvm import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
+
+_KIND = {FULL_SPEC: FULL, SLIDING_SPEC: SLIDING, CHUNKED_SPEC: CHUNKED, MAMBA_SPEC: MAMBA}
+_LABEL = {FULL: "full layers", SLIDING: "sliding-window layers", CHUNKED: "chunked-local layers",
+          MAMBA: "linear-attention (Mamba) layers"}
+
+
+def group_label(group: KVGroup) -> str:
+    """'full layers', 'sliding-window layers (window 128)', ... — the name a binding limit carries."""
+    if group.kind in (SLIDING, CHUNKED):
+        return f"{_LABEL[group.kind]} ({'window' if group.kind == SLIDING else 'chunk'} {group.window})"
+    return _LABEL[group.kind]
+
+
+def sched_groups(plan: VllmKVPlan) -> tuple[KVGroup, ...]:
+    """The plan's groups as the scheduler's KV cache manager runs them, in the planner's order;
+    groups of one spec (Gemma 3's five window groups) are one KVGroup with `copies`."""
+    out: list[KVGroup] = []
+    for g in plan.groups:
+        spec = next(s for s in plan.specs if s.name == g.layers[0])
+        if spec.spec == MAMBA_SPEC and spec.num_prefill_checkpoint_blocks:
+            raise ConfigError("Mamba prefill checkpoint blocks (FlashInfer's GDN prefill, Hopper, with prefix "
+                              "caching) are not modelled by the admission simulation", key="gdn_prefill_backend")
+        window = spec.sliding_window or spec.attention_chunk_size or 0
+        block = g.block_size if g.block_size != plan.block_size else 0
+        group = KVGroup(_KIND[g.spec], 1, window, block)
+        if out and dataclasses.replace(out[-1], copies=1) == group:
+            out[-1] = dataclasses.replace(out[-1], copies=out[-1].copies + 1)
+        else:
+            out.append(group)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GroupBlocks:
+    """One group (all its copies) of one request: blocks held after admission, at the peak and
+    on average over the request's steps; `layers` counts the model layers in the group."""
+
+    group: str
+    kind: str
+    copies: int
+    layers: int
+    blocks_admission: int
+    blocks_peak: int
+    blocks_mean: float
+
+
+def request_group_blocks(cfg: VllmConfig, P: int, O: int, layers: list[int] | None = None) -> list[GroupBlocks]:  # noqa: E741
+    """What one request of P prompt and O output tokens holds in each group when it runs alone
+    (a pool large enough for it), step by step through the simulated engine."""
+    from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, kv_groups
+    from kvprobe.theory.schedsim import workload_prompt
+
+    groups = kv_groups(cfg)
+    alone = HybridVllmScheduler(dataclasses.replace(cfg, num_gpu_blocks=1 << 20, max_num_seqs=1))
+    req = SimRequest("alone", workload_prompt(0, P), O)
+    alone.add(req)
+    fresh = dataclasses.replace(req._kv, num_tokens=P)
+    # the admission check's blocks: the prompt in every group, window and chunk groups capped
+    # (allocate_slots with full_must_fit, kv_cache_manager.py L380-627)
+    admit = [m.blocks_to_allocate(fresh, min(P, cfg.max_model_len), [], 0, cap=True) for m in alone.kvm.managers]
+    per_step: list[list[int]] = []
+    while alone.has_work():
+        alone.step()
+        per_step.append([m.held("alone") for m in alone.kvm.managers])
+        if len(per_step) > 4 * (P + O) + 16:
+            raise AssertionError("one request alone did not finish")
+    steps = [s for s in per_step if any(s)] or [[0] * len(alone.kvm.managers)]
+    out, first = [], 0
+    for i, g in enumerate(groups):
+        ids = range(first, first + g.copies)
+        first += g.copies
+        held = [sum(s[j] for j in ids) for s in steps]
+        out.append(GroupBlocks(group_label(g), g.kind, g.copies, (layers or [0] * len(groups))[i],
+                               sum(admit[j] for j in ids), max(held), round(sum(held) / len(held), 2)))
+    return out
+
+
+def group_layers(plan: VllmKVPlan) -> list[int]:
+    """Model layers per sched_groups entry (padding slots excluded)."""
+    out: list[int] = []
+    groups = sched_groups(plan)
+    it = iter(plan.groups)
+    for g in groups:
+        out.append(sum(len(next(it).layers) for _ in range(g.copies)))
+    return out

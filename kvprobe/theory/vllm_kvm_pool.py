@@ -1,0 +1,122 @@
+"""The block pool of vLLM 0.33.0's hybrid KV cache with explicit block ids (`BlockPool`,
+v1/core/block_pool.py), the groups and the request as its managers read them. See vllm_kvm.py.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+NEVER = 1 << 60
+NULL = 0  # block 0 is the null block: a table entry that holds nothing (block_pool.py L180-186)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV cache group as the scheduler's KV cache manager sees it (`KVCacheGroupSpec`).
+
+    `copies` identical groups (same spec: Gemma 3's window layers in six groups) are one entry;
+    each copy keeps its own block table, frees and is looked up with the others. `window` is the
+    sliding window or the attention chunk size; `block_size` 0 means the scheduler's block size
+    (a Mamba group without prefix caching has one block of max_model_len tokens)."""
+
+    kind: str
+    copies: int = 1
+    window: int = 0
+    block_size: int = 0
+
+
+@dataclass
+class KVRequest:
+    """What the KV cache manager reads of a request (`vllm.v1.request.Request`)."""
+
+    rid: str
+    num_prompt_tokens: int
+    pkeys: list  # chained hashes of the prompt's full blocks (pools.prompt_keys)
+    num_tokens: int = 0  # prompt + outputs known (placeholders excluded)
+    num_computed_tokens: int = 0
+    num_in_flight_tokens: int = 0
+    shared_prefix_boundary: int = 0
+    waiting: bool = True  # WAITING / PREEMPTED: the watermark applies
+
+    def key(self, i: int):
+        return self.pkeys[i] if i < len(self.pkeys) else (self.rid, i)
+
+
+class BlockPool:
+    """`BlockPool` with explicit block ids; see the module doc."""
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool):
+        self.num_gpu_blocks = num_gpu_blocks
+        self.caching = enable_caching
+        self.ref = [0] * num_gpu_blocks
+        self.hash: list = [None] * num_gpu_blocks
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        self.cached: dict = {}  # (group, key) -> {block: None}, oldest first
+
+    @property
+    def num_free(self) -> int:
+        return len(self.queue)
+
+    @property
+    def usage(self) -> float:
+        total = self.num_gpu_blocks - 1
+        return 1.0 - len(self.queue) / total if total else 0.0
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        if n > len(self.queue):
+            raise RuntimeError(f"block pool over-allocated: need {n}, free {len(self.queue)}")
+        out = []
+        for _ in range(n):
+            block, _ = self.queue.popitem(last=False)
+            h = self.hash[block]
+            if h is not None:  # evicted from the prefix cache
+                entry = self.cached[h]
+                del entry[block]
+                if not entry:
+                    del self.cached[h]
+                self.hash[block] = None
+            self.ref[block] = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks) -> None:
+        for block in blocks:
+            if block == NULL:
+                continue
+            if self.ref[block] == 0:
+                del self.queue[block]
+            self.ref[block] += 1
+
+    def free_blocks(self, ordered) -> None:
+        """Blocks in eviction order (the first is evicted first)."""
+        first, last = [], []
+        for block in ordered:
+            if block == NULL:
+                continue
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                (first if self.hash[block] is None or not self.caching else last).append(block)
+        queue = self.queue
+        for block in reversed(first):  # prepend_n keeps their order at the head
+            queue[block] = None
+            queue.move_to_end(block, last=False)
+        for block in last:
+            queue[block] = None
+
+    def cache(self, block: int, h) -> None:
+        if block == NULL or self.hash[block] == h:
+            return
+        self.hash[block] = h
+        self.cached.setdefault(h, {})[block] = None
+
+    def lookup(self, h) -> int:
+        entry = self.cached.get(h)
+        return next(iter(entry)) if entry else NULL
+
+    def evictable(self, blocks) -> int:
+        return sum(1 for b in blocks if b != NULL and self.ref[b] == 0)

@@ -1,0 +1,164 @@
+"""The hybrid simulation against vLLM 0.33.0's own Scheduler and AsyncScheduler, step by step.
+
+The same closed loop — arrivals, prompts, the model's KV cache groups — runs through kvprobe's
+simulation and through vLLM's scheduler classes with a fake KV layout of the engine's own spec
+classes (tests/theory/real/vllm_driver.py); the running and waiting counts and the free blocks
+of the one pool must be equal after every step. The shapes are each preset's group structure
+(window, chunk and Mamba groups, with their copies) in pools small enough that requests wait and
+are preempted, with prefix caching on (sparse retention, hits on resume, Mamba "align" mode) and
+off (Mamba "none" mode), sync and async.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvprobe.theory.geometry import load_model_config
+from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
+from kvprobe.theory.schedsim import (
+    SimRequest,
+    VllmConfig,
+    arrival_steps,
+    make_scheduler,
+    request_lifetime,
+    workload_prompt,
+)
+from kvprobe.theory.vllm_kvm import KVGroup
+
+DRIVER = Path(__file__).with_name("real") / "vllm_driver.py"
+pytestmark = pytest.mark.slow
+
+W128, FULL = KVGroup("sliding", window=128), KVGroup("full")
+SHAPES = [  # (name, config fields, P, O, users)
+    ("gpt-oss: window 128 + full, sync", dict(groups=(W128, FULL), num_gpu_blocks=400), 300, 400, 30),
+    ("gpt-oss: window 128 + full, async", dict(groups=(W128, FULL), num_gpu_blocks=400, async_scheduling=True),
+     300, 400, 30),
+    ("gpt-oss, prefix caching off", dict(groups=(W128, FULL), num_gpu_blocks=400, enable_prefix_caching=False),
+     300, 400, 30),
+    ("Gemma 3: six window groups + full, chunked prefill", dict(
+        groups=(KVGroup("sliding", copies=6, window=100), FULL), num_gpu_blocks=600, max_num_batched_tokens=512),
+     200, 1200, 30),
+    ("Llama 4: three chunk groups + full, async", dict(
+        groups=(KVGroup("chunked", copies=3, window=256), FULL), num_gpu_blocks=600, max_num_batched_tokens=512,
+        async_scheduling=True), 700, 600, 30),
+    ("Qwen3-Next: three Mamba groups + full, align", dict(
+        groups=(KVGroup("mamba", copies=3), FULL), num_gpu_blocks=160, block_size=64, max_num_batched_tokens=1000,
+        async_scheduling=True), 700, 400, 30),
+    ("Qwen3-Next, prefix caching off (none)", dict(
+        groups=(KVGroup("mamba", copies=3, block_size=4096), FULL), num_gpu_blocks=400, enable_prefix_caching=False,
+        max_num_batched_tokens=1024), 300, 400, 30),
+    # no preemption here: a request holds the most in its prefill, and the capped admission covers it
+    ("Mistral 7B v0.1: every layer windowed", dict(groups=(KVGroup("sliding", window=256),), num_gpu_blocks=300,
+                                                   max_num_batched_tokens=1024), 500, 700, 30),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    cfg, _ = load_model_config("meta-llama/Llama-3.1-8B")
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2, "transformers_version": "4.46.0"}))
+    return str(d)
+
+
+def simulated(cfg: VllmConfig, P: int, O: int, users: int, arrivals: list[int], steps: int):  # noqa: E741
+    """(running, waiting, free blocks) after every step, the pool checked for leaks each time."""
+    sched, count, nxt, out = make_scheduler(cfg), 0, 0, []
+    for t in range(steps):
+        while nxt < users and arrivals[nxt] <= t:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P), O))
+            count, nxt = count + 1, nxt + 1
+        result = sched.step()
+        sched.check_pool()
+        out.append((sched.stats.running, sched.stats.waiting, sched.kvm.pool.num_free))
+        for _ in result.finished:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P), O))
+            count += 1
+    return out, sched.stats.preemptions_total
+
+
+def driver_spec(model_dir, cfg: VllmConfig, P, O, users, arrivals, steps, K=0) -> dict:  # noqa: E741
+    return dict(model_dir=model_dir, blocks=cfg.num_gpu_blocks, block_size=cfg.block_size, P=P, O=O, users=users,
+                mml=cfg.max_model_len, K=K, arrivals=arrivals, t0=0, t_end=steps, max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens, caching=cfg.enable_prefix_caching,
+                groups=[g.__dict__ for g in cfg.groups], trace=True, **{"async": cfg.async_scheduling})
+
+
+def engine_traces(env, specs: list[dict]) -> list[list[tuple]]:
+    """Every loop through vLLM's scheduler in ONE driver process (its imports cost more than a loop)."""
+    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(specs)], capture_output=True, text=True,
+                         timeout=900, start_new_session=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [[tuple(x) for x in r["trace"]] for r in json.loads(out.stdout.strip().splitlines()[-1])]
+
+
+def shape_config(fields: dict) -> VllmConfig:
+    return VllmConfig(**{"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 2048, "max_model_len": 4096,
+                         **fields})
+
+
+STEPS, PARTING_STEPS = 1500, 400
+
+
+@pytest.fixture(scope="module")
+def real(vllm_env, model_dir) -> dict:
+    """vLLM's trace of every shape here, keyed by the shape's name or PARTING index."""
+    keys, specs = [], []
+    for name, fields, P, O, users in SHAPES:  # noqa: E741
+        cfg = shape_config(fields)
+        keys.append(name)
+        specs.append(driver_spec(model_dir, cfg, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users),
+                                 STEPS))
+    for i, (fields, P, O, users, K) in enumerate(PARTING):  # noqa: E741
+        keys.append(i)
+        specs.append(driver_spec(model_dir, parting_config(fields), P, O, users, [0] * users, PARTING_STEPS, K))
+    return dict(zip(keys, engine_traces(vllm_env, specs), strict=True))
+
+
+@pytest.mark.parametrize("name, fields, P, O, users", SHAPES, ids=[s[0] for s in SHAPES])
+def test_every_step_equals_vllms_scheduler(real, name, fields, P, O, users):  # noqa: E741
+    cfg = shape_config(fields)
+    sim, preemptions = simulated(cfg, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users), STEPS)
+    engine = real[name]
+    first = next((t for t, (a, b) in enumerate(zip(sim, engine, strict=True)) if a != b), None)
+    assert first is None, f"step {first}: simulated {sim[first]}, vLLM {engine[first]}"
+    assert max(w for _, w, _ in sim) > 0  # the pool binds: requests wait
+    assert preemptions > 0 or name.startswith("Mistral")  # and decode runs out of blocks
+
+
+# Async shapes with prefix caching where schedsim's count-based full-attention model
+# (vllm_pool.py) parts from vLLM — a finishing request's last block, a resumed request's own
+# blocks, a shared prefix — and the explicit pool (vllm_kvm.py, one full group) does not.
+PARTING = [  # (config fields, P, O, users, K); every user starts at step 0
+    (dict(num_gpu_blocks=69, block_size=1, max_num_seqs=6, max_num_batched_tokens=24, max_model_len=23), 1, 22, 6, 0),
+    (dict(num_gpu_blocks=10, block_size=16, max_num_seqs=7, max_num_batched_tokens=24, max_model_len=19), 8, 11, 7, 0),
+    (dict(num_gpu_blocks=34, block_size=16, max_num_seqs=11, max_num_batched_tokens=26, max_model_len=142), 89, 53,
+     11, 66),
+]
+
+
+def parting_config(fields: dict) -> VllmConfig:
+    return VllmConfig(**fields, async_scheduling=True, groups=(FULL,))
+
+
+@pytest.mark.parametrize("i", range(len(PARTING)))
+def test_the_explicit_pool_where_the_count_model_parts(real, i):
+    fields, P, O, users, K = PARTING[i]  # noqa: E741
+    cfg, steps = parting_config(fields), PARTING_STEPS
+    sched, count, sim = HybridVllmScheduler(cfg), 0, []
+    for _ in range(users):
+        sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O))
+        count += 1
+    for _ in range(steps):
+        result = sched.step()
+        sim.append((sched.stats.running, sched.stats.waiting, sched.kvm.pool.num_free))
+        for _ in result.finished:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O))
+            count += 1
+    assert sim == real[i]
