@@ -23,8 +23,8 @@ from kvprobe.spec_launch import (
     STARTUP_TIMEOUTS,
     check_shadow,
     parse_command,
-    parse_env,
     parse_engine_args,
+    parse_env,
     parse_time_model,
     resolve_relative,
 )
