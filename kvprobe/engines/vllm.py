@@ -153,6 +153,7 @@ OTHER_FLAGS = (
     "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
+    "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)
 )
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
