@@ -10,17 +10,14 @@ run in the engine environment). The ledger's numbers must be the same to the blo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.probe import predict
-from kvprobe.shadow import launch
-from kvprobe.shadow.target import launch_request
 from kvprobe.spec import load_expectations
+from tests.vllm_plans import plan_all, serve_case
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -62,30 +59,12 @@ def _write(tmp_path: Path, name: str, keys: dict) -> Path:
     return path
 
 
-def _case(exp) -> dict:
-    """The serve arguments the shadow target would run, minus --host/--port."""
-    argv, environ = launch.command(launch_request(exp, port=1))
-    serve = argv.index("serve")
-    model, rest = argv[serve + 1], argv[serve + 2:]
-    at = rest.index("--host")
-    return {"model": model, "argv": rest[:at] + rest[at + 4:], "env": environ}
-
-
-def _plan_all(env, cases: list[dict]) -> list[dict]:
-    out = subprocess.run([str(env.python), str(HERE / "vllm_planner.py")], input=json.dumps(cases),
-                         capture_output=True, text=True, timeout=600,
-                         env={**os.environ, **cases[0]["env"]})
-    plans = [json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("PLAN ")]
-    assert len(plans) == len(cases), out.stderr[-4000:]
-    return plans
-
-
 @pytest.fixture(scope="module")
 def planned(vllm_env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("planner")
     names = list(CASES) + list(REFUSED)
     exps = [load_expectations(_write(tmp, n, {**CASES, **REFUSED}[n]))[0] for n in names]
-    plans = _plan_all(vllm_env, [_case(e) for e in exps])
+    plans = plan_all(vllm_env, [serve_case(e) for e in exps])
     return dict(zip(names, zip(exps, plans, strict=True), strict=True))
 
 
@@ -113,7 +92,7 @@ def test_vllm_planner_builds_the_ledgers_pool(planned, name, say):
 def test_no_async_scheduling_keeps_vllms_sync_scheduler(vllm_env, tmp_path):
     exp = load_expectations(_write(tmp_path, "sync", {
         "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096, "async-scheduling": False}}))[0]
-    (plan,) = _plan_all(vllm_env, [_case(exp)])
+    (plan,) = plan_all(vllm_env, [serve_case(exp)])
     assert plan["scheduler"] == "Scheduler" and plan["num_blocks"] == 1000, plan
 
 
@@ -143,6 +122,6 @@ def test_a_layer_kind_the_worker_cannot_describe_is_one_clear_error(vllm_env, tm
     exp = load_expectations(_write(tmp_path, "odd", {
         "model": "./odd.json", "served_model_name": "odd/Llama",
         "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096}}))[0]
-    (plan,) = _plan_all(vllm_env, [_case(exp)])
+    (plan,) = plan_all(vllm_env, [serve_case(exp)])
     error = plan.get("error", "")
     assert "cannot describe this model's KV cache" in error and "layer_types" in error, plan

@@ -1,5 +1,7 @@
 """Run inside a vLLM engine environment: build vLLM's own EngineCore for one or more `vllm serve`
-command lines (the shadow target's, with kvprobe's worker) and report what its KV planner decided.
+command lines (the shadow target's, with kvprobe's worker) and report what its KV planner decided,
+with each KV cache group's spec (hybrid models: the window of a SlidingWindowSpec, the chunk of a
+ChunkedLocalAttentionSpec, the layer count). Run through tests/vllm_plans.py.
 
 Reads JSON from stdin: [{"argv": [...vllm serve arguments after the model...], "model": FOLDER,
 "env": {...}}, ...]; prints one JSON line per case: the pool vLLM planned (num_gpu_blocks, the
@@ -34,6 +36,12 @@ def plan(case: dict) -> dict:
                 "max_model_len": config.model_config.max_model_len,
                 "scheduler": type(core.scheduler).__name__,
                 "groups": [type(g.kv_cache_spec).__name__ for g in core.scheduler.kv_cache_config.kv_cache_groups],
+                "group_detail": [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
+                                  "window": getattr(g.kv_cache_spec, "sliding_window", None)
+                                  or getattr(g.kv_cache_spec, "attention_chunk_size", None),
+                                  "block_size": g.kv_cache_spec.block_size,
+                                  "page_size_bytes": g.kv_cache_spec.page_size_bytes}
+                                 for g in core.scheduler.kv_cache_config.kv_cache_groups],
                 "max_num_seqs": config.scheduler_config.max_num_seqs,
                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                 "chunked_prefill": config.scheduler_config.enable_chunked_prefill,

@@ -5,26 +5,23 @@ For each case the shadow target's real command line (`kvprobe.shadow.launch.comm
 vLLM 0.33.0's CLI parser, config resolution and CPU platform; EngineCore.__init__ builds the
 model-less worker, takes its KV cache spec (`vllm_kvspec.hybrid_kv_cache_spec`, the specs of
 `theory.vllm_kv.vllm_layer_specs` as vLLM objects), groups the layers, plans the pool and computes
-the capacity line (`vllm_engine_core.py`, in the engine environment). No server, no traffic: a
+the capacity line (`tests/shadow/vllm_planner.py`, in the engine environment). No server, no traffic: a
 few seconds per case after vLLM's imports.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.probe import predict
-from kvprobe.shadow import launch
-from kvprobe.shadow.target import launch_request
 from kvprobe.spec import load_expectations
 from kvprobe.theory.geometry import load_model_config
 from tests.engine_envs import engine_env
+from tests.vllm_plans import plan_all, serve_case
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -60,23 +57,6 @@ def _write(tmp_path: Path, name: str, model: str, keys: dict) -> Path:
     return path
 
 
-def _case(exp) -> dict:
-    argv, environ = launch.command(launch_request(exp, port=1))
-    serve = argv.index("serve")
-    model, rest = argv[serve + 1], argv[serve + 2:]
-    at = rest.index("--host")
-    return {"model": model, "argv": rest[:at] + rest[at + 4:], "env": environ}
-
-
-def _plan_all(env, cases: list[dict]) -> list[dict]:
-    out = subprocess.run([str(env.python), str(HERE / "vllm_engine_core.py")], input=json.dumps(cases),
-                         capture_output=True, text=True, timeout=600, start_new_session=True,
-                         env={**os.environ, **cases[0]["env"]})
-    plans = [json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("PLAN ")]
-    assert len(plans) == len(cases), out.stderr[-4000:]
-    return plans
-
-
 @pytest.fixture(scope="module")
 def planned(vllm_env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid-worker")
@@ -88,7 +68,7 @@ def planned(vllm_env, tmp_path_factory):
     exps = {n: load_expectations(_write(tmp, n, m, k))[0] for n, (m, k) in cases.items()}
     mystery = load_expectations(_write(tmp, "mystery", "./mystery.json", {"flags": SMALL,
                                                                           "served_model_name": "mystery"}))[0]
-    plans = _plan_all(vllm_env, [_case(e) for e in [*exps.values(), mystery]])
+    plans = plan_all(vllm_env, [serve_case(e) for e in [*exps.values(), mystery]])
     return {n: (exps[n], p) for n, p in zip(cases, plans, strict=False)} | {"mystery": (mystery, plans[-1])}
 
 
