@@ -60,3 +60,24 @@ def test_a_saturated_worker_makes_the_rejection_point_inconclusive_naming_it():
                                   client_saturated=client.saturated, client_reason=client.reason)
     assert check.inconclusive and not check.passed
     assert "worker w1 on loadB: loop lag p99 37.0 ms > 15 ms" in check.reason, check.reason
+
+
+def test_the_worker_command_refuses_a_master_without_a_port(capsys):
+    from kvprobe.cli import main
+
+    assert main(["worker", "--master", "loadhost"]) == 2
+    err = capsys.readouterr().err
+    assert "kvprobe worker: error: --master: expected HOST:PORT with the port the probe prints, got 'loadhost'" in err
+    assert main(["worker", "--master", "h:1", "--processes", "0"]) == 2
+    assert "--processes: expected a number of worker processes >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_worker_runs_locust_as_a_message_mode_worker_of_that_master():
+    from kvprobe.load.runner import LOCUSTFILE
+    from kvprobe.load.worker import command
+
+    cmd = command("10.1.2.3:5557", processes=3)
+    assert cmd[1:5] == ["-m", "locust", "-f", str(LOCUSTFILE)]
+    joined = " ".join(cmd)
+    assert "--worker --master-host 10.1.2.3 --master-port 5557" in joined
+    assert "--kv-transport message" in joined and "--processes 3" in joined
