@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 import gevent
@@ -22,7 +23,9 @@ import gevent
 import kvprobe
 from kvprobe.load.messages import (
     FINAL_WAIT,
+    HELLO_MSG,
     RECORDS_MSG,
+    REFUSED_MSG,
     STOP_MSG,
     MessageSink,
     RecordCollector,
@@ -33,39 +36,69 @@ WATCH_INTERVAL = 0.5
 MISSING = "missing"  # locust.runners.STATE_MISSING
 
 
+def _meta(label: str) -> dict:
+    return {"label": label, "host": socket.gethostname(), "pid": os.getpid(), "version": kvprobe.__version__}
+
+
 def worker_sink(environment, label: str) -> MessageSink:
     """The record sink of a worker that shares no folder with its master."""
     runner = environment.runner
-    meta = {"label": label, "host": socket.gethostname(), "pid": os.getpid(), "version": kvprobe.__version__}
+    meta = _meta(label)
     return MessageSink(lambda data: runner.send_message(RECORDS_MSG, data), lambda: dict(meta))
 
 
-def setup_worker(environment, *, on_stop) -> None:
+def setup_worker(environment, label: str, *, on_stop) -> None:
     """`kv_stop` from the master: stop the users now (`on_stop` then records the in-flight requests
-    as aborted and sends the final batch)."""
+    as aborted and sends the final batch). `kv_refused`: say why the master sends this one home."""
 
     def _stop(environment, msg, **_kw):
         environment.runner.stop()
         on_stop()
 
+    def _refused(environment, msg, **_kw):
+        n = (msg.data or {}).get("expect")
+        print(f"kvprobe worker: the master already has the {n} worker(s) its profile expects (workers.expect); "
+              "this one is not needed and exits", file=sys.stderr, flush=True)
+
     environment.runner.register_message(STOP_MSG, _stop)
+    environment.runner.register_message(REFUSED_MSG, _refused)
+    environment.runner.send_message(HELLO_MSG, _meta(label))  # now the master may talk to it
 
 
 class MasterSide:
     """The master's collector, its watch over the workers, and the stop handshake."""
 
-    def __init__(self, environment, records_dir: str, events_writer):
+    def __init__(self, environment, records_dir: str, events_writer, expect: int):
         self.runner = environment.runner
+        self.expect = int(expect)
         self.collector = RecordCollector(records_dir, events_writer,
                                          label_of=lambda cid: worker_label(self.runner.get_worker_index(cid)))
         self.stopping = False
         self.runner.register_message(RECORDS_MSG, self._on_records)
+        self.runner.register_message(HELLO_MSG, self._on_hello)
         environment.events.worker_connect.add_listener(self._on_connect)
         environment.events.test_stopping.add_listener(self._on_test_stopping)
         gevent.spawn(self._watch)
 
+    def _extra(self, client_id: str) -> bool:
+        # Locust takes any number of workers (--expect-workers is a minimum); kvprobe's request
+        # numbering needs exactly `expect`.
+        return self.runner.get_worker_index(client_id) >= self.expect
+
     def _on_connect(self, client_id: str, **_kw) -> None:
-        self.collector.connected(client_id)
+        if not self._extra(client_id):
+            self.collector.connected(client_id)
+
+    def _on_hello(self, environment, msg, **_kw) -> None:
+        """A worker ready for kvprobe's messages; one beyond `expect` is sent home (Locust rebalances
+        when a worker quits: runners.py `MasterRunner.handle_message` "quit")."""
+        from locust.rpc import Message
+
+        self.collector.hello(msg.node_id, msg.data or {})
+        if self._extra(msg.node_id) and not self.collector.worker(msg.node_id).refused:
+            self.collector.refuse(msg.node_id, self.expect)
+            self.runner.send_message(REFUSED_MSG, {"expect": self.expect}, client_id=msg.node_id)
+            self.runner.server.send_to_client(Message("quit", None, msg.node_id))
 
     def _on_records(self, environment, msg, **_kw) -> None:
         self.collector.receive(msg.node_id, msg.data or {})
@@ -77,7 +110,7 @@ class MasterSide:
             if self.stopping:
                 continue
             for cid, w in list(self.collector.workers.items()):
-                if w.lost:
+                if w.lost or w.refused:
                     continue
                 node = self.runner.clients.get(cid)
                 if node is None:

@@ -178,13 +178,13 @@ def _on_init(environment, **_kw) -> None:
         from kvprobe.load import distributed
 
         S.writer = distributed.worker_sink(environment, _label())
-        distributed.setup_worker(environment, on_stop=_final_batch)
+        distributed.setup_worker(environment, _label(), on_stop=_final_batch)
     elif opts.kv_records_dir:
         S.writer = RecordWriter(os.path.join(opts.kv_records_dir, f"{S.role}-{os.getpid()}.jsonl"))
     if S.role == "master" and opts.kv_expect_workers > 0:
         from kvprobe.load import distributed
 
-        S.master_side = distributed.MasterSide(environment, opts.kv_records_dir, S.writer)
+        S.master_side = distributed.MasterSide(environment, opts.kv_records_dir, S.writer, opts.kv_expect_workers)
     if S.role == "worker":
         runner.register_message("kv_level", _on_level_message)
     gevent.spawn(_flusher)

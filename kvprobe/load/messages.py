@@ -15,6 +15,11 @@ Messages (type: data)
   aborted), send what is left, then a final batch. The master waits for every final batch (bounded)
   before it quits, because Locust's own quit gives workers only 0.5 s (runners.py `MasterRunner.quit`).
 - ``kv_level`` master → worker: the global user count (the locustfile's, unchanged).
+- ``kv_hello`` worker → master: ``{"label", "host", "pid", "version"}`` once its handlers are
+  registered (a message sent before that is dropped as unknown by Locust).
+- ``kv_refused`` master → worker: ``{"expect": N}``: the master already has its N workers; followed
+  by Locust's own ``quit``. A worker beyond N would break the request numbering (request k of worker
+  i is ``seq * N + i``: distinct prompts from the first token need i < N).
 
 No gevent or Locust here: the probe and the tests import this module.
 """
@@ -31,6 +36,8 @@ from kvprobe.load.records import Record, RecordWriter
 
 RECORDS_MSG = "kv_records"
 STOP_MSG = "kv_stop"
+REFUSED_MSG = "kv_refused"
+HELLO_MSG = "kv_hello"
 
 # A batch holds at most this many records: one message stays well under a MB of msgpack (a request
 # record is ~200 B), so a burst never stalls the link that also carries Locust's heartbeats.
@@ -106,6 +113,7 @@ class RemoteWorker:
     dropped: int = 0
     final: bool = False
     lost: bool = False
+    refused: bool = False
     last_seen: float = field(default_factory=time.time)
 
 
@@ -134,12 +142,21 @@ class RecordCollector:
         return w
 
     def connected(self, client_id: str) -> None:
+        """Said once per worker: Locust fires worker_connect again when a worker re-sends client_ready
+        (after a `stop`, runners.py `WorkerRunner.handle_message`)."""
+        if client_id not in self.workers:
+            self._event(self.worker(client_id), "connected", client_id)
+
+    def hello(self, client_id: str, data: dict) -> None:
         w = self.worker(client_id)
-        w.lost = False
-        self._event(w, "connected", client_id)
+        w.pid = data.get("pid", w.pid)
+        w.version = data.get("version", w.version)
+        w.host = data.get("host") or w.host
 
     def receive(self, client_id: str, data: dict) -> None:
         w = self.worker(client_id)
+        if w.refused:
+            return  # sent home before any load: its loop-lag seconds are not the probe's client
         w.last_seen = time.time()
         w.pid = data.get("pid", w.pid)
         w.version = data.get("version", w.version)
@@ -160,15 +177,21 @@ class RecordCollector:
             detail = f"{w.records} records" + (f", {w.dropped} dropped (buffer full)" if w.dropped else "")
             self._event(w, "final", detail)
 
+    def refuse(self, client_id: str, expect: int) -> None:
+        """One worker more than expected: sent home, and said."""
+        w = self.worker(client_id)
+        w.refused = True
+        self._event(w, "refused", f"more workers than workers.expect ({expect}) connected; this one was sent home")
+
     def lose(self, client_id: str, why: str) -> None:
         """A worker stopped before the end (no heartbeat, or it quit): said once."""
         w = self.worker(client_id)
-        if not (w.lost or w.final):
+        if not (w.lost or w.final or w.refused):
             w.lost = True
             self._event(w, "lost", why)
 
     def waiting_for_final(self, client_ids) -> list[str]:
-        return [c for c in client_ids if not self.worker(c).final and not self.worker(c).lost]
+        return [c for c in client_ids if not (self.worker(c).final or self.worker(c).lost or self.worker(c).refused)]
 
     def close(self) -> None:
         for writer in self._writers.values():

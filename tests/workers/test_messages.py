@@ -45,6 +45,7 @@ def test_the_collector_files_each_worker_and_says_connected_final_and_lost(tmp_p
     a, b = labels
     col.connected(a)
     col.connected(b)
+    col.connected(a)  # a re-sent client_ready is no second connection
     col.receive(a, {"records": [Record(t_send=1.0, status=200, worker="w0").to_dict()] * 3, "pid": 11})
     col.receive(a, {"records": [Record(t_send=2.0, status="aborted", worker="w0").to_dict()], "final": True})
     col.receive(b, {"records": [Record(t_send=1.5, status=200, worker="w1").to_dict()]})
@@ -59,6 +60,11 @@ def test_the_collector_files_each_worker_and_says_connected_final_and_lost(tmp_p
     assert ev == [("w0", "hostA", "connected"), ("w1", "hostB", "connected"), ("w0", "hostA", "final"),
                   ("w1", "hostB", "lost")]
     assert col.waiting_for_final([a, b]) == []  # final or lost: nothing left to wait for
+    c = "hostC_" + "c" * 32
+    labels[c] = "w2"
+    col.refuse(c, 2)
+    col.lose(c, "quit")  # a worker sent home is not lost
+    assert col.workers[c].refused and not col.workers[c].lost and col.waiting_for_final([c]) == []
     assert host_of("plainid") == "plainid"
 
 

@@ -35,6 +35,7 @@ workers: {{expect: 2, bind: "127.0.0.1:{port}", wait_seconds: 30}}
 
 
 def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_path, start_workers):
+    """Three workers start for a profile that expects two: the third is sent home, saying why."""
     from kvprobe.probe import ProbeOptions, run_probe
     from kvprobe.spec import load_expectations
 
@@ -45,7 +46,7 @@ def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_pa
     exp = load_expectations(Path(__file__).resolve().parents[2] / "expectations" / "emulated-vllm.yaml")[0]
     exp = replace(exp, profile=load_profile(path), checks=("exactness", "rejection_point"),
                   target=replace(exp.target, emulator={"seed": 0, "args": ["--trace", str(trace)]}))
-    workers = start_workers(2, port)
+    workers = start_workers(3, port)
     lines: list[str] = []
     result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art", log=lines.append))
     assert result.error is None, (result.error, result.log_tail)
@@ -62,7 +63,8 @@ def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_pa
     done = {r["request_id"] for r in recs if r["kind"] == "request" and r["status"] == 200}
     assert seen and seen <= ids and done <= seen, (len(seen - ids), len(done - seen))
     events = Counter((r["worker"], r["status"]) for r in recs if r["kind"] == "worker")
-    assert events == {("w0", "connected"): 1, ("w1", "connected"): 1, ("w0", "final"): 1, ("w1", "final"): 1}
+    assert events == {("w0", "connected"): 1, ("w1", "connected"): 1, ("w0", "final"): 1, ("w1", "final"): 1,
+                      ("w2", "refused"): 1}
     # client health per worker, in the result and its JSON
     assert [w.worker for w in result.client.workers] == ["w0", "w1"]
     assert all(w.seconds >= 5 and w.host for w in result.client.workers)
@@ -72,6 +74,8 @@ def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_pa
     for w in workers:  # the workers end with the probe, and wrote nothing where they ran
         assert w.wait_exit(15) == 0, w.log.read_text()[-2000:]
         assert list(w.cwd.iterdir()) == []
+    refused = [w for w in workers if "already has the 2 worker(s) its profile expects" in w.log.read_text()]
+    assert len(refused) == 1
 
 
 @pytest.fixture
