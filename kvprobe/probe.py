@@ -504,6 +504,8 @@ def stop_load(pr: ProbeRun) -> None:
     pr.series = pr.sampler.stop()
     pr.sampler = None
     pr.records = pr.load.records()
+    for line in pr.load.clock_warnings() if pr.load.expect_workers else ():
+        pr.log(f"kvprobe: {pr.exp.name}: warning: {line}")
 
 
 def wait_drained(sampler, *, seconds: float) -> None:

@@ -10,7 +10,8 @@ master writes them to its records folder, one file per worker, which the probe r
 Messages (type: data)
 
 - ``kv_records`` worker → master: ``{"label", "host", "pid", "version", "records": [dict, ...],
-  "dropped": int, "final": bool}``. ``final`` says every record of that worker has been sent.
+  "dropped": int, "final": bool, "sent_at": epoch s}``. ``final`` says every record of that worker
+  has been sent; ``sent_at`` (the worker's clock) bounds the skew between the two hosts' clocks.
 - ``kv_stop`` master → worker: stop your users now (their in-flight requests are recorded as
   aborted), send what is left, then a final batch. The master waits for every final batch (bounded)
   before it quits, because Locust's own quit gives workers only 0.5 s (runners.py `MasterRunner.quit`).
@@ -90,7 +91,8 @@ class MessageSink:
             n = min(self.batch_max, len(self._buf))
             batch = [self._buf.popleft() for _ in range(n)]
             last = not self._buf
-            self._send({**self._meta(), "records": batch, "dropped": self.dropped, "final": bool(final and last)})
+            self._send({**self._meta(), "records": batch, "dropped": self.dropped, "final": bool(final and last),
+                        "sent_at": time.time()})
             self.sent += n
             if last:
                 self.final_sent = self.final_sent or final
@@ -115,6 +117,9 @@ class RemoteWorker:
     lost: bool = False
     refused: bool = False
     last_seen: float = field(default_factory=time.time)
+    # max over batches of (worker's send time - master's receive time): the worker clock's lead,
+    # short by the link's smallest latency
+    clock_offset: float | None = None
 
 
 class RecordCollector:
@@ -131,8 +136,9 @@ class RecordCollector:
 
     def _event(self, w: RemoteWorker, status: str, detail: str | None = None) -> None:
         if self.events is not None:
+            offset = None if w.clock_offset is None else round(w.clock_offset, 4)
             self.events.write(Record(kind="worker", t=time.time(), worker=w.label, host=w.host, status=status,
-                                     error=detail))
+                                     error=detail, clock_offset=offset))
             self.events.flush()  # the probe polls for these
 
     def worker(self, client_id: str) -> RemoteWorker:
@@ -158,6 +164,9 @@ class RecordCollector:
         if w.refused:
             return  # sent home before any load: its loop-lag seconds are not the probe's client
         w.last_seen = time.time()
+        if isinstance(data.get("sent_at"), (int, float)):
+            lead = float(data["sent_at"]) - w.last_seen
+            w.clock_offset = lead if w.clock_offset is None else max(w.clock_offset, lead)
         w.pid = data.get("pid", w.pid)
         w.version = data.get("version", w.version)
         w.host = data.get("host") or w.host

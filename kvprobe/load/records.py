@@ -11,7 +11,9 @@ Three kinds share one dataclass so the parent reads every file the same way:
   user count — ``t`` (spawning complete), ``t_set`` (the tick that asked for it), ``users``.
 - ``kind="worker"``: written by a master that waits for workers (`kvprobe worker`) — ``t``, ``worker``
   (its label, ``w<index>``), ``host``, ``status`` (``connected``, ``final``: every record sent,
-  ``lost``: no heartbeat or quit before the end), ``error`` (detail).
+  ``lost``: no heartbeat or quit before the end), ``error`` (detail), and on ``final``
+  ``clock_offset`` (s): how far ahead of the master's clock the worker's runs, to within the link's
+  latency — its records carry its own clock's times.
 
 Lag and worker records carry ``host``, the load host's name, so a saturated or lost worker is named.
 
@@ -61,6 +63,7 @@ class Record:
     cpu: float | None = None
     t_set: float | None = None
     host: str | None = None  # the load host (lag and worker records)
+    clock_offset: float | None = None  # worker records: how far the worker's clock runs ahead (s, about)
 
     @property
     def ok(self) -> bool:

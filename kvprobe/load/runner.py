@@ -39,6 +39,9 @@ from kvprobe.load.shape import default_spawn_rate, write_control
 from kvprobe.procgroup import free_port, group_members, signal_group, stop_group, wait_group_gone  # noqa: F401
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+# A worker's clock this far off the probe's moves its records across a level's edges noticeably
+# (levels last seconds; warm-up discards the first 30%).
+CLOCK_SKEW_WARN_S = 0.25
 
 class LocustRun:
     """One Locust run against `url`; see the module doc. Use as a context manager or call stop()."""
@@ -219,6 +222,17 @@ class LocustRun:
             if r.status == "connected":
                 seen[r.worker] = r
         return list(seen.values())
+
+    def clock_warnings(self, limit_s: float = CLOCK_SKEW_WARN_S) -> list[str]:
+        """Workers whose clock is off the probe host's by more than `limit_s`: their records' times
+        (send, first token) are shifted against the levels and the /metrics samples by that much."""
+        out = []
+        for r in self.worker_records():
+            if r.status == "final" and r.clock_offset is not None and abs(r.clock_offset) > limit_s:
+                out.append(f"worker {r.worker} on {r.host}: its clock runs {r.clock_offset:+.3f} s from this host's "
+                           "(to within the link's latency); its records are shifted by that much against the "
+                           "levels: synchronise the clocks (NTP, chrony)")
+        return out
 
     def lost_workers(self) -> list[Record]:
         return [r for r in self.worker_records() if r.status == "lost"]

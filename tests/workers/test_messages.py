@@ -21,6 +21,7 @@ def test_a_sink_sends_bounded_batches_and_marks_the_last_one_final():
     sink.flush(final=True)
     assert sent[-1]["final"] and [r["t_send"] for r in sent[-1]["records"]] == [7.0]
     sink.flush(final=True)  # nothing buffered: an empty final batch still says "all sent"
+    assert isinstance(sent[-1].pop("sent_at"), float)  # the worker's clock, for the skew
     assert sent[-1] == {"label": "w1", "host": "h", "records": [], "dropped": 0, "final": True}
     assert sink.sent == 8
 
@@ -94,3 +95,26 @@ def test_health_is_per_worker_and_the_saturated_one_is_named():
     assert "worker w1 on hostB: loop lag p99 42.0 ms > 15 ms" in h.reason
     assert "worker w2 on hostC: a load process used 0.95 cores" in h.reason and "(2 of 3 load processes)" in h.reason
     assert not client_health(recs[:6]).saturated
+
+
+def test_a_worker_clock_off_the_probes_is_measured_and_warned_about(tmp_path):
+    import time
+
+    from kvprobe.load.records import RecordWriter
+    from kvprobe.load.runner import LocustRun
+
+    records = tmp_path / "locust" / "records"
+    events = RecordWriter(records / "master-1.jsonl")
+    col = RecordCollector(records, events, label_of=lambda cid: "w0" if cid.startswith("near") else "w1")
+    near, far = "near_" + "a" * 32, "far_" + "b" * 32
+    now = time.time()
+    col.receive(near, {"records": [], "sent_at": now - 0.002})
+    col.receive(far, {"records": [], "sent_at": now + 0.7})  # this host's clock runs 0.7 s ahead
+    col.receive(far, {"records": [], "sent_at": time.time() + 0.5, "final": True})  # a slow batch: the max wins
+    col.receive(near, {"records": [], "sent_at": time.time(), "final": True})
+    events.close()
+    assert abs(col.workers[near].clock_offset) < 0.05 and 0.6 < col.workers[far].clock_offset < 0.75
+    run = LocustRun("http://127.0.0.1:9", model="m", prompt_tokens=4, output_tokens=4, workdir=tmp_path / "locust",
+                    expect_workers=2)
+    (warning,) = run.clock_warnings()
+    assert warning.startswith("worker w1 on far: its clock runs +0.") and "synchronise the clocks" in warning

@@ -65,6 +65,8 @@ def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_pa
     events = Counter((r["worker"], r["status"]) for r in recs if r["kind"] == "worker")
     assert events == {("w0", "connected"): 1, ("w1", "connected"): 1, ("w0", "final"): 1, ("w1", "final"): 1,
                       ("w2", "refused"): 1}
+    # one host, one clock: the skew measured over the link is the link's latency, far under 0.25 s
+    assert all(abs(r["clock_offset"]) < 0.25 for r in recs if r["kind"] == "worker" and r["status"] == "final")
     # client health per worker, in the result and its JSON
     assert [w.worker for w in result.client.workers] == ["w0", "w1"]
     assert all(w.seconds >= 5 and w.host for w in result.client.workers)
