@@ -130,3 +130,39 @@ def test_a_worker_killed_mid_run_is_reported_by_name_without_a_hang(sse, tmp_pat
         rc = run.stop()
     assert rc is not None and group_gone(run.pgid)
     assert survivor.wait_exit(15) == 0
+
+
+def test_a_probe_whose_worker_dies_ends_in_error_naming_it(tmp_path, start_workers, monkeypatch):
+    import threading
+
+    from kvprobe.probe import ProbeOptions, run_probe
+    from kvprobe.spec import load_expectations
+
+    port = free_port()
+    path = tmp_path / "workers.yaml"
+    path.write_text(PROFILE.format(port=port).replace("[12, 24, 30]", "[12, 16, 20, 24, 28, 30]"))
+    exp = load_expectations(Path(__file__).resolve().parents[2] / "expectations" / "emulated-vllm.yaml")[0]
+    exp = replace(exp, profile=load_profile(path), checks=("exactness",))
+    victim, survivor = start_workers(2, port)
+    runs: list[LocustRun] = []
+    start = LocustRun.start
+    monkeypatch.setattr(LocustRun, "start", lambda self, **kw: (runs.append(self), start(self, **kw))[1])
+
+    def kill_during_the_ramp():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (runs and len(runs[0].level_records()) >= 2):
+            time.sleep(0.1)  # the ramp's first level is reached
+        victim.kill()
+
+    killer = threading.Thread(target=kill_during_the_ramp, daemon=True)
+    killer.start()
+    t0 = time.monotonic()
+    result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art"))
+    killer.join(5)
+    assert result.status == "error"
+    assert "1 of 2 Locust workers stopped during the load (worker w" in result.error, result.error
+    assert "no heartbeat" in result.error
+    assert len(result.levels) < 6 and time.monotonic() - t0 < 60
+    assert "Locust workers stopped" in Path(result.artifacts["report"]).read_text()
+    assert group_gone(runs[0].pgid)
+    assert survivor.wait_exit(15) == 0
