@@ -1,4 +1,4 @@
-"""The console face: `kvprobe ledger | emulate | probe`.
+"""The console face: `kvprobe ledger | emulate | probe | profiles | shadow | worker`.
 
 Each subcommand lives in its own module exposing `add_parser(subparsers)`, which registers its
 arguments and sets `func(args) -> int`. Imports are lazy so `kvprobe ledger` never loads aiohttp
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "probe": "kvprobe.cmd_probe",
     "profiles": "kvprobe.cmd_profiles",
     "shadow": "kvprobe.shadow.cli",
+    "worker": "kvprobe.load.worker",
 }
 
 

@@ -415,6 +415,9 @@ def start_load(pr: ProbeRun) -> None:
         pr.sampler = Sampler(pr.target.url, pr.dialect.METRICS, interval=exp.profile.sample_interval,
                              headers=pr.target.headers)
     pr.sampler.start()
+    workers = exp.profile.workers
+    remote = ({"expect_workers": workers.expect, "bind_host": workers.host, "bind_port": workers.port,
+               "workers_wait": workers.wait_seconds} if workers else {})
     pr.load = LocustRun(pr.target.url, model=pr.model, prompt_tokens=shape.prompt_tokens,
                         output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
                         api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
@@ -423,7 +426,10 @@ def start_load(pr: ProbeRun) -> None:
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
                         seed=int(time.time() * 1000) % 1_000_003,
-                        prompt_format=getattr(pr.target, "prompt_format", "ids"))
+                        prompt_format=getattr(pr.target, "prompt_format", "ids"), **remote)
+    if workers:
+        pr.log(f"kvprobe: {exp.name}: waiting up to {workers.wait_seconds:g} s for {workers.expect} Locust worker(s); "
+               f"start each on a load host with: {pr.load.worker_command()}  (they send to {pr.target.url})")
     pr.load.start()
 
 
@@ -507,6 +513,8 @@ def _hold_level(target, load, *, until: float) -> None:
             raise TargetError("the engine died during the probe", log_tail=target.log_tail())
         if not load.alive():
             raise ProbeError(f"the Locust subprocess exited during the ramp (rc={load.returncode}): {load.log_tail()}")
+        if load.expect_workers:
+            load.raise_if_worker_lost()
         time.sleep(min(0.2, left))
 
 
@@ -521,6 +529,8 @@ def stop_load(pr: ProbeRun) -> None:
     pr.replica_series = getattr(pr.sampler, "replica_series", None)
     pr.sampler = None
     pr.records = pr.load.records()
+    for line in pr.load.clock_warnings() if pr.load.expect_workers else ():
+        pr.log(f"kvprobe: {pr.exp.name}: warning: {line}")
 
 
 def wait_drained(sampler, *, seconds: float) -> None:
@@ -649,6 +659,7 @@ def judge(pr: ProbeRun) -> None:
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
                                                                  client_saturated=saturated, disagreeing=disagreeing,
+                                                                 client_reason=result.client.reason if saturated else "",
                                                                  **judged),
         "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol,
                                                              unpredicted=_unpredicted_preemptions(pr), **judged),

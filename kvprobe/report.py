@@ -60,6 +60,16 @@ def levels_table(result) -> str:
     return render_table(headers, rows, title=title)
 
 
+def load_processes_table(client) -> str:
+    """Client health per load process (local or `kvprobe worker`): the one that saturated is named."""
+    from kvprobe.tables import render_table
+
+    rows = [[w.worker, w.host or "—", f"{w.cpu:.2f}", f"{w.lag_p99_ms:.1f}", f"{w.lag_worst_ms:.1f}", w.seconds,
+             "SATURATED: " + w.reason if w.saturated else w.reason] for w in client.workers]
+    return render_table(["worker", "host", "cpu (cores)", "loop lag p99 ms", "worst ms", "seconds", "health"], rows,
+                        title=f"load processes: {client.reason}")
+
+
 def _pct(x) -> str:
     return "—" if x is None or x != x else f"{x:.1%}"
 
@@ -127,6 +137,8 @@ def write_artifacts(result, directory: Path, *, series, records, windows) -> dic
         text = replica_table(result) + "\n\n" + text
     if result.levels:
         text = levels_table(result) + "\n\n" + text
+    if result.client is not None and len(getattr(result.client, "workers", ())) > 1:
+        text += "\n\n" + load_processes_table(result.client)
     (directory / "report.txt").write_text(text + "\n")
     return paths
 

@@ -48,6 +48,7 @@ from kvprobe.spec_schema import (
     Shown,
     Target,
     Tolerances,
+    WorkersSpec,
     did_you_mean,
     ledger_kwargs,
     length_limits,
@@ -61,7 +62,7 @@ from kvprobe.spec_schema import (
 # -- profiles ---------------------------------------------------------------------------------
 
 PROFILE_KEYS = ("name", "description", "request", "ramp", "hold", "sampling", "budget_seconds", "drain_seconds",
-                "processes")
+                "processes", "workers")
 RAMP_KEYS = {
     "explicit": ("strategy", "levels"),
     "around-prediction": ("strategy", "below", "window", "above", "max_users"),
@@ -151,7 +152,33 @@ def _parse_profile(node: Node, *, name: str, path: str | None) -> Profile:
             raise where.error(f"a budget of at least {needed:g} s ({len(ramp.levels)} levels x "
                               f"{hold.seconds:g} s hold + {drain:g} s drain)", Shown(f"{budget:g}"))
     description = keys["description"].string() if "description" in keys else ""
-    return Profile(name, path, request, ramp, hold, interval, budget, drain, processes, description)
+    workers = _parse_workers(keys["workers"]) if "workers" in keys else None
+    if workers is not None and processes != 1:
+        raise keys["processes"].error(
+            "1 (or no `processes`) when `workers` is set: the master then starts no load process of its own; "
+            "run `kvprobe worker --processes N` on a load host instead", Shown(f"{processes}"))
+    return Profile(name, path, request, ramp, hold, interval, budget, drain, processes, description, workers)
+
+
+def _parse_workers(node: Node) -> WorkersSpec:
+    """`workers: {expect: N, bind: HOST[:PORT], wait_seconds: S}` (kvprobe.load.worker)."""
+    from kvprobe.load.messages import split_host_port
+
+    keys = node.mapping(("expect", "bind", "wait_seconds"), required=("expect",),
+                        what="a mapping with expect (the number of `kvprobe worker` processes) and optional bind")
+    expect = keys["expect"].integer(lo=1, hi=1024, what="a number of Locust workers to wait for")
+    host, port = "127.0.0.1", None
+    if "bind" in keys:
+        bind = keys["bind"]
+        if not isinstance(bind.value, str):
+            raise bind.error("HOST:PORT (or HOST) the master listens on, e.g. 0.0.0.0:5557")
+        try:
+            host, port = split_host_port(bind.value)
+        except ValueError as err:
+            raise bind.error(str(err), Shown(repr(bind.value))) from None
+    wait = (keys["wait_seconds"].number(lo=0, lo_open=True, what="seconds to wait for the workers")
+            if "wait_seconds" in keys else 60.0)
+    return WorkersSpec(expect, host, port, wait)
 
 
 # The profiles shipped with kvprobe (package data): found by name from any folder, after the user's own.

@@ -203,6 +203,17 @@ class HoldSpec:
 
 
 @dataclass(frozen=True)
+class WorkersSpec:
+    """Load from other hosts: the master starts no load process and waits for `expect` workers
+    (`kvprobe worker --master HOST:PORT`) on `host:port` for at most `wait_seconds`."""
+
+    expect: int
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port, chosen when the probe starts and printed
+    wait_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     path: str | None
@@ -214,6 +225,7 @@ class Profile:
     drain_seconds: float = 10
     processes: int = 1
     description: str = ""
+    workers: WorkersSpec | None = None  # load from `kvprobe worker` processes instead of local ones
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def _judged_against(prediction, implied, reported_agrees):
     return prediction, "the ledger"
 
 
-def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
+def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool, client_reason: str = "",
                           reported_agrees: bool | None = None, implied=None, diagnosis=None,
                           disagreeing=()) -> CheckResult:
     """The measured running plateau where waiting starts versus the predicted admission limit.
@@ -106,7 +106,8 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
     )
     if client_saturated:
         res.inconclusive = True
-        res.reason = "the load generator was the bottleneck (loop lag / CPU), not the engine"
+        res.reason = "the load generator was the bottleneck (loop lag / CPU), not the engine" + (
+            f": {client_reason}" if client_reason else "")
         return res
     if rejection.rejection_point is None:
         res.inconclusive = True

@@ -6,6 +6,11 @@ for the first token (§3), Accept-Encoding identity (§3), drain to the end of t
 connection is reused (§3), gc.freeze (§3), the SIGTERM-during-shape fix (§2), events.request only
 on workers and the shape on the master (§5).
 
+Workers that share no folder with the master (`kvprobe worker`, `--kv-transport message`) send
+their records to it over Locust's messaging and take the request settings from the master's spawn
+message (every custom option travels with it: locust 2.47.0 runners.py `WorkerRunner.handle_message`
+"spawn"); the wiring is in `kvprobe.load.distributed`.
+
 Cheap reads: only the lines up to the first content chunk are parsed; the rest of the stream is
 read in bulk (`read(64 KiB)` returns at the end of the message) keeping an 8 KiB tail in which the
 usage chunk is found with one regex. This is what lets one process hold several hundred streams.
@@ -21,6 +26,7 @@ import os
 import random
 import re
 import signal
+import socket
 import time
 
 import gevent
@@ -43,12 +49,15 @@ from kvprobe.load.records import (
 )
 from kvprobe.load.shape import make_shape_class
 
+# (kvprobe.load.distributed is imported only by a master expecting workers or a message-mode worker)
+
 BULK = 1 << 16
 TAIL = 8192
 ERROR_TEXT = 300
 FLUSH_INTERVAL = 0.5
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
 _SENTINELS = (-987654301, -987654302)
+_HOST = socket.gethostname()  # named in lag records: which load host saturated
 
 
 class _State:
@@ -65,6 +74,8 @@ class _State:
     body_parts: list[bytes] | None = None
     headers: dict[str, str] = {}
     opts = None
+    remote = False  # a worker sending its records to the master (no shared folder)
+    master_side = None  # kvprobe.load.distributed.MasterSide on a master expecting workers
 
 
 S = _State()
@@ -78,7 +89,8 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-time-limit", type=float, default=600.0, help="hard limit (s): the shape ends the test")
     g.add_argument("--kv-model", default="", help="model name sent in the request body")
     g.add_argument("--kv-engine", default="vllm", help="request dialect (kvprobe.engines.<name>)")
-    g.add_argument("--kv-path", required=True)  # the dialect's COMPLETIONS_PATH, from the runner
+    # The dialect's COMPLETIONS_PATH, from the runner; a `kvprobe worker` gets it from the master.
+    g.add_argument("--kv-path", default="")
     g.add_argument("--kv-prompt-tokens", type=int, default=16)
     g.add_argument("--kv-output-tokens", type=int, default=16)
     g.add_argument("--kv-shared-prefix-tokens", type=int, default=0, help="ids shared by every prompt")
@@ -94,6 +106,10 @@ def _add_arguments(parser) -> None:
     g.add_argument("--kv-network-timeout", type=float, default=600.0)
     g.add_argument("--kv-start-jitter", type=float, default=0.0,
                    help="each new user waits uniform(0, S) s before its first request (desynchronise)")
+    g.add_argument("--kv-transport", choices=("file", "message"), default="file",
+                   help="worker: write records to --kv-records-dir, or send them to the master")
+    g.add_argument("--kv-expect-workers", type=int, default=0,
+                   help="master: collect the records of this many message-mode workers")
 
 
 # --- request body -------------------------------------------------------------------------------
@@ -161,13 +177,19 @@ def _on_init(environment, **_kw) -> None:
     runner = environment.runner
     S.role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
     S.label = "master" if S.role == "master" else "w0"
-    S.body_parts = body_template(opts)
-    S.headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
-    key = os.environ.get(opts.kv_api_key_env) if opts.kv_api_key_env else None
-    if key:
-        S.headers["Authorization"] = f"Bearer {key}"
-    if opts.kv_records_dir:
+    _configure(opts)
+    S.remote = S.role == "worker" and opts.kv_transport == "message"
+    if S.remote:
+        from kvprobe.load import distributed
+
+        S.writer = distributed.worker_sink(environment, _label())
+        distributed.setup_worker(environment, _label(), on_stop=_final_batch)
+    elif opts.kv_records_dir:
         S.writer = RecordWriter(os.path.join(opts.kv_records_dir, f"{S.role}-{os.getpid()}.jsonl"))
+    if S.role == "master" and opts.kv_expect_workers > 0:
+        from kvprobe.load import distributed
+
+        S.master_side = distributed.MasterSide(environment, opts.kv_records_dir, S.writer, opts.kv_expect_workers)
     if S.role == "worker":
         runner.register_message("kv_level", _on_level_message)
     gevent.spawn(_flusher)
@@ -183,6 +205,31 @@ def _on_init(environment, **_kw) -> None:
         environment.runner.quit()
 
     gevent.signal_handler(signal.SIGTERM, _on_term)
+
+
+def _configure(opts) -> None:
+    """The request body and headers from the options (again on a worker once the master's arrive)."""
+    S.body_parts = body_template(opts)
+    S.headers = {"Accept-Encoding": "identity", "Content-Type": "application/json"}
+    # The NAME of the key's variable comes from the master; the key itself from this host's environment.
+    key = os.environ.get(opts.kv_api_key_env) if opts.kv_api_key_env else None
+    if key:
+        S.headers["Authorization"] = f"Bearer {key}"
+
+
+@events.test_start.add_listener
+def _on_test_start(environment, **_kw) -> None:
+    # On a worker, test_start fires after the first spawn message copied the master's options into
+    # parsed_options and before any user starts (runners.py `WorkerRunner.handle_message` "spawn").
+    if S.role == "worker":
+        _configure(environment.parsed_options)
+
+
+def _final_batch() -> None:
+    """A message-mode worker told to stop: its in-flight requests recorded, every record sent."""
+    _abort_inflight()
+    if S.writer is not None:
+        S.writer.flush(final=True)
 
 
 def _on_level_message(environment, msg, **_kw) -> None:
@@ -228,6 +275,8 @@ def _on_quit(**_kw) -> None:
     _abort_inflight()
     if S.writer is not None:
         S.writer.close()
+    if S.master_side is not None:
+        S.master_side.close()
 
 
 def _finish(rec: Record) -> None:
@@ -272,7 +321,8 @@ def _lag_monitor() -> None:
             p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
             if S.writer is not None:
                 S.writer.write(Record(kind="lag", t=time.time(), lag_ms=round(p99, 3), lag_max_ms=round(lags[-1], 3),
-                                      cpu=round((cpu_now - cpu_last) / (now - t_last), 4), worker=_label()))
+                                      cpu=round((cpu_now - cpu_last) / (now - t_last), 4), worker=_label(),
+                                      host=_HOST))
             lags = []
             t_last, cpu_last = now, cpu_now
 

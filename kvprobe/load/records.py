@@ -9,6 +9,13 @@ Three kinds share one dataclass so the parent reads every file the same way:
   second), ``lag_max_ms``, ``cpu`` (process CPU in cores over that second).
 - ``kind="level"``: written by the process running the shape when Locust has actually reached a new
   user count — ``t`` (spawning complete), ``t_set`` (the tick that asked for it), ``users``.
+- ``kind="worker"``: written by a master that waits for workers (`kvprobe worker`) — ``t``, ``worker``
+  (its label, ``w<index>``), ``host``, ``status`` (``connected``, ``final``: every record sent,
+  ``lost``: no heartbeat or quit before the end), ``error`` (detail), and on ``final``
+  ``clock_offset`` (s): how far ahead of the master's clock the worker's runs, to within the link's
+  latency — its records carry its own clock's times.
+
+Lag and worker records carry ``host``, the load host's name, so a saturated or lost worker is named.
 
 No gevent or Locust here: the parent (pytest, the probe) imports this module.
 """
@@ -55,6 +62,8 @@ class Record:
     lag_max_ms: float | None = None
     cpu: float | None = None
     t_set: float | None = None
+    host: str | None = None  # the load host (lag and worker records)
+    clock_offset: float | None = None  # worker records: how far the worker's clock runs ahead (s, about)
 
     @property
     def ok(self) -> bool:
@@ -72,8 +81,11 @@ class Record:
         v = self.t_send if self.kind == "request" else self.t
         return float(v) if v is not None else 0.0
 
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
     def to_json(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, separators=(",", ":"))
+        return json.dumps(self.to_dict(), separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, d: dict) -> Record:

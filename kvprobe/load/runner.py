@@ -5,22 +5,28 @@ The parent writes the control file, Locust's shape follows it once a second, and
 writes its own JSONL records, read back with `records()`. Everything runs in one process group
 the parent owns; stop = control-file stop, then SIGTERM to the group, then SIGKILL — every wait
 has a deadline.
+
+With `expect_workers` the subprocess is a bare master: it starts no load process of its own and
+waits for that many `kvprobe worker --master HOST:PORT` processes, on this or other hosts; their
+records reach the master over Locust's messaging (`kvprobe.load.messages`) and land in the same
+records folder, so everything below reads them as it reads local ones.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import kvprobe
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, ProbeError
+from kvprobe.load.health import CPU_SATURATED, LAG_SATURATED_MS, ClientHealth, WorkerHealth, client_health  # noqa: F401
 from kvprobe.load.records import (
     RECORD_SUFFIX,
     TOKEN_BASE,
@@ -33,54 +39,9 @@ from kvprobe.load.shape import default_spawn_rate, write_control
 from kvprobe.procgroup import free_port, group_members, signal_group, stop_group, wait_group_gone  # noqa: F401
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
-
-# Client health thresholds (locust.md §4): loop lag tracks TTFT distortion; 3–7 ms is healthy on
-# this class of VM, tens of ms means the client, not the engine, sets the timing.
-LAG_SATURATED_MS = 15.0
-CPU_SATURATED = 0.9  # cores: a gevent process cannot use more than one
-
-
-@dataclass
-class ClientHealth:
-    cpu: float | None           # mean CPU (cores) of the busiest load-generating process
-    cpu_total: float | None     # mean CPU (cores) of all load-generating processes together
-    lag_p99_ms: float | None    # median over seconds of the per-second p99 loop lag (busiest process)
-    lag_worst_ms: float | None  # the worst per-second p99 loop lag seen
-    processes: int
-    seconds: int                # lag samples (one per process-second) the figures come from
-    saturated: bool
-    reason: str = ""
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
-def client_health(records: list[Record], t0: float | None = None, t1: float | None = None) -> ClientHealth:
-    """Summarise the lag records of the load-generating processes (not the master) in [t0, t1]."""
-    lag = [r for r in records if r.kind == "lag" and r.worker != "master"
-           and (t0 is None or (r.t or 0) >= t0) and (t1 is None or (r.t or 0) <= t1)]
-    by_worker: dict[str, list[Record]] = {}
-    for r in lag:
-        by_worker.setdefault(r.worker or "?", []).append(r)
-    if not by_worker:
-        return ClientHealth(None, None, None, None, 0, 0, False, "no loop-lag records")
-    cpu = {w: sum(r.cpu or 0.0 for r in rs) / len(rs) for w, rs in by_worker.items()}
-    lag_med = {w: _median([r.lag_ms or 0.0 for r in rs]) for w, rs in by_worker.items()}
-    worst = max(r.lag_ms or 0.0 for r in lag)
-    h = ClientHealth(cpu=max(cpu.values()), cpu_total=sum(cpu.values()), lag_p99_ms=max(lag_med.values()),
-                     lag_worst_ms=worst, processes=len(by_worker), seconds=len(lag), saturated=False)
-    reasons = []
-    if h.lag_p99_ms > LAG_SATURATED_MS:
-        reasons.append(f"loop lag p99 {h.lag_p99_ms:.1f} ms > {LAG_SATURATED_MS:g} ms")
-    if h.cpu > CPU_SATURATED:
-        reasons.append(f"a load process used {h.cpu:.2f} cores (> {CPU_SATURATED:g})")
-    h.saturated = bool(reasons)
-    h.reason = "; ".join(reasons) or "client healthy"
-    return h
-
+# A worker's clock this far off the probe's moves its records across a level's edges noticeably
+# (levels last seconds; warm-up discards the first 30%).
+CLOCK_SKEW_WARN_S = 0.25
 
 class LocustRun:
     """One Locust run against `url`; see the module doc. Use as a context manager or call stop()."""
@@ -90,11 +51,15 @@ class LocustRun:
                  stream: bool = True, engine: str = "vllm", time_limit: float = 600.0,
                  startup_timeout: float = 60.0, path: str | None = None, token_base: int = TOKEN_BASE,
                  token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0,
-                 shared_prefix_tokens: int = 0, prompt_format: str = "ids"):
+                 shared_prefix_tokens: int = 0, prompt_format: str = "ids", expect_workers: int = 0,
+                 bind_host: str = "127.0.0.1", bind_port: int | None = None, workers_wait: float = 60.0):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
             raise ConfigError(f"processes must be >= 1, got {processes}")
+        if expect_workers and processes != 1:
+            raise ConfigError(f"expect_workers ({expect_workers}) starts no local load process: processes must "
+                              f"be 1, got {processes}")
         self.url = url.rstrip("/")
         self.model = model
         self.prompt_tokens, self.output_tokens = int(prompt_tokens), int(output_tokens)
@@ -121,7 +86,13 @@ class LocustRun:
         self.control_path = self.workdir / "control.json"
         self.log_path = self.workdir / "locust.log"
         self.run_id = uuid.uuid4().hex[:8]
-        self.master_port: int | None = None
+        self.expect_workers = int(expect_workers)
+        self.bind_host = bind_host
+        self.workers_wait = float(workers_wait)
+        # Remote workers must be told the port before the master starts: choose it now.
+        self.master_port: int | None = (int(bind_port) if bind_port else free_port(_probe_host(bind_host))) \
+            if self.expect_workers else None
+        self._worker_cache: tuple[float, list[Record]] = (0.0, [])
         self.proc: subprocess.Popen | None = None
         self._log_fh = None
         self._stopped = False
@@ -137,7 +108,7 @@ class LocustRun:
                "--kv-engine", self.engine, "--kv-path", self.path,
                "--kv-prompt-tokens", str(self.prompt_tokens), "--kv-output-tokens", str(self.output_tokens),
                "--kv-stream", "1" if self.stream else "0", "--kv-seed", str(self.seed), "--kv-run-id", self.run_id,
-               "--kv-workers", str(self.processes), "--kv-token-base", str(self.token_base),
+               "--kv-workers", str(self.expect_workers or self.processes), "--kv-token-base", str(self.token_base),
                "--kv-token-range", str(self.token_range), "--kv-network-timeout", str(self.network_timeout),
                "--kv-start-jitter", str(self.start_jitter),
                "--kv-shared-prefix-tokens", str(self.shared_prefix_tokens)]
@@ -145,7 +116,14 @@ class LocustRun:
             cmd += ["--kv-prompt-format", self.prompt_format]
         if self.api_key_env:
             cmd += ["--kv-api-key-env", self.api_key_env]  # the name only; the key stays in the environment
-        if self.processes > 1:
+        if self.expect_workers:
+            # A bare master: Locust waits for the workers before it runs the shape (main.py,
+            # `--expect-workers`); the probe's own deadline (workers_wait) comes first.
+            cmd += ["--master", "--master-bind-host", self.bind_host, "--master-bind-port", str(self.master_port),
+                    "--expect-workers", str(self.expect_workers),
+                    "--expect-workers-max-wait", str(int(self.workers_wait + 30)),
+                    "--kv-expect-workers", str(self.expect_workers)]
+        elif self.processes > 1:
             # Fork mode binds *:5557 by default and two runs collide (locust.md §5): bind loopback on
             # a port of our own and tell the children the same port.
             self.master_port = self.master_port or free_port()
@@ -176,6 +154,8 @@ class LocustRun:
                                      stderr=subprocess.STDOUT, start_new_session=True, env=self._env(),
                                      cwd=str(self.workdir))
         try:
+            if self.expect_workers:
+                self.wait_workers(timeout=self.workers_wait)
             self.wait_level(users, since=t0, timeout=self.startup_timeout)
         except ProbeError:
             self.stop(timeout=5)
@@ -211,11 +191,82 @@ class LocustRun:
             levels = self.level_records()
             if levels and levels[-1].users == n:
                 return levels[-1].time
+            self.raise_if_worker_lost()
             if not self.alive():
                 raise ProbeError(f"Locust exited (rc={self.returncode}) before reaching {n} users: {self.log_tail()}")
             if time.monotonic() > deadline:
                 raise ProbeError(f"Locust did not reach {n} users within {timeout:g} s: {self.log_tail()}")
             time.sleep(0.05)
+
+    # --- remote workers ---------------------------------------------------------------------
+
+    @property
+    def master_address(self) -> str:
+        """HOST:PORT a worker connects to (a wildcard bind is reached by this host's name)."""
+        host = self.bind_host if self.bind_host not in ("0.0.0.0", "::", "*", "") else socket.gethostname()
+        return f"{host}:{self.master_port}"
+
+    def worker_command(self) -> str:
+        return f"kvprobe worker --master {self.master_address}"
+
+    def worker_records(self) -> list[Record]:
+        """The master's `worker` records (connected, final, lost), read at most every 0.5 s."""
+        t, cached = self._worker_cache
+        if time.monotonic() - t < 0.5:
+            return cached
+        out: list[Record] = []
+        for p in self.records_dir.glob("master-*" + RECORD_SUFFIX):
+            out.extend(r for r in read_record_file(p) if r.kind == "worker")
+        out.sort(key=lambda r: r.time)
+        self._worker_cache = (time.monotonic(), out)
+        return out
+
+    def connected_workers(self) -> list[Record]:
+        seen: dict[str, Record] = {}
+        for r in self.worker_records():
+            if r.status == "connected":
+                seen[r.worker] = r
+        return list(seen.values())
+
+    def clock_warnings(self, limit_s: float = CLOCK_SKEW_WARN_S) -> list[str]:
+        """Workers whose clock is off the probe host's by more than `limit_s`: their records' times
+        (send, first token) are shifted against the levels and the /metrics samples by that much."""
+        out = []
+        for r in self.worker_records():
+            if r.status == "final" and r.clock_offset is not None and abs(r.clock_offset) > limit_s:
+                out.append(f"worker {r.worker} on {r.host}: its clock runs {r.clock_offset:+.3f} s from this host's "
+                           "(to within the link's latency); its records are shifted by that much against the "
+                           "levels: synchronise the clocks (NTP, chrony)")
+        return out
+
+    def lost_workers(self) -> list[Record]:
+        return [r for r in self.worker_records() if r.status == "lost"]
+
+    def raise_if_worker_lost(self) -> None:
+        lost = self.lost_workers()
+        if lost:
+            names = "; ".join(f"worker {r.worker}" + (f" on {r.host}" if r.host else "") + f": {r.error}"
+                              for r in lost)
+            raise ProbeError(f"{len(lost)} of {self.expect_workers} Locust workers stopped during the load ({names}); "
+                             "the levels they served lost their users, so nothing after this is measured")
+
+    def wait_workers(self, *, timeout: float) -> None:
+        """Wait (bounded) for `expect_workers` workers to connect to the master."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._worker_cache = (0.0, [])
+            connected = self.connected_workers()
+            if len(connected) >= self.expect_workers:
+                return
+            if not self.alive():
+                raise ProbeError(f"the Locust master exited (rc={self.returncode}) while waiting for workers: "
+                                 f"{self.log_tail()}")
+            if time.monotonic() > deadline:
+                who = ", ".join(f"{r.worker} on {r.host}" for r in connected) or "none"
+                raise ProbeError(
+                    f"{len(connected)} of {self.expect_workers} Locust workers connected within {timeout:g} s "
+                    f"(connected: {who}); start each missing one on a load host with: {self.worker_command()}")
+            time.sleep(0.1)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -281,3 +332,8 @@ class LocustRun:
         except OSError:
             return ""
         return "\n".join(lines[-n:])
+
+
+def _probe_host(bind_host: str) -> str:
+    """The address to find a free port on: a wildcard bind is checked on all interfaces."""
+    return "0.0.0.0" if bind_host in ("0.0.0.0", "::", "*", "") else bind_host
