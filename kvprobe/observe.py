@@ -214,14 +214,22 @@ class Sampler:
         self._thread.start()
         return self
 
+    def tick(self) -> Sample:
+        """One scrape, appended to the series (a fleet sampler scrapes every replica here)."""
+        sample = self._scrape(self.url)
+        self.series.append(sample)
+        return sample
+
+    def _scrape(self, url: str) -> Sample:
+        try:
+            return scrape_once(url, self.metrics, self._headers, self.timeout)[1]
+        except Exception as err:  # a sampler bug must show up in the series, not kill the thread
+            return Sample(t=time.time(), ok=False, error=f"sampler: {type(err).__name__}: {err}")
+
     def _run(self) -> None:
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            try:
-                _, sample = scrape_once(self.url, self.metrics, self._headers, self.timeout)
-            except Exception as err:  # a sampler bug must show up in the series, not kill the thread
-                sample = Sample(t=time.time(), ok=False, error=f"sampler: {type(err).__name__}: {err}")
-            self.series.append(sample)
+            self.tick()
             next_tick += self.interval
             now = time.monotonic()
             if next_tick < now:
