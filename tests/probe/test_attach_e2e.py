@@ -18,16 +18,10 @@ from kvprobe.engines import get_dialect
 from kvprobe.engines.launcher import Target, free_port
 from kvprobe.probe import ProbeOptions, open_target, predict, run_probe
 from kvprobe.spec import load_expectations
+from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-
-def vllm_env():
-    """The vLLM 0.33.0 engine environment when it is complete (not missing, not being reinstalled)."""
-    from kvprobe.shadow import envs
-
-    return envs.find("vllm", "0.33.0")
-
 
 @pytest.fixture
 def running(tmp_path):
@@ -156,12 +150,10 @@ def test_launch_gives_the_model_path_and_the_served_name(expectation, tmp_path):
     assert (rep.model_path, rep.served_model_name) == ("meta-llama/Llama-3.1-8B", "llama-8b")
 
 
-def test_a_launched_real_vllm_refuses_an_unknown_flag_in_its_own_words(tmp_path, monkeypatch):
+def test_a_launched_real_vllm_refuses_an_unknown_flag_in_its_own_words(tmp_path, monkeypatch, pytestconfig):
     """`launch: engine` passes a flag kvprobe does not know to the engine; the engine's own refusal
     heads the error. Real `vllm serve` 0.33.0 (the CPU install kvprobe's shadow target uses)."""
-    env = vllm_env()
-    if env is None:
-        pytest.skip("no complete vLLM 0.33.0 engine environment (`kvprobe shadow install vllm==0.33.0`)")
+    env = engine_env("vllm", "0.33.0", pytestconfig)  # installed when missing, never skipped
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")  # DeviceConfig is built while vLLM makes its parser
     doc = yaml.safe_load((REPO / "expectations" / "emulated-vllm.yaml").read_text())
     doc.update(name="bogus", profile="short", target={"launch": "engine", "command": [str(env.bin("vllm")), "serve"],
