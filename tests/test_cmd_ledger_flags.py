@@ -128,3 +128,21 @@ def test_an_unknown_option_names_the_closest(capsys):
         main(["ledger", *SEED_001, "--num-gpu-block-override", "3"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "did you mean '--num-gpu-blocks-override'?" in err
+
+
+def test_sglang_refusal_is_a_finding_after_every_table(capsys):
+    """SGLang's start-up refusal (weights leave the pool nothing: kv_cache_configurator.py's
+    `_profile_available_bytes`) is explained as vLLM's is: the tables, then the finding, exit 1."""
+    argv = ("--engine", "sglang", "--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "16GiB")
+    rc, out, err = run(capsys, *argv)
+    assert rc == 1 and err == ""
+    positions = [out.index(h) for h in ("capacity ledger: sglang 0.5.23", "\nbudget ", "\ncapacity ",
+                                        "admission: not predicted", "finding: sglang 0.5.23 would refuse")]
+    assert positions == sorted(positions)
+    assert "Raise --mem-fraction-static above 0.935 (weights 14.96 GiB per rank)" in out
+    rc, out, _ = run(capsys, *argv, "--prompt-tokens", "512", "--output-tokens", "256", "--json")
+    d = json.loads(out)
+    assert rc == 1 and d["admission"] is None and d["startup"]["refused"] is True
+    assert d["startup"]["message"].startswith("Loaded weights leave no GPU memory for the KV cache")
+    rc, out, _ = run(capsys, *argv, "--mem-fraction-static", "0.95", "--json")  # the fix the finding names
+    assert rc == 0 and json.loads(out)["startup"] == {"refused": False}

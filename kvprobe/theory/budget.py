@@ -432,6 +432,7 @@ class SglangBudget:
     max_req_input_len: int
     context_len: int
     estimates: dict[str, int] = field(default_factory=dict)
+    refusal: str | None = None  # SGLang's start-up refusal (sglang_budget(refuse=False)): no pool at all
 
 
 def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
@@ -439,9 +440,12 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   chunked_prefill_size: int | None = None, page_size: int | None = None,
                   max_total_tokens: int | None = None, max_running_requests: int | None = None,
                   tp: int = 1, pp: int = 1, dp: int = 1,
-                  estimates: dict[str, int] | None = None) -> SglangBudget:
+                  estimates: dict[str, int] | None = None, refuse: bool = True) -> SglangBudget:
     """KV pool = T x mfs - W - other. SGLang takes T as the *free* memory before the weights load;
-    we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there."""
+    we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there.
+    Where SGLang would refuse to start (no memory left for the pool) this raises its message; with
+    `refuse=False` the budget is returned with `refusal` set and an empty pool, so a ledger can
+    show every number that leads there."""
     refuse_hybrid(geom)
     estimates = dict(estimates or {})
     other = estimates.pop("other_bytes", 0)
@@ -477,9 +481,14 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         rest_gb = (free_gb - weights / GIB) - free_gb * (1 - fraction)
         if rest_gb <= 0:
             need = math.ceil((1 - (free_gb - weights / GIB) / free_gb) * 1000) / 1000
-            raise ConfigError(f"Loaded weights leave no GPU memory for the KV cache under "
-                              f"--mem-fraction-static={fraction}. Raise --mem-fraction-static above "
-                              f"{need:.3f} (weights {format_bytes(weights)} per rank)")
+            refusal = (f"Loaded weights leave no GPU memory for the KV cache under "
+                       f"--mem-fraction-static={fraction}. Raise --mem-fraction-static above "
+                       f"{need:.3f} (weights {format_bytes(weights)} per rank)")
+            if refuse:
+                raise ConfigError(refusal)
+            return SglangBudget(gpu_memory_bytes, fraction, how, reserved, weights, None, None, kv.total, 0, 0,
+                                page, 0, cps, max_bs, 0, context_len, {"other_bytes": other} if other else {},
+                                refusal)
         kv_bytes = int(rest_gb * GIB)
         profiled = kv_bytes // kv.total // page * page  # pool_configurator.calculate_pool_sizes
         tokens = profiled if max_total_tokens is None else min(profiled, max_total_tokens) // page * page

@@ -245,7 +245,7 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
-    return _build_sglang(inputs, model)
+    return _build_sglang(inputs, model, refuse=not explain_refusal)
 
 
 def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, key: str) -> int:
@@ -320,7 +320,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
-def _build_sglang(inputs: LedgerInputs, model: ModelSection) -> Ledger:
+def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or B.SGLANG_DEFAULT_VERSION
     ctx = _derived_len(inputs, geom, inputs.context_length or inputs.max_model_len, "context_length")
@@ -329,10 +329,12 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection) -> Ledger:
         context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
         max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
-        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates)
+        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse)
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
                    bud.max_running_requests, bud.chunked_prefill_size)
+    if bud.refusal is not None:  # SGLang would not start: no pool, nothing admitted
+        return Ledger(inputs, model, bud, cap, None, None, None, version, bud.refusal)
     request = None
     if inputs.prompt_tokens is not None:
         p, o = inputs.prompt_tokens, inputs.output_tokens
@@ -511,6 +513,7 @@ def _refusal_text(led: Ledger) -> str:
     start = led.startup
     fits = start["largest_max_model_len"]
     hint = (f"the largest max-model-len that fits this pool: {fits} (--max-model-len {fits})" if fits
+            else "no KV pool at all: the weights take what the fraction leaves" if led.inputs.engine == "sglang"
             else "no max-model-len fits: the pool holds no usable block")
     return (f"finding: {led.inputs.engine} {led.engine_version} would refuse to start with this configuration:\n"
             f"  {start['message']}\n  {hint}")
