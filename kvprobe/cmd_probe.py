@@ -9,7 +9,6 @@ or dead, client saturated, no metrics, too few deep levels) and none failed; 130
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
@@ -105,18 +104,11 @@ def _check_bare_options(args) -> None:
                           f"{', '.join(given)}", key="kvprobe probe")
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(args) -> int:
-    # SIGTERM takes the same path as Ctrl-C: the probe's finally stops everything it started.
-    # The previous handler comes back afterwards (an in-process caller keeps its own).
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    from kvprobe.procgroup import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # the finally below stops everything it started, on SIGTERM too
         return _run(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args) -> int:

@@ -82,3 +82,19 @@ def wait_group_gone(proc: subprocess.Popen, pgid: int, deadline: float) -> bool:
             return False
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM takes Ctrl-C's path inside the block, so the caller's `finally` stops every process
+    group it started either way; the previous handler comes back afterwards (an in-process caller
+    keeps its own)."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

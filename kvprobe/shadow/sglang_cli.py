@@ -10,7 +10,6 @@ the time model, --log.
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 
 from kvprobe.engines import sglang as dialect
@@ -66,17 +65,11 @@ def engine_flags(args) -> dict[str, object]:
     return {n: v for n, v in values.items() if v is not None}
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def run(args) -> int:
-    # SIGTERM takes Ctrl-C's path, so the server's process group is stopped either way.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    from kvprobe.procgroup import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # the finally below stops everything it started, on SIGTERM too
         return _run(args)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(args) -> int:
