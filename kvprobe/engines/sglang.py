@@ -145,13 +145,24 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
 )}
+# Hybrid-model pool flags (arg_groups/fields/schedule.py L150-186, L211-227; exec_.py L490-530): the
+# window pool's share, hybrid SWA memory off, the recurrent-state slots and their share, how the radix
+# cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect on the pools.
+HYBRID_FLAGS = ("swa-full-tokens-ratio", "disable-hybrid-swa-memory", "max-mamba-cache-size",
+                "mamba-full-memory-ratio", "mamba-radix-cache-strategy", "mamba-ssm-dtype")
+# Quantization methods SGLang 0.5.23 registers only on CUDA/HIP/XPU, or on a CPU with
+# SGLANG_USE_CPU_ENGINE=1 (`is_cpu()`, which then needs sgl_kernel) (layers/quantization/__init__.py
+# L96-104): otherwise a config naming one fails with "Unknown quantization method: mxfp4". The weights'
+# format does not touch the KV pools, so the shadow's model folder leaves the config's
+# quantization_config out for these.
+CPU_UNREGISTERED_QUANTIZATION = ("mxfp4",)
 # Real SGLang flags kvprobe does not model: passed through as written; listed for the typo check.
 OTHER_FLAGS = (
     "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
     "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
-    "stream-interval", "sleep-on-idle", "device",
+    "stream-interval", "sleep-on-idle", "device", *HYBRID_FLAGS,
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}
@@ -296,6 +307,63 @@ def _published_flags(body: dict) -> dict[str, object]:
             continue
         flags[name] = value
     return flags
+
+
+# --- hybrid models (0.5.23): separate pools for full-attention layers, sliding-window layers (gpt-oss,
+# Llama 4) and recurrent-state slots (Qwen3-Next); each has its gauges and its startup lines
+# (checked against tests/engines/published/sglang-0.5.23-{gpt-oss-20b,qwen3-next}-*, recorded from the
+# real shadow).
+# Usage ratios, used / (total - 0) per pool (observability/metrics_collector.py L89-100, L404-427;
+# computed in managers/scheduler_components/pool_stats_observer.py L56-163, L229-303): token_usage is
+# the largest of the three. All three exist for every model; the other pools' stay 0.
+HYBRID_METRICS = {
+    "full_usage": "sglang:full_token_usage",  # L410-415
+    "swa_usage": "sglang:swa_token_usage",  # L416-421
+    "mamba_usage": "sglang:mamba_usage",  # L422-427: used state slots / the mamba pool's size
+    "swa_used_tokens": "sglang:swa_used_tokens",  # L456-473
+    "swa_available_tokens": "sglang:swa_available_tokens",
+    "swa_evictable_tokens": "sglang:swa_evictable_tokens",
+    "mamba_used_slots": "sglang:mamba_used_tokens",  # L474-491: state slots, despite the name
+    "mamba_available_slots": "sglang:mamba_available_tokens",
+    "mamba_evictable_slots": "sglang:mamba_evictable_tokens",
+    # emitted once at startup, only for a hybrid-SWA pool (emit_constants L1769-1784; gauge L1295-1300)
+    "swa_pool_tokens": "sglang:max_total_num_tokens_swa",
+}
+# Startup lines. The window pool: pool_configurator.py L888-891 — logged twice when --max-total-tokens
+# caps the profiled pool (config_from_budget re-derives it), the last line is the pool.
+_RE_SWA_POOL = re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+), swa_layer_tokens=(\d+)")
+# Each pool's buffers: "<label> KV Cache is allocated. dtype: D, #tokens: N, K size ..." with the
+# allocation label "Full"/"SWA" on a hybrid-SWA pool, none otherwise (mem_cache/memory_pool.py L2077-2091).
+_RE_POOL_ALLOC = re.compile(r"(?:(Full|SWA) )?KV Cache is allocated\. dtype: (\S+), #tokens: (\d+)")
+# The recurrent-state pool (memory_pool.py L983-1010) and the cap it puts on max_running_requests
+# (kv_cache_configurator.py L3135-3150; a WARNING, only when it binds).
+_RE_MAMBA = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")
+_RE_MAMBA_CAP = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache "
+                           r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)")
+
+
+def parse_hybrid_startup(text: str) -> dict[str, int | str]:
+    """What SGLang's startup log says about a hybrid model's pools: full_tokens, swa_tokens (window
+    pool), kv_dtype, mamba_slots, and when the state pool binds max_running_requests,
+    mamba_capped_running and mamba_slots_per_request. Keys absent when the log does not say."""
+    out: dict[str, int | str] = {}
+    if swa := list(_RE_SWA_POOL.finditer(text)):
+        out["full_tokens"], out["swa_tokens"] = int(swa[-1].group(1)), int(swa[-1].group(2))
+    for m in _RE_POOL_ALLOC.finditer(text):
+        label, dtype, tokens = m.group(1), m.group(2), int(m.group(3))
+        out["kv_dtype"] = dtype
+        out["swa_tokens" if label == "SWA" else "full_tokens"] = tokens  # the allocation has the last word
+    if mamba := list(_RE_MAMBA.finditer(text)):
+        out["mamba_slots"] = int(mamba[-1].group(1))
+    if cap := list(_RE_MAMBA_CAP.finditer(text)):
+        out["mamba_capped_running"], out["mamba_slots_per_request"] = int(cap[-1].group(1)), int(cap[-1].group(3))
+    return out
+
+
+def hybrid_gauges(families: dict) -> dict[str, float]:
+    """HYBRID_METRICS' values from parsed /metrics families ({name: family}, prometheus_client;
+    one rank: the first sample), by role; a gauge SGLang did not emit is left out."""
+    return {role: v for role, name in HYBRID_METRICS.items() if (v := _gauge(families, name)) is not None}
 
 
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:

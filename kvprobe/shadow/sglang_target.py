@@ -24,11 +24,12 @@ import psutil
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError, TargetError
-from kvprobe.shadow import modeldir, sglang_plugin
+from kvprobe.shadow import modeldir, sglang_hybrid, sglang_plugin
 from kvprobe.shadow.envs import EngineEnv
 from kvprobe.shadow.launch import kvprobe_pythonpath
-from kvprobe.theory.budget import SglangBudget, sglang_budget
+from kvprobe.theory.budget import SglangBudget, sglang_budget, sglang_gpu_tier
 from kvprobe.theory.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
+from kvprobe.theory.sglang_pools import SglangPools
 from kvprobe.units import format_bytes, parse_count
 
 MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
@@ -82,7 +83,7 @@ def memory_needed(bud: SglangBudget, kv_bytes_per_token: int) -> dict[str, int]:
             "processes": PROCESS_BYTES}
 
 
-def check_memory(need: dict[str, int], bud: SglangBudget, *, available: int | None = None) -> None:
+def check_memory(need: dict[str, int], bud: SglangBudget | SglangPools, *, available: int | None = None) -> None:
     available = psutil.virtual_memory().available if available is None else available
     total = sum(need.values())
     if total <= available:
@@ -104,12 +105,35 @@ def _shadow_flags(req, flags: dict[str, object], bud: SglangBudget) -> dict[str,
     return {**out, **dialect.SHADOW_FLAGS}
 
 
+def hybrid_launch(req, flags: dict[str, object]) -> tuple[SglangPools, dict[str, object]] | None:
+    """For a hybrid model (sglang_hybrid.py): the pools SGLang will size, checked against this
+    machine's memory, and the flags to pass; None for a model with full attention on every layer."""
+    geom = geometry_from_config(req.config, req.model, dtype=flags.get("dtype"))
+    if not sglang_hybrid.is_hybrid(geom):
+        return None
+    out = dict(flags)
+    out.setdefault("chunked-prefill-size", sglang_gpu_tier(None)[0])  # the CPU default, as for full models
+    ctx = int(out.get("context-length") or geom.max_position_embeddings)
+    pools = sglang_hybrid.shadow_pools(req.config, geom, out, context_len=ctx, gpu_memory_bytes=req.gpu_memory_bytes)
+    need = {"kv_pool": sglang_hybrid.pool_bytes(pools),
+            "req_to_token": (pools.max_running_requests + 1) * ctx * REQ_TO_TOKEN_BYTES,
+            "processes": PROCESS_BYTES}
+    check_memory(need, pools)
+    return pools, {**out, **dialect.SHADOW_FLAGS}
+
+
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     flags = _normalized_flags(req.flags)
-    bud, kv_per_token = shadow_budget(req, flags)
-    check_memory(memory_needed(bud, kv_per_token), bud)
-    folder = modeldir.model_folder(req.model, req.config, env)
-    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(bud.weights)}
+    hybrid = hybrid_launch(req, flags)
+    if hybrid is None:
+        bud, kv_per_token = shadow_budget(req, flags)
+        check_memory(memory_needed(bud, kv_per_token), bud)
+        weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
+    else:
+        weights = weight_bytes(geometry_from_config(req.config, req.model, dtype=flags.get("dtype")))
+        launch_flags = hybrid[1]
+    folder = modeldir.model_folder(req.model, sglang_hybrid.engine_config(req.config), env)
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(weights)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache
         model_arg = req.model
         environ["HF_HOME"] = str(modeldir.hf_home(req.model, folder))
@@ -119,7 +143,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
         free = req.gpu_memory_bytes - int(req.estimates.get("other_bytes", 0))
         environ[sglang_plugin.GPU_FREE_ENV] = str(free)
     port = "{port}" if not req.port else req.port  # {port}: the launcher picks a free one
-    argv = dialect.launch_command(model_arg, _shadow_flags(req, flags, bud), host=req.host, port=port,
+    argv = dialect.launch_command(model_arg, launch_flags, host=req.host, port=port,
                                   binary=[str(env.python), "-m", MODULE],
                                   served_model_name=str(flags.get("served-model-name") or req.served_model_name))
     return argv, environ
@@ -127,7 +151,8 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
 
 def parse_worker_log(text: str) -> dict:
     """What the plugin said in SGLang's log (lines starting with sglang_plugin.LOG_PREFIX): that it
-    acted, its time model, how the pool was sized, whether overlap scheduling ran."""
+    acted, its time model, how the pool was sized, whether overlap scheduling ran; for hybrid models
+    the window the model reported and the recurrent-state slots SGLang's `_handle_max_mamba_cache` set."""
     out: dict = {}
     for line in text.splitlines():
         _, sep, said = line.partition(sglang_plugin.LOG_PREFIX + " ")
@@ -140,4 +165,9 @@ def parse_worker_log(text: str) -> dict:
             out["pool_sizing"] = said.removeprefix("pool sizing: ").strip()
         elif said.startswith("forward: overlap scheduling "):
             out["overlap_scheduling"] = said.rpartition(" ")[2] == "on"
+        elif said.startswith("sliding window: "):
+            out["sliding_window"] = int(said.removeprefix("sliding window: ").split()[0])
+        elif said.startswith("mamba state: "):
+            words = said.split()
+            out["mamba_slots"], out["mamba_cache_per_req"] = int(words[2]), int(words[5])
     return out

@@ -1,0 +1,94 @@
+"""The SGLang shadow for hybrid models (sliding-window and recurrent layers): the pools SGLang will
+size, the memory they take on this machine, and the config.json the engine can load on a CPU.
+
+SGLang 0.5.23 keeps separate pools for these models (theory/sglang_pools.py says how and where):
+a full-attention token pool, a sliding-window token pool (gpt-oss, Llama 4) or a pool of
+recurrent-state slots (Qwen3-Next). The shadow lets SGLang's own configurator size them — the plugin
+hands it a budget (`sglang_hooks.profile_available_bytes`, which also applies SGLang's own
+`_handle_max_mamba_cache`) — and kvprobe's prediction here is used for the memory check and by
+the tests, which compare it with what SGLang logs.
+"""
+
+from __future__ import annotations
+
+from kvprobe.engines import sglang as dialect
+from kvprobe.errors import ConfigError
+from kvprobe.theory.geometry import ModelGeometry
+from kvprobe.theory.sglang_pools import SglangOptions, SglangPools, sglang_pools
+
+# flag -> (SglangOptions field, parser); the flags are the dialect's FLAGS and HYBRID_FLAGS
+_OPTION_FLAGS = {
+    "page-size": ("page_size", int),
+    "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
+    "disable-hybrid-swa-memory": ("disable_hybrid_swa_memory", bool),
+    "max-mamba-cache-size": ("max_mamba_cache_size", int),
+    "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float),
+    "disable-radix-cache": ("disable_radix_cache", bool),
+    "max-running-requests": ("max_running_requests", int),
+    "chunked-prefill-size": ("chunked_prefill_size", int),
+    "disable-overlap-schedule": ("disable_overlap_schedule", bool),
+    "mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
+    "mamba-ssm-dtype": ("mamba_ssm_dtype", str),
+}
+MAMBA_SLOT_INDEX_BYTES = 4  # ReqToTokenPool's req -> mamba slot map, int32 (a small table; counted once)
+
+
+def is_hybrid(geom: ModelGeometry) -> bool:
+    return geom.layers.hybrid
+
+
+def _parse(name: str, value, kind):
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes"):
+            return True
+        if str(value).lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"expected true or false, got {value!r}", key=f"flags.{name}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected {kind.__name__}, got {value!r}", key=f"flags.{name}") from None
+
+
+def options(flags: dict[str, object]) -> SglangOptions:
+    """SglangOptions from the launch's flags (SGLang's names, values as given)."""
+    kw = {field: _parse(name, flags[name], kind) for name, (field, kind) in _OPTION_FLAGS.items()
+          if flags.get(name) is not None}
+    return SglangOptions(**kw)
+
+
+def engine_config(config: dict) -> dict:
+    """The config.json SGLang loads on a CPU: a quantization it registers only on GPUs left out
+    (dialect.CPU_UNREGISTERED_QUANTIZATION)."""
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") in dialect.CPU_UNREGISTERED_QUANTIZATION:
+        return {k: v for k, v in config.items() if k != "quantization_config"}
+    return config
+
+
+def shadow_pools(config: dict, geom: ModelGeometry, flags: dict[str, object], *, context_len: int,
+                 gpu_memory_bytes: int | None) -> SglangPools:
+    """The pools SGLang will size for this launch (one rank, no declared GPU: `--max-total-tokens`
+    caps the full pool; a recurrent model needs `--max-mamba-cache-size`, or
+    `--max-running-requests` with `--disable-radix-cache`, for its slots)."""
+    if gpu_memory_bytes is not None:
+        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the SGLang shadow sizes a hybrid "
+                          "model's pools from flags.max-total-tokens only (a declared GPU's hybrid budget is "
+                          "not in kvprobe's ledger yet)", key="hardware.gpu_memory")
+    if flags.get("max-total-tokens") is None:
+        raise ConfigError(f"the SGLang shadow of {geom.name} ({geom.layers.describe()}) needs the full pool's "
+                          "size: flags.max-total-tokens", key="flags.max-total-tokens")
+    return sglang_pools(config, geom, context_len=context_len, max_total_tokens=int(flags["max-total-tokens"]),
+                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")), opts=options(flags))
+
+
+def pool_bytes(pools: SglangPools) -> int:
+    """Real buffers of the pools: K and V of every full layer per full token, of every window layer
+    per window token, and (slots + 1) state slots (the +1 is SGLang's padding slot, L3229-3409)."""
+    total = pools.max_total_num_tokens * pools.full_bytes_per_token
+    total += (pools.swa_tokens or 0) * pools.swa_bytes_per_token
+    if pools.mamba_slots is not None:
+        total += (pools.mamba_slots + 1) * pools.layout.mamba_cache_per_req
+    return total

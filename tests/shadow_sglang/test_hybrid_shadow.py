@@ -1,0 +1,193 @@
+"""The real SGLang 0.5.23 serves hybrid models in the shadow: gpt-oss-20b (12 full + 12 sliding-window
+layers: a full pool and a window pool) and Qwen3-Next-80B-A3B (12 full + 36 Gated DeltaNet layers: a
+full pool and recurrent-state slots). For each: the pools SGLang logs at startup are kvprobe's
+`sglang_pools` prediction, concurrent requests get exact usage on /generate and /v1/completions, and
+SGLang's own per-pool gauges on /metrics (parsed with prometheus_client, named by the dialect) show
+each pool in use — the window pool freeing what falls out of the window, the state pool holding one
+slot per running request. Small pools, short requests: ~20-40 s per model on two busy cores.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvprobe.engines import sglang as dialect
+from kvprobe.procgroup import free_port, group_members
+from kvprobe.shadow import launch
+from kvprobe.shadow.target import ShadowTarget
+from kvprobe.theory.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.sglang_pools import SWA_EVICTION_INTERVAL, SglangOptions, sglang_pools
+from kvprobe.theory.steptime import TimeModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+CONTEXT = 2048
+POOL = 4096  # --max-total-tokens: the full pool
+STARTUP_TIMEOUT = 300.0
+GAUGE_DEADLINE = 60.0  # seconds for the gauges to show what the requests must cause
+PROMPT, OUTPUT = 300, 400  # each request: prompt tokens, exactly this many generated (ignore_eos)
+
+
+def _launch(model: str, flags: dict, log: Path) -> ShadowTarget:
+    cfg, _ = load_model_config(model)
+    req = launch.ShadowLaunch(engine="sglang", version="0.5.23", model=model, config=cfg, served_model_name=model,
+                              flags=flags, port=free_port(), time_model=TimeModel(step_ms=4.0))
+    argv, environ = launch.command(req)
+    return ShadowTarget.launch(argv, engine="sglang", port=req.port, log_path=str(log),
+                               startup_timeout=STARTUP_TIMEOUT, env=environ)
+
+
+def _stop(target: ShadowTarget) -> None:
+    pgid = target.pgid
+    target.stop()
+    deadline = time.monotonic() + 10
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(pgid) == [], f"processes of group {pgid} left: {group_members(pgid)}"
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def _usage(url: str, model: str, i: int) -> tuple[int, int]:
+    """(prompt, completion) tokens SGLang reports for one request; even i on /generate, odd on
+    /v1/completions. The prompt is token ids, unique from the first, so nothing is a prefix hit."""
+    ids = [1000 + (i * 7919 + j * 31) % 50000 for j in range(PROMPT)]
+    ids[0] = 60000 + i
+    if i % 2 == 0:
+        meta = _post(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": OUTPUT, "min_new_tokens": OUTPUT, "ignore_eos": True}})["meta_info"]
+        return meta["prompt_tokens"], meta["completion_tokens"]
+    usage = _post(url + dialect.COMPLETIONS_PATH, dialect.completion_body(ids, OUTPUT, model=model, stream=False))["usage"]
+    return usage["prompt_tokens"], usage["completion_tokens"]
+
+
+def _gauges(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+    out = dialect.hybrid_gauges(families)
+    for role in ("used_tokens", "pool_tokens"):
+        fam = families.get(getattr(dialect.METRICS, role))
+        if fam is not None and fam.samples:
+            out[role] = fam.samples[0].value
+    for role in ("kv_used_tokens",):
+        fam = families.get(dialect.METRICS.extra[role])
+        if fam is not None and fam.samples:
+            out[role] = fam.samples[0].value
+    return out
+
+
+def _serve(target: ShadowTarget, model: str, n: int, seen) -> tuple[list[tuple[int, int]], dict | None]:
+    """n concurrent requests; /metrics polled while they run until `seen(gauges)` holds (or they end).
+    Returns every request's usage and the first snapshot that satisfied `seen`."""
+    results: list = []
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            results.append(_usage(target.url, model, i))
+        except Exception as err:  # noqa: BLE001 - reported below with the request's index
+            errors.append(f"request {i}: {type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    hit = None
+    deadline = time.monotonic() + GAUGE_DEADLINE
+    while hit is None and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        g = _gauges(target.url)
+        if seen(g):
+            hit = g
+        time.sleep(0.2)
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results, hit
+
+
+def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(sglang_env, tmp_path, figures):
+    model = "openai/gpt-oss-20b"
+    cfg, _ = load_model_config(model)
+    geom = geometry_from_config(cfg, model)
+    want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL,
+                        opts=SglangOptions(chunked_prefill_size=4096))
+    target = _launch(model, {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10},
+                     tmp_path / "engine.log")
+    try:
+        log = Path(target.log_path).read_text(errors="replace")
+        rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
+        shadow = target.facts().shadow
+        figures(f"gpt-oss-20b: SGLang full {rep.kv_tokens}, window {hyb.get('swa_tokens')} tokens, "
+                f"max_running {rep.max_running}, window {shadow.get('sliding_window')}; kvprobe "
+                f"{want.max_total_num_tokens}/{want.swa_tokens}/{want.max_running_requests}, window "
+                f"{want.layout.sliding_window_size}")
+        assert (rep.kv_tokens, hyb["full_tokens"], hyb["swa_tokens"], rep.max_running) == \
+            (want.max_total_num_tokens, want.max_total_num_tokens, want.swa_tokens, want.max_running_requests)
+        assert shadow["sliding_window"] == want.layout.sliding_window_size == 127
+        window = want.layout.sliding_window_size
+        # Eviction frees what fell out of the window (every SWA_EVICTION_INTERVAL decoded tokens): the
+        # window pool then holds fewer tokens than the full pool by more than the window per request.
+        n = 8
+        usage, g = _serve(target, model, n, lambda g: g.get("kv_used_tokens", 0) - g.get("swa_used_tokens", 0)
+                          > 2 * (window + SWA_EVICTION_INTERVAL))
+        assert usage == [(PROMPT, OUTPUT)] * n
+        assert g is not None, "the window pool never freed out-of-window tokens while the requests ran"
+        figures(f"gpt-oss-20b under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
+                f"window {g['swa_used_tokens']:.0f} used ({g['swa_usage']:.3f}) of {g['swa_pool_tokens']:.0f}")
+        assert g["swa_pool_tokens"] == want.swa_tokens and g["pool_tokens"] == want.max_total_num_tokens
+        assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
+        assert g["swa_usage"] == pytest.approx(g["swa_used_tokens"] / want.swa_tokens)
+        assert g["mamba_usage"] == 0.0
+    finally:
+        _stop(target)
+
+
+def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(sglang_env, tmp_path, figures):
+    """On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy for this model
+    ("extra_buffer requires platform support for Mamba cache state snapshots.", checked in
+    tests/shadow_env/test_hybrid_sglang.py), so the shadow runs `no_buffer` without overlap."""
+    model = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    slots = 12
+    cfg, _ = load_model_config(model)
+    geom = geometry_from_config(cfg, model)
+    want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL, opts=SglangOptions(
+        max_mamba_cache_size=slots, mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
+        chunked_prefill_size=4096))
+    target = _launch(model, {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10,
+                             "max-mamba-cache-size": slots, "mamba-radix-cache-strategy": "no_buffer",
+                             "disable-overlap-schedule": True}, tmp_path / "engine.log")
+    try:
+        log = Path(target.log_path).read_text(errors="replace")
+        rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
+        shadow = target.facts().shadow
+        figures(f"Qwen3-Next: SGLang full {rep.kv_tokens} tokens, {hyb.get('mamba_slots')} state slots of "
+                f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running} "
+                f"({hyb.get('mamba_slots_per_request')} slots per request); kvprobe {want.max_total_num_tokens}, "
+                f"{want.mamba_slots} of {want.layout.mamba_cache_per_req} B, {want.max_running_requests}")
+        assert (rep.kv_tokens, hyb["full_tokens"], hyb["mamba_slots"], rep.max_running) == \
+            (want.max_total_num_tokens, want.max_total_num_tokens, want.mamba_slots, want.max_running_requests)
+        assert shadow["mamba_cache_per_req"] == want.layout.mamba_cache_per_req
+        assert hyb["mamba_capped_running"] == want.max_running_requests == slots // hyb["mamba_slots_per_request"]
+        # More requests than max_running_requests: the running ones hold state slots, never more than the pool.
+        n = 6
+        usage, g = _serve(target, model, n, lambda g: g.get("mamba_used_slots", 0) >= want.max_running_requests)
+        assert usage == [(PROMPT, OUTPUT)] * n
+        assert g is not None, "the state pool never held a slot per admitted request"
+        figures(f"Qwen3-Next under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
+                f"state slots {g['mamba_used_slots']:.0f} used + {g['mamba_evictable_slots']:.0f} evictable of {slots} "
+                f"({g['mamba_usage']:.3f})")
+        assert g["mamba_used_slots"] + g["mamba_available_slots"] + g["mamba_evictable_slots"] == slots
+        assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
+        assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
+        assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
+    finally:
+        _stop(target)
