@@ -4,7 +4,9 @@ full pool and recurrent-state slots). For each: the pools SGLang logs at startup
 `sglang_pools` prediction, concurrent requests get exact usage on /generate and /v1/completions, and
 SGLang's own per-pool gauges on /metrics (parsed with prometheus_client, named by the dialect) show
 each pool in use — the window pool freeing what falls out of the window, the state pool holding one
-slot per running request. Small pools, short requests: ~20-40 s per model on two busy cores.
+slot per running request. Small pools, short requests; both servers start at once (their start-up
+is mostly waiting on imports and the tokenizer), so the module takes about one start-up and two
+short loads: ~60 s on two busy cores.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,40 @@ def _launch(model: str, flags: dict, log: Path) -> ShadowTarget:
     argv, environ = launch.command(req)
     return ShadowTarget.launch(argv, engine="sglang", port=req.port, log_path=str(log),
                                startup_timeout=STARTUP_TIMEOUT, env=environ)
+
+
+GPT_OSS, QWEN_NEXT = "openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"
+QWEN_SLOTS = 12  # --max-mamba-cache-size: 4 running requests at 3 slots each (no_buffer)
+FLAGS = {
+    GPT_OSS: {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10},
+    # On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy for this model ("extra_buffer
+    # requires platform support for Mamba cache state snapshots.", checked in
+    # tests/shadow_env/test_hybrid_sglang.py), so the shadow runs `no_buffer` without overlap.
+    QWEN_NEXT: {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10,
+                "max-mamba-cache-size": QWEN_SLOTS, "mamba-radix-cache-strategy": "no_buffer",
+                "disable-overlap-schedule": True},
+}
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_env, tmp_path_factory):
+    """Both shadows, started concurrently; stopped (and checked gone) when the module ends."""
+    logs = {m: tmp_path_factory.mktemp("sglang-hybrid") / "engine.log" for m in FLAGS}
+    with ThreadPoolExecutor(len(FLAGS)) as pool:
+        futures = {m: pool.submit(_launch, m, FLAGS[m], logs[m]) for m in FLAGS}
+    started, failed = {}, []
+    for m, fut in futures.items():
+        try:
+            started[m] = fut.result()
+        except Exception as err:  # noqa: BLE001 - the other one is stopped before this is raised
+            failed.append(err)
+    try:
+        if failed:
+            raise failed[0]
+        yield started
+    finally:
+        for target in started.values():
+            _stop(target)
 
 
 def _stop(target: ShadowTarget) -> None:
@@ -114,80 +151,67 @@ def _serve(target: ShadowTarget, model: str, n: int, seen) -> tuple[list[tuple[i
     return results, hit
 
 
-def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(sglang_env, tmp_path, figures):
-    model = "openai/gpt-oss-20b"
+def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures):
+    model = GPT_OSS
     cfg, _ = load_model_config(model)
     geom = geometry_from_config(cfg, model)
     want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL,
                         opts=SglangOptions(chunked_prefill_size=4096))
-    target = _launch(model, {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10},
-                     tmp_path / "engine.log")
-    try:
-        log = Path(target.log_path).read_text(errors="replace")
-        rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
-        shadow = target.facts().shadow
-        figures(f"gpt-oss-20b: SGLang full {rep.kv_tokens}, window {hyb.get('swa_tokens')} tokens, "
-                f"max_running {rep.max_running}, window {shadow.get('sliding_window')}; kvprobe "
-                f"{want.max_total_num_tokens}/{want.swa_tokens}/{want.max_running_requests}, window "
-                f"{want.layout.sliding_window_size}")
-        assert (rep.kv_tokens, hyb["full_tokens"], hyb["swa_tokens"], rep.max_running) == \
-            (want.max_total_num_tokens, want.max_total_num_tokens, want.swa_tokens, want.max_running_requests)
-        assert shadow["sliding_window"] == want.layout.sliding_window_size == 127
-        window = want.layout.sliding_window_size
-        # Eviction frees what fell out of the window (every SWA_EVICTION_INTERVAL decoded tokens): the
-        # window pool then holds fewer tokens than the full pool by more than the window per request.
-        n = 8
-        usage, g = _serve(target, model, n, lambda g: g.get("kv_used_tokens", 0) - g.get("swa_used_tokens", 0)
-                          > 2 * (window + SWA_EVICTION_INTERVAL))
-        assert usage == [(PROMPT, OUTPUT)] * n
-        assert g is not None, "the window pool never freed out-of-window tokens while the requests ran"
-        figures(f"gpt-oss-20b under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
-                f"window {g['swa_used_tokens']:.0f} used ({g['swa_usage']:.3f}) of {g['swa_pool_tokens']:.0f}")
-        assert g["swa_pool_tokens"] == want.swa_tokens and g["pool_tokens"] == want.max_total_num_tokens
-        assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
-        assert g["swa_usage"] == pytest.approx(g["swa_used_tokens"] / want.swa_tokens)
-        assert g["mamba_usage"] == 0.0
-    finally:
-        _stop(target)
+    target = servers[model]
+    log = Path(target.log_path).read_text(errors="replace")
+    rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
+    shadow = target.facts().shadow
+    figures(f"gpt-oss-20b: SGLang full {rep.kv_tokens}, window {hyb.get('swa_tokens')} tokens, "
+            f"max_running {rep.max_running}, window {shadow.get('sliding_window')}; kvprobe "
+            f"{want.max_total_num_tokens}/{want.swa_tokens}/{want.max_running_requests}, window "
+            f"{want.layout.sliding_window_size}")
+    assert (rep.kv_tokens, hyb["full_tokens"], hyb["swa_tokens"], rep.max_running) == \
+        (want.max_total_num_tokens, want.max_total_num_tokens, want.swa_tokens, want.max_running_requests)
+    assert shadow["sliding_window"] == want.layout.sliding_window_size == 127
+    window = want.layout.sliding_window_size
+    # Eviction frees what fell out of the window (every SWA_EVICTION_INTERVAL decoded tokens): the
+    # window pool then holds fewer tokens than the full pool by more than the window per request.
+    n = 8
+    usage, g = _serve(target, model, n, lambda g: g.get("kv_used_tokens", 0) - g.get("swa_used_tokens", 0)
+                      > 2 * (window + SWA_EVICTION_INTERVAL))
+    assert usage == [(PROMPT, OUTPUT)] * n
+    assert g is not None, "the window pool never freed out-of-window tokens while the requests ran"
+    figures(f"gpt-oss-20b under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
+            f"window {g['swa_used_tokens']:.0f} used ({g['swa_usage']:.3f}) of {g['swa_pool_tokens']:.0f}")
+    assert g["swa_pool_tokens"] == want.swa_tokens and g["pool_tokens"] == want.max_total_num_tokens
+    assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
+    assert g["swa_usage"] == pytest.approx(g["swa_used_tokens"] / want.swa_tokens)
+    assert g["mamba_usage"] == 0.0
 
 
-def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(sglang_env, tmp_path, figures):
-    """On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy for this model
-    ("extra_buffer requires platform support for Mamba cache state snapshots.", checked in
-    tests/shadow_env/test_hybrid_sglang.py), so the shadow runs `no_buffer` without overlap."""
-    model = "Qwen/Qwen3-Next-80B-A3B-Instruct"
-    slots = 12
+def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, figures):
+    model, slots = QWEN_NEXT, QWEN_SLOTS
     cfg, _ = load_model_config(model)
     geom = geometry_from_config(cfg, model)
     want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL, opts=SglangOptions(
         max_mamba_cache_size=slots, mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
         chunked_prefill_size=4096))
-    target = _launch(model, {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10,
-                             "max-mamba-cache-size": slots, "mamba-radix-cache-strategy": "no_buffer",
-                             "disable-overlap-schedule": True}, tmp_path / "engine.log")
-    try:
-        log = Path(target.log_path).read_text(errors="replace")
-        rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
-        shadow = target.facts().shadow
-        figures(f"Qwen3-Next: SGLang full {rep.kv_tokens} tokens, {hyb.get('mamba_slots')} state slots of "
-                f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running} "
-                f"({hyb.get('mamba_slots_per_request')} slots per request); kvprobe {want.max_total_num_tokens}, "
-                f"{want.mamba_slots} of {want.layout.mamba_cache_per_req} B, {want.max_running_requests}")
-        assert (rep.kv_tokens, hyb["full_tokens"], hyb["mamba_slots"], rep.max_running) == \
-            (want.max_total_num_tokens, want.max_total_num_tokens, want.mamba_slots, want.max_running_requests)
-        assert shadow["mamba_cache_per_req"] == want.layout.mamba_cache_per_req
-        assert hyb["mamba_capped_running"] == want.max_running_requests == slots // hyb["mamba_slots_per_request"]
-        # More requests than max_running_requests: the running ones hold state slots, never more than the pool.
-        n = 6
-        usage, g = _serve(target, model, n, lambda g: g.get("mamba_used_slots", 0) >= want.max_running_requests)
-        assert usage == [(PROMPT, OUTPUT)] * n
-        assert g is not None, "the state pool never held a slot per admitted request"
-        figures(f"Qwen3-Next under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
-                f"state slots {g['mamba_used_slots']:.0f} used + {g['mamba_evictable_slots']:.0f} evictable of {slots} "
-                f"({g['mamba_usage']:.3f})")
-        assert g["mamba_used_slots"] + g["mamba_available_slots"] + g["mamba_evictable_slots"] == slots
-        assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
-        assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
-        assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
-    finally:
-        _stop(target)
+    target = servers[model]
+    log = Path(target.log_path).read_text(errors="replace")
+    rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
+    shadow = target.facts().shadow
+    figures(f"Qwen3-Next: SGLang full {rep.kv_tokens} tokens, {hyb.get('mamba_slots')} state slots of "
+            f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running} "
+            f"({hyb.get('mamba_slots_per_request')} slots per request); kvprobe {want.max_total_num_tokens}, "
+            f"{want.mamba_slots} of {want.layout.mamba_cache_per_req} B, {want.max_running_requests}")
+    assert (rep.kv_tokens, hyb["full_tokens"], hyb["mamba_slots"], rep.max_running) == \
+        (want.max_total_num_tokens, want.max_total_num_tokens, want.mamba_slots, want.max_running_requests)
+    assert shadow["mamba_cache_per_req"] == want.layout.mamba_cache_per_req
+    assert hyb["mamba_capped_running"] == want.max_running_requests == slots // hyb["mamba_slots_per_request"]
+    # More requests than max_running_requests: the running ones hold state slots, never more than the pool.
+    n = 6
+    usage, g = _serve(target, model, n, lambda g: g.get("mamba_used_slots", 0) >= want.max_running_requests)
+    assert usage == [(PROMPT, OUTPUT)] * n
+    assert g is not None, "the state pool never held a slot per admitted request"
+    figures(f"Qwen3-Next under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
+            f"state slots {g['mamba_used_slots']:.0f} used + {g['mamba_evictable_slots']:.0f} evictable of {slots} "
+            f"({g['mamba_usage']:.3f})")
+    assert g["mamba_used_slots"] + g["mamba_available_slots"] + g["mamba_evictable_slots"] == slots
+    assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
+    assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
+    assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
