@@ -130,9 +130,28 @@ class SglangSwaScheduler(SglangScheduler):
     def _swa_reserve(self, paged, max_new, chunk_limit) -> None:
         self._swa_offset += self._swa_tokens(paged, max_new, chunk_limit)  # reserve (L349-365)
 
-    def _alloc_extend(self, n: int) -> None:
+    def _alloc_extend(self, n: int, req: SimRequest) -> None:
+        """alloc_for_extend: maybe_evict_swa first (a chunked request's window below its earlier
+        chunks, schedule_batch.py L4105-4123), then slots in both pools; the request's
+        extend_batch_idx counts this batch after the allocation (L2932)."""
+        ebi = getattr(req, "_ebi", 0)
+        pre = req.num_computed_tokens if req.status == "running" else 0  # a new request: prefix 0
+        if self.cfg.overlap:  # the previous chunk may still be running: one chunk further back
+            pre = pre - self.cfg.chunked_prefill_size if ebi >= 2 else None
+        if pre is not None:
+            ev = getattr(req, "_swa_ev", 0)
+            if pre - self.W >= ev + 1:  # eviction_interval 1 on extend (L4125-4129)
+                new = (pre - self.W) // self.ps * self.ps
+                if new > ev:
+                    self.swa.free(new - ev)
+                    req._swa_ev = new
         self.pool.alloc(n)
         self.swa.alloc(n)
+        req._ebi = ebi + 1
+
+    def _join_running(self, req: SimRequest, held: int) -> None:
+        super()._join_running(req, held)
+        self.run("ev")[0][-1] = getattr(req, "_swa_ev", 0)
 
     # -- decode
     def _decode_room(self) -> int:
@@ -161,13 +180,16 @@ class SglangSwaScheduler(SglangScheduler):
         return [self.pool.available + self.pool.evictable, self.swa.available]
 
     def _retract_frees(self, row: dict[str, int], req: SimRequest) -> list[int]:
-        return [self._private(row, req), self._window_held(row)]
+        return [self._private(row, req), self._window_held(row, req)]
 
-    def _window_held(self, row: dict[str, int]) -> int:
-        return self.ceil_page(row["held"]) - row.get("ev", 0)
+    def _window_held(self, row: dict[str, int], req: SimRequest) -> int:
+        """Window slots a request holds: its slots above its evicted length (a chunked request
+        keeps that on itself, a running one in its lane)."""
+        return self.ceil_page(row["held"]) - row.get("ev", getattr(req, "_swa_ev", 0))
 
     def _release(self, req, row, *, finished, result) -> None:
-        self.swa.free(self._window_held(row))
+        self.swa.free(self._window_held(row, req))
+        req._swa_ev = req._ebi = 0  # reset_for_retract (schedule_batch.py L2081-2089)
         super()._release(req, row, finished=finished, result=result)
 
     def plain_steps(self, k_max: int) -> int:
@@ -177,9 +199,10 @@ class SglangSwaScheduler(SglangScheduler):
     def check_pool(self) -> None:
         super().check_pool()
         L = self.run
-        held = sum(self._window_held(L.row(i)) for i in range(L.n))
+        held = sum(self._window_held(L.row(i), L.reqs[i]) for i in range(L.n))
         if self.chunked is not None:
-            held += self.ceil_page(self.chunked.num_computed_tokens)
+            c = self.chunked
+            held += self._window_held({"held": c.num_computed_tokens}, c)
         if self.swa.used != held:
             raise AssertionError(f"window pool leak: {self.swa.used} slots in use, requests hold {held}")
 

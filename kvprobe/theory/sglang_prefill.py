@@ -72,7 +72,7 @@ class SglangPrefillAdder:
                 free -= pool.evictable_on_path(node)
                 pool.lock(node)
             req._node, req._cached = node, prefix
-            self._alloc_extend(self.ceil_page(prefix + chunk) - prefix)
+            self._alloc_extend(self.ceil_page(prefix + chunk) - prefix, req)
             scheduled += chunk
             paged = self.ceil_page(chunk)
             self._swa_reserve(paged, 0 if chunk < ext else min(req._maxn, CLIP_MAX_NEW_TOKENS), b["chunk"])
@@ -113,7 +113,7 @@ class SglangPrefillAdder:
             size = min(left, room if room > 0 else b["chunk"])
             if size < left:
                 size = max(size // ps * ps, ps)
-        self._alloc_extend(self.ceil_page(done + size) - self.ceil_page(done))
+        self._alloc_extend(self.ceil_page(done + size) - self.ceil_page(done), req)
         paged = self.ceil_page(size)
         self._swa_reserve(paged, 0 if size < left else min(req._maxn, CLIP_MAX_NEW_TOKENS), b["chunk"])
         b["current"] += paged + ps
@@ -147,7 +147,7 @@ class SglangPrefillAdder:
     def _swa_reserve(self, paged: int, max_new: int, chunk_limit: int | None) -> None:
         pass
 
-    def _alloc_extend(self, n: int) -> None:
+    def _alloc_extend(self, n: int, req: SimRequest) -> None:
         self.pool.alloc(n)
 
     _simulates_future = True  # add_one_req_ignore_eos's walk (skipped for hybrid SWA, L1292-1304)
