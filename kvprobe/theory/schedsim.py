@@ -36,6 +36,7 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
     cdiv,
 )
 from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
+from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler, is_hybrid_swa
 from kvprobe.theory.sched_vllm import VllmScheduler
 from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
 from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
@@ -47,6 +48,8 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
             return HybridVllmScheduler(config)
         return VllmScheduler(config)
     if isinstance(config, SglangConfig):
+        if is_hybrid_swa(config):
+            return SglangSwaScheduler(config)
         return SglangScheduler(config)
     raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
 
