@@ -227,12 +227,24 @@ def capacity_line(*, max_total_num_tokens: int, chunked_prefill_size: int, max_p
 
 
 def startup_lines(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,
-                  max_running_requests: int, context_len: int, bytes_per_token: int = 131072) -> list[str]:
+                  max_running_requests: int, context_len: int, bytes_per_token: int = 131072,
+                  swa_tokens: int | None = None) -> list[str]:
     """KV line (mem_cache/memory_pool.py L2087-2091, nominal bytes: the emulator has none), the
-    context warning of tp_worker.py get_worker_info, then the capacity line."""
+    context warning of tp_worker.py get_worker_info, then the capacity line. With a window pool
+    (`swa_tokens`, hybrid SWA): the configurator's line (pool_configurator.py L888-891) and one KV
+    line per pool, labelled "Full" and "SWA" (memory_pool.py L2077-2081; SWAKVPool)."""
     k_gb = max_total_num_tokens * bytes_per_token / 2 / 2**30
-    lines = [log_prefix() + f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max_total_num_tokens}, "
-             f"K size: {k_gb:.2f} GB, V size: {k_gb:.2f} GB"]
+    kv = (f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max_total_num_tokens}, "
+          f"K size: {k_gb:.2f} GB, V size: {k_gb:.2f} GB")
+    if swa_tokens is None:
+        lines = [log_prefix() + kv]
+    else:
+        s_gb = swa_tokens * bytes_per_token / 2 / 2**30
+        lines = [log_prefix() + f"Use sliding window memory pool. full_layer_tokens={max_total_num_tokens}, "
+                 f"swa_layer_tokens={swa_tokens}",
+                 log_prefix() + "Full " + kv,
+                 log_prefix() + f"SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: {swa_tokens}, "
+                 f"K size: {s_gb:.2f} GB, V size: {s_gb:.2f} GB"]
     if max_total_num_tokens < context_len:
         lines.append(log_prefix() + f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length "
                      f"{context_len}. Requests are limited by the pool size.")
