@@ -93,3 +93,16 @@ def test_worker_log_of_a_hybrid_model():
     ])
     assert sglang_target.parse_worker_log(text) == {"sliding_window": 127, "mamba_slots": 24,
                                                     "mamba_cache_per_req": 77266944}
+
+
+def test_the_console_names_the_pools_beside_the_full_one():
+    from pathlib import Path
+
+    from kvprobe.shadow.sglang_cli import _hybrid_pools
+
+    published = Path(__file__).resolve().parents[1] / "engines" / "published"
+    assert _hybrid_pools(str(published / "sglang-0.5.23-gpt-oss-20b-startup.log")) == \
+        " (full layers; window pool 3276 tokens)"
+    assert _hybrid_pools(str(published / "sglang-0.5.23-qwen3-next-startup.log")) == \
+        " (full layers; 24 recurrent-state slots)"
+    assert _hybrid_pools(str(published / "sglang-0.5.23-unknown-flag.log")) == ""
