@@ -20,6 +20,8 @@ from kvprobe.theory.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.sched_sglang_swa import FULL_POOL, window_pool_label
+from kvprobe.theory.sglang_pools import DEFAULT_SWA_FULL_TOKENS_RATIO, SglangOptions, SglangPools
 from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
@@ -58,6 +60,7 @@ class LedgerInputs:
     policy: str | None = None
     enable_prefix_caching: bool | None = None
     disable_radix_cache: bool = False
+    swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
     reserve_full_isl: bool = True
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -71,6 +74,7 @@ class ModelSection:
     kv: KVBytes
     weight_bytes: int  # per rank
     source: str
+    config: dict = field(default_factory=dict, repr=False)  # config.json as read (SGLang's hybrid layout)
 
 
 @dataclass
@@ -148,7 +152,7 @@ class Ledger:
                 "weight_bytes": self.model.weight_bytes,
                 "tp": self.inputs.tp, "pp": self.inputs.pp, "dp": self.inputs.dp,
             },
-            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k != "plan"},
+            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k not in ("plan", "pools")},
             "capacity": dataclasses.asdict(self.capacity),
             "request": dataclasses.asdict(self.request) if self.request else None,
             "admission": None,
@@ -242,7 +246,7 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
-    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source)
+    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
@@ -329,10 +333,14 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
         max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
-        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse)
+        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
+        model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype,
+        hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
+                                  disable_radix_cache=inputs.disable_radix_cache))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
-                   bud.max_running_requests, bud.chunked_prefill_size)
+                   bud.max_running_requests, bud.chunked_prefill_size,
+                   sglang_pool_groups(bud.pools) if bud.pools else [])
     if bud.refusal is not None:  # SGLang would not start: no pool, nothing admitted
         return Ledger(inputs, model, bud, cap, None, None, None, version, bud.refusal)
     request = None
@@ -347,6 +355,11 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         request = RequestSection(p, o, p + min(o, 4096), p + o - 1, "tokens", limit)
     admission_mod, schedsim = _schedsim()
     sched = pred = None
+    lay = bud.pools.layout if bud.pools else None
+    if lay is not None and not inputs.disable_radix_cache:  # sched_sglang_swa.py: SWARadixCache is not
+        return Ledger(inputs, model, bud, cap, request, None, None, version, not_predicted=(
+            "SGLang's hybrid sliding-window admission is modelled with the radix cache off only; add "
+            "--disable-radix-cache") if request is not None else None)
     if schedsim is not None:
         policy = inputs.policy or admission_mod.policy_for("sglang", version)
         sched = schedsim.SglangConfig(
@@ -354,8 +367,11 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
             chunked_prefill_size=bud.chunked_prefill_size,
             max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
             disable_radix_cache=inputs.disable_radix_cache,
-            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version))
-        pred = _predict(admission_mod, sched, inputs, policy, request)
+            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version),
+            sliding_window_size=lay.sliding_window_size if lay else None,
+            swa_pool_tokens=bud.pools.swa_tokens if lay else None)
+        layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if lay else ()
+        pred = _predict(admission_mod, sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
@@ -370,6 +386,16 @@ def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: R
     request.blocks_admission, request.blocks_peak = pred.blocks_admission, pred.blocks_peak
     request.groups = list(getattr(pred, "groups", ()))
     return pred
+
+
+def sglang_pool_groups(pools: SglangPools) -> list[dict]:
+    """SGLang's hybrid sliding-window pools for the capacity table: each pool's tokens, layers and
+    bytes per token (all its layers, this rank)."""
+    lay = pools.layout
+    return [{"group": FULL_POOL, "kind": "full", "copies": 1, "layers": len(lay.full_layer_ids),
+             "tokens": pools.max_total_num_tokens, "bytes_per_token": pools.full_bytes_per_token},
+            {"group": window_pool_label(lay.sliding_window_size), "kind": "sliding", "copies": 1,
+             "layers": len(lay.swa_layer_ids), "tokens": pools.swa_tokens, "bytes_per_token": pools.swa_bytes_per_token}]
 
 
 def _capacity_groups(plan) -> list[dict]:
@@ -431,7 +457,11 @@ def _render_sections(led: Ledger) -> list[str]:
     ]
     if not vllm:
         cap_rows.append(["max_req_input_len", b.max_req_input_len, "min(ctx-1, pool-1) - 5"])
-    for g in c.groups:  # one pool, several block tables per request
+    for g in c.groups:  # vLLM: one pool, several block tables per request; SGLang: a pool per kind
+        if "tokens" in g:
+            cap_rows.append([f"  {g['group']}", g["tokens"], f"tokens; {g['layers']} layers x "
+                             f"{g['bytes_per_token'] // max(g['layers'], 1)} B per token"])
+            continue
         cap_rows.append([f"  group: {g['group']}", g["blocks_per_request"],
                          f"blocks per max-length request; {g['copies']} group(s), {g['layers']} layers"])
     out.append(render_table(["capacity", "value", "how"], cap_rows, align="lrl"))
@@ -445,7 +475,12 @@ def _render_sections(led: Ledger) -> list[str]:
             ["requests the pool holds at peak", (c.usable_blocks if vllm else c.kv_tokens) // r.blocks_peak,
              f"usable {r.unit} // peak"],
         ]
-        if r.groups:
+        if r.groups and not vllm:  # SGLang's pools: the full pool's figures above; each pool's below
+            for g in r.groups:
+                req_rows.append([f"  {g['group']}", f"{g['blocks_admission']} / {g['blocks_peak']}",
+                                 f"tokens charged at admission / held at peak; mean {g['blocks_mean']:g} "
+                                 "(one request alone)"])
+        elif r.groups:
             req_rows[2][2] = "sum over groups of each group's peak (one request alone)"
             for g in r.groups:
                 req_rows.append([f"  {g['group']}", f"{g['blocks_admission']} / {g['blocks_peak']}",

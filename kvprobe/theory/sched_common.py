@@ -127,6 +127,8 @@ class SchedulerStats:
     new_token_ratio: float | None = None
     retracted_total: int = 0
     steps: int = 0
+    no_token_total: int = 0  # SGLang: admission passes stopped by a candidate that did not fit
+    window_no_token_total: int = 0  # ... of those, stopped by the window pool (hybrid SWA)
     swa_used_tokens: int = 0  # SGLang hybrid SWA: the window pool's used tokens and size
     swa_pool_tokens: int = 0
 

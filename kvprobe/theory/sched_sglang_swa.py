@@ -36,6 +36,8 @@ a ConfigError says so. Checked step by step against SGLang's own Scheduler
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from kvprobe.errors import ConfigError
@@ -121,11 +123,14 @@ class SglangSwaScheduler(SglangScheduler):
         if needed >= self.swa.size:  # swa_never_fits (L234-240) -> _chunk_cap (L242-248)
             cap = max(0, int(self._swa_left() - self._swa_tokens(0, max_new, None)) // self.ps * self.ps)
         if chunk_limit is None or cap <= 0:
+            self.stats.window_no_token_total += 1
             return False, None
         return True, min(chunk_limit, cap)
 
     def _swa_fits_ignore_eos(self, ext, max_new, chunk_limit) -> bool:
-        return self._swa_tokens(ext, max_new, chunk_limit) <= self._swa_left()  # can_allocate_prefill
+        fits = self._swa_tokens(ext, max_new, chunk_limit) <= self._swa_left()  # can_allocate_prefill
+        self.stats.window_no_token_total += not fits
+        return fits
 
     def _swa_reserve(self, paged, max_new, chunk_limit) -> None:
         self._swa_offset += self._swa_tokens(paged, max_new, chunk_limit)  # reserve (L349-365)
@@ -211,3 +216,44 @@ class SglangSwaScheduler(SglangScheduler):
         if hasattr(self, "swa"):
             self.stats.swa_used_tokens = self.swa.used
             self.stats.swa_pool_tokens = self.swa.size
+
+
+# --------------------------------------------------------------------------- per pool, for the ledger
+
+FULL_POOL = "full pool"
+
+
+def window_pool_label(window: int) -> str:
+    """The window pool as the ledger names it: SGLang's window (gpt-oss: sliding_window - 1)."""
+    return f"swa pool (window {window})"
+
+
+def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, int] = (0, 0)) -> list[dict]:  # noqa: N803, E741
+    """What one request of P prompt and O output tokens (ignore_eos) costs in each pool: the tokens
+    admission charges it (full: P + min(O, 4096) + a page, check_prefill; window: the
+    estimate_swa_kv_tokens charge), and the slots it holds at its peak and on average over its
+    life, stepped through this scheduler alone in pools large enough for it. Keys as vLLM's groups
+    (vllm_hybrid_groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
+    from kvprobe.theory.sched_common import cdiv
+    from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS
+
+    big = 4 * (P + O) + 4 * cfg.page_size
+    solo = SglangSwaScheduler(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
+                                                  max_running_requests=1, context_len=max(cfg.context_len, big)))
+    solo.add(SimRequest("solo", list(range(1, P + 1)), O))
+    full, window = [], []
+    while solo.has_work():
+        solo.step()
+        full.append(solo.pool.used)
+        window.append(solo.swa.used)
+    max_new = min(O, CLIP_MAX_NEW_TOKENS)
+    paged = cdiv(P, cfg.page_size) * cfg.page_size
+    chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None
+    admit = (P + max_new + cfg.page_size, solo._swa_tokens(paged, max_new, chunk))
+    out = []
+    for label, kind, n, held, charge in ((FULL_POOL, "full", layers[0], full, admit[0]),
+                                         (window_pool_label(cfg.sliding_window_size), "sliding", layers[1],
+                                          window, admit[1])):
+        out.append({"group": label, "kind": kind, "copies": 1, "layers": n, "blocks_admission": charge,
+                    "blocks_peak": max(held), "blocks_mean": round(sum(held) / len(held), 2)})
+    return out

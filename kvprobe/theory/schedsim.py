@@ -80,6 +80,8 @@ class ClosedLoopStats:
     lifetime: int = 0  # steps of one request's life without queueing: prefill steps + O
     running_min: int = 0
     stopped_early: bool = False  # the window ended at the SEM target, before its full length
+    # SGLang hybrid SWA: the share of refused admissions in the window that the window pool refused
+    window_blocked: float = 0.0
 
     @property
     def simulated(self) -> int:
@@ -193,6 +195,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     run_min = 1 << 62
     count = 0
     preempt_at_t0 = 0
+    blocked_at_t0 = (0, 0)
 
     def submit() -> None:
         nonlocal count
@@ -229,6 +232,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
             nxt += 1
         if t == t0:
             preempt_at_t0 = sched.stats.preemptions_total
+            blocked_at_t0 = (sched.stats.no_token_total, sched.stats.window_no_token_total)
         if fast and (due or idle):
             idle -= not due and idle > 0
             due = False
@@ -261,6 +265,8 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     window = done * batch_len
     sem = _batch_sems(B, done)
     used_mean = B[2].sum() / window
+    refused = sched.stats.no_token_total - blocked_at_t0[0]
+    by_window = sched.stats.window_no_token_total - blocked_at_t0[1]
     return ClosedLoopStats(
         running_mean=float(B[0].sum() / window), running_max=int(run_max),
         waiting_mean=float(B[1].sum() / window), waiting_max=int(wait_max),
@@ -268,4 +274,5 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         usage_at_full=float(full_used / full_steps / pool) if full_steps else float(used_mean / pool),
         preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_t0) * 1000 / window,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
-        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches)
+        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches,
+        window_blocked=by_window / refused if refused else 0.0)

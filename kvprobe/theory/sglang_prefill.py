@@ -58,6 +58,7 @@ class SglangPrefillAdder:
                 if fits:
                     fits, chunk_limit = self._swa_check_prefill(ext, max_new, chunk_limit)
             if not fits:  # NO_TOKEN: head-of-line, latch
+                self.stats.no_token_total += 1
                 self.batch_full = bool(admitted) or bool(L.n)
                 break
             if b["chunk"] is None and admitted and self.ceil_page(ext) >= b["input"]:

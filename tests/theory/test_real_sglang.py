@@ -192,7 +192,36 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
 }
 
 
+# Models whose admission is the plain scheduler's although their layers are not all full attention:
+# Mistral v0.1 (a window on every layer) is not a hybrid-SWA architecture in SGLang 0.5.23
+# (configs/model_config.py L2651-2697): one full pool. Qwen3-Next with the radix cache off: the
+# full pool over its full-attention layers, and one recurrent-state slot per request with as many
+# slots as max_running_requests (_handle_max_mamba_cache, kv_cache_configurator.py L3229-3409; the
+# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size).
+MISTRAL = {**MODEL, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}
+QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
+              "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+              "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_value_head_dim": 16,
+              "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "norm_topk_prob": True, "partial_rotary_factor": 0.25, "rope_theta": 10000000}
+RADIX_OFF = dataclasses.replace(BASE, disable_radix_cache=True)
+SLOTS_12, SLOTS_40 = ({"max_running_requests": n, "max_mamba_cache_size": n} for n in (12, 40))
+MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, server args
+    "window on every layer, one full pool, retraction": (MISTRAL, RADIX_OFF, 512, 256, 0, 40, "ramp", False, 1500, {}),
+    "qwen3-next radix off: the state slots bind": (
+        QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=12), 512, 256, 0, 40, "ramp", False, 1500,
+        SLOTS_12),
+    "qwen3-next radix off: the full pool binds, retraction": (
+        QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
+        SLOTS_40),
+}
+
+
 def _case(name: str):
+    if name in MODEL_SHAPES:
+        _, cfg, P, O, K, users, start, ignore_eos, steps, _ = MODEL_SHAPES[name]  # noqa: E741
+        return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
     if name in HYBRID_SHAPES:
         (cfg, _), P, O, users, start, ignore_eos, steps = HYBRID_SHAPES[name]  # noqa: E741
         return cfg, P, O, 0, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
@@ -208,11 +237,24 @@ def gpt_oss_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sglang_traces(sglang_env, model_dir, gpt_oss_dir) -> dict[str, dict]:
+def model_dirs(tmp_path_factory) -> dict[int, str]:
+    """A folder per model of MODEL_SHAPES, by the config's id."""
+    out = {}
+    for m in (MISTRAL, QWEN3_NEXT):
+        d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
+        (d / "config.json").write_text(json.dumps(m))
+        out[id(m)] = str(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sglang_traces(sglang_env, model_dir, gpt_oss_dir, model_dirs) -> dict[str, dict]:
     """SGLang's trace of every shape, from one driver run (one import of SGLang, not one per shape)."""
     specs = [real_spec(model_dir, *_case(n)) for n in SHAPES]
     specs += [real_spec(gpt_oss_dir, *_case(n), server_args=HYBRID_SHAPES[n][0][1]) for n in HYBRID_SHAPES]
-    names = [*SHAPES, *HYBRID_SHAPES]
+    specs += [real_spec(model_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
+              for n in MODEL_SHAPES]
+    names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES]
     return dict(zip(names, real_traces(sglang_env, specs), strict=True))
 
 
@@ -225,7 +267,7 @@ def _first_difference(sim: list, real: list) -> str | None:
             f"(running, waiting, {used}, retractions, new_token_ratio)")
 
 
-@pytest.mark.parametrize("name", [*SHAPES, *HYBRID_SHAPES])
+@pytest.mark.parametrize("name", [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES])
 def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_traces, name):
     real = sglang_traces[name]
     assert "error" not in real, real.get("error")
@@ -243,13 +285,20 @@ def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_traces, name):
 ONE_AT_A_TIME = {"swa: prompt beyond the window pool"}  # its window pool holds one such prompt at a time
 # What each hybrid shape must exercise, so a shape that stops reaching its case fails here
 HYBRID_EXERCISES = {"swa: window pool binds": "window", "swa: window retraction": "window-retract",
-                    "swa: full pool binds, retraction": "retract", "swa: pages of 16, window binds": "window"}
+                    "swa: full pool binds, retraction": "retract", "swa: pages of 16, window binds": "window",
+                    "qwen3-next radix off: the full pool binds, retraction": "retract",
+                    "qwen3-next radix off: the state slots bind": "slots"}
 
 
 @pytest.mark.parametrize("name", list(HYBRID_EXERCISES))
 def test_hybrid_shapes_reach_their_case(sglang_traces, name):
     cfg, trace = _case(name)[0], sglang_traces[name]["trace"]
     what = HYBRID_EXERCISES[name]
+    most = max(row[0] for row in trace)
+    if what == "slots":  # every slot taken while others wait
+        assert most == cfg.max_running_requests and any(w for _, w, *_ in trace)
+    elif name in MODEL_SHAPES:
+        assert most < cfg.max_running_requests
     if what.startswith("window"):  # someone waits while the full pool has room for another request
         P, O = HYBRID_SHAPES[name][1:3]  # noqa: E741
         assert any(w and full + P + O < cfg.max_total_num_tokens for _, w, full, *_ in trace)

@@ -70,11 +70,13 @@ def test_the_radix_cache_on_is_refused_naming_the_flag():
     assert err.value.key == "disable_radix_cache" and "--disable-radix-cache" in str(err.value)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=sglang_swa_case(), users=st.integers(1, 20), eos=st.booleans())
 def test_both_pools_account_every_slot(case, users, eos):
     """Whatever runs, finishes, is chunked or retracted: each pool's used slots are exactly what
-    the requests hold (check_pool), never more than its size, and all come back at the end."""
+    the requests hold (check_pool), never more than its size, and all come back at the end. (A
+    window pool that cannot hold a prompt parks its last chunk once the earlier chunks fill it:
+    with overlap they are freed only from two chunks back.)"""
     cfg, P, O = case  # noqa: E741
     sched = make_scheduler(cfg)
     for u in range(users):
@@ -85,4 +87,5 @@ def test_both_pools_account_every_slot(case, users, eos):
         sched.step()
         sched.check_pool()
         assert 0 <= sched.swa.used <= cfg.swa_pool_tokens
-    assert sched.pool.used == sched.swa.used == 0
+    if cfg.swa_pool_tokens > P + 2 * cfg.page_size:  # else a prompt may park for good (as in SGLang)
+        assert not sched.has_work() and sched.pool.used == sched.swa.used == 0
