@@ -4,9 +4,10 @@ full pool and recurrent-state slots). For each: the pools SGLang logs at startup
 `sglang_pools` prediction, concurrent requests get exact usage on /generate and /v1/completions, and
 SGLang's own per-pool gauges on /metrics (parsed with prometheus_client, named by the dialect) show
 each pool in use — the window pool freeing what falls out of the window, the state pool holding one
-slot per running request. Small pools, short requests; both servers start at once (their start-up
-is mostly waiting on imports and the tokenizer), so the module takes about one start-up and two
-short loads: ~60 s on two busy cores.
+slot per running request. Then `pytest --kvprobe` runs expectations/shadow-sglang-gpt-oss.yaml
+against the same gpt-oss server: the ledger's admission (full pool binds, 5 running) against
+SGLang's. Small pools, short requests; both servers start at once (their start-up is mostly waiting
+on imports and the tokenizer): ~90 s on two busy cores.
 """
 
 from __future__ import annotations
@@ -24,23 +25,36 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvprobe.engines import sglang as dialect
 from kvprobe.procgroup import free_port, group_members
 from kvprobe.shadow import launch
-from kvprobe.shadow.target import ShadowTarget
+from kvprobe.shadow.target import ShadowTarget, launch_request
+from kvprobe.spec import load_expectations
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang_pools import SWA_EVICTION_INTERVAL, SglangOptions, sglang_pools
 from kvprobe.theory.steptime import TimeModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+REPO = Path(__file__).resolve().parents[2]
+GPT_OSS_YAML = REPO / "expectations" / "shadow-sglang-gpt-oss.yaml"
 CONTEXT = 2048
-POOL = 4096  # --max-total-tokens: the full pool
+POOL = 4096  # --max-total-tokens of the Qwen3-Next shadow: the full pool
 STARTUP_TIMEOUT = 300.0
 GAUGE_DEADLINE = 60.0  # seconds for the gauges to show what the requests must cause
 PROMPT, OUTPUT = 300, 400  # each request: prompt tokens, exactly this many generated (ignore_eos)
 
 
-def _launch(model: str, flags: dict, log: Path) -> ShadowTarget:
-    cfg, _ = load_model_config(model)
-    req = launch.ShadowLaunch(engine="sglang", version="0.5.23", model=model, config=cfg, served_model_name=model,
-                              flags=flags, port=free_port(), time_model=TimeModel(step_ms=4.0))
+def _gpt_oss_expectation():
+    (exp,) = load_expectations(GPT_OSS_YAML)
+    return exp
+
+
+def _launch(model: str, flags: dict | None, log: Path) -> ShadowTarget:
+    """The gpt-oss shadow as its shipped expectation starts it (`flags` None); Qwen3-Next with `flags`."""
+    if flags is None:
+        req = launch_request(_gpt_oss_expectation(), port=free_port())
+    else:
+        cfg, _ = load_model_config(model)
+        req = launch.ShadowLaunch(engine="sglang", version="0.5.23", model=model, config=cfg,
+                                  served_model_name=model, flags=flags, port=free_port(),
+                                  time_model=TimeModel(step_ms=4.0))
     argv, environ = launch.command(req)
     return ShadowTarget.launch(argv, engine="sglang", port=req.port, log_path=str(log),
                                startup_timeout=STARTUP_TIMEOUT, env=environ)
@@ -49,7 +63,7 @@ def _launch(model: str, flags: dict, log: Path) -> ShadowTarget:
 GPT_OSS, QWEN_NEXT = "openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"
 QWEN_SLOTS = 12  # --max-mamba-cache-size: 4 running requests at 3 slots each (no_buffer)
 FLAGS = {
-    GPT_OSS: {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10},
+    GPT_OSS: None,  # expectations/shadow-sglang-gpt-oss.yaml: M=4000, radix cache off
     # On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy for this model ("extra_buffer
     # requires platform support for Mamba cache state snapshots.", checked in
     # tests/shadow_env/test_hybrid_sglang.py), so the shadow runs `no_buffer` without overlap.
@@ -155,8 +169,10 @@ def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures)
     model = GPT_OSS
     cfg, _ = load_model_config(model)
     geom = geometry_from_config(cfg, model)
-    want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL,
-                        opts=SglangOptions(chunked_prefill_size=4096))
+    exp = _gpt_oss_expectation()
+    want = sglang_pools(cfg, geom, context_len=exp.flags["context-length"], max_total_tokens=exp.flags["max-total-tokens"],
+                        opts=SglangOptions(chunked_prefill_size=4096, disable_radix_cache=True))
+    assert (want.max_total_num_tokens, want.swa_tokens) == (4000, 3200)
     target = servers[model]
     log = Path(target.log_path).read_text(errors="replace")
     rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
@@ -215,3 +231,31 @@ def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, f
     assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
     assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
     assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
+
+
+def test_pytest_kvprobe_gpt_oss_admission_on_real_sglang_is_the_ledgers(servers, pytester, tmp_path, figures):
+    """The shipped expectation, attached to the gpt-oss shadow: the ledger's admission for SGLang's two
+    pools (schedsim's hybrid sliding-window scheduler: the full pool binds at 5) against SGLang's own
+    scheduler, every check PASS. Then SGLang's own idle check of both pools (strict: a leaked slot
+    stops the server) has run clean: the server still answers and its log names no leak."""
+    target, exp = servers[GPT_OSS], _gpt_oss_expectation()
+    art = tmp_path / "art"
+    items = [f"{GPT_OSS_YAML}::{exp.name}[{check}]" for check in exp.checks]
+    result = pytester.runpytest_subprocess("--kvprobe", *items, "--kvprobe-url", target.url,
+                                           "--kvprobe-artifacts", str(art), "-p", "no:cacheprovider", "-rA",
+                                           "-o", "timeout=400", timeout=400)
+    doc = json.loads((art / exp.name / "result.json").read_text())
+    pred = doc["prediction"]
+    figures(f"{exp.name}: " + "  ".join(f"N={lv['users']}: running {lv['running_mean']:.2f} waiting "
+                                         f"{lv['waiting_mean']:.2f}" for lv in doc["levels"]))
+    figures(f"{exp.name} checks: " + "; ".join(
+        f"{c['name']} {c.get('status') or ('PASS' if c['passed'] else 'FAIL')} (ledger {c.get('predicted')}, "
+        f"measured {c.get('measured')})" for c in doc["checks"]))
+    print(result.stdout.str()[-3000:])
+    result.assert_outcomes(passed=len(exp.checks))
+    assert doc["verdict"]["passed"] is True
+    assert pred["admission"]["binding"] == "kv" and abs(pred["admission"]["limit"] - 5) < 0.1
+    deep = [lv for lv in doc["levels"] if lv["waiting_mean"] >= 2]
+    assert len(deep) == 3 and all(abs(lv["running_mean"] - pred["admission"]["limit"]) < 0.5 for lv in deep)
+    assert _usage(target.url, GPT_OSS, 1) == (PROMPT, OUTPUT)  # alive after its idle pool checks
+    assert dialect.LEAK_LOG not in Path(target.log_path).read_text(errors="replace")
