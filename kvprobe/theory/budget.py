@@ -60,8 +60,9 @@ def sglang_hybrid_layout(geom: ModelGeometry, model_config: dict | None, opts: S
                          pp: int = 1) -> SglangLayout | None:
     """How SGLang pools a hybrid model (sglang_pools.sglang_layout), or None for one uniform pool.
     Gemma 2/3, Mistral and --disable-hybrid-swa-memory pool every layer as full: the uniform budget
-    is then SGLang's own. What kvprobe does not size is refused naming the key: the recurrent-state
-    pool (Qwen3-Next), a hybrid pool across pipeline stages."""
+    is then SGLang's own. A window model gets a full and a window pool; Qwen3-Next a full pool over
+    its full-attention layers and a recurrent-state (Mamba) pool. Refused naming the key: a hybrid
+    pool across pipeline stages."""
     if not geom.layers.hybrid:
         return None
     if model_config is None or opts is None:
@@ -71,10 +72,6 @@ def sglang_hybrid_layout(geom: ModelGeometry, model_config: dict | None, opts: S
     lay = sglang_layout(model_config, geom, opts)
     if lay.pool == "full":
         return None
-    if lay.pool == "mamba":
-        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the ledger does not yet model "
-                          "SGLang's recurrent-state (Mamba) pool and its admission (--max-mamba-cache-size, "
-                          "--mamba-full-memory-ratio)", key=geom.layers.key or "layer_types")
     if pp > 1:
         raise ConfigError("SGLang's hybrid sliding-window pools are sized for one pipeline stage only", key="pp")
     return lay
@@ -535,8 +532,9 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
 
 def _sglang_hybrid_budget(geom, model_config, opts, kv_bytes, kv_cache_dtype, context_len, max_total_tokens, page,
                           cps, max_running_requests, tp, dp, split) -> SglangBudget:
-    """The full and window pools SGLang sizes from the same KV bytes (HybridSWAPoolConfigurator,
-    or SWARequestCapPoolConfigurator with the radix cache off and --max-running-requests)."""
+    """The pools SGLang sizes from the same KV bytes: full and window (HybridSWAPoolConfigurator, or
+    SWARequestCapPoolConfigurator with the radix cache off and --max-running-requests), or the
+    recurrent-state slots first and the full pool from the rest (_handle_max_mamba_cache)."""
     total, fraction, how, reserved, weights, max_bs, other = split
     opts = dataclasses.replace(opts, tp=tp, dp=dp, page_size=page, chunked_prefill_size=cps,
                                max_running_requests=max_running_requests)

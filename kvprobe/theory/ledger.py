@@ -27,6 +27,7 @@ from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
 
 ENGINES = ("vllm", "sglang")
+MAMBA_POOL = "mamba state slots"  # SGLang's recurrent-state pool (Qwen3-Next), as the ledger names it
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
 
 
@@ -356,10 +357,13 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     admission_mod, schedsim = _schedsim()
     sched = pred = None
     lay = bud.pools.layout if bud.pools else None
-    if lay is not None and not inputs.disable_radix_cache:  # sched_sglang_swa.py: SWARadixCache is not
+    if lay is not None and not inputs.disable_radix_cache:  # SWARadixCache, MambaRadixCache: not modelled
+        kind = "sliding-window" if lay.pool == "hybrid_swa" else "recurrent-state (Mamba)"
         return Ledger(inputs, model, bud, cap, request, None, None, version, not_predicted=(
-            "SGLang's hybrid sliding-window admission is modelled with the radix cache off only; add "
+            f"SGLang's hybrid {kind} admission is modelled with the radix cache off only; add "
             "--disable-radix-cache") if request is not None else None)
+    window = lay is not None and lay.pool == "hybrid_swa"  # Qwen3-Next, radix off: the plain scheduler
+    #   on the full pool, max_running_requests = the state slots (tests/theory/test_real_sglang.py)
     if schedsim is not None:
         policy = inputs.policy or admission_mod.policy_for("sglang", version)
         sched = schedsim.SglangConfig(
@@ -368,9 +372,9 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
             max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
             disable_radix_cache=inputs.disable_radix_cache,
             policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version),
-            sliding_window_size=lay.sliding_window_size if lay else None,
-            swa_pool_tokens=bud.pools.swa_tokens if lay else None)
-        layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if lay else ()
+            sliding_window_size=lay.sliding_window_size if window else None,
+            swa_pool_tokens=bud.pools.swa_tokens if window else None)
+        layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
         pred = _predict(admission_mod, sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
@@ -392,10 +396,14 @@ def sglang_pool_groups(pools: SglangPools) -> list[dict]:
     """SGLang's hybrid sliding-window pools for the capacity table: each pool's tokens, layers and
     bytes per token (all its layers, this rank)."""
     lay = pools.layout
-    return [{"group": FULL_POOL, "kind": "full", "copies": 1, "layers": len(lay.full_layer_ids),
-             "tokens": pools.max_total_num_tokens, "bytes_per_token": pools.full_bytes_per_token},
-            {"group": window_pool_label(lay.sliding_window_size), "kind": "sliding", "copies": 1,
-             "layers": len(lay.swa_layer_ids), "tokens": pools.swa_tokens, "bytes_per_token": pools.swa_bytes_per_token}]
+    full = {"group": FULL_POOL, "kind": "full", "copies": 1, "layers": len(lay.full_layer_ids),
+            "tokens": pools.max_total_num_tokens, "bytes_per_token": pools.full_bytes_per_token}
+    if lay.pool == "mamba":  # one state slot per running request (radix off)
+        return [full, {"group": MAMBA_POOL, "kind": "mamba", "copies": 1, "layers": len(lay.mamba_layer_ids),
+                       "slots": pools.mamba_slots, "bytes_per_slot": lay.mamba_cache_per_req}]
+    return [full, {"group": window_pool_label(lay.sliding_window_size), "kind": "sliding", "copies": 1,
+                   "layers": len(lay.swa_layer_ids), "tokens": pools.swa_tokens,
+                   "bytes_per_token": pools.swa_bytes_per_token}]
 
 
 def _capacity_groups(plan) -> list[dict]:
@@ -461,6 +469,10 @@ def _render_sections(led: Ledger) -> list[str]:
         if "tokens" in g:
             cap_rows.append([f"  {g['group']}", g["tokens"], f"tokens; {g['layers']} layers x "
                              f"{g['bytes_per_token'] // max(g['layers'], 1)} B per token"])
+            continue
+        if "slots" in g:
+            cap_rows.append([f"  {g['group']}", g["slots"], f"slots, one per running request; {g['layers']} "
+                             f"layers, {format_bytes(g['bytes_per_slot'])} per slot"])
             continue
         cap_rows.append([f"  group: {g['group']}", g["blocks_per_request"],
                          f"blocks per max-length request; {g['copies']} group(s), {g['layers']} layers"])

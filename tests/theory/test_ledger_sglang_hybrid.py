@@ -6,6 +6,7 @@ Admission is sched_sglang_swa.py, checked against SGLang's own Scheduler in test
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -80,16 +81,44 @@ def test_the_radix_cache_on_is_not_predicted_and_says_which_flag():
     assert "admission: not predicted (SGLang's hybrid sliding-window admission" in led.render()
 
 
-def test_qwen3_next_is_refused_naming_the_recurrent_pool():
-    with pytest.raises(ConfigError, match="recurrent-state") as err:
-        ledger("Qwen/Qwen3-Next-80B-A3B-Instruct", max_total_tokens=100000)
-    assert "--max-mamba-cache-size" in str(err.value)
+QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+
+
+def test_qwen3_next_radix_off_one_state_slot_per_request():
+    """--disable-radix-cache --max-running-requests 64: 64 state slots (one per request), the full
+    pool over the 12 full-attention layers (of 48) from what the slots leave; the slots bind
+    (the plain scheduler on the full pool, checked against SGLang's in test_real_sglang.py)."""
+    led = ledger(QWEN3_NEXT, gpu_memory_bytes=80 * GIB, tp=4, max_running_requests=64, prompt_tokens=2000,
+                 output_tokens=500, users=80)
+    full, slots = led.capacity.groups
+    assert (full["group"], full["layers"], full["tokens"]) == ("full pool", 12, led.capacity.kv_tokens)
+    assert (slots["group"], slots["layers"], slots["slots"]) == ("mamba state slots", 36, 64)
+    assert led.budget.max_running_requests == 64 and led.scheduler_config.sliding_window_size is None
+    a = led.admission
+    assert a.binding == "max_running_requests" and a.limit == 64 and a.waiting > 10
+    out = json.loads(json.dumps(led.to_dict()))
+    assert out["capacity"]["groups"][1]["bytes_per_slot"] == led.budget.pools.layout.mamba_cache_per_req
+    assert re.search(r"  mamba state slots +64  slots, one per running request; 36 layers", led.render())
+
+
+def test_qwen3_next_radix_on_is_sized_not_predicted():
+    led = ledger(QWEN3_NEXT, gpu_memory_bytes=80 * GIB, tp=4, disable_radix_cache=False, prompt_tokens=2000,
+                 output_tokens=500)
+    assert led.admission is None and "recurrent-state (Mamba)" in led.not_predicted
+    assert "--disable-radix-cache" in led.not_predicted and led.capacity.groups[1]["slots"] > 0
+
+
+def test_qwen3_next_radix_off_without_a_budget_names_the_key():
+    with pytest.raises(ConfigError) as err:
+        ledger(QWEN3_NEXT, max_total_tokens=100000)
+    assert err.value.key == "max_mamba_cache_size"
 
 
 @pytest.mark.parametrize("model", ["mistralai/Mistral-7B-v0.1", "google/gemma-3-27b-it"])
 def test_windows_sglang_pools_as_full_get_one_pool(model):
     """SGLang 0.5.23 keeps every layer of Mistral v0.1 and Gemma 3 in one full pool (not hybrid-SWA
-    architectures, or turned off for Gemma): the uniform budget is SGLang's own."""
+    architectures, or turned off for Gemma): the uniform budget is SGLang's own (Mistral's admission
+    checked against SGLang's Scheduler in test_real_sglang.py)."""
     led = ledger(model, max_total_tokens=50000, prompt_tokens=1000, output_tokens=100)
     assert led.capacity.groups == [] and led.capacity.kv_tokens == 50000
     assert led.scheduler_config.sliding_window_size is None
