@@ -4,10 +4,10 @@ full pool and recurrent-state slots). For each: the pools SGLang logs at startup
 `sglang_pools` prediction, concurrent requests get exact usage on /generate and /v1/completions, and
 SGLang's own per-pool gauges on /metrics (parsed with prometheus_client, named by the dialect) show
 each pool in use — the window pool freeing what falls out of the window, the state pool holding one
-slot per running request. Then `pytest --kvprobe` runs expectations/shadow-sglang-gpt-oss.yaml
-against the same gpt-oss server: the ledger's admission (full pool binds, 5 running) against
-SGLang's. Small pools, short requests; both servers start at once (their start-up is mostly waiting
-on imports and the tokenizer): ~90 s on two busy cores.
+slot per running request. Then `pytest --kvprobe` runs expectations/shadow-sglang-gpt-oss.yaml and
+shadow-sglang-qwen3-next.yaml against the same servers: the ledger's admission (the full pool binds
+at 5 running in both) against SGLang's. Both servers are started from those expectations, at once
+(their start-up is mostly waiting on imports and the tokenizer): ~100 s on two busy cores.
 """
 
 from __future__ import annotations
@@ -29,56 +29,36 @@ from kvprobe.shadow.target import ShadowTarget, launch_request
 from kvprobe.spec import load_expectations
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang_pools import SWA_EVICTION_INTERVAL, SglangOptions, sglang_pools
-from kvprobe.theory.steptime import TimeModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
-GPT_OSS_YAML = REPO / "expectations" / "shadow-sglang-gpt-oss.yaml"
-CONTEXT = 2048
-POOL = 4096  # --max-total-tokens of the Qwen3-Next shadow: the full pool
+GPT_OSS, QWEN_NEXT = "openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"
+# each shadow as its shipped expectation starts it
+YAML = {GPT_OSS: REPO / "expectations" / "shadow-sglang-gpt-oss.yaml",
+        QWEN_NEXT: REPO / "expectations" / "shadow-sglang-qwen3-next.yaml"}
 STARTUP_TIMEOUT = 300.0
 GAUGE_DEADLINE = 60.0  # seconds for the gauges to show what the requests must cause
 PROMPT, OUTPUT = 300, 400  # each request: prompt tokens, exactly this many generated (ignore_eos)
 
 
-def _gpt_oss_expectation():
-    (exp,) = load_expectations(GPT_OSS_YAML)
+def _expectation(model: str):
+    (exp,) = load_expectations(YAML[model])
     return exp
 
 
-def _launch(model: str, flags: dict | None, log: Path) -> ShadowTarget:
-    """The gpt-oss shadow as its shipped expectation starts it (`flags` None); Qwen3-Next with `flags`."""
-    if flags is None:
-        req = launch_request(_gpt_oss_expectation(), port=free_port())
-    else:
-        cfg, _ = load_model_config(model)
-        req = launch.ShadowLaunch(engine="sglang", version="0.5.23", model=model, config=cfg,
-                                  served_model_name=model, flags=flags, port=free_port(),
-                                  time_model=TimeModel(step_ms=4.0))
+def _launch(model: str, log: Path) -> ShadowTarget:
+    req = launch_request(_expectation(model), port=free_port())
     argv, environ = launch.command(req)
     return ShadowTarget.launch(argv, engine="sglang", port=req.port, log_path=str(log),
                                startup_timeout=STARTUP_TIMEOUT, env=environ)
 
 
-GPT_OSS, QWEN_NEXT = "openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"
-QWEN_SLOTS = 12  # --max-mamba-cache-size: 4 running requests at 3 slots each (no_buffer)
-FLAGS = {
-    GPT_OSS: None,  # expectations/shadow-sglang-gpt-oss.yaml: M=4000, radix cache off
-    # On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy for this model ("extra_buffer
-    # requires platform support for Mamba cache state snapshots.", checked in
-    # tests/shadow_env/test_hybrid_sglang.py), so the shadow runs `no_buffer` without overlap.
-    QWEN_NEXT: {"max-total-tokens": POOL, "context-length": CONTEXT, "decode-log-interval": 10,
-                "max-mamba-cache-size": QWEN_SLOTS, "mamba-radix-cache-strategy": "no_buffer",
-                "disable-overlap-schedule": True},
-}
-
-
 @pytest.fixture(scope="module")
 def servers(sglang_env, tmp_path_factory):
     """Both shadows, started concurrently; stopped (and checked gone) when the module ends."""
-    logs = {m: tmp_path_factory.mktemp("sglang-hybrid") / "engine.log" for m in FLAGS}
-    with ThreadPoolExecutor(len(FLAGS)) as pool:
-        futures = {m: pool.submit(_launch, m, FLAGS[m], logs[m]) for m in FLAGS}
+    logs = {m: tmp_path_factory.mktemp("sglang-hybrid") / "engine.log" for m in YAML}
+    with ThreadPoolExecutor(len(YAML)) as pool:
+        futures = {m: pool.submit(_launch, m, logs[m]) for m in YAML}
     started, failed = {}, []
     for m, fut in futures.items():
         try:
@@ -169,7 +149,7 @@ def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures)
     model = GPT_OSS
     cfg, _ = load_model_config(model)
     geom = geometry_from_config(cfg, model)
-    exp = _gpt_oss_expectation()
+    exp = _expectation(model)
     want = sglang_pools(cfg, geom, context_len=exp.flags["context-length"], max_total_tokens=exp.flags["max-total-tokens"],
                         opts=SglangOptions(chunked_prefill_size=4096, disable_radix_cache=True))
     assert (want.max_total_num_tokens, want.swa_tokens) == (4000, 3200)
@@ -201,46 +181,56 @@ def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures)
 
 
 def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, figures):
-    model, slots = QWEN_NEXT, QWEN_SLOTS
+    """With the radix cache off SGLang sizes one state slot per running request
+    (--max-running-requests). On a CPU, SGLang 0.5.23 refuses its default Mamba radix strategy with
+    the radix cache on ("extra_buffer requires platform support for Mamba cache state snapshots.",
+    tests/shadow_env/test_hybrid_sglang.py); `no_buffer` with overlap off runs (the README's example)."""
+    model = QWEN_NEXT
+    exp = _expectation(model)
+    slots = exp.flags["max-running-requests"]
     cfg, _ = load_model_config(model)
     geom = geometry_from_config(cfg, model)
-    want = sglang_pools(cfg, geom, context_len=CONTEXT, max_total_tokens=POOL, opts=SglangOptions(
-        max_mamba_cache_size=slots, mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True,
-        chunked_prefill_size=4096))
+    want = sglang_pools(cfg, geom, context_len=exp.flags["context-length"], max_total_tokens=exp.flags["max-total-tokens"],
+                        opts=SglangOptions(max_running_requests=slots, disable_radix_cache=True, chunked_prefill_size=4096))
+    assert (want.max_total_num_tokens, want.mamba_slots, want.max_running_requests) == (4096, slots, slots)
     target = servers[model]
     log = Path(target.log_path).read_text(errors="replace")
     rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
     shadow = target.facts().shadow
     figures(f"Qwen3-Next: SGLang full {rep.kv_tokens} tokens, {hyb.get('mamba_slots')} state slots of "
-            f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running} "
-            f"({hyb.get('mamba_slots_per_request')} slots per request); kvprobe {want.max_total_num_tokens}, "
-            f"{want.mamba_slots} of {want.layout.mamba_cache_per_req} B, {want.max_running_requests}")
+            f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running}; kvprobe "
+            f"{want.max_total_num_tokens}, {want.mamba_slots} of {want.layout.mamba_cache_per_req} B, "
+            f"{want.max_running_requests}")
     assert (rep.kv_tokens, hyb["full_tokens"], hyb["mamba_slots"], rep.max_running) == \
         (want.max_total_num_tokens, want.max_total_num_tokens, want.mamba_slots, want.max_running_requests)
-    assert shadow["mamba_cache_per_req"] == want.layout.mamba_cache_per_req
-    assert hyb["mamba_capped_running"] == want.max_running_requests == slots // hyb["mamba_slots_per_request"]
-    # More requests than max_running_requests: the running ones hold state slots, never more than the pool.
-    n = 6
-    usage, g = _serve(target, model, n, lambda g: g.get("mamba_used_slots", 0) >= want.max_running_requests)
+    assert shadow["mamba_cache_per_req"] == want.layout.mamba_cache_per_req == 77266944
+    assert "mamba_capped_running" not in hyb  # one slot per request: the state pool does not cap
+    # six requests of 300 + 400 tokens: the full pool admits five (6 x 700 > 4096), each holding a slot
+    n, admitted = 6, want.max_total_num_tokens // (PROMPT + OUTPUT)
+    assert admitted == 5
+    usage, g = _serve(target, model, n, lambda g: g.get("mamba_used_slots", 0) >= admitted)
     assert usage == [(PROMPT, OUTPUT)] * n
-    assert g is not None, "the state pool never held a slot per admitted request"
+    assert g is not None, "the state pool never held a slot per running request"
     figures(f"Qwen3-Next under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
-            f"state slots {g['mamba_used_slots']:.0f} used + {g['mamba_evictable_slots']:.0f} evictable of {slots} "
-            f"({g['mamba_usage']:.3f})")
+            f"state slots {g['mamba_used_slots']:.0f} used of {slots} ({g['mamba_usage']:.3f})")
+    assert g["mamba_used_slots"] == admitted  # one per running request, and the full pool binds first
     assert g["mamba_used_slots"] + g["mamba_available_slots"] + g["mamba_evictable_slots"] == slots
+    assert g["mamba_evictable_slots"] == 0  # nothing cached without the radix cache
     assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
     assert g["full_usage"] == pytest.approx(g["kv_used_tokens"] / want.max_total_num_tokens)
     assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
 
 
-def test_pytest_kvprobe_gpt_oss_admission_on_real_sglang_is_the_ledgers(servers, pytester, tmp_path, figures):
-    """The shipped expectation, attached to the gpt-oss shadow: the ledger's admission for SGLang's two
-    pools (schedsim's hybrid sliding-window scheduler: the full pool binds at 5) against SGLang's own
-    scheduler, every check PASS. Then SGLang's own idle check of both pools (strict: a leaked slot
-    stops the server) has run clean: the server still answers and its log names no leak."""
-    target, exp = servers[GPT_OSS], _gpt_oss_expectation()
+@pytest.mark.parametrize("model", [GPT_OSS, QWEN_NEXT])
+def test_pytest_kvprobe_admission_on_real_sglang_is_the_ledgers(model, servers, pytester, tmp_path, figures):
+    """The shipped expectation, attached to the model's shadow: the ledger's admission for SGLang's
+    pools (gpt-oss: schedsim's hybrid sliding-window scheduler; Qwen3-Next: the full pool over the
+    full layers, a state slot per request) against SGLang's own scheduler, every check PASS. Then
+    SGLang's own idle check of every pool (invariant_checker `_check_all_pools`, strict: a leaked
+    slot stops the server) has run clean: the server still answers and its log names no leak."""
+    target, exp = servers[model], _expectation(model)
     art = tmp_path / "art"
-    items = [f"{GPT_OSS_YAML}::{exp.name}[{check}]" for check in exp.checks]
+    items = [f"{YAML[model]}::{exp.name}[{check}]" for check in exp.checks]
     result = pytester.runpytest_subprocess("--kvprobe", *items, "--kvprobe-url", target.url,
                                            "--kvprobe-artifacts", str(art), "-p", "no:cacheprovider", "-rA",
                                            "-o", "timeout=400", timeout=400)
@@ -257,5 +247,5 @@ def test_pytest_kvprobe_gpt_oss_admission_on_real_sglang_is_the_ledgers(servers,
     assert pred["admission"]["binding"] == "kv" and abs(pred["admission"]["limit"] - 5) < 0.1
     deep = [lv for lv in doc["levels"] if lv["waiting_mean"] >= 2]
     assert len(deep) == 3 and all(abs(lv["running_mean"] - pred["admission"]["limit"]) < 0.5 for lv in deep)
-    assert _usage(target.url, GPT_OSS, 1) == (PROMPT, OUTPUT)  # alive after its idle pool checks
+    assert _usage(target.url, model, 1) == (PROMPT, OUTPUT)  # alive after its idle pool checks
     assert dialect.LEAK_LOG not in Path(target.log_path).read_text(errors="replace")
