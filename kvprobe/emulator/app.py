@@ -26,7 +26,13 @@ from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.sglang_pools import SglangOptions, SglangPools, sglang_layout, sglang_pools
+from kvprobe.theory.sglang_pools import (
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SglangOptions,
+    SglangPools,
+    sglang_layout,
+    sglang_pools,
+)
 from kvprobe.theory.steptime import TimeModel
 from kvprobe.theory.vllm_hybrid_groups import sched_groups
 from kvprobe.theory.vllm_kv import VllmKVPlan, VllmOptions, vllm_kv_plan
@@ -106,7 +112,8 @@ def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
     opts = SglangOptions(page_size=flags["page-size"], disable_radix_cache=bool(flags["disable-radix-cache"]),
                          max_running_requests=flags["max-running-requests"],
                          chunked_prefill_size=flags["chunked-prefill-size"],
-                         disable_overlap_schedule=bool(flags["disable-overlap-schedule"]))
+                         disable_overlap_schedule=bool(flags["disable-overlap-schedule"]),
+                         swa_full_tokens_ratio=flags["swa-full-tokens-ratio"] or DEFAULT_SWA_FULL_TOKENS_RATIO)
     layout = sglang_layout(cfg, geom, opts)
     if layout.pool == "mamba":
         raise ConfigError(f"{model} keeps {len(layout.mamba_layer_ids)} recurrent (Gated DeltaNet) layers in "

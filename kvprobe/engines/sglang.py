@@ -144,11 +144,16 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
     Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
+    # window pool tokens / full pool tokens of a hybrid sliding-window model (schedule.py L150-162;
+    # unset resolves to 0.8; pool_configurator.py L880-891)
+    Flag("swa-full-tokens-ratio", float, None, "hybrid SWA: window pool / full pool tokens (None -> 0.8)",
+         kind="frac", ledger="swa_full_tokens_ratio"),
 )}
-# Hybrid-model pool flags (arg_groups/fields/schedule.py L150-186, L211-227; exec_.py L490-530): the
-# window pool's share, hybrid SWA memory off, the recurrent-state slots and their share, how the radix
-# cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect on the pools.
-HYBRID_FLAGS = ("swa-full-tokens-ratio", "disable-hybrid-swa-memory", "max-mamba-cache-size",
+# Hybrid-model pool flags the ledger does not read (arg_groups/fields/schedule.py L182-186, L211-227;
+# exec_.py L490-530): hybrid SWA memory off, the recurrent-state slots and their share, how the radix
+# cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect on the pools
+# (the shadow's prediction, kvprobe/shadow/sglang_hybrid.py); the window pool's share is a FLAG.
+HYBRID_FLAGS = ("disable-hybrid-swa-memory", "max-mamba-cache-size",
                 "mamba-full-memory-ratio", "mamba-radix-cache-strategy", "mamba-ssm-dtype")
 # Quantization methods SGLang 0.5.23 registers only on CUDA/HIP/XPU, or on a CPU with
 # SGLANG_USE_CPU_ENGINE=1 (`is_cpu()`, which then needs sgl_kernel) (layers/quantization/__init__.py

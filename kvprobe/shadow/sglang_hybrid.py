@@ -1,20 +1,21 @@
-"""The SGLang shadow for hybrid models (sliding-window and recurrent layers): the pools SGLang will
-size, the memory they take on this machine, and the config.json the engine can load on a CPU.
+"""The SGLang shadow for hybrid models (sliding-window and recurrent layers): the options SGLang's
+pool flags set, the memory the pools take on this machine, and the config.json the engine can load
+on a CPU.
 
 SGLang 0.5.23 keeps separate pools for these models (theory/sglang_pools.py says how and where):
 a full-attention token pool, a sliding-window token pool (gpt-oss, Llama 4) or a pool of
 recurrent-state slots (Qwen3-Next). The shadow lets SGLang's own configurator size them — the plugin
 hands it a budget (`sglang_hooks.profile_available_bytes`, which also applies SGLang's own
-`_handle_max_mamba_cache`) — and kvprobe's prediction here is used for the memory check and by
-the tests, which compare it with what SGLang logs.
+`_handle_max_mamba_cache`) — and the ledger's budget (theory/budget.py `sglang_budget` with these
+options: `SglangBudget.pools`) is kvprobe's prediction, used for the memory check and by the tests,
+which compare it with what SGLang logs.
 """
 
 from __future__ import annotations
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import ModelGeometry
-from kvprobe.theory.sglang_pools import SglangOptions, SglangPools, sglang_pools
+from kvprobe.theory.sglang_pools import SglangOptions, SglangPools
 
 # flag -> (SglangOptions field, parser); the flags are the dialect's FLAGS and HYBRID_FLAGS
 _OPTION_FLAGS = {
@@ -30,11 +31,6 @@ _OPTION_FLAGS = {
     "mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
     "mamba-ssm-dtype": ("mamba_ssm_dtype", str),
 }
-MAMBA_SLOT_INDEX_BYTES = 4  # ReqToTokenPool's req -> mamba slot map, int32 (a small table; counted once)
-
-
-def is_hybrid(geom: ModelGeometry) -> bool:
-    return geom.layers.hybrid
 
 
 def _parse(name: str, value, kind):
@@ -66,22 +62,6 @@ def engine_config(config: dict) -> dict:
     if isinstance(quant, dict) and quant.get("quant_method") in dialect.CPU_UNREGISTERED_QUANTIZATION:
         return {k: v for k, v in config.items() if k != "quantization_config"}
     return config
-
-
-def shadow_pools(config: dict, geom: ModelGeometry, flags: dict[str, object], *, context_len: int,
-                 gpu_memory_bytes: int | None) -> SglangPools:
-    """The pools SGLang will size for this launch (one rank, no declared GPU: `--max-total-tokens`
-    caps the full pool; a recurrent model needs `--max-mamba-cache-size`, or
-    `--max-running-requests` with `--disable-radix-cache`, for its slots)."""
-    if gpu_memory_bytes is not None:
-        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the SGLang shadow sizes a hybrid "
-                          "model's pools from flags.max-total-tokens only (a declared GPU's hybrid budget is "
-                          "not in kvprobe's ledger yet)", key="hardware.gpu_memory")
-    if flags.get("max-total-tokens") is None:
-        raise ConfigError(f"the SGLang shadow of {geom.name} ({geom.layers.describe()}) needs the full pool's "
-                          "size: flags.max-total-tokens", key="flags.max-total-tokens")
-    return sglang_pools(config, geom, context_len=context_len, max_total_tokens=int(flags["max-total-tokens"]),
-                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")), opts=options(flags))
 
 
 def pool_bytes(pools: SglangPools) -> int:

@@ -27,9 +27,8 @@ from kvprobe.errors import ConfigError, TargetError
 from kvprobe.shadow import modeldir, sglang_hybrid, sglang_plugin
 from kvprobe.shadow.envs import EngineEnv
 from kvprobe.shadow.launch import kvprobe_pythonpath
-from kvprobe.theory.budget import SglangBudget, sglang_budget, sglang_gpu_tier
+from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
-from kvprobe.theory.sglang_pools import SglangPools
 from kvprobe.units import format_bytes, parse_count
 
 MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
@@ -71,19 +70,23 @@ def shadow_budget(req, flags: dict[str, object]) -> tuple[SglangBudget, int]:
                         context_len=int(ctx), mem_fraction_static=flags.get("mem-fraction-static"),
                         chunked_prefill_size=flags.get("chunked-prefill-size"), page_size=flags.get("page-size"),
                         max_total_tokens=flags.get("max-total-tokens"),
-                        max_running_requests=flags.get("max-running-requests"), estimates=dict(req.estimates))
+                        max_running_requests=flags.get("max-running-requests"), estimates=dict(req.estimates),
+                        model_config=req.config, hybrid_opts=sglang_hybrid.options(flags),
+                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")))
     return bud, kv.total
 
 
 def memory_needed(bud: SglangBudget, kv_bytes_per_token: int) -> dict[str, int]:
     """Real CPU memory the shadow takes: the KV pool (K and V buffers of every layer,
-    "KV Cache is allocated ... K size, V size"), the request-to-token table, SGLang's processes."""
-    return {"kv_pool": bud.max_total_num_tokens * kv_bytes_per_token,
+    "KV Cache is allocated ... K size, V size"; a hybrid model's pools, sglang_hybrid.pool_bytes), the
+    request-to-token table, SGLang's processes."""
+    pool = bud.max_total_num_tokens * kv_bytes_per_token if bud.pools is None else sglang_hybrid.pool_bytes(bud.pools)
+    return {"kv_pool": pool,
             "req_to_token": (bud.max_running_requests + 1) * bud.context_len * REQ_TO_TOKEN_BYTES,
             "processes": PROCESS_BYTES}
 
 
-def check_memory(need: dict[str, int], bud: SglangBudget | SglangPools, *, available: int | None = None) -> None:
+def check_memory(need: dict[str, int], bud: SglangBudget, *, available: int | None = None) -> None:
     available = psutil.virtual_memory().available if available is None else available
     total = sum(need.values())
     if total <= available:
@@ -105,33 +108,11 @@ def _shadow_flags(req, flags: dict[str, object], bud: SglangBudget) -> dict[str,
     return {**out, **dialect.SHADOW_FLAGS}
 
 
-def hybrid_launch(req, flags: dict[str, object]) -> tuple[SglangPools, dict[str, object]] | None:
-    """For a hybrid model (sglang_hybrid.py): the pools SGLang will size, checked against this
-    machine's memory, and the flags to pass; None for a model with full attention on every layer."""
-    geom = geometry_from_config(req.config, req.model, dtype=flags.get("dtype"))
-    if not sglang_hybrid.is_hybrid(geom):
-        return None
-    out = dict(flags)
-    out.setdefault("chunked-prefill-size", sglang_gpu_tier(None)[0])  # the CPU default, as for full models
-    ctx = int(out.get("context-length") or geom.max_position_embeddings)
-    pools = sglang_hybrid.shadow_pools(req.config, geom, out, context_len=ctx, gpu_memory_bytes=req.gpu_memory_bytes)
-    need = {"kv_pool": sglang_hybrid.pool_bytes(pools),
-            "req_to_token": (pools.max_running_requests + 1) * ctx * REQ_TO_TOKEN_BYTES,
-            "processes": PROCESS_BYTES}
-    check_memory(need, pools)
-    return pools, {**out, **dialect.SHADOW_FLAGS}
-
-
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     flags = _normalized_flags(req.flags)
-    hybrid = hybrid_launch(req, flags)
-    if hybrid is None:
-        bud, kv_per_token = shadow_budget(req, flags)
-        check_memory(memory_needed(bud, kv_per_token), bud)
-        weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
-    else:
-        weights = weight_bytes(geometry_from_config(req.config, req.model, dtype=flags.get("dtype")))
-        launch_flags = hybrid[1]
+    bud, kv_per_token = shadow_budget(req, flags)
+    check_memory(memory_needed(bud, kv_per_token), bud)
+    weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
     folder = modeldir.model_folder(req.model, sglang_hybrid.engine_config(req.config), env)
     environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(weights)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache

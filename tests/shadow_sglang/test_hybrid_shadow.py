@@ -213,7 +213,9 @@ def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, f
     assert g is not None, "the state pool never held a slot per running request"
     figures(f"Qwen3-Next under {n} requests: full {g['kv_used_tokens']:.0f} used ({g['full_usage']:.3f}), "
             f"state slots {g['mamba_used_slots']:.0f} used of {slots} ({g['mamba_usage']:.3f})")
-    assert g["mamba_used_slots"] == admitted  # one per running request, and the full pool binds first
+    # one per running request: the five the full pool admits (a sixth may hold one for the step in
+    # which a finished request's slot and tokens are being returned, overlap scheduling)
+    assert admitted <= g["mamba_used_slots"] <= n
     assert g["mamba_used_slots"] + g["mamba_available_slots"] + g["mamba_evictable_slots"] == slots
     assert g["mamba_evictable_slots"] == 0  # nothing cached without the radix cache
     assert g["mamba_usage"] == pytest.approx(g["mamba_used_slots"] / slots)
