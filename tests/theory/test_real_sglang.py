@@ -197,7 +197,8 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
 # (configs/model_config.py L2651-2697): one full pool. Qwen3-Next with the radix cache off: the
 # full pool over its full-attention layers, and one recurrent-state slot per request with as many
 # slots as max_running_requests (_handle_max_mamba_cache, kv_cache_configurator.py L3229-3409; the
-# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size).
+# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size); with
+# it on (no_buffer, overlap off) and no shared prefix, the plain scheduler with its radix cache.
 MISTRAL = {**MODEL, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}
 QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
               "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
@@ -207,6 +208,10 @@ QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": 
               "norm_topk_prob": True, "partial_rotary_factor": 0.25, "rope_theta": 10000000}
 RADIX_OFF = dataclasses.replace(BASE, disable_radix_cache=True)
 SLOTS_12, SLOTS_40 = ({"max_running_requests": n, "max_mamba_cache_size": n} for n in (12, 40))
+# the radix cache on, as a CPU runs it: no_buffer (3 slots per request), overlap off; no shared prefix
+NO_BUFFER = dataclasses.replace(BASE, overlap=False)
+NO_BUFFER_12, NO_BUFFER_40 = ({"max_running_requests": n, "max_mamba_cache_size": 3 * n,
+                               "mamba_radix_cache_strategy": "no_buffer"} for n in (12, 40))
 MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, server args
     "window on every layer, one full pool, retraction": (MISTRAL, RADIX_OFF, 512, 256, 0, 40, "ramp", False, 1500, {}),
     "qwen3-next radix off: the state slots bind": (
@@ -215,6 +220,12 @@ MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, ser
     "qwen3-next radix off: the full pool binds, retraction": (
         QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
         SLOTS_40),
+    "qwen3-next no_buffer: the state slots bind": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=12), 512, 256, 0, 40, "ramp", False, 1500,
+        NO_BUFFER_12),
+    "qwen3-next no_buffer: the full pool binds, retraction": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
+        NO_BUFFER_40),
 }
 
 
@@ -287,7 +298,9 @@ ONE_AT_A_TIME = {"swa: prompt beyond the window pool"}  # its window pool holds 
 HYBRID_EXERCISES = {"swa: window pool binds": "window", "swa: window retraction": "window-retract",
                     "swa: full pool binds, retraction": "retract", "swa: pages of 16, window binds": "window",
                     "qwen3-next radix off: the full pool binds, retraction": "retract",
-                    "qwen3-next radix off: the state slots bind": "slots"}
+                    "qwen3-next radix off: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the full pool binds, retraction": "retract"}
 
 
 @pytest.mark.parametrize("name", list(HYBRID_EXERCISES))
