@@ -212,10 +212,14 @@ class SglangSwaScheduler(SglangScheduler):
             raise AssertionError(f"window pool leak: {self.swa.used} slots in use, requests hold {held}")
 
     def refresh_stats(self) -> None:
+        """used_tokens / pool_tokens stay the full pool's; the window pool's beside them. The
+        engine's gauge sglang:token_usage is the larger of the pools' usages, 2 decimals
+        (pool_stats_observer.py L84-100, L150-158); its num_used_tokens is max(full used, window used)."""
         super().refresh_stats()
-        if hasattr(self, "swa"):
-            self.stats.swa_used_tokens = self.swa.used
-            self.stats.swa_pool_tokens = self.swa.size
+        if hasattr(self, "swa"):  # (the base __init__ refreshes before the window pool exists)
+            s = self.stats
+            s.swa_used_tokens, s.swa_pool_tokens = self.swa.used, self.swa.size
+            s.usage = round(max(self.pool.used / self.pool.size, self.swa.used / self.swa.size), 2)
 
 
 # --------------------------------------------------------------------------- per pool, for the ledger
