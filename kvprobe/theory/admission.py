@@ -272,6 +272,8 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -
             else FULL_POOL
     usage = sglang_published_usage(stats.running_max, P, O, M, shared=shared) if reservation \
         else round(stats.usage_mean, 2)
+    if hybrid:  # sglang:token_usage is the larger pool's usage at each sample: the larger mean, about
+        usage = round(max(stats.usage_mean, stats.swa_usage_mean), 2)
     other = runs["burst" if start == "ramp" else "ramp"]
     how = describe(stats, start) + (f"; the {'burst' if start == 'ramp' else 'ramp'} start settles at "
                                     f"{other.running_max} (mean {other.running_mean:.2f})"

@@ -62,6 +62,8 @@ class LedgerInputs:
     enable_prefix_caching: bool | None = None
     disable_radix_cache: bool = False
     swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
+    mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
+    disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
     reserve_full_isl: bool = True
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -337,7 +339,9 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
         model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype,
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
-                                  disable_radix_cache=inputs.disable_radix_cache))
+                                  disable_radix_cache=inputs.disable_radix_cache,
+                                  disable_overlap_schedule=inputs.disable_overlap_schedule,
+                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer"))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
                    bud.max_running_requests, bud.chunked_prefill_size,
@@ -357,11 +361,10 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     admission_mod, schedsim = _schedsim()
     sched = pred = None
     lay = bud.pools.layout if bud.pools else None
-    if lay is not None and not inputs.disable_radix_cache:  # SWARadixCache, MambaRadixCache: not modelled
-        kind = "sliding-window" if lay.pool == "hybrid_swa" else "recurrent-state (Mamba)"
-        return Ledger(inputs, model, bud, cap, request, None, None, version, not_predicted=(
-            f"SGLang's hybrid {kind} admission is modelled with the radix cache off only; add "
-            "--disable-radix-cache") if request is not None else None)
+    not_modelled = _sglang_hybrid_not_modelled(inputs, lay)
+    if not_modelled is not None:
+        return Ledger(inputs, model, bud, cap, request, None, None, version,
+                      not_predicted=not_modelled if request is not None else None)
     window = lay is not None and lay.pool == "hybrid_swa"  # Qwen3-Next, radix off: the plain scheduler
     #   on the full pool, max_running_requests = the state slots (tests/theory/test_real_sglang.py)
     if schedsim is not None:
@@ -370,13 +373,32 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
             max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
             chunked_prefill_size=bud.chunked_prefill_size,
             max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
-            disable_radix_cache=inputs.disable_radix_cache,
+            disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
             policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version),
             sliding_window_size=lay.sliding_window_size if window else None,
             swa_pool_tokens=bud.pools.swa_tokens if window else None)
         layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
         pred = _predict(admission_mod, sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+
+
+def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
+    """Why SGLang's admission of this hybrid layout is not predicted, or None. Modelled (and
+    checked against SGLang's Scheduler, tests/theory/test_real_sglang.py): windows with the radix
+    cache off; Qwen3-Next with it off, or on with the no_buffer strategy (overlap off, pages of 1)
+    when no prompt prefix is shared (its matches stop at cached states: not modelled)."""
+    if lay is None or inputs.disable_radix_cache:
+        return None
+    if lay.pool == "hybrid_swa":  # SWARadixCache: window slots of cached prefixes, tombstones
+        return ("SGLang's hybrid sliding-window admission is modelled with the radix cache off only; add "
+                "--disable-radix-cache")
+    if inputs.mamba_radix_cache_strategy != "no_buffer":
+        return ("SGLang's recurrent-state (Mamba) admission is modelled with the radix cache off, or on with "
+                "--mamba-radix-cache-strategy no_buffer (and --disable-overlap-schedule); add --disable-radix-cache")
+    if inputs.shared_prefix_tokens:
+        return ("a shared prompt prefix on Qwen3-Next's radix cache (matches stop at cached recurrent states) "
+                "is not modelled; add --disable-radix-cache or drop the shared prefix")
+    return None
 
 
 def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None,

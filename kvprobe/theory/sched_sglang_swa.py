@@ -41,10 +41,10 @@ import dataclasses
 import numpy as np
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.sched_common import Lanes, SglangConfig, SimRequest
+from kvprobe.theory.sched_common import Lanes, SglangConfig, SimRequest, cdiv
 from kvprobe.theory.sched_sglang import SglangScheduler
-
-SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL (environ.py L730)
+from kvprobe.theory.sglang_pools import SWA_EVICTION_INTERVAL  # SGLANG_SWA_EVICTION_INTERVAL, 128
+from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS
 
 
 def is_hybrid_swa(config: SglangConfig) -> bool:
@@ -212,10 +212,14 @@ class SglangSwaScheduler(SglangScheduler):
             raise AssertionError(f"window pool leak: {self.swa.used} slots in use, requests hold {held}")
 
     def refresh_stats(self) -> None:
+        """used_tokens / pool_tokens stay the full pool's; the window pool's beside them. The
+        engine's gauge sglang:token_usage is the larger of the pools' usages, 2 decimals
+        (pool_stats_observer.py L84-100, L150-158); its num_used_tokens is max(full used, window used)."""
         super().refresh_stats()
-        if hasattr(self, "swa"):
-            self.stats.swa_used_tokens = self.swa.used
-            self.stats.swa_pool_tokens = self.swa.size
+        if hasattr(self, "swa"):  # (the base __init__ refreshes before the window pool exists)
+            s = self.stats
+            s.swa_used_tokens, s.swa_pool_tokens = self.swa.used, self.swa.size
+            s.usage = round(max(self.pool.used / self.pool.size, self.swa.used / self.swa.size), 2)
 
 
 # --------------------------------------------------------------------------- per pool, for the ledger
@@ -234,9 +238,6 @@ def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, in
     estimate_swa_kv_tokens charge), and the slots it holds at its peak and on average over its
     life, stepped through this scheduler alone in pools large enough for it. Keys as vLLM's groups
     (vllm_hybrid_groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
-    from kvprobe.theory.sched_common import cdiv
-    from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS
-
     big = 4 * (P + O) + 4 * cfg.page_size
     solo = SglangSwaScheduler(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
                                                   max_running_requests=1, context_len=max(cfg.context_len, big)))

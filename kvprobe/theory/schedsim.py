@@ -82,6 +82,7 @@ class ClosedLoopStats:
     stopped_early: bool = False  # the window ended at the SEM target, before its full length
     # SGLang hybrid SWA: the share of refused admissions in the window that the window pool refused
     window_blocked: float = 0.0
+    swa_usage_mean: float = 0.0  # ... and the window pool's used slots over its size, time average
 
     @property
     def simulated(self) -> int:
@@ -196,6 +197,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     count = 0
     preempt_at_t0 = 0
     blocked_at_t0 = (0, 0)
+    swa_sum = 0  # window pool slots over the measured steps (hybrid SWA steps: it has no jumps)
 
     def submit() -> None:
         nonlocal count
@@ -257,6 +259,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         if t >= t0:
             s = sched.stats
             record(t, 1, s.running, s.waiting, s.used_tokens)
+            swa_sum += s.swa_used_tokens
         t += 1
         for _ in result.finished:
             submit()
@@ -275,4 +278,5 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_t0) * 1000 / window,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
         lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches,
-        window_blocked=by_window / refused if refused else 0.0)
+        window_blocked=by_window / refused if refused else 0.0,
+        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0)

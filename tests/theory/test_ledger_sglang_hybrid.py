@@ -122,3 +122,21 @@ def test_windows_sglang_pools_as_full_get_one_pool(model):
     led = ledger(model, max_total_tokens=50000, prompt_tokens=1000, output_tokens=100)
     assert led.capacity.groups == [] and led.capacity.kv_tokens == 50000
     assert led.scheduler_config.sliding_window_size is None
+
+
+def test_qwen3_next_no_buffer_is_the_plain_radix_scheduler():
+    """The radix cache on with no_buffer (overlap off): 3 slots per request; predicted when no
+    prompt prefix is shared, not predicted when one is; SGLang's own refusals of no_buffer kept."""
+    kw = dict(gpu_memory_bytes=80 * GIB, tp=4, max_running_requests=64, disable_radix_cache=False,
+              mamba_radix_cache_strategy="no_buffer", disable_overlap_schedule=True, prompt_tokens=2000,
+              output_tokens=500)
+    led = ledger(QWEN3_NEXT, **kw)
+    assert led.capacity.groups[1]["slots"] >= 3 * 64 and led.admission.limit == 64
+    assert led.scheduler_config.overlap is False and not led.scheduler_config.disable_radix_cache
+    led = ledger(QWEN3_NEXT, **kw, shared_prefix_tokens=500)
+    assert led.admission is None and "shared prompt prefix" in led.not_predicted
+    with pytest.raises(ConfigError, match="no_buffer only supports page_size=1") as err:
+        ledger(QWEN3_NEXT, **kw, page_size=16)
+    assert err.value.key == "page_size"
+    with pytest.raises(ConfigError, match="no_buffer do not support overlap schedule") as err:
+        ledger(QWEN3_NEXT, **{**kw, "disable_overlap_schedule": False})

@@ -147,16 +147,37 @@ GPT_OSS = {**MODEL, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_o
 GPT_OSS_ARGS = {"attention_backend": "triton"}
 
 
-def hybrid_config(M: int, opts: SglangOptions, **sim) -> tuple[SglangConfig, dict]:  # noqa: N803
-    """The scheduler config of GPT_OSS with a pool cap of M tokens, and the server args that say the
+# Llama 4 (Llama4ForConditionalGeneration): every 4th layer full, the others windowed by
+# attention_chunk_size (configs/model_config.py L2700-2712, load_model_utils.py L144-157), the same
+# two pools and scheduler as gpt-oss; a chunk of 128 here, 4 layers
+LLAMA4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "tie_word_embeddings": False,
+          "torch_dtype": "bfloat16", "boi_token_index": 200080, "eoi_token_index": 200081, "image_token_index": 200092,
+          "text_config": {**{k: MODEL[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                    "head_dim", "max_position_embeddings", "rms_norm_eps",
+                                                    "bos_token_id", "eos_token_id", "intermediate_size")},
+                          "model_type": "llama4_text", "num_hidden_layers": 4, "attention_chunk_size": 128,
+                          "intermediate_size_mlp": 128, "num_local_experts": 2, "num_experts_per_tok": 1,
+                          "interleave_moe_layer_step": 1, "no_rope_layers": [], "use_qk_norm": True,
+                          "vocab_size": 202048, "rope_theta": 500000.0, "attention_bias": False,
+                          "hidden_act": "silu", "pad_token_id": 0},
+          "vision_config": {"hidden_size": 64, "image_size": 336, "intermediate_size": 128, "model_type": "llama4_vision_model",
+                            "num_attention_heads": 1, "num_channels": 3, "num_hidden_layers": 1, "patch_size": 14,
+                            "pixel_shuffle_ratio": 0.5, "projector_input_dim": 64, "projector_output_dim": 64,
+                            "vision_output_dim": 64, "norm_eps": 1e-5, "rope_theta": 10000,
+                            "vision_feature_layer": -1, "vision_feature_select_strategy": "default",
+                            "multi_modal_projector_bias": False, "projector_dropout": 0.0, "attention_dropout": 0.0,
+                            "hidden_act": "gelu", "initializer_range": 0.02}}
+
+
+def hybrid_config(M: int, opts: SglangOptions, model: dict = GPT_OSS, **sim) -> tuple[SglangConfig, dict]:  # noqa: N803
+    """The scheduler config of `model` with a pool cap of M tokens, and the server args that say the
     same to SGLang: the window pool and max_running_requests as kvprobe sizes them."""
-    pools = sglang_pools(GPT_OSS, geometry_from_config(GPT_OSS, "gpt-oss-tiny"), context_len=8192,
-                         max_total_tokens=M, opts=opts)
+    pools = sglang_pools(model, geometry_from_config(model, "tiny"), context_len=8192, max_total_tokens=M, opts=opts)
     cfg = SglangConfig(max_total_num_tokens=pools.max_total_num_tokens, page_size=opts.page_size,
                        max_running_requests=pools.max_running_requests, chunked_prefill_size=opts.chunked_prefill_size,
                        disable_radix_cache=opts.disable_radix_cache, overlap=not opts.disable_overlap_schedule,
                        sliding_window_size=pools.layout.sliding_window_size, swa_pool_tokens=pools.swa_tokens, **sim)
-    args = {**GPT_OSS_ARGS, "swa_full_tokens_ratio": opts.swa_full_tokens_ratio,
+    args = {**(GPT_OSS_ARGS if model is GPT_OSS else {}), "swa_full_tokens_ratio": opts.swa_full_tokens_ratio,
             "max_running_requests": opts.max_running_requests}
     return cfg, args
 
@@ -189,7 +210,9 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
                                            chunked_prefill_size=512)), 300, 500, 12, "ramp", True, 2500),
     "swa: pages of 16, window binds": (hybrid_config(8000, dataclasses.replace(RATIO, page_size=16)),
                                        250, 500, 12, "ramp", False, 2500),
+    "swa: Llama 4 chunked layers, window binds": (hybrid_config(8000, RATIO, LLAMA4), 300, 400, 12, "ramp", True, 1500),
 }
+HYBRID_MODELS = {"swa: Llama 4 chunked layers, window binds": LLAMA4}  # the others: GPT_OSS
 
 
 # Models whose admission is the plain scheduler's although their layers are not all full attention:
@@ -197,7 +220,8 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
 # (configs/model_config.py L2651-2697): one full pool. Qwen3-Next with the radix cache off: the
 # full pool over its full-attention layers, and one recurrent-state slot per request with as many
 # slots as max_running_requests (_handle_max_mamba_cache, kv_cache_configurator.py L3229-3409; the
-# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size).
+# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size); with
+# it on (no_buffer, overlap off) and no shared prefix, the plain scheduler with its radix cache.
 MISTRAL = {**MODEL, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}
 QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
               "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
@@ -207,6 +231,10 @@ QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": 
               "norm_topk_prob": True, "partial_rotary_factor": 0.25, "rope_theta": 10000000}
 RADIX_OFF = dataclasses.replace(BASE, disable_radix_cache=True)
 SLOTS_12, SLOTS_40 = ({"max_running_requests": n, "max_mamba_cache_size": n} for n in (12, 40))
+# the radix cache on, as a CPU runs it: no_buffer (3 slots per request), overlap off; no shared prefix
+NO_BUFFER = dataclasses.replace(BASE, overlap=False)
+NO_BUFFER_12, NO_BUFFER_40 = ({"max_running_requests": n, "max_mamba_cache_size": 3 * n,
+                               "mamba_radix_cache_strategy": "no_buffer"} for n in (12, 40))
 MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, server args
     "window on every layer, one full pool, retraction": (MISTRAL, RADIX_OFF, 512, 256, 0, 40, "ramp", False, 1500, {}),
     "qwen3-next radix off: the state slots bind": (
@@ -215,6 +243,12 @@ MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, ser
     "qwen3-next radix off: the full pool binds, retraction": (
         QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
         SLOTS_40),
+    "qwen3-next no_buffer: the state slots bind": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=12), 512, 256, 0, 40, "ramp", False, 1500,
+        NO_BUFFER_12),
+    "qwen3-next no_buffer: the full pool binds, retraction": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
+        NO_BUFFER_40),
 }
 
 
@@ -230,10 +264,13 @@ def _case(name: str):
 
 
 @pytest.fixture(scope="module")
-def gpt_oss_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sglang-gpt-oss")
-    (d / "config.json").write_text(json.dumps(GPT_OSS))
-    return str(d)
+def hybrid_dirs(tmp_path_factory) -> dict[int, str]:
+    out = {}
+    for m in (GPT_OSS, LLAMA4):
+        d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
+        (d / "config.json").write_text(json.dumps(m))
+        out[id(m)] = str(d)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -248,10 +285,11 @@ def model_dirs(tmp_path_factory) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def sglang_traces(sglang_env, model_dir, gpt_oss_dir, model_dirs) -> dict[str, dict]:
+def sglang_traces(sglang_env, model_dir, hybrid_dirs, model_dirs) -> dict[str, dict]:
     """SGLang's trace of every shape, from one driver run (one import of SGLang, not one per shape)."""
     specs = [real_spec(model_dir, *_case(n)) for n in SHAPES]
-    specs += [real_spec(gpt_oss_dir, *_case(n), server_args=HYBRID_SHAPES[n][0][1]) for n in HYBRID_SHAPES]
+    specs += [real_spec(hybrid_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=HYBRID_SHAPES[n][0][1])
+              for n in HYBRID_SHAPES]
     specs += [real_spec(model_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
               for n in MODEL_SHAPES]
     names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES]
@@ -286,8 +324,11 @@ ONE_AT_A_TIME = {"swa: prompt beyond the window pool"}  # its window pool holds 
 # What each hybrid shape must exercise, so a shape that stops reaching its case fails here
 HYBRID_EXERCISES = {"swa: window pool binds": "window", "swa: window retraction": "window-retract",
                     "swa: full pool binds, retraction": "retract", "swa: pages of 16, window binds": "window",
+                    "swa: Llama 4 chunked layers, window binds": "window",
                     "qwen3-next radix off: the full pool binds, retraction": "retract",
-                    "qwen3-next radix off: the state slots bind": "slots"}
+                    "qwen3-next radix off: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the full pool binds, retraction": "retract"}
 
 
 @pytest.mark.parametrize("name", list(HYBRID_EXERCISES))

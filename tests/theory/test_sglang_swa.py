@@ -89,3 +89,14 @@ def test_both_pools_account_every_slot(case, users, eos):
         assert 0 <= sched.swa.used <= cfg.swa_pool_tokens
     if cfg.swa_pool_tokens > P + 2 * cfg.page_size:  # else a prompt may park for good (as in SGLang)
         assert not sched.has_work() and sched.pool.used == sched.swa.used == 0
+
+
+def test_the_usage_gauge_is_the_fuller_pool():
+    """sglang:token_usage on a hybrid SWA pool: max(full, window) usage, 2 decimals
+    (pool_stats_observer.py L84-100, L150-158). A 300-token prompt in a window pool of 400 reads
+    0.75 while the full pool of 8,000 is at 4%."""
+    sched = make_scheduler(dataclasses.replace(CFG, swa_pool_tokens=400))
+    sched.add(SimRequest("r", workload_prompt(0, 300), 400))
+    sched.step()
+    assert (sched.pool.used, sched.swa.used) == (300, 300)
+    assert sched.stats.usage == 0.75 and sched.stats.used_tokens == 300 and sched.stats.swa_used_tokens == 300

@@ -48,21 +48,21 @@ from torch import nn  # noqa: E402
 
 # ---------------------------------------------------------------- the five replacements
 class _NoModel(nn.Module):
-    def __init__(self, hf_config):
-        super().__init__()
-        self.hf_config = hf_config
-
     def forward(self, input_ids, positions, forward_batch):
         raise RuntimeError("the forward is replaced (TpModelWorker.forward_batch_generation)")
 
+
+class _NoGptOss(_NoModel):
+    """gpt-oss's model class answers the window itself (models/gpt_oss.py L131-132, L1374), so
+    resolve_sliding_window_size (load_model_utils.py L144-157) takes `sliding_window - 1`; other
+    classes (Llama 4, Mistral) have no such method and the config decides."""
+
+    def __init__(self, hf_config):
+        super().__init__()
+        self.window = hf_config.sliding_window - 1
+
     def get_attention_sliding_window_size(self):
-        """What the real model class answers (resolve_sliding_window_size, load_model_utils.py
-        L144-157): gpt-oss `sliding_window - 1` (models/gpt_oss.py L131-132), Llama 4 its
-        attention_chunk_size, None for a model without windows."""
-        c = self.hf_config
-        if getattr(c, "model_type", "") == "gpt_oss":
-            return c.sliding_window - 1
-        return getattr(c, "attention_chunk_size", None)
+        return self.window
 
 
 class _NoLoader:
@@ -72,7 +72,9 @@ class _NoLoader:
 def load_model(self):  # ModelRunner.load_model (model_runner.py L1270): what initialize() reads after it
     from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
 
-    self.loader, self.model, self.startup_weight_load = _NoLoader(), _NoModel(self.model_config.hf_text_config), None
+    hf = self.model_config.hf_text_config
+    model = _NoGptOss(hf) if getattr(hf, "model_type", "") == "gpt_oss" else _NoModel()
+    self.loader, self.model, self.startup_weight_load = _NoLoader(), model, None
     self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
     self.prefill_aware_swa, self.dtype = False, self.model_config.dtype
     self.weight_load_mem_usage = self.weight_load_time = 0.0
