@@ -97,11 +97,12 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) ->
 
 
 def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
-    """SGLang 0.5.23's pools for a hybrid model (theory.sglang_pools: a full pool of
-    --max-total-tokens and a window pool beside it) when `model` is one kvprobe has a config.json for
-    and SGLang splits its layers; None otherwise: the one pool the flags describe (SGLang itself
-    serves Gemma 2/3 and Mistral's window with one full pool). Recurrent-state models (Qwen3-Next)
-    are refused: their slot admission is not emulated."""
+    """SGLang 0.5.23's pools for a hybrid model (theory.sglang_pools) when `model` is one kvprobe has a
+    config.json for and SGLang splits its layers: a full pool of --max-total-tokens and a window pool
+    beside it (gpt-oss), or a full pool over the full layers and recurrent-state slots (Qwen3-Next,
+    with the radix cache off: one slot per running request, --max-running-requests of them; with it
+    on, SGLang's state caching is not emulated and is refused). None otherwise: the one pool the
+    flags describe (SGLang itself serves Gemma 2/3 and Mistral's window with one full pool)."""
     try:
         cfg, source = load_model_config(model)
     except ConfigError:
@@ -115,11 +116,12 @@ def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
                          disable_overlap_schedule=bool(flags["disable-overlap-schedule"]),
                          swa_full_tokens_ratio=flags["swa-full-tokens-ratio"] or DEFAULT_SWA_FULL_TOKENS_RATIO)
     layout = sglang_layout(cfg, geom, opts)
-    if layout.pool == "mamba":
+    if layout.pool == "mamba" and not opts.disable_radix_cache:
         raise ConfigError(f"{model} keeps {len(layout.mamba_layer_ids)} recurrent (Gated DeltaNet) layers in "
-                          "SGLang's state-slot pool: the emulator does not model that admission (the SGLang shadow "
-                          "serves it: kvprobe shadow sglang)", key="--model-path")
-    if layout.pool != "hybrid_swa":
+                          "SGLang's state-slot pool: the emulator models it with the radix cache off only (add "
+                          "--disable-radix-cache; the SGLang shadow serves it either way: kvprobe shadow sglang)",
+                          key="--disable-radix-cache")
+    if layout.pool == "full":
         return None
     return sglang_pools(cfg, geom, context_len=flags["context-length"], max_total_tokens=flags["max-total-tokens"],
                         opts=opts)
@@ -178,11 +180,12 @@ class Emulator:
                 raise ConfigError("--max-total-tokens is required (the pool in tokens)", key="--max-total-tokens")
             self.pool_tokens_reported, self.max_model_len = m, f["context-length"]
             self.page_size, self.refusal = f["page-size"], None
-            self.pools = pools = sglang_hybrid_pools(s.model, f)  # a window pool beside the full one, or None
-            window = swa_tokens = None
-            if pools is not None:
-                window, swa_tokens = pools.layout.sliding_window_size, pools.swa_tokens
+            self.pools = pools = sglang_hybrid_pools(s.model, f)  # a window pool or state slots, or None
+            window = swa_tokens = slots = None
             self.max_running = d.resolve_max_running_requests(m, self.max_model_len, f["max-running-requests"])
+            if pools is not None:
+                window, swa_tokens, slots = pools.layout.sliding_window_size, pools.swa_tokens, pools.mamba_slots
+                self.max_running = pools.max_running_requests  # the state slots cap it (resolve_max_num_reqs)
             self.max_req_input_len = d.max_req_input_len(self.max_model_len, m)
             config = SglangConfig(max_total_num_tokens=real_pool(m, self.faults), page_size=self.page_size,
                                   max_running_requests=self.max_running,
@@ -196,7 +199,8 @@ class Emulator:
             self.metrics_enabled = self.stats_enabled = bool(f["enable-metrics"])
             self.metrics = SglangMetrics(self.served_model_name, max_total_num_tokens=m,
                                          context_len=self.max_model_len, page_size=self.page_size,
-                                         decode_log_interval=f["decode-log-interval"], swa_pool_tokens=swa_tokens)
+                                         decode_log_interval=f["decode-log-interval"], swa_pool_tokens=swa_tokens,
+                                         mamba_slots=slots)
         self.config = config
         self.scheduler = make_scheduler(config)
         self.hooks = Hooks(self.scheduler, self.faults, running_cap=cap, unit=unit, clock=time.monotonic)

@@ -170,7 +170,8 @@ class SglangMetrics(_Base):
     NO_CREATED = True
 
     def __init__(self, model_name: str, *, max_total_num_tokens: int, context_len: int, page_size: int,
-                 decode_log_interval: int = sg.DECODE_LOG_INTERVAL, swa_pool_tokens: int | None = None):
+                 decode_log_interval: int = sg.DECODE_LOG_INTERVAL, swa_pool_tokens: int | None = None,
+                 mamba_slots: int | None = None):
         super().__init__()
         r, ln, h = self.registry, list(sg.LABELS), sg.HELP
         lv = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
@@ -191,6 +192,7 @@ class SglangMetrics(_Base):
         # (pool_stats_observer.py L150-163): token_usage is the larger of the full and window usage.
         hm = sg.HYBRID_METRICS
         self.pool_gauges = {role: gauge(hm[role]).labels(**lv) for role in hm if role != "swa_pool_tokens"}
+        self.mamba_slots = mamba_slots  # recurrent-state slots (radix cache off: one per running request)
         # no multiprocess_mode -> "all" mode adds a pid label (fixture: pid="1607")
         self.retracted_gauge = gauge(sm.extra["retracted_gauge"], ["pid"]).labels(**lv, pid=str(os.getpid()))
         # The retraction counter's child is created at the first retraction (metrics_collector.py
@@ -228,6 +230,11 @@ class SglangMetrics(_Base):
         self.usage.set(round(max(s.usage, swa_usage), 2))
         self.used.set(max(s.used_tokens, s.swa_used_tokens))
         self.pool_gauges["full_usage"].set(s.used_tokens / s.pool_tokens if s.pool_tokens else 0.0)
+        if self.mamba_slots:  # `_get_mamba_token_info` (pool_stats_observer.py L262-303), nothing evictable;
+            # slots are held from admission (this pass's included), unlike the running gauge's count
+            self.pool_gauges["mamba_usage"].set(s.running / self.mamba_slots)
+            self.pool_gauges["mamba_used_slots"].set(s.running)
+            self.pool_gauges["mamba_available_slots"].set(self.mamba_slots - s.running)
         if s.swa_pool_tokens:
             self.pool_gauges["swa_usage"].set(swa_usage)
             self.pool_gauges["swa_used_tokens"].set(s.swa_used_tokens)

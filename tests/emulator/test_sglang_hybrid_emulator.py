@@ -1,5 +1,6 @@
 """The emulator serves gpt-oss-20b as SGLang 0.5.23 does: a full pool of --max-total-tokens and a
-window pool beside it (theory.sglang_pools, checked against SGLang's own configurator in
+window pool beside it (and Qwen3-Next with the radix cache off: a full pool and a state slot per
+running request) (theory.sglang_pools, checked against SGLang's own configurator in
 tests/shadow_env/test_hybrid_sglang.py), its startup lines and per-pool gauges as the real shadow
 logs and serves them (tests/engines/published/sglang-0.5.23-gpt-oss-20b-*), and admission over HTTP
 that of schedsim's hybrid sliding-window scheduler (checked against SGLang's own Scheduler in
@@ -34,6 +35,11 @@ def _sim(config, n: int, steps: int) -> tuple[int, int]:
         sim.step()
         first = sim.stats.running if first is None else first
     return first, sim.stats.running
+
+
+def test_the_window_pools_share_is_the_flags():
+    emu = Emulator(Settings(engine="sglang", model=GPT_OSS, flags={**FLAGS, "swa-full-tokens-ratio": 0.5}))
+    assert emu.config.swa_pool_tokens == 2000
 
 
 def test_startup_lines_are_sglangs_hybrid_lines():
@@ -77,11 +83,32 @@ def test_a_full_model_shows_its_pool_in_the_per_pool_gauges(serve):
     assert "swa_pool_tokens" not in g and g["swa_usage"] == g["mamba_usage"] == 0
 
 
+def test_qwen3_next_with_the_radix_cache_off_holds_a_state_slot_per_running_request(serve):
+    """expectations/shadow-sglang-qwen3-next.yaml's configuration: the full pool over the 12 full
+    layers binds at 5 (4,096 // 801); 8 state slots (--max-running-requests), one per running request."""
+    flags = {"max-total-tokens": 4096, "context-length": 2048, "max-running-requests": 8, "disable-radix-cache": True,
+             "enable-metrics": True, "decode-log-interval": 10}
+    s = serve("sglang", flags, model="Qwen/Qwen3-Next-80B-A3B-Instruct", time_model=STEPS)
+    assert (s.emu.pools.mamba_slots, s.emu.max_running, s.emu.config.sliding_window_size) == (8, 8, None)
+    n, out = 7, 200
+    clients = StreamClients(s.url, [{"prompt": [1000 + i] * PROMPT, "max_tokens": out, "min_tokens": out,
+                                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                                    for i in range(n)])
+    wait_for(lambda: s.value("sglang:num_running_reqs") == 5, timeout=20, what="5 running")
+    g = sglang.hybrid_gauges(s.families())
+    assert (g["mamba_used_slots"], g["mamba_available_slots"], g["mamba_usage"]) == (5, 3, 5 / 8)
+    assert "swa_pool_tokens" not in g and g["swa_usage"] == 0
+    assert all(r["usage"]["completion_tokens"] == out for r in clients.join())
+
+
 def test_models_the_emulator_does_not_split_or_cannot_admit():
     # Gemma 3: SGLang turns hybrid SWA memory off (one full pool), as the emulator does
     emu = Emulator(Settings(engine="sglang", model="google/gemma-3-27b-it", flags=FLAGS))
     assert emu.pools is None and emu.config.sliding_window_size is None
-    with pytest.raises(ConfigError, match="recurrent .* the emulator does not model that admission"):
-        Emulator(Settings(engine="sglang", model="Qwen/Qwen3-Next-80B-A3B-Instruct", flags=FLAGS))
+    qwen = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    with pytest.raises(ConfigError, match="recurrent .* the emulator models it with the radix cache off only"):
+        Emulator(Settings(engine="sglang", model=qwen, flags={**FLAGS, "disable-radix-cache": False}))
+    with pytest.raises(ConfigError, match="needs --max-mamba-cache-size"):  # no slot count without a GPU
+        Emulator(Settings(engine="sglang", model=qwen, flags=FLAGS))
     with pytest.raises(ConfigError, match="radix cache off only"):
         Emulator(Settings(engine="sglang", model=GPT_OSS, flags={**FLAGS, "disable-radix-cache": False}))
