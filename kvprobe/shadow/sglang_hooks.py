@@ -89,7 +89,8 @@ def load_model(self) -> None:
     self.loader = _NoLoader()
     self.model = ShadowModel(self.model_config.hf_config)
     model_cls = _model_class(self.model_config)
-    if getattr(model_cls, "get_attention_sliding_window_size", None) is not None:
+    own_window = getattr(model_cls, "get_attention_sliding_window_size", None) is not None
+    if own_window:
         self.model.get_attention_sliding_window_size = lambda: window_of(model_cls, self.model)
     self.startup_weight_load = None
     self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
@@ -102,7 +103,7 @@ def load_model(self) -> None:
                 self.model_config.model_path, self.dtype, _time_model().encode())
     if self.sliding_window_size is not None:
         logger.info("%s sliding window: %d (%s)", LOG_PREFIX, self.sliding_window_size,
-                    getattr(model_cls, "__name__", "model config"))
+                    f"{model_cls.__name__}.get_attention_sliding_window_size" if own_window else "model config")
 
 
 # -------------------------------------- KVCacheConfigurator._profile_available_bytes (L2990-3060)

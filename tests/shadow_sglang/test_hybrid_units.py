@@ -93,6 +93,28 @@ def test_a_declared_gpu_is_sized_as_the_real_sglang_sized_it():
         f"mem_fraction_static 0.9 -> KV budget {bud.kv_pool_bytes / 2**30:.2f} GiB")
 
 
+def test_chunked_local_attention_is_sized_as_the_real_sglang_sized_it():
+    """Llama 4 Scout: SGLang windows every layer but each 4th by attention_chunk_size (8192), read from
+    the config (the model class has no window method). Recorded from `kvprobe shadow sglang
+    --model-path meta-llama/Llama-4-Scout-17B-16E-Instruct --max-total-tokens 12000 --context-length
+    2048` (4,096 would be refused: a window pool of 3,276 cannot hold the 8,193-token floor)."""
+    from pathlib import Path
+
+    from kvprobe.engines import sglang as dialect
+
+    log = (Path(__file__).resolve().parents[1] / "engines" / "published" /
+           "sglang-0.5.23-llama-4-scout-startup.log").read_text()
+    bud, need = _pools(_req("meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                            {"max-total-tokens": 12000, "context-length": 2048}))
+    logged, rep = dialect.parse_hybrid_startup(log), dialect.parse_startup_log(log)
+    assert (logged["full_tokens"], logged["swa_tokens"], rep.max_running) == \
+        (bud.pools.max_total_num_tokens, bud.pools.swa_tokens, bud.max_running_requests) == (12000, 9600, 3000)
+    assert sglang_target.parse_worker_log(log)["sliding_window"] == bud.pools.layout.sliding_window_size == 8192
+    assert need["kv_pool"] == (12000 * 12 + 9600 * 36) * 8 * 128 * 2 * 2  # "SWAKVPool mem usage: 1.87 GB"
+    with pytest.raises(ConfigError, match=r"SWA pool \(3276 tokens\) cannot hold even one request"):
+        _pools(_req("meta-llama/Llama-4-Scout-17B-16E-Instruct", {"max-total-tokens": 4096, "context-length": 2048}))
+
+
 def test_hybrid_pools_need_a_size():
     with pytest.raises(ConfigError, match="needs the pool's size: flags.max-total-tokens, or a declared GPU"):
         _pools(_req(GPT_OSS, {"context-length": 2048}))
@@ -122,7 +144,7 @@ def test_mxfp4_is_left_out_of_the_config_sglang_loads_on_a_cpu():
 
 def test_worker_log_of_a_hybrid_model():
     text = "\n".join([
-        "[2026-12-01 18:05:12] kvprobe shadow: sliding window: 127 (GptOssForCausalLM)",
+        "[2026-12-01 18:05:12] kvprobe shadow: sliding window: 127 (GptOssForCausalLM.get_attention_sliding_window_size)",
         "[2026-12-01 18:06:30] kvprobe shadow: mamba state: 24 slots of 77266944 bytes",
     ])
     assert sglang_target.parse_worker_log(text) == {"sliding_window": 127, "mamba_slots": 24,
