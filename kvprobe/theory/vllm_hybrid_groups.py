@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvprobe.errors import ConfigError
 from kvprobe.theory.sched_common import SimRequest, VllmConfig
 from kvprobe.theory.vllm_kv import CHUNKED_SPEC, FULL_SPEC, MAMBA_SPEC, SLIDING_SPEC, VllmKVPlan
 from kvprobe.theory.vllm_kvm import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
@@ -34,12 +33,12 @@ def sched_groups(plan: VllmKVPlan) -> tuple[KVGroup, ...]:
     out: list[KVGroup] = []
     for g in plan.groups:
         spec = next(s for s in plan.specs if s.name == g.layers[0])
-        if spec.spec == MAMBA_SPEC and spec.num_prefill_checkpoint_blocks:
-            raise ConfigError("Mamba prefill checkpoint blocks (FlashInfer's GDN prefill, Hopper, with prefix "
-                              "caching) are not modelled by the admission simulation", key="gdn_prefill_backend")
         window = spec.sliding_window or spec.attention_chunk_size or 0
         block = g.block_size if g.block_size != plan.block_size else 0
-        group = KVGroup(_KIND[g.spec], 1, window, block)
+        # FlashInfer's GDN prefill: one checkpoint block on the prefix-cache grid (qwen_gdn_linear_attn.py
+        # L739-750); without an alignment the scheduler never takes one (kv_cache_interface.py L1197-1198)
+        checkpoint = (spec.prefill_checkpoint_alignment or 0) if spec.num_prefill_checkpoint_blocks else 0
+        group = KVGroup(_KIND[g.spec], 1, window, block, checkpoint)
         if out and dataclasses.replace(out[-1], copies=1) == group:
             out[-1] = dataclasses.replace(out[-1], copies=out[-1].copies + 1)
         else:
@@ -74,7 +73,8 @@ def request_group_blocks(cfg: VllmConfig, P: int, O: int, layers: list[int] | No
     fresh = dataclasses.replace(req._kv, num_tokens=P)
     # the admission check's blocks: the prompt in every group, window and chunk groups capped
     # (allocate_slots with full_must_fit, kv_cache_manager.py L380-627)
-    admit = [m.blocks_to_allocate(fresh, min(P, cfg.max_model_len), [], 0, cap=True) for m in alone.kvm.managers]
+    admit = [m.blocks_to_allocate(fresh, min(P, cfg.max_model_len), [], 0, cap=True,
+                                  prefill_end=alone.kvm.prefill_end(fresh)) for m in alone.kvm.managers]
     per_step: list[list[int]] = []
     while alone.has_work():
         alone.step()
@@ -100,3 +100,4 @@ def group_layers(plan: VllmKVPlan) -> list[int]:
     for g in groups:
         out.append(sum(len(next(it).layers) for _ in range(g.copies)))
     return out
+

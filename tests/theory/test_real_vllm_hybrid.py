@@ -4,13 +4,14 @@ The same closed loop — arrivals, prompts, the model's KV cache groups — runs
 simulation and through vLLM's scheduler classes with a fake KV layout of the engine's own spec
 classes (tests/theory/real/vllm_driver.py); the running and waiting counts and the free blocks
 of the one pool must be equal after every step. The shapes are each preset's group structure
-(window, chunk and Mamba groups, with their copies) in pools small enough that requests wait and
+(window, chunk and Mamba groups, with their copies; Mamba with prefill checkpoint blocks) in pools small enough that requests wait and
 are preempted, with prefix caching on (sparse retention, hits on resume, Mamba "align" mode) and
 off (Mamba "none" mode), sync and async.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -52,6 +53,18 @@ SHAPES = [  # (name, config fields, P, O, users)
     ("Qwen3-Next, prefix caching off (none)", dict(
         groups=(KVGroup("mamba", copies=3, block_size=4096), FULL), num_gpu_blocks=400, enable_prefix_caching=False,
         max_num_batched_tokens=1024), 300, 400, 30),
+    # FlashInfer's GDN prefill (MambaSpec with one prefill checkpoint block): the final chunk spans the
+    # prompt's last cacheable boundary and exports that state into a second new block, unsplit
+    ("Qwen3-Next with prefill checkpoint blocks, async", dict(
+        groups=(KVGroup("mamba", copies=3, checkpoint=64), FULL), num_gpu_blocks=160, block_size=64,
+        max_num_batched_tokens=1000, async_scheduling=True), 700, 400, 30),
+    ("Qwen3-Next with prefill checkpoint blocks, chunked prefill", dict(
+        groups=(KVGroup("mamba", copies=3, checkpoint=64), FULL), num_gpu_blocks=160, block_size=64,
+        max_num_batched_tokens=512), 700, 400, 30),
+    # a 128-token grid: a fresh prompt's boundary (832) is off it, a resumed request's may be on it
+    ("Qwen3-Next, checkpoint grid of two blocks", dict(
+        groups=(KVGroup("mamba", copies=2, checkpoint=128), FULL), num_gpu_blocks=200, block_size=64,
+        max_num_batched_tokens=1000), 836, 300, 30),
     # no preemption here: a request holds the most in its prefill, and the capped admission covers it
     ("Mistral 7B v0.1: every layer windowed", dict(groups=(KVGroup("sliding", window=256),), num_gpu_blocks=300,
                                                    max_num_batched_tokens=1024), 500, 700, 30),
@@ -89,13 +102,15 @@ def driver_spec(model_dir, cfg: VllmConfig, P, O, users, arrivals, steps, K=0) -
                 groups=[g.__dict__ for g in cfg.groups], trace=True, **{"async": cfg.async_scheduling})
 
 
-def engine_traces(env, specs: list[dict]) -> list[list[tuple]]:
-    """Every loop through vLLM's scheduler in ONE driver process (its imports cost more than a loop)."""
+def engine_runs(env, specs: list[dict]) -> list[dict]:
+    """Every loop through vLLM's scheduler in ONE driver process (its imports cost more than a loop):
+    each loop's trace (running, waiting, free blocks after every step) and preemptions."""
     out = subprocess.run([str(env.python), str(DRIVER), json.dumps(specs)], capture_output=True, text=True,
                          timeout=900, start_new_session=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    return [[tuple(x) for x in r["trace"]] for r in json.loads(out.stdout.strip().splitlines()[-1])]
+    runs = json.loads(out.stdout.strip().splitlines()[-1])
+    return [{**r, "trace": [tuple(x) for x in r["trace"]]} for r in runs]
 
 
 def shape_config(fields: dict) -> VllmConfig:
@@ -118,18 +133,29 @@ def real(vllm_env, model_dir) -> dict:
     for i, (fields, P, O, users, K) in enumerate(PARTING):  # noqa: E741
         keys.append(i)
         specs.append(driver_spec(model_dir, parting_config(fields), P, O, users, [0] * users, PARTING_STEPS, K))
-    return dict(zip(keys, engine_traces(vllm_env, specs), strict=True))
+    return dict(zip(keys, engine_runs(vllm_env, specs), strict=True))
 
 
 @pytest.mark.parametrize("name, fields, P, O, users", SHAPES, ids=[s[0] for s in SHAPES])
 def test_every_step_equals_vllms_scheduler(real, name, fields, P, O, users):  # noqa: E741
     cfg = shape_config(fields)
     sim, preemptions = simulated(cfg, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users), STEPS)
-    engine = real[name]
+    engine = real[name]["trace"]
     first = next((t for t, (a, b) in enumerate(zip(sim, engine, strict=True)) if a != b), None)
     assert first is None, f"step {first}: simulated {sim[first]}, vLLM {engine[first]}"
     assert max(w for _, w, _ in sim) > 0  # the pool binds: requests wait
     assert preemptions > 0 or name.startswith("Mistral")  # and decode runs out of blocks
+
+
+def test_checkpoint_blocks_are_what_makes_those_shapes_equal(real):
+    """The same loops without the checkpoint blocks modelled part from vLLM at once: the test sees them."""
+    for name, fields, P, O, users in SHAPES:  # noqa: E741
+        if "checkpoint" not in name:
+            continue
+        cfg = shape_config(fields)
+        stripped = dataclasses.replace(cfg, groups=tuple(dataclasses.replace(g, checkpoint=0) for g in cfg.groups))
+        sim, _ = simulated(stripped, P, O, users, arrival_steps(request_lifetime(cfg, P, O), users), STEPS)
+        assert sim != real[name]["trace"], name
 
 
 # Async shapes with prefix caching where schedsim's count-based full-attention model
@@ -161,4 +187,5 @@ def test_the_explicit_pool_where_the_count_model_parts(real, i):
         for _ in result.finished:
             sched.add(SimRequest(f"u{count}", workload_prompt(count, P, K), O))
             count += 1
-    assert sim == real[i]
+    assert sim == real[i]["trace"]
+
