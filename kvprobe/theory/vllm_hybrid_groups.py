@@ -101,3 +101,63 @@ def group_layers(plan: VllmKVPlan) -> list[int]:
         out.append(sum(len(next(it).layers) for _ in range(g.copies)))
     return out
 
+
+# How long a clean run must stay clean after its last user joined: the users' phases then repeat
+# every lifetime (each request lives its lifetime and its user resubmits at once), so two cover
+# the pattern, and the third any drift a shared prefill budget leaves in it.
+CLEAN_LIFETIMES = 3
+
+
+def runs_clean(cfg: VllmConfig, P: int, O: int, users: int, *, ramp_width: int,  # noqa: E741
+               shared_prefix_tokens: int = 0) -> bool:
+    """Whether `users` in the closed loop — arrivals as schedsim.closed_loop's ramp start, users
+    `lifetime // ramp_width` steps apart — run through vLLM's scheduler (the simulated one) with
+    no request ever left waiting after a step and no preemption, from the first arrival until
+    CLEAN_LIFETIMES lifetimes after the last."""
+    from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
+    from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
+
+    sched = HybridVllmScheduler(cfg)
+    life = request_lifetime(cfg, P, O)
+    arrivals = arrival_steps(life, users, "ramp", ramp_width)
+    count = nxt = 0
+    for t in range(arrivals[-1] + CLEAN_LIFETIMES * life):
+        while nxt < users and arrivals[nxt] <= t:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P, shared_prefix_tokens), O))
+            count, nxt = count + 1, nxt + 1
+        result = sched.step()
+        if result.preempted or sched.stats.waiting:
+            return False
+        for _ in result.finished:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P, shared_prefix_tokens), O))
+            count += 1
+    return True
+
+
+def no_preemption_limit(cfg: VllmConfig, P: int, O: int, *, guess: int, ramp_width: int,  # noqa: E741
+                        shared_prefix_tokens: int = 0) -> int:
+    """The largest N that `runs_clean`, at most max_num_seqs. The groups peak at different moments
+    of a request's life (a window group in its prefill, the full group at its end, Mamba's state
+    blocks throughout) and the closed loop holds requests at different moments, so it is well above
+    the pool // the sum of every group's peak, close to the admission limit: from `guess` (the
+    admission limit) steps of 1, 2, 4, ... up or down bracket it, then halving the bracket finds
+    it (a level that is not clean stops at its first waiting step)."""
+    def clean(n: int) -> bool:
+        return n == 0 or runs_clean(cfg, P, O, n, ramp_width=ramp_width, shared_prefix_tokens=shared_prefix_tokens)
+
+    S, step = cfg.max_num_seqs, 1
+    n = max(1, min(S, guess))
+    if clean(n):
+        lo = n
+        while lo < S and clean(hi := min(S, lo + step)):
+            lo, step = hi, 2 * step
+        if lo == S:
+            return S
+    else:
+        hi = n
+        while not clean(lo := max(0, hi - step)):
+            hi, step = lo, 2 * step
+    while hi - lo > 1:  # lo clean, hi not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if clean(mid) else (lo, mid)
+    return lo

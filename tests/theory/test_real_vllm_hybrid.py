@@ -12,6 +12,7 @@ off (Mamba "none" mode), sync and async.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.theory.admission import predict
 from kvprobe.theory.geometry import load_model_config
 from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
 from kvprobe.theory.schedsim import (
@@ -133,6 +135,14 @@ def real(vllm_env, model_dir) -> dict:
     for i, (fields, P, O, users, K) in enumerate(PARTING):  # noqa: E741
         keys.append(i)
         specs.append(driver_spec(model_dir, parting_config(fields), P, O, users, [0] * users, PARTING_STEPS, K))
+    for name in NO_PREEMPTION:  # the ledger's no-preemption limit N and N + 1, as its closed loop arrives
+        _, fields, P, O, _ = next(s for s in SHAPES if s[0] == name)  # noqa: E741
+        cfg, pred = no_preemption_prediction(name)
+        life = request_lifetime(cfg, P, O)
+        for n in (pred.no_preemption_limit, pred.no_preemption_limit + 1):
+            arrivals = arrival_steps(life, n, "ramp", pred.ramp_width)
+            keys.append((name, n))
+            specs.append(driver_spec(model_dir, cfg, P, O, n, arrivals, arrivals[-1] + CLEAN_CHECK_LIFETIMES * life))
     return dict(zip(keys, engine_runs(vllm_env, specs), strict=True))
 
 
@@ -189,3 +199,29 @@ def test_the_explicit_pool_where_the_count_model_parts(real, i):
             count += 1
     assert sim == real[i]["trace"]
 
+
+# The hybrid no-preemption limit (admission.py, vllm_hybrid_groups.no_preemption_limit): the groups
+# peak at different moments of a request's life and the closed loop interleaves requests, so it is
+# the closed loop's own largest clean N, above every-request-at-every-group's-peak. vLLM's scheduler
+# runs the ledger's N clean and N + 1 not, with the ledger's ramp arrivals, for longer than the
+# simulation looked (CLEAN_CHECK_LIFETIMES after the last user joined, against CLEAN_LIFETIMES).
+NO_PREEMPTION = ("gpt-oss: window 128 + full, async", "Llama 4: three chunk groups + full, async",
+                 "Qwen3-Next with prefill checkpoint blocks, chunked prefill", "Mistral 7B v0.1: every layer windowed")
+CLEAN_CHECK_LIFETIMES = 4
+
+
+@functools.cache
+def no_preemption_prediction(name: str):
+    _, fields, P, O, _ = next(s for s in SHAPES if s[0] == name)  # noqa: E741
+    cfg = shape_config(fields)
+    return cfg, predict(cfg, P, O)
+
+
+@pytest.mark.parametrize("name", NO_PREEMPTION)
+def test_the_no_preemption_limit_is_where_vllms_scheduler_starts_to_wait(real, name):
+    cfg, pred = no_preemption_prediction(name)
+    n = pred.no_preemption_limit
+    assert n > (cfg.num_gpu_blocks - 1) // pred.blocks_peak  # above every group's peak at once
+    at, above = real[(name, n)], real[(name, n + 1)]
+    assert (max(w for _, w, _ in at["trace"]), at["preemptions"]) == (0, 0), f"N={n} is not clean in vLLM"
+    assert max(w for _, w, _ in above["trace"]) > 0, f"N={n + 1} is clean in vLLM too"
