@@ -4,156 +4,25 @@ A probe is one `ProbeRun` (expectation, prediction, target, load, sampler, windo
 moved through named steps — begin, reach_engine, start_load, run_ramp, stop_load, analyse, judge,
 close — each taking what it needs from it; the console, the pytest plugin and the tests all enter
 through `run_probe(exp, options) -> ProbeResult`. Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM),
-`run_probe` stops Locust, the sampler and the engine it started, and writes what it has.
+`run_probe` stops Locust, the sampler and the engine it started, and writes what it has. The result
+and options live in `probe_result`, the analysis and the checks in `probe_judge`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kvprobe import __version__, analysis, plateau, verdict
+from kvprobe import analysis, plateau
 from kvprobe.engines import get_dialect
 from kvprobe.errors import KvprobeError, ProbeError, TargetError
+from kvprobe.probe_judge import analyse, judge
+from kvprobe.probe_result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
 
-SCHEMA_VERSION = 2  # 2: verdict.status, diagnosis, plateau uncertainty, absent metrics as null
-
-
-@dataclass
-class ProbeOptions:
-    artifacts_dir: Path
-    url: str | None = None  # attach here instead of launching
-    engine_command: list[str] | None = None  # replaces the dialect's launch command
-    tolerances: dict[str, float] = field(default_factory=dict)  # overrides by name
-    budget_seconds: float | None = None
-    profile: str | None = None  # a profile name or path replacing the expectation's
-    log: Callable[[str], None] = lambda line: None
-
-
-# The three outcomes of a probe (console exit codes 0, 1 and 3; pytest passed, failed and error).
-PASSED, FAILED, ERROR = "passed", "failed", "error"
-
-
-@dataclass
-class ProbeResult:
-    expectation: object
-    ledger: dict | None = None
-    facts: object = None
-    levels: list = field(default_factory=list)
-    rejection: object = None
-    diagnosis: object = None  # kvprobe.diagnosis.Diagnosis: the limit the measurement shows
-    drain: object = None
-    client: object = None
-    checks: list[verdict.CheckResult] = field(default_factory=list)
-    discovery: dict | None = None  # what the engine publishes vs the expectation (discover.Discovery)
-    artifacts: dict[str, str] = field(default_factory=dict)
-    error: str | None = None  # why the probe could not complete, if it could not
-    log_tail: str | None = None  # the engine's (or Locust's) last log lines behind `error`
-    fleet: dict | None = None  # a fleet target: per-replica figures per level (kvprobe/fleet/checks.py)
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-
-    @property
-    def expected_failure(self) -> str | None:
-        return self.expectation.expect_fail
-
-    def check(self, name: str) -> verdict.CheckResult | None:
-        return next((c for c in self.checks if c.name == name), None)
-
-    @property
-    def status(self) -> str:
-        """passed: every selected check passes (a fault expectation: its check fails, for a reason).
-        failed: a check disagrees. error: the probe could not measure — the engine was unreachable
-        or died, the client saturated, no metrics, too few deep levels — so nothing was judged.
-        A definite disagreement wins over a check that could not be judged."""
-        if self.error:
-            return ERROR
-        if self.expected_failure:
-            target = self.check(self.expected_failure)
-            if target is None or target.inconclusive:
-                return ERROR
-            return FAILED if target.passed else PASSED
-        if not self.checks:
-            return ERROR
-        if any(not c.passed and not c.inconclusive for c in self.checks):
-            return FAILED
-        return ERROR if any(c.inconclusive for c in self.checks) else PASSED
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASSED
-
-    @property
-    def status_reason(self) -> str:
-        """One line: why the status is what it is."""
-        if self.error:
-            return self.error
-        if self.expected_failure:
-            target = self.check(self.expected_failure)
-            if target is None or target.inconclusive:
-                return f"could not measure {self.expected_failure}" + (f": {target.reason}" if target else "")
-            return (f"{self.expected_failure} failed as the fault expects" if not target.passed
-                    else f"{self.expected_failure} passed, but the fault expectation needs it to fail")
-        failed = [c.name for c in self.checks if not c.passed and not c.inconclusive]
-        if failed:
-            return "failed: " + ", ".join(failed)
-        unjudged = [c for c in self.checks if c.inconclusive]
-        if unjudged:
-            return "could not measure " + "; ".join(f"{c.name}: {c.reason}" for c in unjudged)
-        return "every check passed" if self.checks else "no check was run"
-
-    def to_dict(self) -> dict:
-        exp = self.expectation
-        facts = self.facts
-        return {
-            "schema": f"kvprobe.result/{SCHEMA_VERSION}",
-            "kvprobe_version": __version__,
-            "expectation": {"name": exp.name, "path": str(exp.path), "engine": exp.engine, "version": exp.version,
-                            "model": exp.model, "flags": exp.flags, "expect_fail": exp.expect_fail},
-            "environment": {"python": platform.python_version(), "platform": platform.platform(),
-                            "cpus": os.cpu_count(), "started": self.started, "finished": self.finished},
-            "prediction": self.ledger,
-            "engine_facts": _facts_dict(facts),
-            "discovery": self.discovery,
-            "levels": [_plain(x) for x in self.levels],
-            "rejection": _plain(self.rejection),
-            "diagnosis": _plain(self.diagnosis),
-            "drain": _plain(self.drain),
-            "client": _plain(self.client),
-            "checks": [c.to_dict() for c in self.checks],
-            "fleet": _plain(self.fleet),
-            "verdict": {"status": self.status, "passed": self.passed, "reason": self.status_reason,
-                        "error": self.error, "log_tail": self.log_tail},
-            "artifacts": self.artifacts,
-        }
-
-
-def _plain(obj):
-    """JSON-ready: dataclasses as dicts, and a measurement that is absent (NaN) as null, never 0."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (int, str, bool)):
-        return obj
-    if isinstance(obj, (list, tuple)):
-        return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
-    return str(obj)
-
-
-def _facts_dict(facts) -> dict | None:
-    if facts is None:
-        return None
-    out = _plain(facts)
-    out.pop("headers", None)  # never written: may carry the attached target's API key
-    return out
+__all__ = ["ERROR", "FAILED", "PASSED", "SCHEMA_VERSION", "ProbeOptions", "ProbeResult", "analyse", "judge",
+           "run_probe", "predict", "open_target", "emulator_args", "calibrate"]
 
 
 # --- the steps --------------------------------------------------------------------------------
@@ -260,7 +129,6 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
 
 def planned_levels(exp, predicted: float | None) -> int:
     """How many levels the profile's ramp will run: its plan, or a bisection's usual length."""
-    import math
 
     from kvprobe.load.ramps import BisectRamp, make_ramp
 
@@ -599,149 +467,6 @@ def _safe(fn, default):
         return fn()
     except Exception:  # noqa: BLE001 — partial artifacts must never mask the original failure
         return default
-
-
-def analyse(pr: ProbeRun) -> None:
-    """Per-level figures with every record flushed, reconciled with the engine's gauge; the
-    rejection point; the limit the measurement shows; the drain."""
-    from kvprobe.diagnosis import diagnose
-
-    result, dialect, exp = pr.result, pr.dialect, pr.exp
-    arrays = pr.series.arrays()
-    metrics_ok = bool(arrays["ok"].any()) if len(arrays["ok"]) else False
-    levels = analysis.level_stats(arrays, pr.windows, warmup_fraction=exp.profile.hold.warmup, records=pr.records,
-                                  lead_steps=dialect.FIRST_TOKEN_LEAD_STEPS,
-                                  counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
-    result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
-    result.rejection = plateau.find_rejection_point(result.levels)
-    pool_units = _pool_units(result.ledger)
-    if exp.target.fleet:
-        from kvprobe.fleet import probe_steps as fleet
-
-        fleet.analyse(pr, pool_units)  # per-replica figures; a policy that splits unevenly sets the plateau's prediction
-        pool_units = pool_units and pool_units * fleet.replicas(exp)  # the summed series' pool
-    tol = exp.tolerances
-    limit = float(pr.prediction.limit)
-    result.diagnosis = diagnose(
-        prediction=pr.prediction, rejection=result.rejection, levels=result.levels,
-        allowance=max(tol.rejection_point, tol.rejection_point_relative * limit), usage_tol=tol.usage_gap,
-        client=result.client, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
-        prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
-        reported_agrees=_reported_agrees(pr))
-    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                        pool_units=pool_units)
-
-
-def _reported_agrees(pr: ProbeRun) -> bool | None:
-    reported = verdict.check_reported_capacity(pr.result.ledger, pr.result.facts.reported,
-                                               pr.exp.tolerances.reported_capacity)
-    return None if reported.inconclusive else reported.passed
-
-
-def judge(pr: ProbeRun) -> None:
-    """Every selected check (and the expected failure) against the prediction."""
-    result, exp, prediction = pr.result, pr.exp, pr.prediction
-    tol = exp.tolerances
-    shape = exp.profile.request
-    saturated = result.client is not None and result.client.saturated
-    unit = "blocks" if exp.engine == "vllm" else "tokens"
-    reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
-    agrees = None if reported.inconclusive else reported.passed
-    implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
-    if exp.target.fleet:
-        from kvprobe.fleet import probe_steps as fleet
-
-        implied = fleet.scale(implied, exp)  # the reported pool x R replicas
-    judged = {"reported_agrees": agrees, "implied": implied, "diagnosis": result.diagnosis}
-    weights = result.rejection.weights if result.rejection is not None else {}
-    disagreeing = [lv for lv in result.levels if lv.disagrees and weights.get(lv.users, 0) > 0]
-    checks = {
-        "reported_capacity": lambda: reported,
-        "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
-                                                                 client_saturated=saturated, disagreeing=disagreeing,
-                                                                 client_reason=result.client.reason if saturated else "",
-                                                                 **judged),
-        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol,
-                                                             unpredicted=_unpredicted_preemptions(pr), **judged),
-        "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
-        "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),
-        "exactness": lambda: verdict.check_exactness(pr.records, shape.prompt_tokens, shape.output_tokens),
-        "length_limit": lambda: _length_limit(pr),
-    }
-    if exp.target.fleet:
-        checks.update(fleet.checks(pr, _pool_units(result.ledger), unit))
-    wanted = list(exp.checks)
-    if exp.expect_fail and exp.expect_fail not in wanted:
-        wanted.append(exp.expect_fail)
-    result.checks = [checks[name]() for name in wanted]
-
-
-# Preemptions a level must show before they count against a policy that predicts none: one or two
-# can come from the moment a level's users arrive together, before the steady state.
-MIN_UNPREDICTED_PREEMPTIONS = 3
-
-
-def _unpredicted_preemptions(pr: ProbeRun) -> list[tuple[int, float]]:
-    """(N, preemptions) at the levels that preempted although the ledger's simulated steady state at
-    that N preempts nothing. One replica's ledger says nothing about a fleet's summed counter."""
-    from kvprobe.theory.ledger import build_ledger
-
-    if pr.exp.target.fleet:
-        return []
-    out = []
-    for lv in pr.result.levels:
-        if lv.too_few_samples or lv.preemptions is None or lv.preemptions < MIN_UNPREDICTED_PREEMPTIONS:
-            continue
-        try:
-            at_n = build_ledger(replace(pr.ledger.inputs, users=lv.users)).admission
-        except KvprobeError:  # the ledger refuses these settings: nothing is predicted, nothing to hold against
-            continue
-        if at_n.preemption_rate == 0:
-            out.append((lv.users, lv.preemptions))
-    return out
-
-
-def engine_implied(config, exp, reported):
-    """The admission prediction for the pool the engine *reports* (same policy and limits): it
-    separates "our theory is wrong" from "the engine sized its pool differently"."""
-    from kvprobe.theory.admission import predict as predict_admission
-
-    pool = {"vllm": ("num_gpu_blocks", reported.num_blocks), "sglang": ("max_total_num_tokens", reported.kv_tokens)}
-    field_name, value = pool.get(exp.engine, (None, None))
-    if config is None or value is None:
-        return None
-    shape = exp.profile.request
-    try:
-        return predict_admission(replace(config, **{field_name: int(value)}), shape.prompt_tokens, shape.output_tokens,
-                                 shared_prefix_tokens=shape.shared_prefix_tokens)
-    except KvprobeError:
-        return None
-
-
-def _pool_units(ledger: dict | None) -> int | None:
-    if not ledger:
-        return None
-    cap = ledger["capacity"]
-    return cap.get("num_blocks") or cap.get("kv_tokens")
-
-
-def _length_limit(pr: ProbeRun):
-    """Send P+O one token past the engine's length limit and expect the engine's refusal."""
-    from kvprobe.oneshot import post_completion, unique_prompt
-
-    dialect, target = pr.dialect, pr.target
-    limit = dialect.length_limit(pr.result.facts.reported)
-    if limit is None:
-        return verdict.check_length_limit(None, 400, "")
-    max_len, expected_status = limit
-    out = pr.exp.profile.request.output_tokens
-    prompt = max(1, max_len - out + 1)
-    body = dialect.completion_body(unique_prompt(prompt, 1), out, model=pr.model, stream=False)
-    from kvprobe.fleet.probe_steps import as_target_prompt
-
-    body = as_target_prompt(body, target)
-    shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=30)
-    return verdict.check_length_limit(shot, expected_status, f"P+O = {prompt}+{out} > {max_len}")
 
 
 def apply_overrides(exp, options: ProbeOptions):

@@ -174,3 +174,20 @@ def test_sglang_radix_off_in_the_table(capsys):
     assert rc == 0
     row = next(line for line in out.splitlines() if line.startswith("admission limit"))
     assert row.split()[2] == "4" and "burst start settles at 3" in row
+
+
+def test_sglang_gpt_oss_pools_in_the_table_and_json(capsys):
+    """A hybrid sliding-window model on SGLang: both pools, each pool's request figures and the
+    binding pool, in the text and under capacity/request/admission `groups` in --json."""
+    argv = ["--engine", "sglang", "--model", "openai/gpt-oss-20b", "--max-total-tokens", "30000", "--context-length",
+            "8192", "--prompt-tokens", "2000", "--output-tokens", "1000", "--disable-radix-cache"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0, err
+    assert "  swa pool (window 127)    24,000  tokens; 12 layers" in out and "binding limit: kv (full pool)" in out
+    rc, out, err = run(capsys, *argv, "--json")
+    d = json.loads(out)
+    assert [g["tokens"] for g in d["capacity"]["groups"]] == [30000, 24000]
+    assert d["admission"]["binding_group"] == "full pool"
+    assert [g["blocks_peak"] for g in d["request"]["groups"]] == [2999, 2001]
+    rc, out, err = run(capsys, *argv[:-1])  # the radix cache on: pools sized, admission not predicted
+    assert rc == 0 and "admission: not predicted (SGLang's hybrid sliding-window admission" in out

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.sched_sglang_swa import FULL_POOL, is_hybrid_swa, request_pool_tokens, window_pool_label
 from kvprobe.theory.sched_vllm_hybrid import is_hybrid
 from kvprobe.theory.schedsim import (
     CLIP_MAX_NEW_TOKENS,
@@ -87,7 +88,7 @@ def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens
     if isinstance(config, VllmConfig):
         pred = _vllm(config, P, O, K, policy, layers)
     elif isinstance(config, SglangConfig):
-        pred = _sglang(config, P, O, K, policy)
+        pred = _sglang(config, P, O, K, policy, layers)
     else:
         raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
     if users is None:
@@ -226,8 +227,9 @@ def sglang_shared_tokens(cfg: SglangConfig, K: int) -> int:
     return 0 if cfg.disable_radix_cache else K // cfg.page_size * cfg.page_size
 
 
-def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str) -> Prediction:  # noqa: E741
+def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
     M, ps, mrr = cfg.max_total_num_tokens, cfg.page_size, cfg.max_running_requests
+    hybrid = is_hybrid_swa(cfg)
     if P + O > cfg.context_len - 2 or P + O > M - 2:  # max_new clipped silently (sglang.md §1.5)
         raise ConfigError(f"P+O = {P + O} must be <= context_len-2 ({cfg.context_len - 2}) and "
                           f"<= max_total_num_tokens-2 ({M - 2}) to generate exactly O tokens (binding: length)")
@@ -235,6 +237,11 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str) -> Predictio
     need = P + o_clip + ps  # candidate's charge (check_prefill, strict <)
     peak = P + O - 1
     common = {"policy": policy, "blocks_admission": need, "blocks_peak": peak, "shared_prefix_tokens": K}
+    if hybrid:  # the full and window pools' tokens of one request (sched_sglang_swa.request_pool_tokens)
+        if policy == "worst-case":
+            raise ConfigError("the worst-case policy reserves full attention for every layer; a hybrid "
+                              "model's pools are modelled by the sglang policies only", key="policy")
+        common["groups"] = tuple(request_pool_tokens(cfg, P, O, tuple(layers) or (0, 0)))
     if policy == "worst-case":
         per = cdiv(P + O, ps) * ps
         limit = min(mrr, M // per)
@@ -260,18 +267,27 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str) -> Predictio
                                   ramp_width=_ramp_width(reserved))
     start = max(runs, key=lambda k: (runs[k].running_max, runs[k].running_mean))
     stats = runs[start]
-    reservation = policy == "sglang-0.5.22" and stats.preemptions_per_1k_steps == 0
+    # (hybrid SWA: the window pool frees as requests grow and nothing walks the futures: no bound)
+    reservation = policy == "sglang-0.5.22" and stats.preemptions_per_1k_steps == 0 and not hybrid
     # a reservation policy admits up to its bound and never retracts: the limit is that bound;
     # a drifting one (0.5.21's ratio, O > 4096 clipped) oscillates: its limit is the mean
     limit = stats.running_max if reservation else round(stats.running_mean, 2)
     binding = "max_running_requests" if limit >= mrr - 0.5 else "kv"
+    if hybrid and binding == "kv":  # the pool that refused most admissions in the measured window
+        common["binding_group"] = window_pool_label(cfg.sliding_window_size) if stats.window_blocked > 0.5 \
+            else FULL_POOL
     usage = sglang_published_usage(stats.running_max, P, O, M, shared=shared) if reservation \
         else round(stats.usage_mean, 2)
+    if hybrid:  # sglang:token_usage is the larger pool's usage at each sample: the larger mean, about
+        usage = round(max(stats.usage_mean, stats.swa_usage_mean), 2)
     other = runs["burst" if start == "ramp" else "ramp"]
     how = describe(stats, start) + (f"; the {'burst' if start == 'ramp' else 'ramp'} start settles at "
                                     f"{other.running_max} (mean {other.running_mean:.2f})"
                                     if other.running_max != stats.running_max else "")
-    return Prediction(limit=limit, no_preemption_limit=min(reserved, stats.running_max if reservation else reserved),
+    no_preempt = min(reserved, stats.running_max if reservation else reserved)
+    if hybrid:  # the full pool's bound says nothing of the window pool: the fewest that ran saturated
+        no_preempt = min(reserved, stats.running_min)
+    return Prediction(limit=limit, no_preemption_limit=no_preempt,
                       binding=binding, usage_at_limit=usage, method="schedsim",
                       limit_mean=round(stats.running_mean, 2), how=how, running_sem=round(stats.running_sem, 3),
                       start=start, probe_users=probe, ramp_width=_ramp_width(reserved), **common)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.sglang_pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.vllm_kv import MAMBA_SPEC, VllmKVPlan, VllmOptions, plan_layout, vllm_kv_plan
 from kvprobe.units import format_bytes
 
@@ -55,14 +56,25 @@ def _version_key(version: str | None, known: dict) -> str:
     return newest if mine >= tuple(int(x) for x in newest.split(".")) else oldest
 
 
-def refuse_hybrid(geom: ModelGeometry) -> None:
-    """SGLang's budget holds one uniform pool. A hybrid model's pools are planned by
-    `theory.sglang_pools`; until its admission model takes them (issue 14) a hybrid model is refused
-    here rather than sized as if every layer were full. (vLLM's hybrid pool: `vllm_budget(plan_opts=)`.)"""
-    if geom.layers.hybrid:
-        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: the ledger does not yet "
-                          "model SGLang's admission for hybrid attention (sliding-window, chunked-local "
-                          "or linear layers)", key=geom.layers.key or "layer_types")
+def sglang_hybrid_layout(geom: ModelGeometry, model_config: dict | None, opts: SglangOptions | None,
+                         pp: int = 1) -> SglangLayout | None:
+    """How SGLang pools a hybrid model (sglang_pools.sglang_layout), or None for one uniform pool.
+    Gemma 2/3, Mistral and --disable-hybrid-swa-memory pool every layer as full: the uniform budget
+    is then SGLang's own. A window model gets a full and a window pool; Qwen3-Next a full pool over
+    its full-attention layers and a recurrent-state (Mamba) pool. Refused naming the key: a hybrid
+    pool across pipeline stages."""
+    if not geom.layers.hybrid:
+        return None
+    if model_config is None or opts is None:
+        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: SGLang's budget needs the model's "
+                          "config.json and the hybrid options (sglang_budget(model_config=, hybrid_opts=))",
+                          key=geom.layers.key or "layer_types")
+    lay = sglang_layout(model_config, geom, opts)
+    if lay.pool == "full":
+        return None
+    if pp > 1:
+        raise ConfigError("SGLang's hybrid sliding-window pools are sized for one pipeline stage only", key="pp")
+    return lay
 
 
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
@@ -433,6 +445,8 @@ class SglangBudget:
     context_len: int
     estimates: dict[str, int] = field(default_factory=dict)
     refusal: str | None = None  # SGLang's start-up refusal (sglang_budget(refuse=False)): no pool at all
+    # a hybrid sliding-window model's pools (sglang_pools); None: one pool over every layer
+    pools: SglangPools | None = None
 
 
 def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
@@ -440,13 +454,17 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   chunked_prefill_size: int | None = None, page_size: int | None = None,
                   max_total_tokens: int | None = None, max_running_requests: int | None = None,
                   tp: int = 1, pp: int = 1, dp: int = 1,
-                  estimates: dict[str, int] | None = None, refuse: bool = True) -> SglangBudget:
+                  estimates: dict[str, int] | None = None, refuse: bool = True,
+                  model_config: dict | None = None, hybrid_opts: SglangOptions | None = None,
+                  kv_cache_dtype: str = "auto") -> SglangBudget:
     """KV pool = T x mfs - W - other. SGLang takes T as the *free* memory before the weights load;
     we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there.
     Where SGLang would refuse to start (no memory left for the pool) this raises its message; with
     `refuse=False` the budget is returned with `refusal` set and an empty pool, so a ledger can
-    show every number that leads there."""
-    refuse_hybrid(geom)
+    show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
+    pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
+    pools come from the same byte budget (sglang_pools.sglang_pools)."""
+    layout = sglang_hybrid_layout(geom, model_config, hybrid_opts, pp)
     estimates = dict(estimates or {})
     other = estimates.pop("other_bytes", 0)
     if estimates:
@@ -490,6 +508,11 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                                 page, 0, cps, max_bs, 0, context_len, {"other_bytes": other} if other else {},
                                 refusal)
         kv_bytes = int(rest_gb * GIB)
+    if layout is not None:  # the full and window pools from the same bytes
+        return _sglang_hybrid_budget(geom, model_config, hybrid_opts, kv_bytes, kv_cache_dtype, context_len,
+                                     max_total_tokens, page, cps, max_running_requests, tp, dp,
+                                     (gpu_memory_bytes, fraction, how, reserved, weights, max_bs, other))
+    if kv_bytes is not None:
         profiled = kv_bytes // kv.total // page * page  # pool_configurator.calculate_pool_sizes
         tokens = profiled if max_total_tokens is None else min(profiled, max_total_tokens) // page * page
     elif max_total_tokens is not None:
@@ -505,3 +528,24 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                         kv.total, tokens, profiled, page, mrr, cps, max_bs,
                         sglang_max_req_input_len(context_len, tokens), context_len,
                         {"other_bytes": other} if other else {})
+
+
+def _sglang_hybrid_budget(geom, model_config, opts, kv_bytes, kv_cache_dtype, context_len, max_total_tokens, page,
+                          cps, max_running_requests, tp, dp, split) -> SglangBudget:
+    """The pools SGLang sizes from the same KV bytes: full and window (HybridSWAPoolConfigurator, or
+    SWARequestCapPoolConfigurator with the radix cache off and --max-running-requests), or the
+    recurrent-state slots first and the full pool from the rest (_handle_max_mamba_cache)."""
+    total, fraction, how, reserved, weights, max_bs, other = split
+    opts = dataclasses.replace(opts, tp=tp, dp=dp, page_size=page, chunked_prefill_size=cps,
+                               max_running_requests=max_running_requests)
+    pools = sglang_pools(model_config, geom, context_len=context_len, rest_bytes=kv_bytes,
+                         max_total_tokens=max_total_tokens, kv_cache_dtype=kv_cache_dtype, opts=opts)
+    profiled = None
+    if kv_bytes is not None:
+        profiled = sglang_pools(model_config, geom, context_len=context_len, rest_bytes=kv_bytes,
+                                kv_cache_dtype=kv_cache_dtype, opts=opts).max_total_num_tokens
+    tokens = pools.max_total_num_tokens
+    return SglangBudget(total, fraction, how, reserved, weights, kv_bytes, kv_bytes, pools.full_bytes_per_token,
+                        tokens, profiled, page, pools.max_running_requests, cps, max_bs,
+                        sglang_max_req_input_len(context_len, tokens), context_len,
+                        {"other_bytes": other} if other else {}, pools=pools)

@@ -20,11 +20,14 @@ from kvprobe.theory.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.sched_sglang_swa import FULL_POOL, window_pool_label
+from kvprobe.theory.sglang_pools import DEFAULT_SWA_FULL_TOKENS_RATIO, SglangOptions, SglangPools
 from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
 
 ENGINES = ("vllm", "sglang")
+MAMBA_POOL = "mamba state slots"  # SGLang's recurrent-state pool (Qwen3-Next), as the ledger names it
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
 
 
@@ -58,6 +61,9 @@ class LedgerInputs:
     policy: str | None = None
     enable_prefix_caching: bool | None = None
     disable_radix_cache: bool = False
+    swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
+    mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
+    disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
     reserve_full_isl: bool = True
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -71,6 +77,7 @@ class ModelSection:
     kv: KVBytes
     weight_bytes: int  # per rank
     source: str
+    config: dict = field(default_factory=dict, repr=False)  # config.json as read (SGLang's hybrid layout)
 
 
 @dataclass
@@ -148,7 +155,7 @@ class Ledger:
                 "weight_bytes": self.model.weight_bytes,
                 "tp": self.inputs.tp, "pp": self.inputs.pp, "dp": self.inputs.dp,
             },
-            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k != "plan"},
+            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k not in ("plan", "pools")},
             "capacity": dataclasses.asdict(self.capacity),
             "request": dataclasses.asdict(self.request) if self.request else None,
             "admission": None,
@@ -242,7 +249,7 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
-    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source)
+    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
@@ -329,10 +336,16 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
         max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
-        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse)
+        tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
+        model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype,
+        hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
+                                  disable_radix_cache=inputs.disable_radix_cache,
+                                  disable_overlap_schedule=inputs.disable_overlap_schedule,
+                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer"))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
-                   bud.max_running_requests, bud.chunked_prefill_size)
+                   bud.max_running_requests, bud.chunked_prefill_size,
+                   sglang_pool_groups(bud.pools) if bud.pools else [])
     if bud.refusal is not None:  # SGLang would not start: no pool, nothing admitted
         return Ledger(inputs, model, bud, cap, None, None, None, version, bud.refusal)
     request = None
@@ -347,16 +360,45 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         request = RequestSection(p, o, p + min(o, 4096), p + o - 1, "tokens", limit)
     admission_mod, schedsim = _schedsim()
     sched = pred = None
+    lay = bud.pools.layout if bud.pools else None
+    not_modelled = _sglang_hybrid_not_modelled(inputs, lay)
+    if not_modelled is not None:
+        return Ledger(inputs, model, bud, cap, request, None, None, version,
+                      not_predicted=not_modelled if request is not None else None)
+    window = lay is not None and lay.pool == "hybrid_swa"  # Qwen3-Next, radix off: the plain scheduler
+    #   on the full pool, max_running_requests = the state slots (tests/theory/test_real_sglang.py)
     if schedsim is not None:
         policy = inputs.policy or admission_mod.policy_for("sglang", version)
         sched = schedsim.SglangConfig(
             max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
             chunked_prefill_size=bud.chunked_prefill_size,
             max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
-            disable_radix_cache=inputs.disable_radix_cache,
-            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version))
-        pred = _predict(admission_mod, sched, inputs, policy, request)
+            disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
+            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version),
+            sliding_window_size=lay.sliding_window_size if window else None,
+            swa_pool_tokens=bud.pools.swa_tokens if window else None)
+        layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
+        pred = _predict(admission_mod, sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+
+
+def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
+    """Why SGLang's admission of this hybrid layout is not predicted, or None. Modelled (and
+    checked against SGLang's Scheduler, tests/theory/test_real_sglang.py): windows with the radix
+    cache off; Qwen3-Next with it off, or on with the no_buffer strategy (overlap off, pages of 1)
+    when no prompt prefix is shared (its matches stop at cached states: not modelled)."""
+    if lay is None or inputs.disable_radix_cache:
+        return None
+    if lay.pool == "hybrid_swa":  # SWARadixCache: window slots of cached prefixes, tombstones
+        return ("SGLang's hybrid sliding-window admission is modelled with the radix cache off only; add "
+                "--disable-radix-cache")
+    if inputs.mamba_radix_cache_strategy != "no_buffer":
+        return ("SGLang's recurrent-state (Mamba) admission is modelled with the radix cache off, or on with "
+                "--mamba-radix-cache-strategy no_buffer (and --disable-overlap-schedule); add --disable-radix-cache")
+    if inputs.shared_prefix_tokens:
+        return ("a shared prompt prefix on Qwen3-Next's radix cache (matches stop at cached recurrent states) "
+                "is not modelled; add --disable-radix-cache or drop the shared prefix")
+    return None
 
 
 def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None,
@@ -370,6 +412,20 @@ def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: R
     request.blocks_admission, request.blocks_peak = pred.blocks_admission, pred.blocks_peak
     request.groups = list(getattr(pred, "groups", ()))
     return pred
+
+
+def sglang_pool_groups(pools: SglangPools) -> list[dict]:
+    """SGLang's hybrid sliding-window pools for the capacity table: each pool's tokens, layers and
+    bytes per token (all its layers, this rank)."""
+    lay = pools.layout
+    full = {"group": FULL_POOL, "kind": "full", "copies": 1, "layers": len(lay.full_layer_ids),
+            "tokens": pools.max_total_num_tokens, "bytes_per_token": pools.full_bytes_per_token}
+    if lay.pool == "mamba":  # one state slot per running request (radix off)
+        return [full, {"group": MAMBA_POOL, "kind": "mamba", "copies": 1, "layers": len(lay.mamba_layer_ids),
+                       "slots": pools.mamba_slots, "bytes_per_slot": lay.mamba_cache_per_req}]
+    return [full, {"group": window_pool_label(lay.sliding_window_size), "kind": "sliding", "copies": 1,
+                   "layers": len(lay.swa_layer_ids), "tokens": pools.swa_tokens,
+                   "bytes_per_token": pools.swa_bytes_per_token}]
 
 
 def _capacity_groups(plan) -> list[dict]:
@@ -431,7 +487,15 @@ def _render_sections(led: Ledger) -> list[str]:
     ]
     if not vllm:
         cap_rows.append(["max_req_input_len", b.max_req_input_len, "min(ctx-1, pool-1) - 5"])
-    for g in c.groups:  # one pool, several block tables per request
+    for g in c.groups:  # vLLM: one pool, several block tables per request; SGLang: a pool per kind
+        if "tokens" in g:
+            cap_rows.append([f"  {g['group']}", g["tokens"], f"tokens; {g['layers']} layers x "
+                             f"{g['bytes_per_token'] // max(g['layers'], 1)} B per token"])
+            continue
+        if "slots" in g:
+            cap_rows.append([f"  {g['group']}", g["slots"], f"slots, one per running request; {g['layers']} "
+                             f"layers, {format_bytes(g['bytes_per_slot'])} per slot"])
+            continue
         cap_rows.append([f"  group: {g['group']}", g["blocks_per_request"],
                          f"blocks per max-length request; {g['copies']} group(s), {g['layers']} layers"])
     out.append(render_table(["capacity", "value", "how"], cap_rows, align="lrl"))
@@ -445,7 +509,12 @@ def _render_sections(led: Ledger) -> list[str]:
             ["requests the pool holds at peak", (c.usable_blocks if vllm else c.kv_tokens) // r.blocks_peak,
              f"usable {r.unit} // peak"],
         ]
-        if r.groups:
+        if r.groups and not vllm:  # SGLang's pools: the full pool's figures above; each pool's below
+            for g in r.groups:
+                req_rows.append([f"  {g['group']}", f"{g['blocks_admission']} / {g['blocks_peak']}",
+                                 f"tokens charged at admission / held at peak; mean {g['blocks_mean']:g} "
+                                 "(one request alone)"])
+        elif r.groups:
             req_rows[2][2] = "sum over groups of each group's peak (one request alone)"
             # the groups peak at different moments, and a closed loop interleaves requests: the
             # no-preemption limit below is higher (admission.py simulates it)

@@ -48,6 +48,10 @@ class SglangConfig:
     policy: str = "sglang-0.5.22"  # "sglang-0.5.22" (ignore_eos reserved at 1.0) | "sglang-0.5.21" (new_token_ratio)
     schedule_conservativeness: float = 1.0
     overlap: bool = True
+    # hybrid sliding-window models (sched_sglang_swa.py): the window SGLang's scheduler uses (gpt-oss:
+    # sliding_window - 1) and the window pool's tokens (max_total_num_tokens_swa); None: one pool
+    sliding_window_size: int | None = None
+    swa_pool_tokens: int | None = None
 
 
 @dataclass(eq=False)
@@ -123,6 +127,10 @@ class SchedulerStats:
     new_token_ratio: float | None = None
     retracted_total: int = 0
     steps: int = 0
+    no_token_total: int = 0  # SGLang: admission passes stopped by a candidate that did not fit
+    window_no_token_total: int = 0  # ... of those, stopped by the window pool (hybrid SWA)
+    swa_used_tokens: int = 0  # SGLang hybrid SWA: the window pool's used tokens and size
+    swa_pool_tokens: int = 0
 
 
 def output_tokens(seeds: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -134,7 +134,7 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         an EOS nobody knows yet) is left out of the decode; if nothing else runs, or the rest does
         not fit, the step decodes nothing and the result of the last batch frees it. True if a
         decode batch ran."""
-        L, pool = self.run, self.pool
+        L = self.run
         out, pend, held, maxn = L("out", "pend", "held", "maxn")
         finishing = (pend > 0) & (out + pend >= maxn) if self.cfg.overlap else np.zeros(L.n, bool)
         active = ~finishing
@@ -142,7 +142,7 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
             self.batch_full = False
             return False
         need = self._decode_need(active, held)
-        if need > pool.available + pool.evictable:
+        if need > self._decode_room():
             if finishing.any():  # L4470-4474
                 self.batch_full = False
                 return False
@@ -151,17 +151,37 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
             out, pend, held = L("out", "pend", "held")
             active = np.ones(L.n, bool)
             need = self._decode_need(active, held)
-            if need > pool.available + pool.evictable:
+            if need > self._decode_room():
                 return True
         else:
             self.ratio = max(self.ratio - self.ratio_decay, self.ratio_min)
         if finishing.any():
             self.batch_full = False  # the batch shrank (L4543-4544)
-        pool.alloc(need)
+        self._decode_alloc(active, need)
         held += active
         L("cur")[0][:] = active
         result.decode_seqs = int(active.sum())
         return True
+
+    def _decode_room(self) -> int:
+        """What check_decode_mem compares the need with: available + evictable (allocator/base.py
+        L171-185, after evicting)."""
+        return self.pool.available + self.pool.evictable
+
+    def _decode_alloc(self, active: np.ndarray, need: int) -> None:
+        self.pool.alloc(need)
+
+    def _retract_rooms(self) -> list[int]:
+        """Room per pool before retracting (one pool here; hybrid SWA has two)."""
+        return [self.pool.available + self.pool.evictable]
+
+    def _retract_frees(self, row: dict[str, int], req: SimRequest) -> list[int]:
+        """Slots per pool that retracting this request makes available: its private slots, and
+        its prompt's tree nodes that become evictable."""
+        freed = self._private(row, req)
+        if self.radix:
+            freed += self.pool.freed_by_unlock(req._node)
+        return [freed]
 
     def _decode_need(self, active: np.ndarray, held: np.ndarray) -> int:
         """check_decode_mem (schedule_batch.py L3403-3449): one page per request on a boundary."""
@@ -175,14 +195,11 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         L, pool = self.run, self.pool
         out, plen, held = L("out", "plen", "held")
         keep = np.ones(L.n, bool)
-        room = pool.available + pool.evictable
+        rooms = self._retract_rooms()
         for i in np.lexsort((-plen, out)).tolist()[:-1]:
             keep[i] = False
-            req = L.reqs[i]  # its private slots free, its prompt units become evictable
-            room += self._private(L.row(i), req)
-            if self.radix:
-                room += pool.freed_by_unlock(req._node)
-            if self._decode_need(keep, held) <= room:
+            rooms = [r + f for r, f in zip(rooms, self._retract_frees(L.row(i), L.reqs[i]), strict=True)]
+            if self._decode_need(keep, held) <= min(rooms):
                 break
         victims = [L.reqs[i] for i in np.lexsort((-plen, out)).tolist() if not keep[i]]
         for req in victims:
@@ -197,7 +214,7 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         pool.evict(max(0, RETRACT_DECODE_STEPS * L.n - pool.available))
         out, maxn = L("out", "maxn")
         self.ratio = min(1.0, (float(out.sum()) + RETRACT_DECODE_STEPS * L.n) / (float(maxn.sum()) + 1))
-        if self._decode_need(np.ones(L.n, bool), L("held")[0]) > pool.available + pool.evictable:
+        if self._decode_need(np.ones(L.n, bool), L("held")[0]) > self._decode_room():
             last = L.reqs[0]  # "Out of memory even after retracting all other requests"
             self._release(last, L.row(0), finished=False, result=result)
             L.keep(np.zeros(L.n, bool))

@@ -36,6 +36,7 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
     cdiv,
 )
 from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
+from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler, is_hybrid_swa
 from kvprobe.theory.sched_vllm import VllmScheduler
 from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
 from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
@@ -47,6 +48,8 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
             return HybridVllmScheduler(config)
         return VllmScheduler(config)
     if isinstance(config, SglangConfig):
+        if is_hybrid_swa(config):
+            return SglangSwaScheduler(config)
         return SglangScheduler(config)
     raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
 
@@ -77,6 +80,9 @@ class ClosedLoopStats:
     lifetime: int = 0  # steps of one request's life without queueing: prefill steps + O
     running_min: int = 0
     stopped_early: bool = False  # the window ended at the SEM target, before its full length
+    # SGLang hybrid SWA: the share of refused admissions in the window that the window pool refused
+    window_blocked: float = 0.0
+    swa_usage_mean: float = 0.0  # ... and the window pool's used slots over its size, time average
 
     @property
     def simulated(self) -> int:
@@ -190,6 +196,8 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     run_min = 1 << 62
     count = 0
     preempt_at_t0 = 0
+    blocked_at_t0 = (0, 0)
+    swa_sum = 0  # window pool slots over the measured steps (hybrid SWA steps: it has no jumps)
 
     def submit() -> None:
         nonlocal count
@@ -226,6 +234,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
             nxt += 1
         if t == t0:
             preempt_at_t0 = sched.stats.preemptions_total
+            blocked_at_t0 = (sched.stats.no_token_total, sched.stats.window_no_token_total)
         if fast and (due or idle):
             idle -= not due and idle > 0
             due = False
@@ -250,6 +259,7 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         if t >= t0:
             s = sched.stats
             record(t, 1, s.running, s.waiting, s.used_tokens)
+            swa_sum += s.swa_used_tokens
         t += 1
         for _ in result.finished:
             submit()
@@ -258,6 +268,8 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
     window = done * batch_len
     sem = _batch_sems(B, done)
     used_mean = B[2].sum() / window
+    refused = sched.stats.no_token_total - blocked_at_t0[0]
+    by_window = sched.stats.window_no_token_total - blocked_at_t0[1]
     return ClosedLoopStats(
         running_mean=float(B[0].sum() / window), running_max=int(run_max),
         waiting_mean=float(B[1].sum() / window), waiting_max=int(wait_max),
@@ -265,4 +277,6 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         usage_at_full=float(full_used / full_steps / pool) if full_steps else float(used_mean / pool),
         preemptions_per_1k_steps=(sched.stats.preemptions_total - preempt_at_t0) * 1000 / window,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
-        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches)
+        lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches,
+        window_blocked=by_window / refused if refused else 0.0,
+        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0)

@@ -232,6 +232,8 @@ def sglang_pools(cfg: dict, geom: ModelGeometry, *, context_len: int, rest_bytes
     the token count only when it is below the profiled pool)."""
     opts = opts or SglangOptions()
     lay = sglang_layout(cfg, geom, opts)
+    if lay.pool == "mamba" and not opts.disable_radix_cache and opts.mamba_radix_cache_strategy == "no_buffer":
+        _validate_no_buffer(opts)
     b = kv_bytes_per_token(geom, kv_cache_dtype=kv_cache_dtype, tp=opts.tp).per_layer_main
     full_b, swa_b = b * len(lay.full_layer_ids), b * len(lay.swa_layer_ids)
     slots = None
@@ -257,6 +259,16 @@ def sglang_pools(cfg: dict, geom: ModelGeometry, *, context_len: int, rest_bytes
                           f"({opts.page_size}). Increase --swa-full-tokens-ratio or the total KV budget.")
     return SglangPools(lay, full, swa, slots, _max_running_requests(full, context_len, slots, opts),
                        full_b, swa_b, kv_bytes)
+
+
+def _validate_no_buffer(opts: SglangOptions) -> None:
+    """SGLang's own refusals of the radix cache's no_buffer strategy (arg_groups/mamba_hook.py
+    `validate_mamba_no_buffer` L155-163), in its words."""
+    if opts.page_size not in (1, None):
+        raise ConfigError("no_buffer only supports page_size=1.", key="page_size")
+    if not opts.disable_overlap_schedule:
+        raise ConfigError("no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True.",
+                          key="disable_overlap_schedule")
 
 
 def _max_running_requests(tokens: int, context_len: int, slots: int | None, opts: SglangOptions) -> int:

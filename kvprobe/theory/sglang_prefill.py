@@ -29,6 +29,7 @@ class SglangPrefillAdder:
         b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
              "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
         scheduled, running = 0, L.n
+        self._swa_pass_start()
         if self.chunked is not None:
             scheduled += self._continue_chunk(free, b, result)
         admitted: list[SimRequest] = []
@@ -48,18 +49,23 @@ class SglangPrefillAdder:
             ext = P + done - prefix
             max_new = min(max(req._maxn - done, 0), CLIP_MAX_NEW_TOKENS)
             rem_total = free - b["total"] - (pool.evictable_on_path(node) if self.radix else 0)  # prefix locked
+            chunk_limit = b["chunk"]
             if not self.radix and req.ignore_eos:
                 fits = self._ignore_eos_fits(req, ext, free - b["current"], rem_total, admitted)
+                fits = fits and self._swa_fits_ignore_eos(ext, max_new, chunk_limit)
             else:
                 fits = ext + max_new + ps < rem_total  # check_prefill: strict (L114-130)
+                if fits:
+                    fits, chunk_limit = self._swa_check_prefill(ext, max_new, chunk_limit)
             if not fits:  # NO_TOKEN: head-of-line, latch
+                self.stats.no_token_total += 1
                 self.batch_full = bool(admitted) or bool(L.n)
                 break
             if b["chunk"] is None and admitted and self.ceil_page(ext) >= b["input"]:
                 break
             chunk = ext
-            if b["chunk"] is not None and self.ceil_page(ext) > b["chunk"]:
-                chunk = b["chunk"] // ps * ps
+            if chunk_limit is not None and self.ceil_page(ext) > chunk_limit:
+                chunk = chunk_limit // ps * ps
                 if chunk <= 0:
                     break
             self.waiting.popleft()
@@ -67,9 +73,10 @@ class SglangPrefillAdder:
                 free -= pool.evictable_on_path(node)
                 pool.lock(node)
             req._node, req._cached = node, prefix
-            pool.alloc(self.ceil_page(prefix + chunk) - prefix)
+            self._alloc_extend(self.ceil_page(prefix + chunk) - prefix, req)
             scheduled += chunk
             paged = self.ceil_page(chunk)
+            self._swa_reserve(paged, 0 if chunk < ext else min(req._maxn, CLIP_MAX_NEW_TOKENS), b["chunk"])
             b["current"] += paged + ps
             b["input"] -= paged
             if b["chunk"] is not None:
@@ -82,7 +89,7 @@ class SglangPrefillAdder:
             b["total"] += paged + ps + min(req._maxn, CLIP_MAX_NEW_TOKENS)  # not reduced (L1636)
             self._join_running(req, prefix + chunk)
             admitted.append(req)
-            if free - b["total"] <= 0 or free - b["current"] <= 0:
+            if free - b["total"] <= 0 or free - b["current"] <= 0 or self._swa_left() <= 0:
                 self.batch_full = True
                 break
             if b["input"] <= 0 or (b["chunk"] is not None and b["chunk"] <= 0):
@@ -100,11 +107,16 @@ class SglangPrefillAdder:
         size = left
         if b["chunk"] is not None:
             room = min(b["chunk"], int(free - b["total"]))
+            if self._swa_left() != float("inf"):  # SWAPrefillBudget.available_chunk_tokens: parked
+                room = min(room, int(self._swa_left()) - ps)  # when no window room (L325-329)
+                if room <= 0:
+                    return 0
             size = min(left, room if room > 0 else b["chunk"])
             if size < left:
                 size = max(size // ps * ps, ps)
-        self.pool.alloc(self.ceil_page(done + size) - self.ceil_page(done))
+        self._alloc_extend(self.ceil_page(done + size) - self.ceil_page(done), req)
         paged = self.ceil_page(size)
+        self._swa_reserve(paged, 0 if size < left else min(req._maxn, CLIP_MAX_NEW_TOKENS), b["chunk"])
         b["current"] += paged + ps
         b["input"] -= paged
         if b["chunk"] is not None:
@@ -119,6 +131,27 @@ class SglangPrefillAdder:
             if self.cfg.max_running_requests - self.run.n <= 0:
                 self.batch_full = True
         return size
+
+    # -- hooks of a second (sliding-window) pool; one pool: no window budget (sched_sglang_swa.py)
+    def _swa_pass_start(self) -> None:
+        pass
+
+    def _swa_left(self) -> float:
+        return float("inf")
+
+    def _swa_check_prefill(self, ext: int, max_new: int, chunk_limit: int | None) -> tuple[bool, int | None]:
+        return True, chunk_limit
+
+    def _swa_fits_ignore_eos(self, ext: int, max_new: int, chunk_limit: int | None) -> bool:
+        return True
+
+    def _swa_reserve(self, paged: int, max_new: int, chunk_limit: int | None) -> None:
+        pass
+
+    def _alloc_extend(self, n: int, req: SimRequest) -> None:
+        self.pool.alloc(n)
+
+    _simulates_future = True  # add_one_req_ignore_eos's walk (skipped for hybrid SWA, L1292-1304)
 
     def _ignore_eos_fits(self, req, ext, rem_current, rem_total, admitted) -> bool:
         """add_one_req_ignore_eos (schedule_policy.py L1241-1383), the --disable-radix-cache path.
@@ -135,6 +168,8 @@ class SglangPrefillAdder:
         paged_input = self.ceil_page(ext) + ps
         if paged_input > min(rem_current, rem_total):
             return False
+        if not self._simulates_future:
+            return True
         mine = self._req_state(req.ignore_eos, req._maxn, req.output_len, len(req.prompt))
         if self._req_states is None:
             out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from kvprobe import probe
+from kvprobe import probe, probe_judge
 from kvprobe.spec import load_expectations
 
 SHIPPED = Path(__file__).resolve().parents[2] / "expectations" / "shadow-vllm-overadmission.yaml"
@@ -30,10 +30,10 @@ MEASURED = [Level(6, 0.0), Level(10, 0.0), Level(14, 37.0), Level(20, 52.0), Lev
 
 def test_full_isl_admission_explains_no_preemption_where_requests_wait():
     # vLLM 0.33's default: P=3000 is admitted only when it fits to the end, so no level preempts
-    assert probe._unpredicted_preemptions(run_of("shadow-vllm-overadmission-undeclared", MEASURED)) == [
+    assert probe_judge._unpredicted_preemptions(run_of("shadow-vllm-overadmission-undeclared", MEASURED)) == [
         (14, 37.0), (20, 52.0)]  # 24: two preemptions are below the threshold; 30: no counter
 
 
 def test_first_chunk_admission_explains_them():
     # the flag declared: the ledger follows it (policy vllm-0.11) and predicts these preemptions
-    assert probe._unpredicted_preemptions(run_of("shadow-vllm-overadmission", MEASURED)) == []
+    assert probe_judge._unpredicted_preemptions(run_of("shadow-vllm-overadmission", MEASURED)) == []

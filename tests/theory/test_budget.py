@@ -193,12 +193,13 @@ def test_nothing_left_for_kv_is_a_config_error(llama):
 @pytest.mark.parametrize("model", ["openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct",
                                    "mistralai/Mistral-7B-v0.1"])
 def test_uniform_budgets_refuse_hybrid_models_instead_of_sizing_them_as_full(model):
-    """vLLM's budget plans a hybrid model only with the plan's options (the ledger passes them);
-    SGLang's hybrid pools are not in the ledger yet."""
+    """vLLM's budget plans a hybrid model only with the plan's options, SGLang's with the config.json
+    and its hybrid options (the ledger passes both)."""
     g = geometry_from_config(load_model_config(model)[0], model)
     kv = kv_bytes_per_token(g)
     with pytest.raises(ConfigError, match="hybrid plan's options") as err:
         B.vllm_budget(g, kv, weights=0, gpu_memory_bytes=None, max_model_len=4096, num_gpu_blocks_override=100)
     assert err.value.key == g.layers.key
-    with pytest.raises(ConfigError, match="hybrid attention"):
+    with pytest.raises(ConfigError, match="needs the model's config.json and the hybrid options") as err:
         B.sglang_budget(g, kv, weights=0, gpu_memory_bytes=None, context_len=4096, max_total_tokens=10000)
+    assert err.value.key == g.layers.key

@@ -71,6 +71,15 @@ def sglang_case(draw):
     return cfg, P, O
 
 
+@st.composite
+def sglang_swa_case(draw):
+    """A hybrid sliding-window config (radix off): a window pool at least window + a page + 1."""
+    cfg, P, O = draw(sglang_case())  # noqa: E741
+    W = draw(st.integers(4, 60))  # noqa: N806
+    swa = draw(st.integers(W + 2 * cfg.page_size + 1, 4 * (W + 128) + 2 * P))
+    return dataclasses.replace(cfg, disable_radix_cache=True, sliding_window_size=W, swa_pool_tokens=swa), P, O
+
+
 def _both(cfg, P, O, users, K, start):  # noqa: E741
     kw = dict(shared_prefix_tokens=K, start=start, lifetimes=3, warmup_lifetimes=1, batches=3)
     return closed_loop(cfg, P, O, users, fast=True, **kw), closed_loop(cfg, P, O, users, fast=False, **kw)
@@ -100,6 +109,17 @@ def test_vllm_hybrid_fast_path_is_exact(case, users, start):
 def test_sglang_fast_path_is_exact(case, users, k, start):
     cfg, P, O = case  # noqa: E741
     fast, slow = _both(cfg, P, O, users, int(k * P), start)
+    assert fast == slow
+
+
+@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")) // 2, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=sglang_swa_case(), users=st.integers(1, 30), start=st.sampled_from(["ramp", "burst"]))
+def test_sglang_hybrid_swa_fast_path_is_exact(case, users, start):
+    """SGLang's window pool has no closed-form stretches (windows are freed every 128 tokens): the
+    fast path declines and closed_loop steps, with the very same results."""
+    cfg, P, O = case  # noqa: E741
+    fast, slow = _both(cfg, P, O, users, 0, start)
     assert fast == slow
 
 

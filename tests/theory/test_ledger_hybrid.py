@@ -102,9 +102,3 @@ def test_a_hybrid_pool_too_small_for_one_request_is_vllms_refusal():
         led.startup["message"]
     with pytest.raises(ConfigError, match="estimated maximum model length"):
         ledger(GPT_OSS, num_gpu_blocks_override=600, async_scheduling=False)
-
-
-def test_sglang_hybrid_is_still_refused_by_name():
-    with pytest.raises(ConfigError, match="SGLang's admission for hybrid attention") as err:
-        build_ledger(LedgerInputs(engine="sglang", model=GPT_OSS, context_length=8192, max_total_tokens=100000))
-    assert err.value.key == "layer_types"

@@ -5,7 +5,9 @@ allocator, the radix cache, update_running_batch with retract_decode, the new_to
 tracker, process_batch_result, in its overlap event loop — is built with only the model replaced
 (tests/theory/real/sglang_driver.py) and driven through the same closed loop as kvprobe's
 simulation: the same arrivals, prompts and resubmissions. After every step the two must agree
-exactly on running, waiting, used tokens, retractions and new_token_ratio. The environment is
+exactly on running, waiting, used tokens, retractions and new_token_ratio. The hybrid shapes run a
+gpt-oss-shaped model (a sliding-window pool beside the full one, the radix cache off: what
+sched_sglang_swa.py models) and compare the used tokens of both pools. The environment is
 installed when missing (tests/theory/conftest.py).
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.theory.geometry import geometry_from_config
 from kvprobe.theory.schedsim import (
     SglangConfig,
     SimRequest,
@@ -27,6 +30,7 @@ from kvprobe.theory.schedsim import (
     request_lifetime,
     workload_prompt,
 )
+from kvprobe.theory.sglang_pools import SglangOptions, sglang_pools
 
 DRIVER = Path(__file__).with_name("real") / "sglang_driver.py"
 pytestmark = pytest.mark.slow
@@ -67,7 +71,8 @@ def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, 
             submit()
             nxt += 1
         result = sched.step()
-        trace.append([sched.run.n + (sched.chunked is not None), len(sched.waiting), sched.pool.used,
+        used = [sched.pool.used] + ([sched.swa.used] if hasattr(sched, "swa") else [])
+        trace.append([sched.run.n + (sched.chunked is not None), len(sched.waiting), *used,
                       sched.stats.retracted_total, round(sched.ratio, 9)])
         for _ in result.finished:
             submit()
@@ -86,9 +91,10 @@ def real_traces(env, cases: list[dict]) -> list[dict]:
     return results
 
 
-def real_spec(model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None) -> dict:  # noqa: E741
+def real_spec(model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None,  # noqa: E741
+              server_args=None) -> dict:
     return dict(model_dir=model_dir, config=dataclasses.asdict(cfg), P=P, O=O, K=K, users=users, arrivals=arrivals,
-                steps=steps, ignore_eos=ignore_eos, eos_after=eos_after)
+                steps=steps, ignore_eos=ignore_eos, eos_after=eos_after, server_args=server_args or {})
 
 
 BASE = SglangConfig(max_total_num_tokens=16384, context_len=8192)
@@ -130,25 +136,220 @@ SHAPES = {
 }
 
 
+# A gpt-oss-shaped model (GptOssForCausalLM: one sliding-window layer of sliding_window 128, so the
+# scheduler's window is 127, models/gpt_oss.py L131-132, and one full layer) for the hybrid shapes.
+# Its pools come from kvprobe's own sizing (sglang_pools), which the driver's SGLang must reproduce.
+GPT_OSS = {**MODEL, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128, "num_local_experts": 2,
+           "num_experts_per_tok": 1, "experts_per_token": 1, "attention_bias": True, "swiglu_limit": 7.0,
+           "vocab_size": 201088, "pad_token_id": 0, "rope_theta": 150000}
+# gpt-oss asserts a GPU attention backend at startup (arg_groups/model_hook.py L530-540); none is built
+GPT_OSS_ARGS = {"attention_backend": "triton"}
+
+
+# Llama 4 (Llama4ForConditionalGeneration): every 4th layer full, the others windowed by
+# attention_chunk_size (configs/model_config.py L2700-2712, load_model_utils.py L144-157), the same
+# two pools and scheduler as gpt-oss; a chunk of 128 here, 4 layers
+LLAMA4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "tie_word_embeddings": False,
+          "torch_dtype": "bfloat16", "boi_token_index": 200080, "eoi_token_index": 200081, "image_token_index": 200092,
+          "text_config": {**{k: MODEL[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                    "head_dim", "max_position_embeddings", "rms_norm_eps",
+                                                    "bos_token_id", "eos_token_id", "intermediate_size")},
+                          "model_type": "llama4_text", "num_hidden_layers": 4, "attention_chunk_size": 128,
+                          "intermediate_size_mlp": 128, "num_local_experts": 2, "num_experts_per_tok": 1,
+                          "interleave_moe_layer_step": 1, "no_rope_layers": [], "use_qk_norm": True,
+                          "vocab_size": 202048, "rope_theta": 500000.0, "attention_bias": False,
+                          "hidden_act": "silu", "pad_token_id": 0},
+          "vision_config": {"hidden_size": 64, "image_size": 336, "intermediate_size": 128, "model_type": "llama4_vision_model",
+                            "num_attention_heads": 1, "num_channels": 3, "num_hidden_layers": 1, "patch_size": 14,
+                            "pixel_shuffle_ratio": 0.5, "projector_input_dim": 64, "projector_output_dim": 64,
+                            "vision_output_dim": 64, "norm_eps": 1e-5, "rope_theta": 10000,
+                            "vision_feature_layer": -1, "vision_feature_select_strategy": "default",
+                            "multi_modal_projector_bias": False, "projector_dropout": 0.0, "attention_dropout": 0.0,
+                            "hidden_act": "gelu", "initializer_range": 0.02}}
+
+
+def hybrid_config(M: int, opts: SglangOptions, model: dict = GPT_OSS, **sim) -> tuple[SglangConfig, dict]:  # noqa: N803
+    """The scheduler config of `model` with a pool cap of M tokens, and the server args that say the
+    same to SGLang: the window pool and max_running_requests as kvprobe sizes them."""
+    pools = sglang_pools(model, geometry_from_config(model, "tiny"), context_len=8192, max_total_tokens=M, opts=opts)
+    cfg = SglangConfig(max_total_num_tokens=pools.max_total_num_tokens, page_size=opts.page_size,
+                       max_running_requests=pools.max_running_requests, chunked_prefill_size=opts.chunked_prefill_size,
+                       disable_radix_cache=opts.disable_radix_cache, overlap=not opts.disable_overlap_schedule,
+                       sliding_window_size=pools.layout.sliding_window_size, swa_pool_tokens=pools.swa_tokens, **sim)
+    args = {**(GPT_OSS_ARGS if model is GPT_OSS else {}), "swa_full_tokens_ratio": opts.swa_full_tokens_ratio,
+            "max_running_requests": opts.max_running_requests}
+    return cfg, args
+
+
+RATIO = SglangOptions(disable_radix_cache=True, swa_full_tokens_ratio=0.1)
+HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, steps
+    # the window pool (800) binds at 4 while the full pool (8000) holds 11
+    "swa: window pool binds": (hybrid_config(8000, RATIO), 300, 400, 12, "ramp", True, 2500),
+    # the full pool binds; new_token_ratio reservations, decode runs out and retracts
+    "swa: full pool binds, retraction": (hybrid_config(4000, dataclasses.replace(RATIO, swa_full_tokens_ratio=0.5)),
+                                         300, 400, 20, "burst", False, 2500),
+    # the window pool runs out in decode: retraction on the window
+    "swa: window retraction": (hybrid_config(8000, dataclasses.replace(RATIO, swa_full_tokens_ratio=0.0875)),
+                               200, 600, 12, "ramp", False, 3000),
+    # prompts in chunks: the window below a chunked request's earlier chunks is freed as it extends
+    # (two chunks back with overlap)
+    "swa: chunks of 512": (hybrid_config(16000, dataclasses.replace(RATIO, chunked_prefill_size=512,
+                                                                    swa_full_tokens_ratio=0.2)),
+                           1500, 300, 8, "ramp", True, 2000),
+    "swa: chunks of 512, overlap off": (
+        hybrid_config(16000, dataclasses.replace(RATIO, chunked_prefill_size=512, swa_full_tokens_ratio=0.2,
+                                                 disable_overlap_schedule=True)), 1500, 300, 8, "ramp", False, 2000),
+    # a prompt whose window charge never fits the window pool is cut to what the window holds
+    "swa: prompt beyond the window pool": (hybrid_config(8000, dataclasses.replace(RATIO, chunked_prefill_size=1024)),
+                                           1500, 300, 6, "ramp", False, 1500),
+    # --max-running-requests with the radix cache off: the window pool sized per request
+    # (SWARequestCapPoolConfigurator), pages of 16
+    "swa: request-capped window pool, pages of 16": (
+        hybrid_config(16000, SglangOptions(disable_radix_cache=True, page_size=16, max_running_requests=8,
+                                           chunked_prefill_size=512)), 300, 500, 12, "ramp", True, 2500),
+    "swa: pages of 16, window binds": (hybrid_config(8000, dataclasses.replace(RATIO, page_size=16)),
+                                       250, 500, 12, "ramp", False, 2500),
+    "swa: Llama 4 chunked layers, window binds": (hybrid_config(8000, RATIO, LLAMA4), 300, 400, 12, "ramp", True, 1500),
+}
+HYBRID_MODELS = {"swa: Llama 4 chunked layers, window binds": LLAMA4}  # the others: GPT_OSS
+
+
+# Models whose admission is the plain scheduler's although their layers are not all full attention:
+# Mistral v0.1 (a window on every layer) is not a hybrid-SWA architecture in SGLang 0.5.23
+# (configs/model_config.py L2651-2697): one full pool. Qwen3-Next with the radix cache off: the
+# full pool over its full-attention layers, and one recurrent-state slot per request with as many
+# slots as max_running_requests (_handle_max_mamba_cache, kv_cache_configurator.py L3229-3409; the
+# driver replaces the memory profiling it runs in, so the case says it: --max-mamba-cache-size); with
+# it on (no_buffer, overlap off) and no shared prefix, the plain scheduler with its radix cache.
+MISTRAL = {**MODEL, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64}
+QWEN3_NEXT = {**MODEL, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
+              "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+              "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_value_head_dim": 16,
+              "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "mlp_only_layers": [],
+              "norm_topk_prob": True, "partial_rotary_factor": 0.25, "rope_theta": 10000000}
+RADIX_OFF = dataclasses.replace(BASE, disable_radix_cache=True)
+SLOTS_12, SLOTS_40 = ({"max_running_requests": n, "max_mamba_cache_size": n} for n in (12, 40))
+# the radix cache on, as a CPU runs it: no_buffer (3 slots per request), overlap off; no shared prefix
+NO_BUFFER = dataclasses.replace(BASE, overlap=False)
+NO_BUFFER_12, NO_BUFFER_40 = ({"max_running_requests": n, "max_mamba_cache_size": 3 * n,
+                               "mamba_radix_cache_strategy": "no_buffer"} for n in (12, 40))
+MODEL_SHAPES = {  # model, config, P, O, K, users, start, ignore_eos, steps, server args
+    "window on every layer, one full pool, retraction": (MISTRAL, RADIX_OFF, 512, 256, 0, 40, "ramp", False, 1500, {}),
+    "qwen3-next radix off: the state slots bind": (
+        QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=12), 512, 256, 0, 40, "ramp", False, 1500,
+        SLOTS_12),
+    "qwen3-next radix off: the full pool binds, retraction": (
+        QWEN3_NEXT, dataclasses.replace(RADIX_OFF, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
+        SLOTS_40),
+    "qwen3-next no_buffer: the state slots bind": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=12), 512, 256, 0, 40, "ramp", False, 1500,
+        NO_BUFFER_12),
+    "qwen3-next no_buffer: the full pool binds, retraction": (
+        QWEN3_NEXT, dataclasses.replace(NO_BUFFER, max_running_requests=40), 512, 256, 0, 40, "burst", False, 1500,
+        NO_BUFFER_40),
+}
+
+
 def _case(name: str):
+    if name in MODEL_SHAPES:
+        _, cfg, P, O, K, users, start, ignore_eos, steps, _ = MODEL_SHAPES[name]  # noqa: E741
+        return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
+    if name in HYBRID_SHAPES:
+        (cfg, _), P, O, users, start, ignore_eos, steps = HYBRID_SHAPES[name]  # noqa: E741
+        return cfg, P, O, 0, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
     cfg, P, O, K, users, start, ignore_eos, steps, *eos = SHAPES[name]  # noqa: E741
     return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos, *eos
 
 
 @pytest.fixture(scope="module")
-def sglang_traces(sglang_env, model_dir) -> dict[str, dict]:
+def hybrid_dirs(tmp_path_factory) -> dict[int, str]:
+    out = {}
+    for m in (GPT_OSS, LLAMA4):
+        d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
+        (d / "config.json").write_text(json.dumps(m))
+        out[id(m)] = str(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[int, str]:
+    """A folder per model of MODEL_SHAPES, by the config's id."""
+    out = {}
+    for m in (MISTRAL, QWEN3_NEXT):
+        d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
+        (d / "config.json").write_text(json.dumps(m))
+        out[id(m)] = str(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sglang_traces(sglang_env, model_dir, hybrid_dirs, model_dirs) -> dict[str, dict]:
     """SGLang's trace of every shape, from one driver run (one import of SGLang, not one per shape)."""
-    names = list(SHAPES)
-    return dict(zip(names, real_traces(sglang_env, [real_spec(model_dir, *_case(n)) for n in names]), strict=True))
+    specs = [real_spec(model_dir, *_case(n)) for n in SHAPES]
+    specs += [real_spec(hybrid_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=HYBRID_SHAPES[n][0][1])
+              for n in HYBRID_SHAPES]
+    specs += [real_spec(model_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
+              for n in MODEL_SHAPES]
+    names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES]
+    return dict(zip(names, real_traces(sglang_env, specs), strict=True))
 
 
-@pytest.mark.parametrize("name", list(SHAPES))
+def _first_difference(sim: list, real: list) -> str | None:
+    first = next((t for t, (a, b) in enumerate(zip(sim, real, strict=True)) if a != b), None)
+    if first is None:
+        return None
+    used = "full pool used, window pool used" if len(real[first]) == 6 else "used tokens"
+    return (f"step {first}: simulation {sim[first]} vs SGLang {real[first]} "
+            f"(running, waiting, {used}, retractions, new_token_ratio)")
+
+
+@pytest.mark.parametrize("name", [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES])
 def test_simulation_equals_sglangs_scheduler_step_by_step(sglang_traces, name):
     real = sglang_traces[name]
     assert "error" not in real, real.get("error")
-    real = real["trace"]
+    cfg = _case(name)[0]
+    pools = [cfg.max_total_num_tokens] + ([cfg.swa_pool_tokens] if cfg.swa_pool_tokens else [])
+    assert real["pool_sizes"] == pools, "SGLang sized its pools differently from kvprobe's sglang_pools"
+    assert real["max_running_requests"] == cfg.max_running_requests
     sim = model_trace(*_case(name))
-    first = next((t for t, (a, b) in enumerate(zip(sim, real, strict=True)) if a != b), None)
-    assert first is None, (f"step {first}: simulation {sim[first]} vs SGLang {real[first]} "
-                           f"(running, waiting, used tokens, retractions, new_token_ratio)")
-    assert max(row[0] for row in sim) > 1  # requests ran concurrently: the shape exercises admission
+    diff = _first_difference(sim, real["trace"])
+    assert diff is None, diff
+    if name not in ONE_AT_A_TIME:
+        assert max(row[0] for row in sim) > 1  # requests ran concurrently: the shape exercises admission
+
+
+ONE_AT_A_TIME = {"swa: prompt beyond the window pool"}  # its window pool holds one such prompt at a time
+# What each hybrid shape must exercise, so a shape that stops reaching its case fails here
+HYBRID_EXERCISES = {"swa: window pool binds": "window", "swa: window retraction": "window-retract",
+                    "swa: full pool binds, retraction": "retract", "swa: pages of 16, window binds": "window",
+                    "swa: Llama 4 chunked layers, window binds": "window",
+                    "qwen3-next radix off: the full pool binds, retraction": "retract",
+                    "qwen3-next radix off: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the state slots bind": "slots",
+                    "qwen3-next no_buffer: the full pool binds, retraction": "retract"}
+
+
+@pytest.mark.parametrize("name", list(HYBRID_EXERCISES))
+def test_hybrid_shapes_reach_their_case(sglang_traces, name):
+    cfg, trace = _case(name)[0], sglang_traces[name]["trace"]
+    what = HYBRID_EXERCISES[name]
+    most = max(row[0] for row in trace)
+    if what == "slots":  # every slot taken while others wait
+        assert most == cfg.max_running_requests and any(w for _, w, *_ in trace)
+    elif name in MODEL_SHAPES:
+        assert most < cfg.max_running_requests
+    if what.startswith("window"):  # someone waits while the full pool has room for another request
+        P, O = HYBRID_SHAPES[name][1:3]  # noqa: E741
+        assert any(w and full + P + O < cfg.max_total_num_tokens for _, w, full, *_ in trace)
+    if what.endswith("retract"):
+        assert trace[-1][-2] > 0
+
+
+def test_a_window_one_token_off_is_caught(sglang_traces):
+    """The window rule is exact: SGLang's window (127) taken as 128 diverges from its trace."""
+    name = "swa: window pool binds"
+    cfg, *rest = _case(name)
+    off = model_trace(dataclasses.replace(cfg, sliding_window_size=cfg.sliding_window_size + 1), *rest)
+    assert _first_difference(off, sglang_traces[name]["trace"]) is not None

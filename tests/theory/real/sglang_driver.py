@@ -18,7 +18,10 @@ read from what `stream_output` sends to the detokenizer; their users resubmit be
 
 Prints one line per case, `TRACE {"trace": ..., "seconds": ...}` (or `{"error": ...}`): per step, after it, [running (admitted, not finished, not waiting: the
 chunked request included), waiting, used tokens (max_total - available - evictable, as
-pool_stats_observer.py L235-245 counts them), retractions so far, new_token_ratio].
+pool_stats_observer.py L235-245 counts them; a hybrid sliding-window model: the full pool's, then the
+window pool's), retractions so far, new_token_ratio], the pool sizes and max_running_requests. A case
+may add `server_args` (they win over those derived from its config) and use a hybrid model folder:
+the model stand-in answers `get_attention_sliding_window_size()` as the real model class would.
 """
 import json
 import os
@@ -49,6 +52,19 @@ class _NoModel(nn.Module):
         raise RuntimeError("the forward is replaced (TpModelWorker.forward_batch_generation)")
 
 
+class _NoGptOss(_NoModel):
+    """gpt-oss's model class answers the window itself (models/gpt_oss.py L131-132, L1374), so
+    resolve_sliding_window_size (load_model_utils.py L144-157) takes `sliding_window - 1`; other
+    classes (Llama 4, Mistral) have no such method and the config decides."""
+
+    def __init__(self, hf_config):
+        super().__init__()
+        self.window = hf_config.sliding_window - 1
+
+    def get_attention_sliding_window_size(self):
+        return self.window
+
+
 class _NoLoader:
     preloaded_weights_bytes = 0  # model_runner.py L933-941
 
@@ -56,7 +72,9 @@ class _NoLoader:
 def load_model(self):  # ModelRunner.load_model (model_runner.py L1270): what initialize() reads after it
     from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
 
-    self.loader, self.model, self.startup_weight_load = _NoLoader(), _NoModel(), None
+    hf = self.model_config.hf_text_config
+    model = _NoGptOss(hf) if getattr(hf, "model_type", "") == "gpt_oss" else _NoModel()
+    self.loader, self.model, self.startup_weight_load = _NoLoader(), model, None
     self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
     self.prefill_aware_swa, self.dtype = False, self.model_config.dtype
     self.weight_load_mem_usage = self.weight_load_time = 0.0
@@ -116,13 +134,18 @@ def run_case(args: dict) -> dict:
     global EOS_AT
     EOS_AT = None if args.get("eos_after") is None else args["P"] + args["eos_after"] - 1
     cfg = args["config"]
-    server_args = ServerArgs(
+    kwargs = dict(
         model_path=args["model_dir"], device="cpu", skip_tokenizer_init=True, attention_backend="torch_native",
         log_level="error", max_total_tokens=cfg["max_total_num_tokens"], page_size=cfg["page_size"],
         max_running_requests=cfg["max_running_requests"], chunked_prefill_size=cfg["chunked_prefill_size"],
         max_prefill_tokens=cfg["max_prefill_tokens"], context_length=cfg["context_len"],
         disable_radix_cache=cfg["disable_radix_cache"], disable_overlap_schedule=not cfg["overlap"],
         schedule_conservativeness=cfg["schedule_conservativeness"])
+    # a case's own server args win: gpt-oss asserts a GPU attention backend (arg_groups/model_hook.py
+    # L530-540) though none is built here (init_attention_backends is replaced); the window pool's
+    # --swa-full-tokens-ratio; max_running_requests None lets SGLang derive it
+    kwargs.update(args.get("server_args", {}))
+    server_args = ServerArgs(**kwargs)
     port_args = PortArgs.init_new(server_args)
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
@@ -201,14 +224,28 @@ def run_case(args: dict) -> dict:
             sched.on_idle()
         sched.last_batch = batch
         done += len(finished)
-        used = sched.max_total_num_tokens - sched.token_to_kv_pool_allocator.available_size() \
-            - sched.tree_cache.evictable_size()
         waiting = len(sched.waiting_queue)
-        trace.append([count - done - waiting, waiting, used, retracted, round(sched.new_token_ratio_tracker.current, 9)])
+        row = [count - done - waiting, waiting, *used_tokens(sched), retracted,
+               round(sched.new_token_ratio_tracker.current, 9)]
+        trace.append(row)
         for _ in finished:
             submit()
         finished.clear()
-    return {"trace": trace, "seconds": time.time() - started}
+    alloc = sched.token_to_kv_pool_allocator
+    sizes = [alloc.size_full, alloc.size_swa] if hasattr(alloc, "size_swa") else [sched.max_total_num_tokens]
+    return {"trace": trace, "seconds": time.time() - started, "pool_sizes": sizes,
+            "max_running_requests": sched.max_running_requests}
+
+
+def used_tokens(sched) -> list[int]:
+    """Used tokens per pool as pool_stats_observer.py counts them: one pool, capacity - available
+    - evictable (L235-245); hybrid SWA, the full pool then the window pool (`_get_swa_token_info`
+    L312-330, allocator/swa.py L222-229)."""
+    alloc, tree = sched.token_to_kv_pool_allocator, sched.tree_cache
+    if not hasattr(alloc, "swa_available_size"):
+        return [sched.max_total_num_tokens - alloc.available_size() - tree.evictable_size()]
+    return [alloc.size_full - alloc.full_available_size() - tree.full_evictable_size(),
+            alloc.size_swa - alloc.swa_available_size() - tree.swa_evictable_size()]
 
 
 def in_child(args: dict) -> dict:

@@ -1,0 +1,102 @@
+"""SGLang's hybrid sliding-window scheduler (sched_sglang_swa.py): worked numbers and invariants.
+
+The step-by-step check against SGLang's own Scheduler is tests/theory/test_real_sglang.py (the
+"swa: ..." shapes); here: the window rule on one request by hand, the pool invariants under random
+configurations, and what is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fastpath import sglang_swa_case
+
+from kvprobe.errors import ConfigError
+from kvprobe.theory.schedsim import SglangConfig, SimRequest, make_scheduler, workload_prompt
+
+W = 127  # gpt-oss: sliding_window 128 - 1
+CFG = SglangConfig(max_total_num_tokens=8000, disable_radix_cache=True, sliding_window_size=W, swa_pool_tokens=4000)
+
+
+def _windows_held(cfg: SglangConfig, P: int, O: int) -> list[int]:  # noqa: N803, E741
+    """The window pool's used slots after every step of one request alone."""
+    sched = make_scheduler(cfg)
+    sched.add(SimRequest("r", workload_prompt(0, P), O))
+    held = []
+    while sched.has_work():
+        sched.step()
+        sched.check_pool()
+        held.append(sched.swa.used)
+    return held
+
+
+def test_one_request_holds_at_most_window_plus_interval_between_evictions():
+    """P = 300, overlap on: the prefill takes 300 window slots; the second decode batch (its
+    seqlen 301: 301 - 1 - 127 = 173 >= 0 + 128) frees the 173 below the window, leaving 128 + 1
+    being decoded; from then on a request frees once 128 more tokens slid out (seqlen - 1 - 127 >=
+    evicted + 128), so it holds between W + 2 (just freed: the window, the token at its edge and the
+    one being written) and W + 129 slots (127 more slid out, the next step frees them)."""
+    held = _windows_held(CFG, 300, 400)
+    assert held[:4] == [300, 301, 302 - 173, 130]
+    steady = held[3:-1]
+    assert min(steady) == W + 2 and max(steady) == W + 129
+    assert held[-1] == 0  # everything back when it finishes
+
+
+def test_a_short_request_never_evicts():
+    """seqlen - 1 - 127 stays below 128: P + O <= 256 tokens keep every window slot."""
+    held = _windows_held(CFG, 100, 150)
+    assert max(held) == 100 + 149 and held[-1] == 0
+
+
+def test_admission_charges_the_window_estimate_not_the_prompt():
+    """estimate_swa_kv_tokens (prefill_budget.py L25-56): a new request's window charge is
+    max(P - W, 0) + min(P + max_new, W) + page. P = 300, O = 400: 173 + 127 + 1 = 301, so a pool
+    of 301 admits nothing (check_prefill: needed < remaining) and one of 302 admits it."""
+    sched = make_scheduler(dataclasses.replace(CFG, swa_pool_tokens=302))
+    assert sched._swa_tokens(300, 400, None) == 301
+    for size, runs in ((301, 0), (302, 1)):
+        sched = make_scheduler(dataclasses.replace(CFG, swa_pool_tokens=size))
+        sched.add(SimRequest("r", workload_prompt(0, 300), 400, ignore_eos=False))
+        sched.step()
+        assert sched.run.n == runs
+
+
+def test_the_radix_cache_on_is_refused_naming_the_flag():
+    with pytest.raises(ConfigError) as err:
+        make_scheduler(dataclasses.replace(CFG, disable_radix_cache=False))
+    assert err.value.key == "disable_radix_cache" and "--disable-radix-cache" in str(err.value)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=sglang_swa_case(), users=st.integers(1, 20), eos=st.booleans())
+def test_both_pools_account_every_slot(case, users, eos):
+    """Whatever runs, finishes, is chunked or retracted: each pool's used slots are exactly what
+    the requests hold (check_pool), never more than its size, and all come back at the end. (A
+    window pool that cannot hold a prompt parks its last chunk once the earlier chunks fill it:
+    with overlap they are freed only from two chunks back.)"""
+    cfg, P, O = case  # noqa: E741
+    sched = make_scheduler(cfg)
+    for u in range(users):
+        sched.add(SimRequest(f"u{u}", workload_prompt(u, P), O, ignore_eos=not eos, eos_after=max(1, O // 2)))
+    for _ in range(50 * (P + O) * users):
+        if not sched.has_work():
+            break
+        sched.step()
+        sched.check_pool()
+        assert 0 <= sched.swa.used <= cfg.swa_pool_tokens
+    if cfg.swa_pool_tokens > P + 2 * cfg.page_size:  # else a prompt may park for good (as in SGLang)
+        assert not sched.has_work() and sched.pool.used == sched.swa.used == 0
+
+
+def test_the_usage_gauge_is_the_fuller_pool():
+    """sglang:token_usage on a hybrid SWA pool: max(full, window) usage, 2 decimals
+    (pool_stats_observer.py L84-100, L150-158). A 300-token prompt in a window pool of 400 reads
+    0.75 while the full pool of 8,000 is at 4%."""
+    sched = make_scheduler(dataclasses.replace(CFG, swa_pool_tokens=400))
+    sched.add(SimRequest("r", workload_prompt(0, 300), 400))
+    sched.step()
+    assert (sched.pool.used, sched.swa.used) == (300, 300)
+    assert sched.stats.usage == 0.75 and sched.stats.used_tokens == 300 and sched.stats.swa_used_tokens == 300
