@@ -619,9 +619,13 @@ def _admission_text(led: Ledger) -> str:
     rows += [
         ["admission limit", a.limit, limit_how],
         ["no-preemption limit", a.no_preemption_limit,
-         a.no_preemption_how or "largest N with no waiting, no preemption"],
+         "every request at every group's peak at once: clean whatever the arrivals"
+         if a.clean_in_closed_loop is not None else "largest N with no waiting, no preemption"],
         ["usage gauge at the limit", _pct(a.usage_at_limit), "what the dashboard shows"],
     ]
+    if a.clean_in_closed_loop is not None:  # after the bound a probe is held to: what it may find above it
+        rows.insert(-1, ["clean in the closed loop", a.clean_in_closed_loop,
+                         a.clean_in_closed_loop_how + "; users arriving in phase find less, down to the bound"])
     if led.inputs.dp > 1:
         rows.append(["admission limit, all replicas", a.limit * led.inputs.dp, f"DP{led.inputs.dp}"])
     if a.users is not None:

@@ -139,10 +139,13 @@ def real(vllm_env, model_dir) -> dict:
         _, fields, P, O, _ = next(s for s in SHAPES if s[0] == name)  # noqa: E741
         cfg, pred = no_preemption_prediction(name)
         life = request_lifetime(cfg, P, O)
-        for n in (pred.no_preemption_limit, pred.no_preemption_limit + 1):
+        for n in (pred.clean_in_closed_loop, pred.clean_in_closed_loop + 1):
             arrivals = arrival_steps(life, n, "ramp", pred.ramp_width)
             keys.append((name, n))
             specs.append(driver_spec(model_dir, cfg, P, O, n, arrivals, arrivals[-1] + CLEAN_CHECK_LIFETIMES * life))
+        n = pred.no_preemption_limit
+        keys.append((name, "bound"))
+        specs.append(driver_spec(model_dir, cfg, P, O, n, [0] * n, CLEAN_CHECK_LIFETIMES * life))
     return dict(zip(keys, engine_runs(vllm_env, specs), strict=True))
 
 
@@ -200,11 +203,14 @@ def test_the_explicit_pool_where_the_count_model_parts(real, i):
     assert sim == real[i]["trace"]
 
 
-# The hybrid no-preemption limit (admission.py, vllm_hybrid_groups.no_preemption_limit): the groups
-# peak at different moments of a request's life and the closed loop interleaves requests, so it is
-# the closed loop's own largest clean N, above every-request-at-every-group's-peak. vLLM's scheduler
-# runs the ledger's N clean and N + 1 not, with the ledger's ramp arrivals, for longer than the
-# simulation looked (CLEAN_CHECK_LIFETIMES after the last user joined, against CLEAN_LIFETIMES).
+# The hybrid closed loop's clean region (admission.py `clean_in_closed_loop`,
+# vllm_hybrid_groups.no_preemption_limit): the groups peak at different moments of a request's life
+# and the closed loop interleaves requests, so its largest clean N is above every request at every
+# group's peak. vLLM's scheduler runs the ledger's N clean and N + 1 not, with the ledger's ramp
+# arrivals, for longer than the simulation looked (CLEAN_CHECK_LIFETIMES after the last user joined,
+# against CLEAN_LIFETIMES). The bound a probe is held to (`no_preemption_limit`, every request at
+# every group's peak at once) must hold whatever the phase: all its users arriving at once, vLLM
+# preempts nothing.
 NO_PREEMPTION = ("gpt-oss: window 128 + full, async", "Llama 4: three chunk groups + full, async",
                  "Qwen3-Next with prefill checkpoint blocks, chunked prefill", "Mistral 7B v0.1: every layer windowed")
 CLEAN_CHECK_LIFETIMES = 4
@@ -218,10 +224,16 @@ def no_preemption_prediction(name: str):
 
 
 @pytest.mark.parametrize("name", NO_PREEMPTION)
-def test_the_no_preemption_limit_is_where_vllms_scheduler_starts_to_wait(real, name):
-    cfg, pred = no_preemption_prediction(name)
-    n = pred.no_preemption_limit
-    assert n > (cfg.num_gpu_blocks - 1) // pred.blocks_peak  # above every group's peak at once
+def test_the_closed_loop_runs_clean_up_to_the_ledgers_figure_and_no_further(real, name):
+    _, pred = no_preemption_prediction(name)
+    n = pred.clean_in_closed_loop
+    assert n > pred.no_preemption_limit  # above every request at every group's peak at once
     at, above = real[(name, n)], real[(name, n + 1)]
     assert (max(w for _, w, _ in at["trace"]), at["preemptions"]) == (0, 0), f"N={n} is not clean in vLLM"
     assert max(w for _, w, _ in above["trace"]) > 0, f"N={n + 1} is clean in vLLM too"
+
+
+@pytest.mark.parametrize("name", NO_PREEMPTION)
+def test_at_the_no_preemption_bound_users_arriving_at_once_are_never_preempted(real, name):
+    _, pred = no_preemption_prediction(name)
+    assert real[(name, "bound")]["preemptions"] == 0, f"vLLM preempted at N={pred.no_preemption_limit}"
