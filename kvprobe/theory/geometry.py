@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from kvprobe.errors import ConfigError
 from kvprobe.theory.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model_presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
+from kvprobe.theory.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, expert_tensor_bytes, sink_bytes
 
 _DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
@@ -49,6 +50,10 @@ class WeightPart:
     shard: str  # "tp" (split by TP), "replicated", "kv" (KV heads: max(1, kv//tp) of kv)
     layers: tuple[int, ...] = ()  # layer indices holding it; empty = a model-level part
     stage: str = "layer"  # "first" (embeddings), "last" (final norm, lm_head) or "layer"
+    # Parts whose bytes on a rank are an engine fact (weight_bytes(engine=)): "mxfp4_w13"/"mxfp4_w2"
+    # (MXFP4 experts, dims = (experts, hidden, intermediate)), "sinks" (gpt-oss attention sinks).
+    special: str = ""
+    dims: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class ModelGeometry:
     moe: bool
     weight_parts: tuple[WeightPart, ...]
     layers: LayerKinds  # the kind of every decoder layer (layers.py)
+    quantized_mxfp4: bool = False  # MoE experts in MXFP4 (gpt-oss), the rest in the model dtype
 
     @property
     def weight_bytes_total(self) -> int:
@@ -113,6 +119,11 @@ def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
     return True, (tuple(block) if block else None)
 
 
+def _is_mxfp4_checkpoint(cfg: dict) -> bool:
+    q = cfg.get("quantization_config") or {}
+    return str(q.get("quant_method", "")).lower() == "mxfp4"
+
+
 def _indexer_layer_ids(cfg: dict, num_layers: int, source: str) -> tuple[int, ...]:
     if not cfg.get("index_head_dim"):
         return ()
@@ -140,8 +151,8 @@ def _dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
 class _Parts:
     """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
 
-    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None):
-        self.dtype_bytes, self.fp8, self.block = dtype_bytes, fp8, block
+    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None, mxfp4: bool = False):
+        self.dtype_bytes, self.fp8, self.block, self.mxfp4 = dtype_bytes, fp8, block, mxfp4
         self.parts: list[WeightPart] = []
 
     def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
@@ -157,9 +168,17 @@ class _Parts:
             nbytes += out_f * self.dtype_bytes
         self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers)))
 
-    def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None):
+    def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None, special=""):
         nb = params * self.dtype_bytes if nbytes is None else nbytes
-        self.parts.append(WeightPart(name, params, nb, shard, tuple(layers), stage))
+        self.parts.append(WeightPart(name, params, nb, shard, tuple(layers), stage, special))
+
+    def mxfp4_experts(self, kind, name, experts, hidden, inter, layers, *, bias):
+        """MXFP4 experts at the checkpoint's bytes (mxfp4.py); engines pad them (weight_bytes)."""
+        rows, cols = (2 * inter, hidden) if kind == "w13" else (hidden, inter)
+        params = experts * rows * (cols + (1 if bias else 0))
+        nbytes = expert_tensor_bytes(kind, experts, hidden, inter, bias=bias)
+        self.parts.append(WeightPart(name, params, nbytes, "tp", tuple(layers), "layer", f"mxfp4_{kind}",
+                                     (experts, hidden, inter)))
 
 
 def _attention_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
@@ -186,6 +205,8 @@ def _attention_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> 
     p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")))
     if g["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm on q and k
         p.plain("q_norm+k_norm", 2 * hd, "replicated", layers)
+    if g["model_type"] == "gpt_oss":  # one learned sink logit per head (vLLM gpt_oss.py L131)
+        p.plain("self_attn.sinks", heads, "tp", layers, special="sinks")
 
 
 def _indexer_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
@@ -211,14 +232,20 @@ def _mlp_parts(p: _Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple
         return
     n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
     mi = cfg.get("moe_intermediate_size") or inter
-    p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
-    p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
+    # gpt-oss: experts and router carry biases (vLLM 0.33.0 models/gpt_oss.py L385, L399)
+    gpt_oss = g["model_type"] == "gpt_oss"
+    if p.mxfp4:
+        p.mxfp4_experts("w13", "experts.gate_up_proj", n_routed, h, mi, moe, bias=gpt_oss)
+        p.mxfp4_experts("w2", "experts.down_proj", n_routed, h, mi, moe, bias=gpt_oss)
+    else:
+        p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
+        p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
     shared = cfg.get("n_shared_experts") or 0
     if shared:
         p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
         p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
     # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
-    p.linear("router.gate", n_routed, h, "replicated", moe, quantizable=False)
+    p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
     if cfg.get("topk_method") == "noaux_tc":
         p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)
 
@@ -258,7 +285,8 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     all_layers = tuple(range(layers_n))
     dense_ids = _dense_layer_ids(cfg, layers_n)
     indexer_ids = _indexer_layer_ids(cfg, layers_n, source)
-    p = _Parts(dbytes, fp8, block)
+    mxfp4 = _is_mxfp4_checkpoint(cfg)
+    p = _Parts(dbytes, fp8, block, mxfp4)
     p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
     _attention_parts(p, cfg, g, all_layers)
     _indexer_parts(p, cfg, g, indexer_ids)
@@ -295,6 +323,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         moe=len(dense_ids) < layers_n,
         weight_parts=tuple(p.parts),
         layers=kinds,
+        quantized_mxfp4=mxfp4,
     )
 
 
@@ -370,7 +399,14 @@ def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp:
                    n_idx * per_indexer, total, dtype)
 
 
-def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int) -> int:
+def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int,
+                        engine: str | None, gpu_arch: str) -> int:
+    if engine is not None and part.special.startswith("mxfp4_"):
+        experts, hidden, inter = part.dims
+        return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
+                                   engine=engine, gpu_arch=gpu_arch, tp=tp)
+    if part.special == "sinks":
+        return part.params // tp * sink_bytes(engine, gpu_arch, geom.dtype_bytes)
     if part.shard == "tp":
         return math.ceil(nbytes / tp)
     if part.shard == "kv":
@@ -378,8 +414,12 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
     return nbytes
 
 
-def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1) -> int:
-    """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last)."""
+def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str | None = None,
+                 gpu_arch: str = DEFAULT_GPU_ARCH) -> int:
+    """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last).
+    Without `engine`, the checkpoint's bytes split by TP; with it ("vllm"/"sglang"), the parts whose
+    GPU layout is an engine fact (MXFP4 experts, sinks: mxfp4.py) as that engine allocates them on
+    `gpu_arch`."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
     stages = pp_stages(geom.num_layers, pp)
@@ -395,6 +435,6 @@ def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1) -> int:
                 n = 1 if s == len(stages) - 1 else 0
             else:
                 n = 1
-            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp)
+            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp, engine, gpu_arch)
         loads.append(total)
     return max(loads)
