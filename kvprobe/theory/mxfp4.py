@@ -13,7 +13,8 @@ round H and I up to what the MoE kernel they pick needs. The kernel depends on t
   SM100, `fused_moe/experts/trtllm_mxfp4_moe.py` L121-123; priority list `fused_moe/oracle/mxfp4.py`
   L402-435), whose round-up is the fall-through `I -> 64` (oracle/mxfp4.py L915-916). SGLang's gpt-oss
   override picks `triton_kernel` (`arg_groups/model_overrides/gpt_oss.py` L102-120), whose round-up is
-  `I -> 64` (mxfp4.py L548-551).
+  `I -> 64` (mxfp4.py L548-551). That needs the `triton_kernels` package, which SGLang 0.5.23 does
+  not require: without it I stays I/tp (the same at TP 1; at TP 4, 720 instead of 768).
 * Blackwell (sm100): vLLM picks FLASHINFER_TRTLLM_MXFP4_BF16 (first in the list): `I -> 128,
   H -> 256` (oracle/mxfp4.py L871-873). SGLang picks `flashinfer_mxfp4` (gpt_oss.py L65-69): FusedMoE
   rounds H to 256 (`layers/moe/fused_moe_triton/layer.py` L452-457), create_weights I to 128 and H to
@@ -21,6 +22,7 @@ round H and I up to what the MoE kernel they pick needs. The kernel depends on t
 
 What this leaves out, on purpose: the triton path's post-load swizzle (it replaces the buffers with
 kernel-layout copies; vLLM `_setup_kernel`, mxfp4.py L294-390) and the weight-load staging copies.
+`bench/bench_mxfp4_engines.py` runs both engines' create_weights (meta device) against this module.
 """
 
 from __future__ import annotations
