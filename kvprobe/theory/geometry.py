@@ -165,6 +165,9 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     dense_ids = dense_layer_ids(cfg, layers_n)
     indexer_ids = _indexer_layer_ids(cfg, layers_n, source)
     mxfp4 = _is_mxfp4_checkpoint(cfg)
+    if mxfp4 and model_type != "gpt_oss":  # other MXFP4 checkpoints quantise other modules, other kernels
+        raise ConfigError(f"kvprobe counts MXFP4 weights for gpt-oss only (its experts); this model_type is "
+                          f"{model_type!r}", file=source, key="quantization_config.quant_method")
     p = Parts(dbytes, fp8, block, mxfp4)
     p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
     attention_parts(p, cfg, g, all_layers)

@@ -111,3 +111,11 @@ def test_a_non_mxfp4_model_is_unchanged_by_engine_or_arch():
     g = geometry_from_config(cfg, "meta-llama/Llama-3.1-8B", source=src)
     assert not g.quantized_mxfp4
     assert weight_bytes(g, engine="sglang", gpu_arch="sm100") == weight_bytes(g) == 8_030_261_248 * 2
+
+
+def test_mxfp4_on_another_model_is_refused_naming_the_key():
+    cfg, _ = load_model_config("Qwen/Qwen3-8B")
+    cfg = {**cfg, "quantization_config": {"quant_method": "mxfp4"}}
+    with pytest.raises(ConfigError, match="gpt-oss only") as err:
+        geometry_from_config(cfg, "qwen3-mxfp4.json")
+    assert err.value.key == "quantization_config.quant_method" and "qwen3" in str(err.value)
