@@ -66,7 +66,7 @@ def shadow_budget(req, flags: dict[str, object]) -> tuple[SglangBudget, int]:
                           "memory (hardware.gpu_memory / --gpu-memory) to size it as that GPU would",
                           key="flags.max-total-tokens")
     ctx = flags.get("context-length") or geom.max_position_embeddings
-    bud = sglang_budget(geom, kv, weights=weight_bytes(geom), gpu_memory_bytes=req.gpu_memory_bytes,
+    bud = sglang_budget(geom, kv, weights=weight_bytes(geom, engine="sglang"), gpu_memory_bytes=req.gpu_memory_bytes,
                         context_len=int(ctx), mem_fraction_static=flags.get("mem-fraction-static"),
                         chunked_prefill_size=flags.get("chunked-prefill-size"), page_size=flags.get("page-size"),
                         max_total_tokens=flags.get("max-total-tokens"),

@@ -20,6 +20,7 @@ from kvprobe.theory.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
 from kvprobe.theory.sched_sglang_swa import FULL_POOL, window_pool_label
 from kvprobe.theory.sglang_pools import DEFAULT_SWA_FULL_TOKENS_RATIO, SglangOptions, SglangPools
 from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
@@ -37,6 +38,7 @@ class LedgerInputs:
     model: str
     engine_version: str | None = None
     gpu_memory_bytes: int | None = None
+    gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None
     dtype: str | None = None
@@ -149,6 +151,7 @@ class Ledger:
                 "name": g.name, "source": self.model.source, "attention": g.attention,
                 "num_layers": g.num_layers, "layers_per_rank": kv.layers_per_rank,
                 "param_count": g.param_count, "dtype": g.dtype, "quantized_fp8": g.quantized_fp8,
+                "quantized_mxfp4": g.quantized_mxfp4,
                 "kv_cache_dtype": kv.dtype, "kv_bytes_per_token": kv.total,
                 "kv_bytes_per_token_main": kv.main, "kv_bytes_per_token_indexer": kv.indexer,
                 "kv_bytes_per_token_per_layer": kv.per_layer_main, "indexer_layers": g.indexer_layers,
@@ -201,6 +204,8 @@ def _validate(inp: LedgerInputs) -> None:
         raise ConfigError(f"expected one of {', '.join(ENGINES)}, got {inp.engine!r}", key="engine")
     for name in ("tp", "pp", "dp"):
         _positive(name, getattr(inp, name), allow_none=False)
+    if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
+        raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
     for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
                  "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
                  "kv_cache_memory_bytes", "gpu_memory_bytes", "prompt_tokens", "output_tokens", "users"):
@@ -249,7 +254,8 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
-    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source, cfg)
+    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp, engine=inputs.engine,
+                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
@@ -462,8 +468,11 @@ def _render_sections(led: Ledger) -> list[str]:
         ["model", g.name, led.model.source],
         ["attention", g.attention, f"{g.num_layers} layers, {g.num_kv_heads} KV heads" if g.attention == "gqa"
          else f"latent {g.kv_lora_rank}+{g.qk_rope_head_dim}, not split by TP"],
-        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")],
-        ["weights per rank", format_bytes(led.model.weight_bytes), par],
+        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")
+         + (", MXFP4 experts" if g.quantized_mxfp4 else "")],
+        ["weights per rank", format_bytes(led.model.weight_bytes), par + (
+            f", experts as {inp.engine} allocates them on {inp.gpu_arch or DEFAULT_GPU_ARCH}"
+            if g.quantized_mxfp4 else "")],
         ["KV bytes per token per rank", kv.total, f"{kv.dtype}: {kv_note}"],
     ]
     if g.layers.hybrid:  # the bytes per token above count every attention layer as full
