@@ -74,23 +74,24 @@ def test_a_declared_gpu_sizes_both_pools_from_its_budget():
 
 
 def test_a_declared_gpu_is_sized_as_the_real_sglang_sized_it():
-    """Recorded from `kvprobe shadow sglang --model-path openai/gpt-oss-20b --gpu-memory 48GiB
-    --mem-fraction-static 0.9 --context-length 2048 --disable-radix-cache` (SGLang's configurator
-    given the plugin's 4.26 GiB): the same full pool, window pool and max_running_requests."""
+    """Recorded from `kvprobe shadow sglang --model-path openai/gpt-oss-20b --gpu-memory 20GiB
+    --mem-fraction-static 0.85 --context-length 2048 --disable-radix-cache` (SGLang's configurator
+    given the plugin's 20 x 0.85 - 12.82 GiB of MXFP4 weights = 4.18 GiB): the same full pool,
+    window pool and max_running_requests."""
     from pathlib import Path
 
     from kvprobe.engines import sglang as dialect
 
     log = (Path(__file__).resolve().parents[1] / "engines" / "published" /
-           "sglang-0.5.23-gpt-oss-20b-gpu48-startup.log").read_text()
-    req = _req(GPT_OSS, {"context-length": 2048, "mem-fraction-static": 0.9, "disable-radix-cache": True},
-               gpu_memory_bytes=48 * 2**30)
+           "sglang-0.5.23-gpt-oss-20b-gpu20-startup.log").read_text()
+    req = _req(GPT_OSS, {"context-length": 2048, "mem-fraction-static": 0.85, "disable-radix-cache": True},
+               gpu_memory_bytes=20 * 2**30)
     bud, _ = _pools(req)
     logged, rep = dialect.parse_hybrid_startup(log), dialect.parse_startup_log(log)
     assert (logged["full_tokens"], logged["swa_tokens"], rep.max_running) == \
-        (bud.pools.max_total_num_tokens, bud.pools.swa_tokens, bud.max_running_requests) == (103294, 82635, 4096)
+        (bud.pools.max_total_num_tokens, bud.pools.swa_tokens, bud.max_running_requests) == (101552, 81241, 4096)
     assert sglang_target.parse_worker_log(log)["pool_sizing"].endswith(
-        f"mem_fraction_static 0.9 -> KV budget {bud.kv_pool_bytes / 2**30:.2f} GiB")
+        f"mem_fraction_static 0.85 -> KV budget {bud.kv_pool_bytes / 2**30:.2f} GiB")
 
 
 def test_chunked_local_attention_is_sized_as_the_real_sglang_sized_it():
