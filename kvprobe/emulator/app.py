@@ -27,8 +27,6 @@ from kvprobe.errors import ConfigError
 from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang_pools import (
-    DEFAULT_SWA_FULL_TOKENS_RATIO,
-    SglangOptions,
     SglangPools,
     sglang_layout,
     sglang_pools,
@@ -110,11 +108,11 @@ def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
     geom = geometry_from_config(cfg, model, source=source)
     if not geom.layers.hybrid:
         return None
-    opts = SglangOptions(page_size=flags["page-size"], disable_radix_cache=bool(flags["disable-radix-cache"]),
-                         max_running_requests=flags["max-running-requests"],
-                         chunked_prefill_size=flags["chunked-prefill-size"],
-                         disable_overlap_schedule=bool(flags["disable-overlap-schedule"]),
-                         swa_full_tokens_ratio=flags["swa-full-tokens-ratio"] or DEFAULT_SWA_FULL_TOKENS_RATIO)
+    from kvprobe.shadow.sglang_hybrid import (
+        options,  # the flags SGLang's pools read, as the shadow reads them
+    )
+
+    opts = options(flags)
     layout = sglang_layout(cfg, geom, opts)
     if layout.pool == "mamba" and not opts.disable_radix_cache:
         raise ConfigError(f"{model} keeps {len(layout.mamba_layer_ids)} recurrent (Gated DeltaNet) layers in "

@@ -131,7 +131,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1, ledger="page_size"),
     Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)", lo=0),
     Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)", ledger="disable_radix_cache"),
-    Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
+    Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)",
+         ledger="disable_overlap_schedule"),
     Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
     Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports", lo=1),
     # arg_groups/fields/serving.py L160-163 (Optional[str]); no environment variable. Secret: never printed.
@@ -148,13 +149,20 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     # unset resolves to 0.8; pool_configurator.py L880-891)
     Flag("swa-full-tokens-ratio", float, None, "hybrid SWA: window pool / full pool tokens (None -> 0.8)",
          kind="frac", ledger="swa_full_tokens_ratio"),
+    # The other hybrid-pool flags (arg_groups/fields/schedule.py L182-186, L211-227; exec_.py
+    # L490-530): hybrid SWA memory off, the recurrent-state slots and their share of the budget, how
+    # the radix cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect.
+    Flag("disable-hybrid-swa-memory", None, False, "hybrid SWA models: one full pool over every layer",
+         ledger="disable_hybrid_swa_memory"),
+    Flag("max-mamba-cache-size", int, None, "recurrent-state slots (None -> from the budget)", lo=1,
+         ledger="max_mamba_cache_size"),
+    Flag("mamba-full-memory-ratio", float, None, "state slots : full pool bytes (None -> 0.9)", kind="frac",
+         ledger="mamba_full_memory_ratio"),
+    Flag("mamba-radix-cache-strategy", str, None, "how the radix cache keeps Mamba states (None -> extra_buffer)",
+         ledger="mamba_radix_cache_strategy"),
+    Flag("mamba-ssm-dtype", str, None, "recurrent state dtype (None -> the config's, else float32)",
+         ledger="mamba_ssm_dtype"),
 )}
-# Hybrid-model pool flags the ledger does not read (arg_groups/fields/schedule.py L182-186, L211-227;
-# exec_.py L490-530): hybrid SWA memory off, the recurrent-state slots and their share, how the radix
-# cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect on the pools
-# (the shadow's prediction, kvprobe/shadow/sglang_hybrid.py); the window pool's share is a FLAG.
-HYBRID_FLAGS = ("disable-hybrid-swa-memory", "max-mamba-cache-size",
-                "mamba-full-memory-ratio", "mamba-radix-cache-strategy", "mamba-ssm-dtype")
 # Quantization methods SGLang 0.5.23 registers only on CUDA/HIP/XPU, or on a CPU with
 # SGLANG_USE_CPU_ENGINE=1 (`is_cpu()`, which then needs sgl_kernel) (layers/quantization/__init__.py
 # L96-104): otherwise a config naming one fails with "Unknown quantization method: mxfp4". The weights'
@@ -167,7 +175,7 @@ OTHER_FLAGS = (
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
     "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
-    "stream-interval", "sleep-on-idle", "device", *HYBRID_FLAGS,
+    "stream-interval", "sleep-on-idle", "device",
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}

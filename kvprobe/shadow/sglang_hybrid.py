@@ -13,24 +13,14 @@ which compare it with what SGLang logs.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.sglang_pools import SglangOptions, SglangPools
 
-# flag -> (SglangOptions field, parser); the flags are the dialect's FLAGS and HYBRID_FLAGS
-_OPTION_FLAGS = {
-    "page-size": ("page_size", int),
-    "swa-full-tokens-ratio": ("swa_full_tokens_ratio", float),
-    "disable-hybrid-swa-memory": ("disable_hybrid_swa_memory", bool),
-    "max-mamba-cache-size": ("max_mamba_cache_size", int),
-    "mamba-full-memory-ratio": ("mamba_full_memory_ratio", float),
-    "disable-radix-cache": ("disable_radix_cache", bool),
-    "max-running-requests": ("max_running_requests", int),
-    "chunked-prefill-size": ("chunked_prefill_size", int),
-    "disable-overlap-schedule": ("disable_overlap_schedule", bool),
-    "mamba-radix-cache-strategy": ("mamba_radix_cache_strategy", str),
-    "mamba-ssm-dtype": ("mamba_ssm_dtype", str),
-}
+# SglangOptions' fields are LedgerInputs' names: a dialect flag that sets one (`Flag.ledger`) sets the other
+_OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(SglangOptions))
 
 
 def _parse(name: str, value, kind):
@@ -50,8 +40,8 @@ def _parse(name: str, value, kind):
 
 def options(flags: dict[str, object]) -> SglangOptions:
     """SglangOptions from the launch's flags (SGLang's names, values as given)."""
-    kw = {field: _parse(name, flags[name], kind) for name, (field, kind) in _OPTION_FLAGS.items()
-          if flags.get(name) is not None}
+    kw = {flag.ledger: _parse(name, flags[name], flag.type or bool) for name, flag in dialect.FLAGS.items()
+          if flag.ledger in _OPTION_FIELDS and flags.get(name) is not None}
     return SglangOptions(**kw)
 
 

@@ -22,7 +22,12 @@ from kvprobe.theory.geometry import (
 )
 from kvprobe.theory.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
 from kvprobe.theory.sched_sglang_swa import FULL_POOL, window_pool_label
-from kvprobe.theory.sglang_pools import DEFAULT_SWA_FULL_TOKENS_RATIO, SglangOptions, SglangPools
+from kvprobe.theory.sglang_pools import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SglangOptions,
+    SglangPools,
+)
 from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
@@ -66,6 +71,11 @@ class LedgerInputs:
     swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
     mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
     disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
+    # SGLang's hybrid-pool flags (theory/sglang_pools.SglangOptions; None: SGLang's default)
+    disable_hybrid_swa_memory: bool = False
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_ssm_dtype: str | None = None
     reserve_full_isl: bool = True
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -347,7 +357,11 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
                                   disable_radix_cache=inputs.disable_radix_cache,
                                   disable_overlap_schedule=inputs.disable_overlap_schedule,
-                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer"))
+                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer",
+                                  disable_hybrid_swa_memory=inputs.disable_hybrid_swa_memory,
+                                  max_mamba_cache_size=inputs.max_mamba_cache_size,
+                                  mamba_full_memory_ratio=inputs.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+                                  mamba_ssm_dtype=inputs.mamba_ssm_dtype))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
                    bud.max_running_requests, bud.chunked_prefill_size,
