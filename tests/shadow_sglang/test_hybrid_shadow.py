@@ -145,18 +145,25 @@ def _serve(target: ShadowTarget, model: str, n: int, seen) -> tuple[list[tuple[i
     return results, hit
 
 
-def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures):
-    model = GPT_OSS
-    cfg, _ = load_model_config(model)
-    geom = geometry_from_config(cfg, model)
+def _predicted_and_logged(model: str, servers, **opts):
+    """kvprobe's pools for the shipped expectation's flags, and what the running SGLang logged and
+    its plugin reported: (expectation, prediction, startup facts, hybrid startup lines, plugin facts)."""
     exp = _expectation(model)
-    want = sglang_pools(cfg, geom, context_len=exp.flags["context-length"], max_total_tokens=exp.flags["max-total-tokens"],
-                        opts=SglangOptions(chunked_prefill_size=4096, disable_radix_cache=True))
-    assert (want.max_total_num_tokens, want.swa_tokens) == (4000, 3200)
+    cfg, _ = load_model_config(model)
+    want = sglang_pools(cfg, geometry_from_config(cfg, model), context_len=exp.flags["context-length"],
+                        max_total_tokens=exp.flags["max-total-tokens"],
+                        opts=SglangOptions(chunked_prefill_size=4096, disable_radix_cache=True, **opts))
     target = servers[model]
     log = Path(target.log_path).read_text(errors="replace")
-    rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
-    shadow = target.facts().shadow
+    return (exp, want, dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log),
+            target.facts().shadow)
+
+
+def test_gpt_oss_full_and_window_pools_as_predicted_and_in_use(servers, figures):
+    model = GPT_OSS
+    _, want, rep, hyb, shadow = _predicted_and_logged(model, servers)
+    assert (want.max_total_num_tokens, want.swa_tokens) == (4000, 3200)
+    target = servers[model]
     figures(f"gpt-oss-20b: SGLang full {rep.kv_tokens}, window {hyb.get('swa_tokens')} tokens, "
             f"max_running {rep.max_running}, window {shadow.get('sliding_window')}; kvprobe "
             f"{want.max_total_num_tokens}/{want.swa_tokens}/{want.max_running_requests}, window "
@@ -186,17 +193,10 @@ def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, f
     the radix cache on ("extra_buffer requires platform support for Mamba cache state snapshots.",
     tests/shadow_env/test_hybrid_sglang.py); `no_buffer` with overlap off runs (the README's example)."""
     model = QWEN_NEXT
-    exp = _expectation(model)
-    slots = exp.flags["max-running-requests"]
-    cfg, _ = load_model_config(model)
-    geom = geometry_from_config(cfg, model)
-    want = sglang_pools(cfg, geom, context_len=exp.flags["context-length"], max_total_tokens=exp.flags["max-total-tokens"],
-                        opts=SglangOptions(max_running_requests=slots, disable_radix_cache=True, chunked_prefill_size=4096))
+    slots = _expectation(model).flags["max-running-requests"]
+    _, want, rep, hyb, shadow = _predicted_and_logged(model, servers, max_running_requests=slots)
     assert (want.max_total_num_tokens, want.mamba_slots, want.max_running_requests) == (4096, slots, slots)
     target = servers[model]
-    log = Path(target.log_path).read_text(errors="replace")
-    rep, hyb = dialect.parse_startup_log(log), dialect.parse_hybrid_startup(log)
-    shadow = target.facts().shadow
     figures(f"Qwen3-Next: SGLang full {rep.kv_tokens} tokens, {hyb.get('mamba_slots')} state slots of "
             f"{shadow.get('mamba_cache_per_req')} B, max_running {rep.max_running}; kvprobe "
             f"{want.max_total_num_tokens}, {want.mamba_slots} of {want.layout.mamba_cache_per_req} B, "
