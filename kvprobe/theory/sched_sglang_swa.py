@@ -28,9 +28,8 @@ pool (files and lines of the released wheel, `sglang/srt/...`):
 * The usage the engine exports per pool (`_get_swa_token_info`, managers/scheduler_components/
   pool_stats_observer.py L304-345): capacity - available - evictable of each pool.
 
-Modelled: the radix cache off (`--disable-radix-cache`: SWAChunkCache, nothing is cached). The
-radix cache on (SWARadixCache: window slots of cached prefixes, tombstones, a second LRU) is not:
-a ConfigError says so. Checked step by step against SGLang's own Scheduler
+Modelled here: the radix cache off (`--disable-radix-cache`: nothing is cached). The radix cache on
+(SGLang's default) is the subclass in sched_sglang_swa_radix.py. Checked step by step against SGLang's own Scheduler
 (tests/theory/test_real_sglang.py, the hybrid shapes).
 """
 
@@ -75,12 +74,12 @@ class SglangSwaScheduler(SglangScheduler):
     """SglangScheduler with a window pool beside the full one (see the module docstring)."""
 
     _simulates_future = False  # schedule_policy.py L1292-1304
+    _radix_modelled = False  # the radix cache on: SglangSwaRadixScheduler
 
     def __init__(self, config: SglangConfig):
-        if not config.disable_radix_cache:
-            raise ConfigError("SGLang's hybrid sliding-window admission is modelled with the radix cache off "
-                              "only (SWARadixCache is not); add --disable-radix-cache",
-                              key="disable_radix_cache")
+        if not config.disable_radix_cache and not self._radix_modelled:
+            raise ConfigError("SglangSwaScheduler models the radix cache off; with it on, use "
+                              "SglangSwaRadixScheduler (sched_sglang_swa_radix.py)", key="disable_radix_cache")
         if not config.swa_pool_tokens or config.sliding_window_size <= 0:
             raise ConfigError("a hybrid sliding-window SGLang config needs the window pool's size and the "
                               "window", key="swa_pool_tokens")

@@ -37,6 +37,7 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
 )
 from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler, is_hybrid_swa
+from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
 from kvprobe.theory.sched_vllm import VllmScheduler
 from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
 from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
@@ -49,7 +50,7 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
         return VllmScheduler(config)
     if isinstance(config, SglangConfig):
         if is_hybrid_swa(config):
-            return SglangSwaScheduler(config)
+            return SglangSwaScheduler(config) if config.disable_radix_cache else SglangSwaRadixScheduler(config)
         return SglangScheduler(config)
     raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
 
