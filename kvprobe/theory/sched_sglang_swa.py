@@ -235,10 +235,13 @@ def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, in
     """What one request of P prompt and O output tokens (ignore_eos) costs in each pool: the tokens
     admission charges it (full: P + min(O, 4096) + a page, check_prefill; window: the
     estimate_swa_kv_tokens charge), and the slots it holds at its peak and on average over its
-    life, stepped through this scheduler alone in pools large enough for it. Keys as vLLM's groups
+    life (the radix cache on: used, i.e. not evictable), stepped through this scheduler alone in pools
+    large enough for it. Keys as vLLM's groups
     (vllm_hybrid_groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
+    from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler  # (it imports this module)
+
     big = 4 * (P + O) + 4 * cfg.page_size
-    solo = SglangSwaScheduler(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
+    solo = (SglangSwaScheduler if cfg.disable_radix_cache else SglangSwaRadixScheduler)(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
                                                   max_running_requests=1, context_len=max(cfg.context_len, big)))
     solo.add(SimRequest("solo", list(range(1, P + 1)), O))
     full, window = [], []

@@ -67,13 +67,14 @@ class SglangSwaRadixScheduler(SglangSwaScheduler):
         return (self.pool.root, 0) if req._readopt else (node, prefix)
 
     # -- what a request holds in the window pool
-    def _window_used(self, held: int, ev: int, cached: int) -> int:
+    def _window_used(self, req: SimRequest, held: int, ev: int) -> int:
         """Slots counted used: its own slots above the tree's prefix and above what it freed, plus
-        the locked trailing window of its prefix in the tree."""
-        return self.ceil_page(held) - max(ev, cached) + min(self.R, cached)
+        the window slots its lock holds in the tree (from its lowest locked node up)."""
+        cached = req._cached
+        return self.ceil_page(held) - max(ev, cached) + cached - getattr(req, "_swa_lock_lo", 0)
 
     def _window_held(self, row: dict[str, int], req: SimRequest) -> int:
-        return self._window_used(row["held"], row.get("ev", getattr(req, "_swa_ev", 0)), req._cached)
+        return self._window_used(req, row["held"], row.get("ev", getattr(req, "_swa_ev", 0)))
 
     def _held_and_ev(self, req: SimRequest) -> tuple[int, int]:
         if req is self.chunked or req.status != "running":
@@ -81,15 +82,50 @@ class SglangSwaRadixScheduler(SglangSwaScheduler):
         row = self.run.row(self.run.index(req))
         return row["held"], row["ev"]
 
+    def _lock_from(self, req: SimRequest, c0: int, c: int) -> int:
+        """The request's tree path ends in nodes cut at each checkpoint, a fresh leaf longer than
+        the retain window cut one page-aligned window from its end (`_maybe_split_leaf_for_swa_lock`,
+        components/swa.py L593-618); the lock holds the window slots of its last nodes until they
+        cover the window (a node at a time: a last chunk of 40 locks it and the 127 above it)."""
+        bounds = req.__dict__.setdefault("_swa_bounds", [0])
+        if c > c0:
+            if c - c0 > self.R:
+                bounds.append(c - self.R)
+            bounds.append(c)
+        i = len(bounds) - 1
+        while i > 0 and c - bounds[i] < self.W:
+            i -= 1
+        return bounds[i]
+
     def _checkpoint(self, req: SimRequest, upto: int) -> None:
-        """The prefix enters the tree: its window slots below the locked trailing window turn
-        evictable (the lock moves from the earlier chunk's node to this one)."""
+        """The prefix enters the tree: its window slots below the locked nodes turn evictable (the
+        lock moves from the earlier chunk's node to this one)."""
         if self._releasing:  # _release accounts for the whole request itself
             return super()._checkpoint(req, upto)
         held, ev = self._held_and_ev(req)
-        before = self._window_used(held, ev, req._cached)
+        before, c0 = self._window_used(req, held, ev), req._cached
         super()._checkpoint(req, upto)
-        self.swa.free(before - self._window_used(held, ev, req._cached))
+        req._swa_lock_lo = self._lock_from(req, c0, req._cached)
+        self.swa.free(before - self._window_used(req, held, ev))
+        self._set_ev(req, self._checkpoint_ev(ev, c0, upto - 1))
+
+    def _checkpoint_ev(self, ev: int, c0: int, pre: int) -> int:
+        """checkpoint_into_tree frees the request's out-of-window slots before it inserts
+        (unified_radix_cache.py L1211-1221, SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS on):
+        free_swa_out_of_window_slots at pre_len = the inserted length - 1, interval 1, from
+        max(evicted, the earlier cache_protected_len). The slots it frees lie below the locked
+        nodes, already not counted used here; what it moves is `evicted`, the decode trigger's
+        base (a request of 1100 in chunks of 512 first evicts at seqlen 1280, not 1355)."""
+        if pre - self.W < ev + 1:
+            return ev
+        ev = max(ev, c0)
+        return max(ev, max(ev, pre - self.R) // self.ps * self.ps)
+
+    def _set_ev(self, req: SimRequest, ev: int) -> None:
+        if req is self.chunked or req.status != "running":
+            req._swa_ev = ev
+        else:
+            self.run("ev")[0][self.run.index(req)] = ev
 
     def _alloc_extend(self, n: int, req: SimRequest) -> None:
         """No window is freed on extend with prefix sharing (schedule_batch.py L4105-4107)."""
@@ -119,7 +155,8 @@ class SglangSwaRadixScheduler(SglangSwaScheduler):
         """Finished (its sequence enters the tree unlocked) or retracted (its lock released): every
         window slot it held is free or evictable."""
         self.swa.free(self._window_held(row, req))
-        req._swa_ev = req._ebi = 0
+        req._swa_ev = req._ebi = req._swa_lock_lo = 0
+        req._swa_bounds = [0]
         self._releasing = True
         try:
             super(SglangSwaScheduler, self)._release(req, row, finished=finished, result=result)  # the full pool's

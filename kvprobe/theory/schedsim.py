@@ -84,6 +84,9 @@ class ClosedLoopStats:
     # SGLang hybrid SWA: the share of refused admissions in the window that the window pool refused
     window_blocked: float = 0.0
     swa_usage_mean: float = 0.0  # ... and the window pool's used slots over its size, time average
+    # ... radix cache on: re-admissions onto an old tree path in the whole run (not modelled from the
+    # first on: sched_sglang_swa_radix.py)
+    swa_radix_readopted: int = 0
 
     @property
     def simulated(self) -> int:
@@ -280,4 +283,5 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
         lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches,
         window_blocked=by_window / refused if refused else 0.0,
-        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0)
+        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0,
+        swa_radix_readopted=sched.stats.swa_radix_readopted)

@@ -233,10 +233,15 @@ RADIX_SHAPES = {
     "swa radix on: full pool binds, retraction": (
         hybrid_config(4000, dataclasses.replace(ON, swa_full_tokens_ratio=0.5)), 300, 400, 20, "burst", False, 2500,
         None),
-    # chunks: each chunk's prefix enters the tree and keeps one window locked
+    # chunks: each chunk's prefix enters the tree; a last chunk of 76 locks its node and the 127
+    # above it; the checkpoint moves the decode eviction's base (evicted) to the earlier chunk's end
     "swa radix on: chunks of 512": (hybrid_config(16000, dataclasses.replace(ON, chunked_prefill_size=512,
                                                                          swa_full_tokens_ratio=0.2)),
-                                    1500, 300, 8, "ramp", True, 700, None),
+                                    1100, 300, 10, "ramp", True, 400, 350),
+    # pages of 16, chunks of 256, a burst: requests of equal outputs retracted last-in-batch first
+    "swa radix on: pages of 16, chunks of 256, retraction": (
+        hybrid_config(16000, dataclasses.replace(ON, chunked_prefill_size=256, page_size=16,
+                                                 swa_full_tokens_ratio=0.15)), 700, 300, 12, "burst", False, 200, 180),
     "swa radix on: pages of 16, window binds": (hybrid_config(8000, dataclasses.replace(ON, page_size=16)),
                                                 250, 500, 12, "ramp", False, 600, 540),
     "swa radix on: Llama 4 chunked layers, window binds": (hybrid_config(8000, ON, LLAMA4), 300, 400, 12, "ramp",
