@@ -81,7 +81,8 @@ def to_vllm_spec(d: dict) -> KVCacheSpec:
             dtypes=tuple(getattr(torch, t) for t in d["dtypes"]),
             page_size_padded=d["page_size_padded"], mamba_type=_MAMBA_TYPES[d["mamba_type"]],
             mamba_cache_mode=d["mamba_cache_mode"],
-            num_prefill_checkpoint_blocks=d["num_prefill_checkpoint_blocks"])
+            num_prefill_checkpoint_blocks=d["num_prefill_checkpoint_blocks"],
+            prefill_checkpoint_alignment=d.get("prefill_checkpoint_alignment"))
     cls = _ATTENTION[d["spec"]]
     kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
               dtype=getattr(torch, d["dtype"]), kv_quant_mode=get_kv_quant_mode(d["cache_dtype"]))

@@ -23,7 +23,7 @@ from kvprobe.theory.schedsim import (
     cdiv,
     closed_loop,
 )
-from kvprobe.theory.vllm_hybrid_groups import request_group_blocks
+from kvprobe.theory.vllm_hybrid_groups import no_preemption_limit, request_group_blocks
 
 POLICIES = ("vllm-0.33", "vllm-0.11", "sglang-0.5.22", "sglang-0.5.21", "worst-case")
 
@@ -67,6 +67,12 @@ class Prediction:
     # as dicts), and the group holding most of them when KV binds ("full layers", ...)
     groups: tuple = ()
     binding_group: str = ""
+    # Hybrid (vLLM): the largest N whose simulated closed loop (users ramped over a lifetime) never
+    # waits or preempts. The groups peak at different moments, so it is above `no_preemption_limit`,
+    # which holds whatever the arrivals' phase (every request at every group's peak at once) and is
+    # what a probe is held to: users that start closer in phase find the clean region lower.
+    clean_in_closed_loop: int | None = None
+    clean_in_closed_loop_how: str = ""
 
 
 class NotModelled(ConfigError):
@@ -201,6 +207,12 @@ def _vllm(cfg: VllmConfig, P: int, O: int, K: int, policy: str, layers=()) -> Pr
     binding = min(candidates, key=candidates.get)
     if binding == "max_num_seqs" and stats.waiting_mean > 0 and stats.preemptions_per_1k_steps > 0:
         binding = "kv"
+    if groups:  # the groups peak at different moments: the closed loop itself, beside the bound
+        common["clean_in_closed_loop"] = no_preemption_limit(
+            _with_policy(cfg, policy), P, O, guess=math.floor(limit), ramp_width=_ramp_width(estimate),
+            shared_prefix_tokens=K)
+        common["clean_in_closed_loop_how"] = (f"largest N whose simulated closed loop (users ramped, width "
+                                              f"{_ramp_width(estimate)}) never waits or preempts")
     return Prediction(limit=limit, no_preemption_limit=no_preempt, binding=binding,
                       usage_at_limit=round(stats.usage_mean, 3), method="schedsim", limit_mean=limit,
                       how=describe(stats, "ramp"), running_sem=round(stats.running_sem, 3), start="ramp",

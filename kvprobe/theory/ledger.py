@@ -524,6 +524,9 @@ def _render_sections(led: Ledger) -> list[str]:
                                  "(one request alone)"])
         elif r.groups:
             req_rows[2][2] = "sum over groups of each group's peak (one request alone)"
+            # the groups peak at different moments, and a closed loop interleaves requests: the
+            # no-preemption limit below is higher (admission.py simulates it)
+            req_rows[3][2] = "usable blocks // peak: every request at every group's peak at once"
             for g in r.groups:
                 req_rows.append([f"  {g['group']}", f"{g['blocks_admission']} / {g['blocks_peak']}",
                                  f"blocks to admit / peak; mean {g['blocks_mean']:g} over its life"])
@@ -623,9 +626,14 @@ def _admission_text(led: Ledger) -> str:
                      if caching else "prefix caching off: nothing shared"])
     rows += [
         ["admission limit", a.limit, limit_how],
-        ["no-preemption limit", a.no_preemption_limit, "largest N with no waiting, no preemption"],
+        ["no-preemption limit", a.no_preemption_limit,
+         "every request at every group's peak at once: clean whatever the arrivals"
+         if a.clean_in_closed_loop is not None else "largest N with no waiting, no preemption"],
         ["usage gauge at the limit", _pct(a.usage_at_limit), "what the dashboard shows"],
     ]
+    if a.clean_in_closed_loop is not None:  # after the bound a probe is held to: what it may find above it
+        rows.insert(-1, ["clean in the closed loop", a.clean_in_closed_loop,
+                         a.clean_in_closed_loop_how + "; users arriving in phase find less, down to the bound"])
     if led.inputs.dp > 1:
         rows.append(["admission limit, all replicas", a.limit * led.inputs.dp, f"DP{led.inputs.dp}"])
     if a.users is not None:

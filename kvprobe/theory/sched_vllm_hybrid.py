@@ -25,6 +25,7 @@ from kvprobe.theory.pools import prompt_keys
 from kvprobe.theory.sched_common import Lanes, SimRequest, StepResult, VllmConfig
 from kvprobe.theory.sched_vllm import VllmScheduler
 from kvprobe.theory.vllm_kvm import FULL, MAMBA, HybridKVManager, KVGroup, KVRequest
+from kvprobe.theory.vllm_kvm_pool import checkpoint_position, checkpoint_valid
 
 # infl: tokens in flight (num_in_flight_tokens); qs, qc, qp: HybridKVManager.quiet of the request
 _COLUMNS = ("comp", "ntok", "held", "stop", "plen", "sched", "seed", "cap", "ph", "fly", "infl", "qs", "qc", "qp")
@@ -56,8 +57,10 @@ class HybridVllmScheduler(VllmScheduler):
         self.kvm = HybridKVManager(groups, config.num_gpu_blocks, block_size=config.block_size,
                                    caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
                                    in_flight=in_flight_tokens(config), watermark_blocks=self.watermark)
-        # "align" mode: prefill chunks end on block boundaries (scheduler.py L430-434)
+        # "align" mode: prefill chunks end on block boundaries (scheduler.py L430-434); with prefill
+        # checkpoint blocks in every Mamba group, the first group's alignment (L435-449)
         self.align_split = bool(mamba) and config.enable_prefix_caching
+        self.checkpoint = mamba[0].checkpoint if mamba and all(g.checkpoint for g in mamba) else 0
         self.run = Lanes(_COLUMNS)
         self.refresh_stats()
 
@@ -206,21 +209,26 @@ class HybridVllmScheduler(VllmScheduler):
             budget -= new
 
     def _aligned_split(self, kv: KVRequest, num_new: int, start: int) -> int:
-        """`_mamba_block_aligned_split` (scheduler.py L546-662) without prefill checkpoint blocks,
-        partial hash hits or EAGLE: a prefill chunk stops at a block boundary, at the last
-        cacheable boundary of the sequence, and at the shared-prefix junction."""
+        """`_mamba_block_aligned_split` (scheduler.py L546-662) without partial hash hits or EAGLE:
+        a prefill chunk stops at a block boundary, at the last cacheable boundary of the sequence,
+        and at the shared-prefix junction — unless it reaches the prefill's end and the backend
+        exports that boundary's state from inside it (prefill checkpoint blocks, L587-606)."""
         prefill_end = max(kv.num_prompt_tokens, kv.num_tokens - 1)
         if start >= prefill_end:
             return num_new
         B = self.B
-        last_cache = max((kv.num_tokens - 1) // B * B, 0)
+        last_cache = checkpoint_position(kv.num_tokens, B)
         end = start + num_new
+        internal = end >= prefill_end and checkpoint_valid(start, end, checkpoint_position(prefill_end, B), B,
+                                                           self.checkpoint)
+        if internal:
+            last_cache = 0
         if end < prefill_end:
             aligned = end // B * B
             if aligned > start or B <= self.cfg.max_num_batched_tokens:
                 end = aligned
         junction = kv.shared_prefix_boundary
-        stops = ((start // B + 1) * B if start % B else 0, last_cache,
+        stops = ((start // B + 1) * B if start % B and not internal else 0, last_cache,
                  start + (junction - start) // B * B if start < junction < end else 0)
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kvprobe.errors import ConfigError
 from kvprobe.theory.sched_common import SimRequest, VllmConfig
 from kvprobe.theory.vllm_kv import CHUNKED_SPEC, FULL_SPEC, MAMBA_SPEC, SLIDING_SPEC, VllmKVPlan
 from kvprobe.theory.vllm_kvm import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
@@ -34,12 +33,12 @@ def sched_groups(plan: VllmKVPlan) -> tuple[KVGroup, ...]:
     out: list[KVGroup] = []
     for g in plan.groups:
         spec = next(s for s in plan.specs if s.name == g.layers[0])
-        if spec.spec == MAMBA_SPEC and spec.num_prefill_checkpoint_blocks:
-            raise ConfigError("Mamba prefill checkpoint blocks (FlashInfer's GDN prefill, Hopper, with prefix "
-                              "caching) are not modelled by the admission simulation", key="gdn_prefill_backend")
         window = spec.sliding_window or spec.attention_chunk_size or 0
         block = g.block_size if g.block_size != plan.block_size else 0
-        group = KVGroup(_KIND[g.spec], 1, window, block)
+        # FlashInfer's GDN prefill: one checkpoint block on the prefix-cache grid (qwen_gdn_linear_attn.py
+        # L739-750); without an alignment the scheduler never takes one (kv_cache_interface.py L1197-1198)
+        checkpoint = (spec.prefill_checkpoint_alignment or 0) if spec.num_prefill_checkpoint_blocks else 0
+        group = KVGroup(_KIND[g.spec], 1, window, block, checkpoint)
         if out and dataclasses.replace(out[-1], copies=1) == group:
             out[-1] = dataclasses.replace(out[-1], copies=out[-1].copies + 1)
         else:
@@ -74,7 +73,8 @@ def request_group_blocks(cfg: VllmConfig, P: int, O: int, layers: list[int] | No
     fresh = dataclasses.replace(req._kv, num_tokens=P)
     # the admission check's blocks: the prompt in every group, window and chunk groups capped
     # (allocate_slots with full_must_fit, kv_cache_manager.py L380-627)
-    admit = [m.blocks_to_allocate(fresh, min(P, cfg.max_model_len), [], 0, cap=True) for m in alone.kvm.managers]
+    admit = [m.blocks_to_allocate(fresh, min(P, cfg.max_model_len), [], 0, cap=True,
+                                  prefill_end=alone.kvm.prefill_end(fresh)) for m in alone.kvm.managers]
     per_step: list[list[int]] = []
     while alone.has_work():
         alone.step()
@@ -100,3 +100,64 @@ def group_layers(plan: VllmKVPlan) -> list[int]:
     for g in groups:
         out.append(sum(len(next(it).layers) for _ in range(g.copies)))
     return out
+
+
+# How long a clean run must stay clean after its last user joined: the users' phases then repeat
+# every lifetime (each request lives its lifetime and its user resubmits at once), so two cover
+# the pattern, and the third any drift a shared prefill budget leaves in it.
+CLEAN_LIFETIMES = 3
+
+
+def runs_clean(cfg: VllmConfig, P: int, O: int, users: int, *, ramp_width: int,  # noqa: E741
+               shared_prefix_tokens: int = 0) -> bool:
+    """Whether `users` in the closed loop — arrivals as schedsim.closed_loop's ramp start, users
+    `lifetime // ramp_width` steps apart — run through vLLM's scheduler (the simulated one) with
+    no request ever left waiting after a step and no preemption, from the first arrival until
+    CLEAN_LIFETIMES lifetimes after the last."""
+    from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
+    from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
+
+    sched = HybridVllmScheduler(cfg)
+    life = request_lifetime(cfg, P, O)
+    arrivals = arrival_steps(life, users, "ramp", ramp_width)
+    count = nxt = 0
+    for t in range(arrivals[-1] + CLEAN_LIFETIMES * life):
+        while nxt < users and arrivals[nxt] <= t:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P, shared_prefix_tokens), O))
+            count, nxt = count + 1, nxt + 1
+        result = sched.step()
+        if result.preempted or sched.stats.waiting:
+            return False
+        for _ in result.finished:
+            sched.add(SimRequest(f"u{count}", workload_prompt(count, P, shared_prefix_tokens), O))
+            count += 1
+    return True
+
+
+def no_preemption_limit(cfg: VllmConfig, P: int, O: int, *, guess: int, ramp_width: int,  # noqa: E741
+                        shared_prefix_tokens: int = 0) -> int:
+    """The largest N that `runs_clean`, at most max_num_seqs. The groups peak at different moments
+    of a request's life (a window group in its prefill, the full group at its end, Mamba's state
+    blocks throughout) and the closed loop holds requests at different moments, so it is well above
+    the pool // the sum of every group's peak, close to the admission limit: from `guess` (the
+    admission limit) steps of 1, 2, 4, ... up or down bracket it, then halving the bracket finds
+    it (a level that is not clean stops at its first waiting step)."""
+    def clean(n: int) -> bool:
+        return n == 0 or runs_clean(cfg, P, O, n, ramp_width=ramp_width, shared_prefix_tokens=shared_prefix_tokens)
+
+    S, step = cfg.max_num_seqs, 1
+    n = max(1, min(S, guess))
+    if clean(n):
+        lo = n
+        while lo < S and clean(hi := min(S, lo + step)):
+            lo, step = hi, 2 * step
+        if lo == S:
+            return S
+    else:
+        hi = n
+        while not clean(lo := max(0, hi - step)):
+            hi, step = lo, 2 * step
+    while hi - lo > 1:  # lo clean, hi not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if clean(mid) else (lo, mid)
+    return lo

@@ -84,6 +84,7 @@ class VllmLayerSpec:
     mamba_type: str = ""
     mamba_cache_mode: str = "none"
     num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None  # the prefix-cache grid: the Mamba block size
 
     @property
     def page_size_bytes(self) -> int:
@@ -220,7 +221,9 @@ def vllm_layer_specs(geom: ModelGeometry, opts: VllmOptions | None = None, *,
                 f"model.layers.{i}.linear_attn", MAMBA_SPEC,
                 block if opts.mamba_cache_mode == "align" else _mamba_len(max_model_len), opts.cache_dtype,
                 shapes=shapes, dtypes=dtypes, page_size_padded=mamba_page, mamba_type=GDN_MAMBA_TYPE,
-                mamba_cache_mode=opts.mamba_cache_mode, num_prefill_checkpoint_blocks=ckpt))
+                mamba_cache_mode=opts.mamba_cache_mode, num_prefill_checkpoint_blocks=ckpt,
+                # get_mamba_prefill_checkpoint_grid without --prefix-match-unit (mamba/abstract.py L116-129)
+                prefill_checkpoint_alignment=block if ckpt else None))
             continue
         specs.append(VllmLayerSpec(
             f"model.layers.{i}.self_attn.attn", _SPEC_OF[kind], block, opts.cache_dtype, dtype,

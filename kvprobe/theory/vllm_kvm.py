@@ -30,8 +30,9 @@ wheel):
 
 Block hashes: a request's block i is keyed by its chained prompt hash while it lies in the prompt
 (`pools.prompt_keys`: identical prompts share blocks) and by (request, i) beyond (its outputs are
-its own). Not modelled (refused by the scheduler): speculative decoding, KV connectors, Mamba
-prefill checkpoint blocks (FlashInfer's GDN prefill), several full-attention groups.
+its own). Mamba prefill checkpoint blocks (FlashInfer's GDN prefill): `MambaAlignManager`. Not
+modelled (refused by the scheduler): speculative decoding, KV connectors, several full-attention
+groups.
 """
 
 from __future__ import annotations
@@ -118,16 +119,18 @@ class HybridKVManager:
         local = req.num_computed_tokens + num_new_computed
         total = min(local, self.mml)
         wm = self.watermark if has_scheduled and req.waiting else 0
+        end = self.prefill_end(req)
         if full_must_fit:
             full = min(req.num_tokens, self.mml)
-            need = sum(m.blocks_to_allocate(req, full, h, total, cap=True) for m, h in zip(managers, hits, strict=True))
+            need = sum(m.blocks_to_allocate(req, full, h, total, cap=True, prefill_end=end)
+                       for m, h in zip(managers, hits, strict=True))
             if need + wm > pool.num_free:
                 return False
         slots = min(total + num_new_tokens, self.mml)
         processed = max(0, total - req.num_in_flight_tokens)
         for m in managers:
             m.remove_skipped(req, processed)
-        need = sum(m.blocks_to_allocate(req, slots, h, local) for m, h in zip(managers, hits, strict=True))
+        need = sum(m.blocks_to_allocate(req, slots, h, local, prefill_end=end) for m, h in zip(managers, hits, strict=True))
         if need + wm > pool.num_free:
             return False
         if any(hits):
@@ -138,6 +141,11 @@ class HybridKVManager:
         if self.caching:
             self.cache_blocks(req, min(total + num_new_tokens, req.num_tokens))
         return True
+
+    def prefill_end(self, req: KVRequest) -> int:
+        """Where the request's prefill ends (kv_cache_manager.py L527-529); the coordinator passes
+        0 under dense or interval retention, where every chunk may check-point (coordinator L237-238)."""
+        return max(req.num_prompt_tokens, req.num_tokens - 1) if self.retention == 0 else 0
 
     def cache_blocks(self, req: KVRequest, num_tokens: int) -> None:
         n = num_tokens // self.sched_block * self.sched_block if self.hybrid else num_tokens

@@ -6,7 +6,16 @@ each group can give. Line numbers are the released wheel's; see vllm_kvm.py for 
 
 from __future__ import annotations
 
-from kvprobe.theory.vllm_kvm_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest, cdiv
+from kvprobe.theory.vllm_kvm_pool import (
+    NEVER,
+    NULL,
+    BlockPool,
+    KVGroup,
+    KVRequest,
+    cdiv,
+    checkpoint_position,
+    checkpoint_valid,
+)
 
 FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
 
@@ -30,7 +39,7 @@ class Manager:
         return None  # reachable_block_mask: dense
 
     def blocks_to_allocate(self, req: KVRequest, num_tokens: int, hit: list[int], total_computed: int,
-                           cap: bool = False) -> int:
+                           cap: bool = False, prefill_end: int = 0) -> int:
         required = cdiv(num_tokens, self.B)
         if cap and self.cap is not None:
             required = min(required, self.cap)
@@ -232,7 +241,10 @@ class MambaNoneManager(Manager):
 
 class MambaAlignManager(Manager):
     """A Mamba group in "align" mode (prefix caching on): the state after each block boundary
-    lives in its own block; no speculative or prefill-checkpoint blocks."""
+    lives in its own block; no speculative blocks. With prefill checkpoint blocks (group.checkpoint,
+    FlashInfer's GDN prefill) the chunk that reaches the prefill's end and spans its last cacheable
+    boundary gets one more block, at that boundary's index, into which the backend exports the
+    boundary state (L1644-1797): the prompt is not split there, but it holds two new blocks."""
 
     kind = MAMBA
 
@@ -241,6 +253,7 @@ class MambaAlignManager(Manager):
         self.last_state: dict[str, int] = {}
         self.retired: dict[str, int] = {}
         self.allocated: set[str] = set()
+        self.checkpoints: dict[str, tuple[int, int]] = {}  # _checkpoints: (position, block index)
 
     def skipped_tokens(self, computed: int) -> int:
         return computed - 1
@@ -311,31 +324,73 @@ class MambaAlignManager(Manager):
                 self.pool.free_blocks([table[last]])
                 table[last] = NULL
 
-    def blocks_to_allocate(self, req, num_tokens, hit, total_computed, cap=False):
+    def internal_checkpoint(self, req: KVRequest, start: int, end: int, prefill_end: int) -> int:
+        """`_needs_internal_checkpoint` (L1644-1676) for the chunk [start, end): the checkpoint
+        position, or 0. cache_hit_alignment_tokens is B here (one block size in align mode)."""
+        if not self.group.checkpoint or end < prefill_end:
+            return 0
+        position = checkpoint_position(end, self.B)
+        idx = cdiv(end, self.B) - 2
+        table = self.tables.get(req.rid, ())
+        if not checkpoint_valid(start, end, position, self.B, self.group.checkpoint) or idx < 0:
+            return 0
+        return position if idx >= len(table) or table[idx] == NULL else 0
+
+    def blocks_to_allocate(self, req, num_tokens, hit, total_computed, cap=False, prefill_end=0):
+        """get_num_blocks_to_allocate, align mode (L1678-1797); the per-step call (not the
+        admission check) records the chunk's checkpoint for allocate and cache_blocks."""
         table = self.tables.get(req.rid, ())
         new = cdiv(num_tokens, self.B) - len(hit) - len(table)
+        position = self.internal_checkpoint(req, total_computed, num_tokens, prefill_end)
+        if not cap:
+            if position:
+                self.checkpoints[req.rid] = (position, cdiv(num_tokens, self.B) - 2)
+            else:
+                self.checkpoints.pop(req.rid, None)
         if new > 0:
-            new = min(new, 1)  # physical_block_cap: one state block per step
+            new = min(new, 1 + bool(position))  # physical_block_cap: one state block per step (+ checkpoint)
         return new + self.pool.evictable(hit)
 
     def allocate(self, req, num_tokens):
+        """allocate_new_blocks, align mode (L1799-1903): nulls up to the new state block, but the
+        checkpoint's index keeps a block of its own."""
         table = self.tables.setdefault(req.rid, [])
         required = cdiv(num_tokens, self.B)
-        if required <= len(table):
+        checkpoint = int(req.rid in self.checkpoints)
+        if required <= len(table) and not checkpoint:
             self.allocated.add(req.rid)
             return
         prev = len(table)
         if req.rid in self.allocated or prev > 0:
             self.last_state[req.rid] = prev - 1
         if prev < required - 1:
-            table.extend([NULL] * (required - 1 - prev))
+            table.extend([NULL] * (required - 1 - checkpoint - prev))
         table.extend(self.pool.get_new_blocks(max(required - len(table), 0)))
         self.allocated.add(req.rid)
+
+    def cache_blocks(self, req, num_tokens, align, retention, boundaries):
+        """cache_blocks then `_cache_partial_tail_block` (L2029-2085) for a recorded checkpoint:
+        the prompt's checkpoint block keeps the hash of the blocks up to its position (the dense
+        pass gave it that hash already: position = (index + 1) x B); any other checkpoint's state
+        is transient, and its block loses a hash unless retained or the shared-prefix junction."""
+        super().cache_blocks(req, num_tokens, align, retention, boundaries)
+        if req.rid not in self.checkpoints:
+            return
+        position, idx = self.checkpoints[req.rid]
+        block = self.tables[req.rid][idx]
+        retained = self.hashable(req, idx, idx + 1, align, retention, ())
+        if (position != checkpoint_position(req.num_prompt_tokens, align) and not (retained is None or retained[0])
+                and position != req.shared_prefix_boundary):
+            self.pool.uncache(block)
+        elif self.pool.hash[block] != (key := (self.gid, req.key(idx))):  # replace_existing_hashes
+            self.pool.uncache(block)
+            self.pool.cache(block, key)
 
     def free(self, req):
         self.allocated.discard(req.rid)
         self.last_state.pop(req.rid, None)
         self.retired.pop(req.rid, None)
+        self.checkpoints.pop(req.rid, None)
         super().free(req)
 
 
@@ -354,9 +409,9 @@ def make_manager(gid: int, group: KVGroup, pool: BlockPool, *, block_size: int, 
     elif group.kind == CHUNKED:  # ChunkedLocalAttentionSpec (L864-881)
         m = ChunkedManager(gid, group, pool, B, cdiv(min(group.window + in_flight, max_model_len), B))
         m.max_blocks = m.cap
-    elif group.kind == MAMBA:  # MambaSpec.max_memory_usage_bytes (L1135-1141), no checkpoint blocks
+    elif group.kind == MAMBA:  # MambaSpec.max_memory_usage_bytes (L1135-1141)
         m = (MambaAlignManager if caching else MambaNoneManager)(gid, group, pool, B, None)
-        m.max_blocks = 2 if caching else 1
+        m.max_blocks = 2 + bool(group.checkpoint) if caching else 1
     else:
         raise ValueError(f"unknown KV group kind {group.kind!r}")
     return m

@@ -15,6 +15,21 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def checkpoint_position(num_tokens: int, block: int) -> int:
+    """`get_mamba_prefill_checkpoint_position` (v1/kv_cache_interface.py L1169-1186) without EAGLE
+    or lookahead hashes: the last block boundary that leaves at least one token to recompute."""
+    return max((num_tokens - 1) // block * block, 0)
+
+
+def checkpoint_valid(start: int, end: int, position: int, block: int, alignment: int) -> bool:
+    """`is_mamba_prefill_checkpoint_valid` (kv_cache_interface.py L1189-1212), hash block = Mamba
+    block: the backend can export the state at `position` from inside the chunk [start, end)."""
+    if not alignment:
+        return False
+    return (start % block == 0 and cdiv(end, block) - 2 > (start - 1) // block and start + block <= position
+            and start < position < end and (position - start) % alignment == 0)
+
+
 @dataclass(frozen=True)
 class KVGroup:
     """One KV cache group as the scheduler's KV cache manager sees it (`KVCacheGroupSpec`).
@@ -22,12 +37,16 @@ class KVGroup:
     `copies` identical groups (same spec: Gemma 3's window layers in six groups) are one entry;
     each copy keeps its own block table, frees and is looked up with the others. `window` is the
     sliding window or the attention chunk size; `block_size` 0 means the scheduler's block size
-    (a Mamba group without prefix caching has one block of max_model_len tokens)."""
+    (a Mamba group without prefix caching has one block of max_model_len tokens). `checkpoint` is
+    a Mamba group's `prefill_checkpoint_alignment` in tokens when its spec has
+    `num_prefill_checkpoint_blocks` = 1 (FlashInfer's GDN prefill exports the prompt's boundary
+    state from inside the final chunk into one more block), 0 when it has none."""
 
     kind: str
     copies: int = 1
     window: int = 0
     block_size: int = 0
+    checkpoint: int = 0
 
 
 @dataclass
@@ -73,13 +92,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             block, _ = self.queue.popitem(last=False)
-            h = self.hash[block]
-            if h is not None:  # evicted from the prefix cache
-                entry = self.cached[h]
-                del entry[block]
-                if not entry:
-                    del self.cached[h]
-                self.hash[block] = None
+            self.uncache(block)  # evicted from the prefix cache
             self.ref[block] = 1
             out.append(block)
         return out
@@ -113,6 +126,17 @@ class BlockPool:
             return
         self.hash[block] = h
         self.cached.setdefault(h, {})[block] = None
+
+    def uncache(self, block: int) -> None:
+        """`_maybe_evict_cached_block`: the block keeps its place but loses its hash."""
+        h = self.hash[block]
+        if block == NULL or h is None:
+            return
+        entry = self.cached[h]
+        del entry[block]
+        if not entry:
+            del self.cached[h]
+        self.hash[block] = None
 
     def lookup(self, h) -> int:
         entry = self.cached.get(h)

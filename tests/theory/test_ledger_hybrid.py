@@ -49,7 +49,15 @@ def test_gpt_oss_admission_per_group_and_the_full_layers_bind():
     # 1,499 usable blocks / ~(9 + 69) blocks per request on average: about 19 at once, well
     # beyond the 1499 // (63 + 75) = 10 a sum-of-peaks count would admit
     assert 10 < a.limit < 25
+    # the no-preemption limit a probe is held to is that bound: clean whatever the arrivals' phase
+    assert a.no_preemption_limit == 1499 // (63 + 75) == 10
+    # but the closed loop holds requests at different moments, each group at its peak at another,
+    # and runs clean well above it (checked against vLLM's scheduler in
+    # test_real_vllm_hybrid.py::test_the_closed_loop_runs_clean_up_to_the_ledgers_figure_and_no_further)
+    assert 10 < a.clean_in_closed_loop <= a.limit + 1
     text = led.render()
+    assert "never waits or preempts" in text and "every request at every group's peak at once" in text
+    assert "clean in the closed loop" in text
     assert "binding limit: kv (full layers)" in text
     assert "  sliding-window layers (window 128)" in text and "group: full layers" in text
     out = json.loads(json.dumps(led.to_dict()))
@@ -69,14 +77,19 @@ def test_a_window_on_every_layer_binds_by_its_window():
     assert led.admission.binding_group == g["group"]
 
 
-def test_qwen3_next_with_mamba_checkpoint_blocks_is_not_predicted_and_says_why():
-    """Prefix caching on (the default for hybrid models) with FlashInfer's GDN prefill holds a
-    prefill checkpoint block per request that the simulation does not model: the pool is planned,
-    admission is not predicted, and the ledger says why. Prefix caching off ("none" mode) is."""
+def test_qwen3_next_with_mamba_checkpoint_blocks_holds_one_more_state_block_per_group():
+    """Prefix caching on (the default for hybrid models) with FlashInfer's GDN prefill: the prompt's
+    last chunk holds its running state and the exported checkpoint state in each Mamba group (two
+    blocks, vLLM's physical_block_cap 1 + 1), and the planner counts 2 + 1 blocks per max-length
+    request (MambaSpec.max_memory_usage_bytes). Prefix caching off ("none" mode): one state block."""
     model = "Qwen/Qwen3-Next-80B-A3B-Instruct"
     led = ledger(model, num_gpu_blocks_override=400, tp=4, prompt_tokens=2000, output_tokens=500)
-    assert led.admission is None and "checkpoint blocks" in led.not_predicted
-    assert "admission: not predicted (gdn_prefill_backend: Mamba prefill checkpoint blocks" in led.render()
+    out = json.loads(json.dumps(led.to_dict()))
+    assert [(g["group"], g["blocks_per_request"]) for g in out["capacity"]["groups"]] == [
+        ("linear-attention (Mamba) layers", 9), ("full layers", 26)]
+    mamba = {g["group"]: g for g in led.request.groups}["linear-attention (Mamba) layers"]
+    assert (mamba["blocks_admission"], mamba["blocks_peak"]) == (6, 6)
+    assert led.admission.binding == "kv" and led.admission.binding_group == "full layers"
     led = ledger(model, num_gpu_blocks_override=400, tp=4, prompt_tokens=2000, output_tokens=500,
                  enable_prefix_caching=False)
     groups = {g["group"]: g for g in led.request.groups}

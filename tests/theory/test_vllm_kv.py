@@ -108,7 +108,9 @@ def test_qwen3_next_block_grows_to_hold_a_gdn_state():
     specs = vllm_layer_specs(g)
     state = next(s for s in specs if s.spec == MAMBA_SPEC)
     assert state.shapes == ((3, 8192), (32, 128, 128)) and state.dtypes == ("bfloat16", "bfloat16")
-    assert (state.page_size_bytes, state.num_prefill_checkpoint_blocks) == (576 * 2048, 1)
+    # one checkpoint block on the prefix-cache grid, the Mamba block (mamba/abstract.py L116-129)
+    assert (state.page_size_bytes, state.num_prefill_checkpoint_blocks, state.prefill_checkpoint_alignment) == \
+        (576 * 2048, 1, 576)
     p = vllm_kv_plan(g, max_model_len=262144, available_bytes=40 * GIB,
                      opts=VllmOptions(max_num_batched_tokens=8192))
     assert [(x.spec, len(x.layers), x.blocks_per_request) for x in p.groups] == \

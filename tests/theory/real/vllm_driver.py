@@ -4,12 +4,12 @@ Run by tests/theory/test_real_vllm.py (and test_real_vllm_hybrid.py) with the py
 0.33.0 environment (not kvprobe's): argv[1] is JSON with the pool, the shape, the arrival steps and
 the window (or a list of such objects: one JSON line with a list of answers). The recipe is vLLM's tests/v1/core/utils.py (reference/vllm.md §7): a fake KV layout —
 one full-attention group, or the hybrid groups given (`groups`: kind, copies, window, block_size
-as kvprobe.theory.vllm_kvm.KVGroup), each a one-layer group of the engine's own spec class —
+and checkpoint as kvprobe.theory.vllm_kvm.KVGroup), each a one-layer group of the engine's own spec class —
 `schedule()`, a ModelRunnerOutput with one token per request that completes its sequence,
 `update_from_output`; async keeps a queue of two outputs as EngineCore.step_with_batch_queue does.
 Counts are read after update_from_output, where Prometheus samples them; finished users resubmit
 before the next step. Prints one JSON line: the window's means of running, waiting and the usage
-gauge, and with `trace` the running, waiting and free blocks after every step.
+gauge, the preemptions, and with `trace` the running, waiting and free blocks after every step.
 """
 import json
 import os
@@ -68,8 +68,12 @@ def run(args: dict) -> dict:
             return SlidingWindowSpec(**kw, sliding_window=g["window"])
         if g["kind"] == "chunked":
             return ChunkedLocalAttentionSpec(**kw, attention_chunk_size=g["window"])
+        # `checkpoint`: the prefill checkpoint alignment of FlashInfer's GDN prefill (one checkpoint block,
+        # layers/mamba/gdn/qwen_gdn_linear_attn.py L739-750)
+        ckpt = dict(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=g["checkpoint"]) \
+            if g.get("checkpoint") else {}
         return MambaSpec(block_size=kw["block_size"], shapes=((1,),), dtypes=(torch.float32,),
-                         mamba_cache_mode=cc.mamba_cache_mode)
+                         mamba_cache_mode=cc.mamba_cache_mode, **ckpt)
 
     specs = [spec(g) for g in groups for _ in range(g.get("copies", 1))]
     kvc = KVCacheConfig(num_blocks=G, kv_cache_tensors=[],
@@ -98,6 +102,7 @@ def run(args: dict) -> dict:
         count += 1
 
     queue = []
+    preemptions = 0
     sums = [0, 0, 0.0, 0]
     trace = [] if args.get("trace") else None
     nxt = 0
@@ -108,6 +113,7 @@ def run(args: dict) -> dict:
             submit()
             nxt += 1
         so = sched.schedule()
+        preemptions += len(so.preempted_req_ids or ())
         ids = list(so.num_scheduled_tokens)
         tokens = [[] if sched.requests[r].is_prefill_chunk else [7] for r in ids]
         queue.append((so, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -129,7 +135,7 @@ def run(args: dict) -> dict:
             submit()
     w = max(sums[3], 1)
     return {"running": sums[0] / w, "waiting": sums[1] / w, "usage": sums[2] / w, "steps": t_end,
-            "seconds": time.time() - started, "trace": trace}
+            "seconds": time.time() - started, "trace": trace, "preemptions": preemptions}
 
 
 if __name__ == "__main__":
