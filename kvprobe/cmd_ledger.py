@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.mxfp4 import GPU_ARCHS
 from kvprobe.units import parse_bytes, parse_count
 
 ENGINES = ("vllm", "sglang")
@@ -70,6 +71,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
     p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
+    p.add_argument("--gpu-arch", choices=GPU_ARCHS,
+                   help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
+                        "sm100 Blackwell")
     p.add_argument("--estimate", action="append", default=[], metavar="NAME=BYTES",
                    help="override a vLLM non-KV estimate: activation_bytes, cudagraph_bytes, other_bytes")
     p.add_argument("--json", action="store_true", help="print the ledger as JSON (a refusal under `startup`)")
@@ -192,7 +196,7 @@ def inputs_from_args(args: argparse.Namespace):
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
         gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
-        estimates=estimates, **request,
+        gpu_arch=args.gpu_arch, estimates=estimates, **request,
         **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 
 

@@ -26,6 +26,11 @@ from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.sglang_pools import (
+    SglangPools,
+    sglang_layout,
+    sglang_pools,
+)
 from kvprobe.theory.steptime import TimeModel
 from kvprobe.theory.vllm_hybrid_groups import sched_groups
 from kvprobe.theory.vllm_kv import VllmKVPlan, VllmOptions, vllm_kv_plan
@@ -89,6 +94,37 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) ->
                         refuse=False)
 
 
+def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
+    """SGLang 0.5.23's pools for a hybrid model (theory.sglang_pools) when `model` is one kvprobe has a
+    config.json for and SGLang splits its layers: a full pool of --max-total-tokens and a window pool
+    beside it (gpt-oss), or a full pool over the full layers and recurrent-state slots (Qwen3-Next,
+    with the radix cache off: one slot per running request, --max-running-requests of them; with it
+    on, SGLang's state caching is not emulated and is refused). None otherwise: the one pool the
+    flags describe (SGLang itself serves Gemma 2/3 and Mistral's window with one full pool)."""
+    try:
+        cfg, source = load_model_config(model)
+    except ConfigError:
+        return None  # a served name only (emulated/model): no geometry
+    geom = geometry_from_config(cfg, model, source=source)
+    if not geom.layers.hybrid:
+        return None
+    from kvprobe.shadow.sglang_hybrid import (
+        options,  # the flags SGLang's pools read, as the shadow reads them
+    )
+
+    opts = options(flags)
+    layout = sglang_layout(cfg, geom, opts)
+    if layout.pool == "mamba" and not opts.disable_radix_cache:
+        raise ConfigError(f"{model} keeps {len(layout.mamba_layer_ids)} recurrent (Gated DeltaNet) layers in "
+                          "SGLang's state-slot pool: the emulator models it with the radix cache off only (add "
+                          "--disable-radix-cache; the SGLang shadow serves it either way: kvprobe shadow sglang)",
+                          key="--disable-radix-cache")
+    if layout.pool == "full":
+        return None
+    return sglang_pools(cfg, geom, context_len=flags["context-length"], max_total_tokens=flags["max-total-tokens"],
+                        opts=opts)
+
+
 class Emulator:
     def __init__(self, settings: Settings):
         from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
@@ -142,7 +178,12 @@ class Emulator:
                 raise ConfigError("--max-total-tokens is required (the pool in tokens)", key="--max-total-tokens")
             self.pool_tokens_reported, self.max_model_len = m, f["context-length"]
             self.page_size, self.refusal = f["page-size"], None
+            self.pools = pools = sglang_hybrid_pools(s.model, f)  # a window pool or state slots, or None
+            window = swa_tokens = slots = None
             self.max_running = d.resolve_max_running_requests(m, self.max_model_len, f["max-running-requests"])
+            if pools is not None:
+                window, swa_tokens, slots = pools.layout.sliding_window_size, pools.swa_tokens, pools.mamba_slots
+                self.max_running = pools.max_running_requests  # the state slots cap it (resolve_max_num_reqs)
             self.max_req_input_len = d.max_req_input_len(self.max_model_len, m)
             config = SglangConfig(max_total_num_tokens=real_pool(m, self.faults), page_size=self.page_size,
                                   max_running_requests=self.max_running,
@@ -150,12 +191,14 @@ class Emulator:
                                   max_prefill_tokens=f["max-prefill-tokens"], context_len=self.max_model_len,
                                   disable_radix_cache=f["disable-radix-cache"], policy=d.policy(self.version),
                                   schedule_conservativeness=f["schedule-conservativeness"],
-                                  overlap=not f["disable-overlap-schedule"])
+                                  overlap=not f["disable-overlap-schedule"], sliding_window_size=window,
+                                  swa_pool_tokens=None if swa_tokens is None else real_pool(swa_tokens, self.faults))
             cap, unit = self.max_running, self.page_size
             self.metrics_enabled = self.stats_enabled = bool(f["enable-metrics"])
             self.metrics = SglangMetrics(self.served_model_name, max_total_num_tokens=m,
                                          context_len=self.max_model_len, page_size=self.page_size,
-                                         decode_log_interval=f["decode-log-interval"])
+                                         decode_log_interval=f["decode-log-interval"], swa_pool_tokens=swa_tokens,
+                                         mamba_slots=slots)
         self.config = config
         self.scheduler = make_scheduler(config)
         self.hooks = Hooks(self.scheduler, self.faults, running_cap=cap, unit=unit, clock=time.monotonic)
@@ -182,7 +225,8 @@ class Emulator:
         return d.startup_lines(max_total_num_tokens=self.pool_tokens_reported,
                                chunked_prefill_size=f["chunked-prefill-size"],
                                max_prefill_tokens=f["max-prefill-tokens"], max_running_requests=self.max_running,
-                               context_len=self.max_model_len)
+                               context_len=self.max_model_len,
+                               swa_tokens=None if self.pools is None else self.pools.swa_tokens)
 
     def serving_lines(self, host: str, port: int) -> list[str]:
         if self.engine == "vllm":

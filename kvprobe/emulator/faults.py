@@ -158,4 +158,5 @@ class Hooks:
                         used_tokens=st.used_tokens, pool_tokens=st.pool_tokens,
                         preemptions_total=st.preemptions_total, prefix_queries_total=st.prefix_queries_total,
                         prefix_hits_total=st.prefix_hits_total, new_token_ratio=st.new_token_ratio or 0.0,
-                        true_usage=true_usage)
+                        true_usage=true_usage, swa_used_tokens=st.swa_used_tokens,
+                        swa_pool_tokens=st.swa_pool_tokens)

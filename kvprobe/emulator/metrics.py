@@ -34,6 +34,8 @@ class Snapshot:
     prefix_hits_total: int = 0
     new_token_ratio: float = 0.0
     true_usage: float = 0.0  # what the pool really holds (differs from `usage` under a gauge fault)
+    swa_used_tokens: int = 0  # SGLang hybrid SWA: the window pool's used tokens and its size (0: none)
+    swa_pool_tokens: int = 0
 
 
 class _View:
@@ -168,7 +170,8 @@ class SglangMetrics(_Base):
     NO_CREATED = True
 
     def __init__(self, model_name: str, *, max_total_num_tokens: int, context_len: int, page_size: int,
-                 decode_log_interval: int = sg.DECODE_LOG_INTERVAL):
+                 decode_log_interval: int = sg.DECODE_LOG_INTERVAL, swa_pool_tokens: int | None = None,
+                 mamba_slots: int | None = None):
         super().__init__()
         r, ln, h = self.registry, list(sg.LABELS), sg.HELP
         lv = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
@@ -185,6 +188,11 @@ class SglangMetrics(_Base):
         self.kv_available = gauge(sm.extra["kv_available_tokens"]).labels(**lv)
         self.kv_evictable = gauge(sm.extra["kv_evictable_tokens"]).labels(**lv)
         self.ratio = gauge(sm.extra["new_token_ratio"]).labels(**lv)
+        # Per-pool gauges, on every model (0 where the pool does not exist), as PoolStats fills them
+        # (pool_stats_observer.py L150-163): token_usage is the larger of the full and window usage.
+        hm = sg.HYBRID_METRICS
+        self.pool_gauges = {role: gauge(hm[role]).labels(**lv) for role in hm if role != "swa_pool_tokens"}
+        self.mamba_slots = mamba_slots  # recurrent-state slots (radix cache off: one per running request)
         # no multiprocess_mode -> "all" mode adds a pid label (fixture: pid="1607")
         self.retracted_gauge = gauge(sm.extra["retracted_gauge"], ["pid"]).labels(**lv, pid=str(os.getpid()))
         # The retraction counter's child is created at the first retraction (metrics_collector.py
@@ -195,6 +203,8 @@ class SglangMetrics(_Base):
                             (sm.extra["num_pages"], max_total_num_tokens // page_size),
                             (sm.extra["context_len"], context_len)):
             gauge(name).labels(**lv).set(value)  # emit_constants, once at startup
+        if swa_pool_tokens is not None:  # emitted only for a window pool (emit_constants L1782-1784)
+            gauge(sg.HYBRID_METRICS["swa_pool_tokens"]).labels(**lv).set(swa_pool_tokens)
         tl = list(sg.TOKENIZER_LABELS) + ["is_streaming"]
         self.ttft = Histogram(sm.ttft, h[sm.ttft], tl,
                               buckets=sg.TTFT_BUCKETS, registry=r)
@@ -214,8 +224,21 @@ class SglangMetrics(_Base):
         running = s.running if running is None else running
         self.running.set(running)
         self.queue.set(s.waiting)
-        self.usage.set(round(s.usage, 2))  # PoolStats rounds token_usage to 2 places
-        self.used.set(s.used_tokens)
+        swa_usage = s.swa_used_tokens / s.swa_pool_tokens if s.swa_pool_tokens else 0.0
+        # PoolStats: token_usage rounded to 2 places, the larger pool usage; num_used_tokens the larger
+        # used count; kv_* the full pool's (pool_stats_observer.py L84-92, L150-163)
+        self.usage.set(round(max(s.usage, swa_usage), 2))
+        self.used.set(max(s.used_tokens, s.swa_used_tokens))
+        self.pool_gauges["full_usage"].set(s.used_tokens / s.pool_tokens if s.pool_tokens else 0.0)
+        if self.mamba_slots:  # `_get_mamba_token_info` (pool_stats_observer.py L262-303), nothing evictable;
+            # slots are held from admission (this pass's included), unlike the running gauge's count
+            self.pool_gauges["mamba_usage"].set(s.running / self.mamba_slots)
+            self.pool_gauges["mamba_used_slots"].set(s.running)
+            self.pool_gauges["mamba_available_slots"].set(self.mamba_slots - s.running)
+        if s.swa_pool_tokens:
+            self.pool_gauges["swa_usage"].set(swa_usage)
+            self.pool_gauges["swa_used_tokens"].set(s.swa_used_tokens)
+            self.pool_gauges["swa_available_tokens"].set(s.swa_pool_tokens - s.swa_used_tokens)
         self.kv_used.set(s.used_tokens)
         self.kv_available.set(max(0, s.pool_tokens - s.used_tokens))
         self.kv_evictable.set(0)

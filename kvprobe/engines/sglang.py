@@ -131,7 +131,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1, ledger="page_size"),
     Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)", lo=0),
     Flag("disable-radix-cache", None, False, "no prefix cache (memory.py L64-70)", ledger="disable_radix_cache"),
-    Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)"),
+    Flag("disable-overlap-schedule", None, False, "no overlap scheduler (schedule.py L193-199)",
+         ledger="disable_overlap_schedule"),
     Flag("enable-metrics", None, False, "serve /metrics (observability.py L70)"),
     Flag("decode-log-interval", int, DECODE_LOG_INTERVAL, "decode batches between metric reports", lo=1),
     # arg_groups/fields/serving.py L160-163 (Optional[str]); no environment variable. Secret: never printed.
@@ -144,7 +145,30 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
     Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
+    # window pool tokens / full pool tokens of a hybrid sliding-window model (schedule.py L150-162;
+    # unset resolves to 0.8; pool_configurator.py L880-891)
+    Flag("swa-full-tokens-ratio", float, None, "hybrid SWA: window pool / full pool tokens (None -> 0.8)",
+         kind="frac", ledger="swa_full_tokens_ratio"),
+    # The other hybrid-pool flags (arg_groups/fields/schedule.py L182-186, L211-227; exec_.py
+    # L490-530): hybrid SWA memory off, the recurrent-state slots and their share of the budget, how
+    # the radix cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect.
+    Flag("disable-hybrid-swa-memory", None, False, "hybrid SWA models: one full pool over every layer",
+         ledger="disable_hybrid_swa_memory"),
+    Flag("max-mamba-cache-size", int, None, "recurrent-state slots (None -> from the budget)", lo=1,
+         ledger="max_mamba_cache_size"),
+    Flag("mamba-full-memory-ratio", float, None, "state slots : full pool bytes (None -> 0.9)", kind="frac",
+         ledger="mamba_full_memory_ratio"),
+    Flag("mamba-radix-cache-strategy", str, None, "how the radix cache keeps Mamba states (None -> extra_buffer)",
+         ledger="mamba_radix_cache_strategy"),
+    Flag("mamba-ssm-dtype", str, None, "recurrent state dtype (None -> the config's, else float32)",
+         ledger="mamba_ssm_dtype"),
 )}
+# Quantization methods SGLang 0.5.23 registers only on CUDA/HIP/XPU, or on a CPU with
+# SGLANG_USE_CPU_ENGINE=1 (`is_cpu()`, which then needs sgl_kernel) (layers/quantization/__init__.py
+# L96-104): otherwise a config naming one fails with "Unknown quantization method: mxfp4". The weights'
+# format does not touch the KV pools, so the shadow's model folder leaves the config's
+# quantization_config out for these.
+CPU_UNREGISTERED_QUANTIZATION = ("mxfp4",)
 # Real SGLang flags kvprobe does not model: passed through as written; listed for the typo check.
 OTHER_FLAGS = (
     "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
@@ -216,12 +240,24 @@ def capacity_line(*, max_total_num_tokens: int, chunked_prefill_size: int, max_p
 
 
 def startup_lines(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,
-                  max_running_requests: int, context_len: int, bytes_per_token: int = 131072) -> list[str]:
+                  max_running_requests: int, context_len: int, bytes_per_token: int = 131072,
+                  swa_tokens: int | None = None) -> list[str]:
     """KV line (mem_cache/memory_pool.py L2087-2091, nominal bytes: the emulator has none), the
-    context warning of tp_worker.py get_worker_info, then the capacity line."""
+    context warning of tp_worker.py get_worker_info, then the capacity line. With a window pool
+    (`swa_tokens`, hybrid SWA): the configurator's line (pool_configurator.py L888-891) and one KV
+    line per pool, labelled "Full" and "SWA" (memory_pool.py L2077-2081; SWAKVPool)."""
     k_gb = max_total_num_tokens * bytes_per_token / 2 / 2**30
-    lines = [log_prefix() + f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max_total_num_tokens}, "
-             f"K size: {k_gb:.2f} GB, V size: {k_gb:.2f} GB"]
+    kv = (f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {max_total_num_tokens}, "
+          f"K size: {k_gb:.2f} GB, V size: {k_gb:.2f} GB")
+    if swa_tokens is None:
+        lines = [log_prefix() + kv]
+    else:
+        s_gb = swa_tokens * bytes_per_token / 2 / 2**30
+        lines = [log_prefix() + f"Use sliding window memory pool. full_layer_tokens={max_total_num_tokens}, "
+                 f"swa_layer_tokens={swa_tokens}",
+                 log_prefix() + "Full " + kv,
+                 log_prefix() + f"SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: {swa_tokens}, "
+                 f"K size: {s_gb:.2f} GB, V size: {s_gb:.2f} GB"]
     if max_total_num_tokens < context_len:
         lines.append(log_prefix() + f"KV pool holds {max_total_num_tokens} tokens, fewer than --context-length "
                      f"{context_len}. Requests are limited by the pool size.")
@@ -296,6 +332,63 @@ def _published_flags(body: dict) -> dict[str, object]:
             continue
         flags[name] = value
     return flags
+
+
+# --- hybrid models (0.5.23): separate pools for full-attention layers, sliding-window layers (gpt-oss,
+# Llama 4) and recurrent-state slots (Qwen3-Next); each has its gauges and its startup lines
+# (checked against tests/engines/published/sglang-0.5.23-{gpt-oss-20b,qwen3-next}-*, recorded from the
+# real shadow).
+# Usage ratios, used / (total - 0) per pool (observability/metrics_collector.py L89-100, L404-427;
+# computed in managers/scheduler_components/pool_stats_observer.py L56-163, L229-303): token_usage is
+# the largest of the three. All three exist for every model; the other pools' stay 0.
+HYBRID_METRICS = {
+    "full_usage": "sglang:full_token_usage",  # L410-415
+    "swa_usage": "sglang:swa_token_usage",  # L416-421
+    "mamba_usage": "sglang:mamba_usage",  # L422-427: used state slots / the mamba pool's size
+    "swa_used_tokens": "sglang:swa_used_tokens",  # L456-473
+    "swa_available_tokens": "sglang:swa_available_tokens",
+    "swa_evictable_tokens": "sglang:swa_evictable_tokens",
+    "mamba_used_slots": "sglang:mamba_used_tokens",  # L474-491: state slots, despite the name
+    "mamba_available_slots": "sglang:mamba_available_tokens",
+    "mamba_evictable_slots": "sglang:mamba_evictable_tokens",
+    # emitted once at startup, only for a hybrid-SWA pool (emit_constants L1769-1784; gauge L1295-1300)
+    "swa_pool_tokens": "sglang:max_total_num_tokens_swa",
+}
+# Startup lines. The window pool: pool_configurator.py L888-891 — logged twice when --max-total-tokens
+# caps the profiled pool (config_from_budget re-derives it), the last line is the pool.
+_RE_SWA_POOL = re.compile(r"Use sliding window memory pool\. full_layer_tokens=(\d+), swa_layer_tokens=(\d+)")
+# Each pool's buffers: "<label> KV Cache is allocated. dtype: D, #tokens: N, K size ..." with the
+# allocation label "Full"/"SWA" on a hybrid-SWA pool, none otherwise (mem_cache/memory_pool.py L2077-2091).
+_RE_POOL_ALLOC = re.compile(r"(?:(Full|SWA) )?KV Cache is allocated\. dtype: (\S+), #tokens: (\d+)")
+# The recurrent-state pool (memory_pool.py L983-1010) and the cap it puts on max_running_requests
+# (kv_cache_configurator.py L3135-3150; a WARNING, only when it binds).
+_RE_MAMBA = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")
+_RE_MAMBA_CAP = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache "
+                           r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)")
+
+
+def parse_hybrid_startup(text: str) -> dict[str, int | str]:
+    """What SGLang's startup log says about a hybrid model's pools: full_tokens, swa_tokens (window
+    pool), kv_dtype, mamba_slots, and when the state pool binds max_running_requests,
+    mamba_capped_running and mamba_slots_per_request. Keys absent when the log does not say."""
+    out: dict[str, int | str] = {}
+    if swa := list(_RE_SWA_POOL.finditer(text)):
+        out["full_tokens"], out["swa_tokens"] = int(swa[-1].group(1)), int(swa[-1].group(2))
+    for m in _RE_POOL_ALLOC.finditer(text):
+        label, dtype, tokens = m.group(1), m.group(2), int(m.group(3))
+        out["kv_dtype"] = dtype
+        out["swa_tokens" if label == "SWA" else "full_tokens"] = tokens  # the allocation has the last word
+    if mamba := list(_RE_MAMBA.finditer(text)):
+        out["mamba_slots"] = int(mamba[-1].group(1))
+    if cap := list(_RE_MAMBA_CAP.finditer(text)):
+        out["mamba_capped_running"], out["mamba_slots_per_request"] = int(cap[-1].group(1)), int(cap[-1].group(3))
+    return out
+
+
+def hybrid_gauges(families: dict) -> dict[str, float]:
+    """HYBRID_METRICS' values from parsed /metrics families ({name: family}, prometheus_client;
+    one rank: the first sample), by role; a gauge SGLang did not emit is left out."""
+    return {role: v for role, name in HYBRID_METRICS.items() if (v := _gauge(families, name)) is not None}
 
 
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:

@@ -65,6 +65,19 @@ def engine_flags(args) -> dict[str, object]:
     return {n: v for n, v in values.items() if v is not None}
 
 
+def _hybrid_pools(log: str) -> str:
+    """The pools beside the full one, as SGLang logged them (dialect.parse_hybrid_startup)."""
+    try:
+        with open(log, errors="replace") as fh:
+            said = dialect.parse_hybrid_startup(fh.read())
+    except OSError:
+        return ""
+    parts = [f"window pool {said['swa_tokens']} tokens"] if "swa_tokens" in said else []
+    if "mamba_slots" in said:
+        parts.append(f"{said['mamba_slots']} recurrent-state slots")
+    return f" (full layers; {', '.join(parts)})" if parts else ""
+
+
 def run(args) -> int:
     from kvprobe.procgroup import sigterm_as_interrupt
 
@@ -95,8 +108,9 @@ def _run(args) -> int:
         facts = target.facts()
         rep = facts.reported
         print(f"kvprobe shadow: SGLang ready at {target.url} as {req.served_model_name!r} (process group "
-              f"{target.pgid}): pool {rep.kv_tokens} tokens, max_running_requests {rep.max_running}, context "
-              f"{rep.max_model_len}; plugin {facts.shadow or 'silent'}; Ctrl-C stops it", flush=True)
+              f"{target.pgid}): pool {rep.kv_tokens} tokens{_hybrid_pools(log)}, max_running_requests "
+              f"{rep.max_running}, context {rep.max_model_len}; plugin {facts.shadow or 'silent'}; Ctrl-C stops it",
+              flush=True)
         try:
             while target.alive():
                 time.sleep(0.5)  # waiting for Ctrl-C or the server's own exit

@@ -27,10 +27,35 @@ UNBOUNDED_BUDGET = 1 << 50
 class ShadowModel(nn.Module):
     """What the runner reads from a loaded model: `forward`'s signature (`support_pp`,
     model_runner.py L508), the layer range (layer_setup.py `_resolve_pp_layer_range` defaults it to
-    every layer when the model has no start_layer/end_layer), nothing else."""
+    every layer when the model has no start_layer/end_layer), and the window of a sliding-window
+    model (`window_of`)."""
+
+    def __init__(self, config=None):
+        super().__init__()
+        self.config = config  # what a real model's get_attention_sliding_window_size reads
 
     def forward(self, input_ids, positions, forward_batch):
         raise RuntimeError("kvprobe shadow: the forward is replaced (TpModelWorker.forward_batch_generation)")
+
+
+def _model_class(model_config):
+    """The class SGLang would build for this config (model_loader/utils.py `get_model_architecture`
+    L198-238), or None when it resolves none (the shadow then answers as a model without one)."""
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    try:
+        return get_model_architecture(model_config)[0]
+    except (ValueError, ImportError, RuntimeError):
+        return None
+
+
+def window_of(model_cls, model) -> int | None:
+    """The sliding window the real model would report: its class's own
+    `get_attention_sliding_window_size` run on the shadow (which carries the config the real model
+    keeps as `self.config`). gpt-oss answers `sliding_window - 1` (models/gpt_oss.py L131-132,
+    L1374-1375); models without the method leave it to ModelConfig (load_model_utils.py L144-157)."""
+    method = getattr(model_cls, "get_attention_sliding_window_size", None)
+    return None if method is None else method(model)
 
 
 class _NoLoader:
@@ -62,7 +87,11 @@ def load_model(self) -> None:
     from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
 
     self.loader = _NoLoader()
-    self.model = ShadowModel()
+    self.model = ShadowModel(self.model_config.hf_config)
+    model_cls = _model_class(self.model_config)
+    own_window = getattr(model_cls, "get_attention_sliding_window_size", None) is not None
+    if own_window:
+        self.model.get_attention_sliding_window_size = lambda: window_of(model_cls, self.model)
     self.startup_weight_load = None
     self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
     self.prefill_aware_swa = False
@@ -72,6 +101,9 @@ def load_model(self) -> None:
     check_applied()
     logger.info("%s plugin active: no weights (%s, dtype %s); time model %s", LOG_PREFIX,
                 self.model_config.model_path, self.dtype, _time_model().encode())
+    if self.sliding_window_size is not None:
+        logger.info("%s sliding window: %d (%s)", LOG_PREFIX, self.sliding_window_size,
+                    f"{model_cls.__name__}.get_attention_sliding_window_size" if own_window else "model config")
 
 
 # -------------------------------------- KVCacheConfigurator._profile_available_bytes (L2990-3060)
@@ -81,24 +113,40 @@ def profile_available_bytes(self, pre_model_load_memory) -> int:
     card, free before = its free memory (total − other residents, the ledger's `other_bytes`) and
     available after = that − the weights (kvprobe's ledger, theory/budget.py `sglang_budget`);
     mem_fraction_static is SGLang's resolved value, so `--mem-fraction-static` has its effect.
-    With no declared GPU, a budget no pool reaches, so `--max-total-tokens` sizes the pool."""
+    With no declared GPU, a budget no pool reaches, so `--max-total-tokens` sizes the pool.
+    A recurrent hybrid (Qwen3-Next) then takes its state slots out of that budget with SGLang's own
+    `_handle_max_mamba_cache` (L3040-3041, called from the function this replaces)."""
     from sglang.srt.runtime_context import get_schedule
 
     declared = os.environ.get(GPU_FREE_ENV)
     if not declared:
         logger.info("%s pool sizing: --max-total-tokens (no declared GPU; unbounded budget)", LOG_PREFIX)
-        return UNBOUNDED_BUDGET
+        return int(_less_mamba_state(self, UNBOUNDED_BUDGET / GIB) * GIB)
     free_gb = int(declared) / GIB
     weights_gb = int(os.environ.get(WEIGHT_BYTES_ENV, "0")) / GIB
     fraction = get_schedule().mem_fraction_static
     rest_gb = (free_gb - weights_gb) - free_gb * (1 - fraction)
-    if rest_gb <= 0:  # SGLang's own message (L3043-3058)
+    logger.info("%s pool sizing: declared GPU free %.2f GiB, weights %.2f GiB, mem_fraction_static %s "
+                "-> KV budget %.2f GiB", LOG_PREFIX, free_gb, weights_gb, fraction, rest_gb)
+    rest_gb = _less_mamba_state(self, rest_gb)
+    if rest_gb <= 0:  # SGLang's own message (L3043-3058), after the state pool as there
         need = 1 - (free_gb - weights_gb) / free_gb
         raise ValueError(f"Loaded weights leave no GPU memory for the KV cache under "
                          f"--mem-fraction-static={fraction}. Raise --mem-fraction-static above {need:.3f}")
-    logger.info("%s pool sizing: declared GPU free %.2f GiB, weights %.2f GiB, mem_fraction_static %s "
-                "-> KV budget %.2f GiB", LOG_PREFIX, free_gb, weights_gb, fraction, rest_gb)
     return int(rest_gb * GIB)
+
+
+def _less_mamba_state(self, rest_gb: float) -> float:
+    """The budget (GiB) after the recurrent-state pool, for a model with one: SGLang's own
+    `_handle_max_mamba_cache` (L3229-3409) sets max_mamba_cache_size and returns the rest."""
+    if getattr(self, "mambaish_config", None) is None:
+        return rest_gb
+    from sglang.srt.runtime_context import get_schedule
+
+    rest_gb = self._handle_max_mamba_cache(rest_gb)
+    logger.info("%s mamba state: %d slots of %d bytes", LOG_PREFIX, get_schedule().max_mamba_cache_size,
+                self.mambaish_config.mamba2_cache_params.mamba_cache_per_req)
+    return rest_gb
 
 
 # ---------------------------------------------- ModelRunner.init_attention_backends (L1105-1130)

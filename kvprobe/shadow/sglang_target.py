@@ -24,7 +24,7 @@ import psutil
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError, TargetError
-from kvprobe.shadow import modeldir, sglang_plugin
+from kvprobe.shadow import modeldir, sglang_hybrid, sglang_plugin
 from kvprobe.shadow.envs import EngineEnv
 from kvprobe.shadow.launch import kvprobe_pythonpath
 from kvprobe.theory.budget import SglangBudget, sglang_budget
@@ -66,18 +66,22 @@ def shadow_budget(req, flags: dict[str, object]) -> tuple[SglangBudget, int]:
                           "memory (hardware.gpu_memory / --gpu-memory) to size it as that GPU would",
                           key="flags.max-total-tokens")
     ctx = flags.get("context-length") or geom.max_position_embeddings
-    bud = sglang_budget(geom, kv, weights=weight_bytes(geom), gpu_memory_bytes=req.gpu_memory_bytes,
+    bud = sglang_budget(geom, kv, weights=weight_bytes(geom, engine="sglang"), gpu_memory_bytes=req.gpu_memory_bytes,
                         context_len=int(ctx), mem_fraction_static=flags.get("mem-fraction-static"),
                         chunked_prefill_size=flags.get("chunked-prefill-size"), page_size=flags.get("page-size"),
                         max_total_tokens=flags.get("max-total-tokens"),
-                        max_running_requests=flags.get("max-running-requests"), estimates=dict(req.estimates))
+                        max_running_requests=flags.get("max-running-requests"), estimates=dict(req.estimates),
+                        model_config=req.config, hybrid_opts=sglang_hybrid.options(flags),
+                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")))
     return bud, kv.total
 
 
 def memory_needed(bud: SglangBudget, kv_bytes_per_token: int) -> dict[str, int]:
     """Real CPU memory the shadow takes: the KV pool (K and V buffers of every layer,
-    "KV Cache is allocated ... K size, V size"), the request-to-token table, SGLang's processes."""
-    return {"kv_pool": bud.max_total_num_tokens * kv_bytes_per_token,
+    "KV Cache is allocated ... K size, V size"; a hybrid model's pools, sglang_hybrid.pool_bytes), the
+    request-to-token table, SGLang's processes."""
+    pool = bud.max_total_num_tokens * kv_bytes_per_token if bud.pools is None else sglang_hybrid.pool_bytes(bud.pools)
+    return {"kv_pool": pool,
             "req_to_token": (bud.max_running_requests + 1) * bud.context_len * REQ_TO_TOKEN_BYTES,
             "processes": PROCESS_BYTES}
 
@@ -108,8 +112,9 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     flags = _normalized_flags(req.flags)
     bud, kv_per_token = shadow_budget(req, flags)
     check_memory(memory_needed(bud, kv_per_token), bud)
-    folder = modeldir.model_folder(req.model, req.config, env)
-    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(bud.weights)}
+    weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
+    folder = modeldir.model_folder(req.model, sglang_hybrid.engine_config(req.config), env)
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(weights)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache
         model_arg = req.model
         environ["HF_HOME"] = str(modeldir.hf_home(req.model, folder))
@@ -119,7 +124,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
         free = req.gpu_memory_bytes - int(req.estimates.get("other_bytes", 0))
         environ[sglang_plugin.GPU_FREE_ENV] = str(free)
     port = "{port}" if not req.port else req.port  # {port}: the launcher picks a free one
-    argv = dialect.launch_command(model_arg, _shadow_flags(req, flags, bud), host=req.host, port=port,
+    argv = dialect.launch_command(model_arg, launch_flags, host=req.host, port=port,
                                   binary=[str(env.python), "-m", MODULE],
                                   served_model_name=str(flags.get("served-model-name") or req.served_model_name))
     return argv, environ
@@ -127,7 +132,8 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
 
 def parse_worker_log(text: str) -> dict:
     """What the plugin said in SGLang's log (lines starting with sglang_plugin.LOG_PREFIX): that it
-    acted, its time model, how the pool was sized, whether overlap scheduling ran."""
+    acted, its time model, how the pool was sized, whether overlap scheduling ran; for hybrid models
+    the window the model reported and the recurrent-state slots SGLang's `_handle_max_mamba_cache` set."""
     out: dict = {}
     for line in text.splitlines():
         _, sep, said = line.partition(sglang_plugin.LOG_PREFIX + " ")
@@ -140,4 +146,9 @@ def parse_worker_log(text: str) -> dict:
             out["pool_sizing"] = said.removeprefix("pool sizing: ").strip()
         elif said.startswith("forward: overlap scheduling "):
             out["overlap_scheduling"] = said.rpartition(" ")[2] == "on"
+        elif said.startswith("sliding window: "):
+            out["sliding_window"] = int(said.removeprefix("sliding window: ").split()[0])
+        elif said.startswith("mamba state: "):
+            words = said.split()
+            out["mamba_slots"], out["mamba_cache_per_req"] = int(words[2]), int(words[5])
     return out

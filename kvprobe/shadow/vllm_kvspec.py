@@ -286,7 +286,7 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
             "--gpu-memory on the console), or pass --kv-cache-memory-bytes or --num-gpu-blocks-override")
     pc = vllm_config.parallel_config
     geom = _geometry(vllm_config)
-    weights = weight_bytes(geom, tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size)
+    weights = weight_bytes(geom, tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, engine="vllm")
     other = estimates.get("other_bytes", budget.estimate_vllm_other_bytes(
         tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size))
     act = estimates.get("activation_bytes", budget.estimate_vllm_activation_bytes(

@@ -129,7 +129,8 @@ def estimate_vllm_activation_bytes(geom: ModelGeometry, *, max_num_batched_token
         if name in parts:
             widest = max(widest, parts[name].params // geom.hidden_size // tp)
     if "experts.gate_up_proj" in parts:  # routed experts: each token goes to top_k of them
-        per_expert = parts["experts.gate_up_proj"].params // geom.hidden_size
+        gate_up = parts["experts.gate_up_proj"]  # MXFP4 parts count their biases: use the width itself
+        per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if gate_up.dims else gate_up.params // geom.hidden_size
         widest = max(widest, per_expert // max(1, _n_experts(geom)) * 8 // tp)
     forward = max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
     sampler = max_num_seqs * geom.vocab_size * 4 * 2

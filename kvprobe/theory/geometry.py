@@ -13,7 +13,8 @@ The KV layouts are the engines' own (vLLM 0.33.0 `v1/kv_cache_interface.py`,
   when the list is absent); its dtype does not follow ``--kv-cache-dtype``.
 
 Layer kinds (full, sliding-window, chunked-local, linear attention) come from `layers.py`; the
-presets and config loading from `model_presets.py` (re-exported here).
+parameter groups from `weight_parts.py`; the presets and config loading from `model_presets.py`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from dataclasses import dataclass
 from kvprobe.errors import ConfigError
 from kvprobe.theory.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model_presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
+from kvprobe.theory.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, sink_bytes
+from kvprobe.theory.weight_parts import (
+    Parts,
+    WeightPart,
+    attention_parts,
+    dense_layer_ids,
+    indexer_parts,
+    mlp_parts,
+)
 
 _DTYPE_BYTES = {
     "float32": 4, "float": 4, "fp32": 4,
@@ -37,18 +47,6 @@ _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla l
 # read config.json through these classes): Gemma3TextConfig (gemma3/configuration_gemma3.py L74-82,
 # transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
 _CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072}}
-
-
-@dataclass(frozen=True)
-class WeightPart:
-    """One group of parameters: how many, their bytes, and how TP/PP distribute them."""
-
-    name: str
-    params: int  # per layer for layer parts
-    nbytes: int  # per layer for layer parts, including fp8 block scales
-    shard: str  # "tp" (split by TP), "replicated", "kv" (KV heads: max(1, kv//tp) of kv)
-    layers: tuple[int, ...] = ()  # layer indices holding it; empty = a model-level part
-    stage: str = "layer"  # "first" (embeddings), "last" (final norm, lm_head) or "layer"
 
 
 @dataclass(frozen=True)
@@ -78,6 +76,7 @@ class ModelGeometry:
     moe: bool
     weight_parts: tuple[WeightPart, ...]
     layers: LayerKinds  # the kind of every decoder layer (layers.py)
+    quantized_mxfp4: bool = False  # MoE experts in MXFP4 (gpt-oss), the rest in the model dtype
 
     @property
     def weight_bytes_total(self) -> int:
@@ -113,6 +112,11 @@ def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
     return True, (tuple(block) if block else None)
 
 
+def _is_mxfp4_checkpoint(cfg: dict) -> bool:
+    q = cfg.get("quantization_config") or {}
+    return str(q.get("quant_method", "")).lower() == "mxfp4"
+
+
 def _indexer_layer_ids(cfg: dict, num_layers: int, source: str) -> tuple[int, ...]:
     if not cfg.get("index_head_dim"):
         return ()
@@ -123,104 +127,6 @@ def _indexer_layer_ids(cfg: dict, num_layers: int, source: str) -> tuple[int, ..
         raise ConfigError(f"expected a list of {num_layers} entries ('full'/'shared')",
                           file=source, key="indexer_types")
     return tuple(i for i, t in enumerate(types) if t == "full")
-
-
-def _dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
-    """Layers with a dense MLP; the rest are MoE (DeepSeek/GLM: first_k_dense_replace, moe_layer_freq)."""
-    if not (cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")):
-        return set(range(num_layers))
-    types = cfg.get("mlp_layer_types")
-    if isinstance(types, list) and len(types) == num_layers:
-        return {i for i, t in enumerate(types) if t == "dense"}
-    first_k = cfg.get("first_k_dense_replace") or 0
-    freq = cfg.get("moe_layer_freq") or 1
-    return {i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0}
-
-
-class _Parts:
-    """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
-
-    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None):
-        self.dtype_bytes, self.fp8, self.block = dtype_bytes, fp8, block
-        self.parts: list[WeightPart] = []
-
-    def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
-        params = out_f * in_f
-        if self.fp8 and quantizable:
-            nbytes = params  # one byte per weight, plus one fp32 scale per weight block
-            if self.block:
-                nbytes += math.ceil(out_f / self.block[0]) * math.ceil(in_f / self.block[1]) * 4
-        else:
-            nbytes = params * self.dtype_bytes
-        if bias:
-            params += out_f
-            nbytes += out_f * self.dtype_bytes
-        self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers)))
-
-    def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None):
-        nb = params * self.dtype_bytes if nbytes is None else nbytes
-        self.parts.append(WeightPart(name, params, nb, shard, tuple(layers), stage))
-
-
-def _attention_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
-    h, heads = g["hidden"], g["heads"]
-    if g["attention"] == "mla":
-        r, rope, nope, v = g["kv_lora_rank"], g["rope"], g["nope"], g["v_head_dim"]
-        q_lora = cfg.get("q_lora_rank")
-        if q_lora:  # DeepSeek-V3 q path: q_a (replicated) -> norm -> q_b (column parallel)
-            p.linear("q_a_proj", q_lora, h, "replicated", layers)
-            p.plain("q_a_layernorm", q_lora, "replicated", layers)
-            p.linear("q_b_proj", heads * (nope + rope), q_lora, "tp", layers)
-        else:
-            p.linear("q_proj", heads * (nope + rope), h, "tp", layers)
-        p.linear("kv_a_proj_with_mqa", r + rope, h, "replicated", layers)
-        p.plain("kv_a_layernorm", r, "replicated", layers)
-        p.linear("kv_b_proj", heads * (nope + v), r, "tp", layers)
-        p.linear("o_proj", h, heads * v, "tp", layers)
-        return
-    kv, hd = g["kv_heads"], g["head_dim"]
-    qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe")
-    p.linear("q_proj", heads * hd, h, "tp", layers, bias=qkv_bias)
-    p.linear("k_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
-    p.linear("v_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
-    p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")))
-    if g["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm on q and k
-        p.plain("q_norm+k_norm", 2 * hd, "replicated", layers)
-
-
-def _indexer_parts(p: _Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
-    """DSA lightning indexer (DeepSeek-V3.2 / GLM-5 style): wq_b, wk, k_norm, weights_proj."""
-    if not layers:
-        return
-    d, n = cfg["index_head_dim"], cfg.get("index_n_heads") or 64
-    q_in = cfg.get("q_lora_rank") or g["hidden"]
-    p.linear("indexer.wq_b", n * d, q_in, "replicated", layers)
-    p.linear("indexer.wk", d, g["hidden"], "replicated", layers)
-    p.plain("indexer.k_norm", 2 * d, "replicated", layers)
-    p.linear("indexer.weights_proj", n, g["hidden"], "replicated", layers, quantizable=False)
-
-
-def _mlp_parts(p: _Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[int, ...]) -> None:
-    h = g["hidden"]
-    inter = cfg.get("intermediate_size") or 4 * h
-    bias = bool(cfg.get("mlp_bias"))
-    if dense:
-        p.linear("mlp.gate_up_proj", 2 * inter, h, "tp", dense, bias=bias)
-        p.linear("mlp.down_proj", h, inter, "tp", dense, bias=bias)
-    if not moe:
-        return
-    n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
-    mi = cfg.get("moe_intermediate_size") or inter
-    p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
-    p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
-    shared = cfg.get("n_shared_experts") or 0
-    if shared:
-        p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
-        p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
-    # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
-    p.linear("router.gate", n_routed, h, "replicated", moe, quantizable=False)
-    if cfg.get("topk_method") == "noaux_tc":
-        p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)
 
 
 def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
@@ -256,13 +162,17 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
 
     kinds = layer_kinds(cfg, layers_n, source=source)
     all_layers = tuple(range(layers_n))
-    dense_ids = _dense_layer_ids(cfg, layers_n)
+    dense_ids = dense_layer_ids(cfg, layers_n)
     indexer_ids = _indexer_layer_ids(cfg, layers_n, source)
-    p = _Parts(dbytes, fp8, block)
+    mxfp4 = _is_mxfp4_checkpoint(cfg)
+    if mxfp4 and model_type != "gpt_oss":  # other MXFP4 checkpoints quantise other modules, other kernels
+        raise ConfigError(f"kvprobe counts MXFP4 weights for gpt-oss only (its experts); this model_type is "
+                          f"{model_type!r}", file=source, key="quantization_config.quant_method")
+    p = Parts(dbytes, fp8, block, mxfp4)
     p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
-    _attention_parts(p, cfg, g, all_layers)
-    _indexer_parts(p, cfg, g, indexer_ids)
-    _mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
+    attention_parts(p, cfg, g, all_layers)
+    indexer_parts(p, cfg, g, indexer_ids)
+    mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
     p.plain("input_layernorm+post_attention_layernorm", 2 * hidden, "replicated", all_layers)
     p.plain("norm", hidden, "replicated", stage="last")
     if not tied:
@@ -295,6 +205,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         moe=len(dense_ids) < layers_n,
         weight_parts=tuple(p.parts),
         layers=kinds,
+        quantized_mxfp4=mxfp4,
     )
 
 
@@ -370,7 +281,14 @@ def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp:
                    n_idx * per_indexer, total, dtype)
 
 
-def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int) -> int:
+def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int,
+                        engine: str | None, gpu_arch: str) -> int:
+    if engine is not None and part.special.startswith("mxfp4_"):
+        experts, hidden, inter = part.dims
+        return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
+                                   engine=engine, gpu_arch=gpu_arch, tp=tp)
+    if part.special == "sinks":
+        return part.params // tp * sink_bytes(engine, gpu_arch, geom.dtype_bytes)
     if part.shard == "tp":
         return math.ceil(nbytes / tp)
     if part.shard == "kv":
@@ -378,8 +296,12 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
     return nbytes
 
 
-def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1) -> int:
-    """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last)."""
+def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str | None = None,
+                 gpu_arch: str = DEFAULT_GPU_ARCH) -> int:
+    """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last).
+    Without `engine`, the checkpoint's bytes split by TP; with it ("vllm"/"sglang"), the parts whose
+    GPU layout is an engine fact (MXFP4 experts, sinks: mxfp4.py) as that engine allocates them on
+    `gpu_arch`."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
     stages = pp_stages(geom.num_layers, pp)
@@ -395,6 +317,6 @@ def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1) -> int:
                 n = 1 if s == len(stages) - 1 else 0
             else:
                 n = 1
-            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp)
+            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp, engine, gpu_arch)
         loads.append(total)
     return max(loads)

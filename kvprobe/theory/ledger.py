@@ -20,8 +20,14 @@ from kvprobe.theory.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
 from kvprobe.theory.sched_sglang_swa import FULL_POOL, window_pool_label
-from kvprobe.theory.sglang_pools import DEFAULT_SWA_FULL_TOKENS_RATIO, SglangOptions, SglangPools
+from kvprobe.theory.sglang_pools import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SglangOptions,
+    SglangPools,
+)
 from kvprobe.theory.vllm_hybrid_groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm_kv import VllmOptions
 from kvprobe.units import format_bytes, parse_bytes, parse_count
@@ -37,6 +43,7 @@ class LedgerInputs:
     model: str
     engine_version: str | None = None
     gpu_memory_bytes: int | None = None
+    gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None
     dtype: str | None = None
@@ -64,6 +71,11 @@ class LedgerInputs:
     swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
     mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
     disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
+    # SGLang's hybrid-pool flags (theory/sglang_pools.SglangOptions; None: SGLang's default)
+    disable_hybrid_swa_memory: bool = False
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float | None = None
+    mamba_ssm_dtype: str | None = None
     reserve_full_isl: bool = True
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -149,6 +161,7 @@ class Ledger:
                 "name": g.name, "source": self.model.source, "attention": g.attention,
                 "num_layers": g.num_layers, "layers_per_rank": kv.layers_per_rank,
                 "param_count": g.param_count, "dtype": g.dtype, "quantized_fp8": g.quantized_fp8,
+                "quantized_mxfp4": g.quantized_mxfp4,
                 "kv_cache_dtype": kv.dtype, "kv_bytes_per_token": kv.total,
                 "kv_bytes_per_token_main": kv.main, "kv_bytes_per_token_indexer": kv.indexer,
                 "kv_bytes_per_token_per_layer": kv.per_layer_main, "indexer_layers": g.indexer_layers,
@@ -201,6 +214,8 @@ def _validate(inp: LedgerInputs) -> None:
         raise ConfigError(f"expected one of {', '.join(ENGINES)}, got {inp.engine!r}", key="engine")
     for name in ("tp", "pp", "dp"):
         _positive(name, getattr(inp, name), allow_none=False)
+    if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
+        raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
     for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
                  "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
                  "kv_cache_memory_bytes", "gpu_memory_bytes", "prompt_tokens", "output_tokens", "users"):
@@ -249,7 +264,8 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
-    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp), source, cfg)
+    model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp, engine=inputs.engine,
+                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
@@ -341,7 +357,11 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
                                   disable_radix_cache=inputs.disable_radix_cache,
                                   disable_overlap_schedule=inputs.disable_overlap_schedule,
-                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer"))
+                                  mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer",
+                                  disable_hybrid_swa_memory=inputs.disable_hybrid_swa_memory,
+                                  max_mamba_cache_size=inputs.max_mamba_cache_size,
+                                  mamba_full_memory_ratio=inputs.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+                                  mamba_ssm_dtype=inputs.mamba_ssm_dtype))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
                    bud.max_running_requests, bud.chunked_prefill_size,
@@ -470,8 +490,11 @@ def _render_sections(led: Ledger) -> list[str]:
         ["model", g.name, led.model.source],
         ["attention", g.attention, f"{g.num_layers} layers, {g.num_kv_heads} KV heads" if g.attention == "gqa"
          else f"latent {g.kv_lora_rank}+{g.qk_rope_head_dim}, not split by TP"],
-        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")],
-        ["weights per rank", format_bytes(led.model.weight_bytes), par],
+        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")
+         + (", MXFP4 experts" if g.quantized_mxfp4 else "")],
+        ["weights per rank", format_bytes(led.model.weight_bytes), par + (
+            f", experts as {inp.engine} allocates them on {inp.gpu_arch or DEFAULT_GPU_ARCH}"
+            if g.quantized_mxfp4 else "")],
         ["KV bytes per token per rank", kv.total, f"{kv.dtype}: {kv_note}"],
     ]
     if g.layers.hybrid:  # the bytes per token above count every attention layer as full

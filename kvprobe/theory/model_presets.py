@@ -43,6 +43,8 @@ PRESETS: dict[str, str] = {
     "openai/gpt-oss-20b": "gpt-oss-20b.json",
     # openai/gpt-oss-120b: the same keys as 20b with 36 layers and 128 experts, as copied from
     # https://huggingface.co/openai/gpt-oss-120b/raw/main/config.json into a public test fixture.
+    # Its checkpoint holds 65,248,815,744 B of tensors (index total_size; the model card's 60.8 GiB),
+    # 116,829,156,672 parameters de-quantised (keras-hub gpt_oss_presets.py): tests/theory/test_mxfp4.py.
     "openai/gpt-oss-120b": "gpt-oss-120b.json",
     # google/gemma-3-27b-it: Gemma3ForConditionalGeneration; the text_config names only the keys
     # that differ from transformers' defaults (no layer_types, no sliding_window_pattern: the

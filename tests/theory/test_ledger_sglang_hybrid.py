@@ -163,3 +163,26 @@ def test_qwen3_next_no_buffer_is_the_plain_radix_scheduler():
     assert err.value.key == "page_size"
     with pytest.raises(ConfigError, match="no_buffer do not support overlap schedule") as err:
         ledger(QWEN3_NEXT, **{**kw, "disable_overlap_schedule": False})
+
+
+def test_every_hybrid_pool_flag_reaches_the_ledger_as_it_reaches_sglang():
+    """The flags an expectation or `kvprobe ledger` gives (the dialect's Flag.ledger mapping) set the
+    ledger's pools as they set the shadow's prediction and SGLang's (the shadow passes them to SGLang
+    as written): --max-mamba-cache-size 40 caps max_running_requests at 40 with the radix cache off
+    (resolve_max_num_reqs; sglang_pools is checked against SGLang's configurator in
+    tests/shadow_env/test_hybrid_sglang.py)."""
+    from kvprobe.shadow.sglang_hybrid import options
+    from kvprobe.spec_schema import flag_ledger_kwargs
+
+    flags = {"max-mamba-cache-size": 40, "mamba-full-memory-ratio": 0.5, "disable-radix-cache": True,
+             "max-running-requests": 64, "disable-overlap-schedule": True, "mamba-ssm-dtype": "bfloat16"}
+    led = ledger(QWEN3_NEXT, gpu_memory_bytes=80 * GIB, tp=4, prompt_tokens=2000, output_tokens=500,
+                 **flag_ledger_kwargs("sglang", flags))
+    assert led.capacity.groups[1]["slots"] == 40 and led.budget.max_running_requests == 40
+    assert led.scheduler_config.overlap is False
+    opts = options({**flags, "tp-size": 4})
+    assert (opts.max_mamba_cache_size, opts.mamba_full_memory_ratio, opts.mamba_ssm_dtype) == (40, 0.5, "bfloat16")
+    # the state dtype changes the bytes of a slot: bfloat16 halves the float32 recurrent state
+    f32 = ledger(QWEN3_NEXT, gpu_memory_bytes=80 * GIB, tp=4, prompt_tokens=2000, output_tokens=500,
+                 **flag_ledger_kwargs("sglang", {**flags, "mamba-ssm-dtype": "float32"}))
+    assert f32.capacity.groups[1]["bytes_per_slot"] > led.capacity.groups[1]["bytes_per_slot"]
