@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -189,5 +190,6 @@ def test_sglang_gpt_oss_pools_in_the_table_and_json(capsys):
     assert [g["tokens"] for g in d["capacity"]["groups"]] == [30000, 24000]
     assert d["admission"]["binding_group"] == "full pool"
     assert [g["blocks_peak"] for g in d["request"]["groups"]] == [2999, 2001]
-    rc, out, err = run(capsys, *argv[:-1])  # the radix cache on: pools sized, admission not predicted
-    assert rc == 0 and "admission: not predicted (SGLang's hybrid sliding-window admission" in out
+    rc, out, err = run(capsys, *argv[:-1])  # the radix cache on (sched_sglang_swa_radix): predicted too
+    assert rc == 0 and "not predicted" not in out and "binding limit: kv (full pool)" in out
+    assert re.search(r"admission limit +9\.98 ", out)

@@ -75,6 +75,21 @@ class Prediction:
     clean_in_closed_loop_how: str = ""
 
 
+class NotModelled(ConfigError):
+    """The simulation left what is modelled (and checked against the engine): no prediction."""
+
+
+def _check_modelled(stats) -> None:
+    """SGLang hybrid SWA with the radix cache on is followed exactly until a retracted request is
+    re-admitted onto its old prompt path (sched_sglang_swa_radix.py); a loop that does so is not
+    a prediction."""
+    if stats.swa_radix_readopted:
+        raise NotModelled(
+            f"with SGLang's radix cache on, {stats.swa_radix_readopted} retracted request(s) came back to their "
+            "prompt still in the tree, which SGLang re-adopts by what its two LRUs evicted (not modelled); "
+            "add --disable-radix-cache, or a workload that does not retract", key="disable_radix_cache")
+
+
 def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int,
             users: int | None = None, *, policy: str | None = None, shared_prefix_tokens: int = 0,
             layers: tuple[int, ...] = ()) -> Prediction:
@@ -101,6 +116,7 @@ def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens
     start, width = _users_start(pred)
     stats = closed_loop(_with_policy(config, policy), P, O, users, shared_prefix_tokens=K, start=start,
                         ramp_width=min(users, width))
+    _check_modelled(stats)
     return replace(pred, users=users, running=round(stats.running_mean, 2), waiting=round(stats.waiting_mean, 2),
                    preemption_rate=round(stats.preemptions_per_1k_steps, 2), running_sem=round(stats.running_sem, 3),
                    waiting_sem=round(stats.waiting_sem, 3), users_how=describe(stats, start))
@@ -271,6 +287,8 @@ def _sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -
     for start in ("ramp", "burst"):
         runs[start] = closed_loop(_with_policy(cfg, policy), P, O, probe, shared_prefix_tokens=K, start=start,
                                   ramp_width=_ramp_width(reserved))
+    for run in runs.values():
+        _check_modelled(run)
     start = max(runs, key=lambda k: (runs[k].running_max, runs[k].running_mean))
     stats = runs[start]
     # (hybrid SWA: the window pool frees as requests grow and nothing walks the futures: no bound)

@@ -398,20 +398,28 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
             sliding_window_size=lay.sliding_window_size if window else None,
             swa_pool_tokens=bud.pools.swa_tokens if window else None)
         layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
-        pred = _predict(admission_mod, sched, inputs, policy, request, layers)
+        try:
+            pred = _predict(admission_mod, sched, inputs, policy, request, layers)
+        except admission_mod.NotModelled as err:  # the radix cache on, a re-admission onto an old path
+            return Ledger(inputs, model, bud, cap, request, None, sched, version, not_predicted=str(err))
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
 def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
     """Why SGLang's admission of this hybrid layout is not predicted, or None. Modelled (and
     checked against SGLang's Scheduler, tests/theory/test_real_sglang.py): windows with the radix
-    cache off; Qwen3-Next with it off, or on with the no_buffer strategy (overlap off, pages of 1)
-    when no prompt prefix is shared (its matches stop at cached states: not modelled)."""
+    cache off, or on with no prompt prefix shared (sched_sglang_swa_radix.py: until a retracted
+    request comes back to its old tree path, which admission.NotModelled reports); Qwen3-Next with
+    it off, or on with the no_buffer strategy (overlap off, pages of 1) when no prompt prefix is
+    shared (its matches stop at cached states: not modelled)."""
     if lay is None or inputs.disable_radix_cache:
         return None
-    if lay.pool == "hybrid_swa":  # SWARadixCache: window slots of cached prefixes, tombstones
-        return ("SGLang's hybrid sliding-window admission is modelled with the radix cache off only; add "
-                "--disable-radix-cache")
+    if lay.pool == "hybrid_swa":
+        if inputs.shared_prefix_tokens:  # a shared prefix's window slots in the unified tree: not modelled
+            return ("a shared prompt prefix on SGLang's hybrid sliding-window radix cache (a prefix matches "
+                    "only with a live window of slots) is not modelled; add --disable-radix-cache or drop "
+                    "the shared prefix")
+        return None
     if inputs.mamba_radix_cache_strategy != "no_buffer":
         return ("SGLang's recurrent-state (Mamba) admission is modelled with the radix cache off, or on with "
                 "--mamba-radix-cache-strategy no_buffer (and --disable-overlap-schedule); add --disable-radix-cache")

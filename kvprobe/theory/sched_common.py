@@ -131,6 +131,9 @@ class SchedulerStats:
     window_no_token_total: int = 0  # ... of those, stopped by the window pool (hybrid SWA)
     swa_used_tokens: int = 0  # SGLang hybrid SWA: the window pool's used tokens and size
     swa_pool_tokens: int = 0
+    # SGLang hybrid SWA, radix cache on: retracted requests that came back to their prompt still in
+    # the tree (re-adopted by SGLang in a way not modelled: the trace is not exact from the first)
+    swa_radix_readopted: int = 0
 
 
 def output_tokens(seeds: np.ndarray, index: np.ndarray) -> np.ndarray:

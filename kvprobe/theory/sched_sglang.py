@@ -196,12 +196,15 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         out, plen, held = L("out", "plen", "held")
         keep = np.ones(L.n, bool)
         rooms = self._retract_rooms()
-        for i in np.lexsort((-plen, out)).tolist()[:-1]:
+        # _get_decode_retraction_order (L3542-3580) sorts by (outputs, -prompt) descending, stably,
+        # and pops from the end: among equals the one last in the batch goes first
+        order = np.lexsort((-np.arange(L.n), -plen, out)).tolist()
+        for i in order[:-1]:
             keep[i] = False
             rooms = [r + f for r, f in zip(rooms, self._retract_frees(L.row(i), L.reqs[i]), strict=True)]
             if self._decode_need(keep, held) <= min(rooms):
                 break
-        victims = [L.reqs[i] for i in np.lexsort((-plen, out)).tolist() if not keep[i]]
+        victims = [L.reqs[i] for i in order if not keep[i]]
         for req in victims:
             i = L.index(req)
             self._release(req, L.row(i), finished=False, result=result)

@@ -28,9 +28,8 @@ pool (files and lines of the released wheel, `sglang/srt/...`):
 * The usage the engine exports per pool (`_get_swa_token_info`, managers/scheduler_components/
   pool_stats_observer.py L304-345): capacity - available - evictable of each pool.
 
-Modelled: the radix cache off (`--disable-radix-cache`: SWAChunkCache, nothing is cached). The
-radix cache on (SWARadixCache: window slots of cached prefixes, tombstones, a second LRU) is not:
-a ConfigError says so. Checked step by step against SGLang's own Scheduler
+Modelled here: the radix cache off (`--disable-radix-cache`: nothing is cached). The radix cache on
+(SGLang's default) is the subclass in sched_sglang_swa_radix.py. Checked step by step against SGLang's own Scheduler
 (tests/theory/test_real_sglang.py, the hybrid shapes).
 """
 
@@ -75,12 +74,12 @@ class SglangSwaScheduler(SglangScheduler):
     """SglangScheduler with a window pool beside the full one (see the module docstring)."""
 
     _simulates_future = False  # schedule_policy.py L1292-1304
+    _radix_modelled = False  # the radix cache on: SglangSwaRadixScheduler
 
     def __init__(self, config: SglangConfig):
-        if not config.disable_radix_cache:
-            raise ConfigError("SGLang's hybrid sliding-window admission is modelled with the radix cache off "
-                              "only (SWARadixCache is not); add --disable-radix-cache",
-                              key="disable_radix_cache")
+        if not config.disable_radix_cache and not self._radix_modelled:
+            raise ConfigError("SglangSwaScheduler models the radix cache off; with it on, use "
+                              "SglangSwaRadixScheduler (sched_sglang_swa_radix.py)", key="disable_radix_cache")
         if not config.swa_pool_tokens or config.sliding_window_size <= 0:
             raise ConfigError("a hybrid sliding-window SGLang config needs the window pool's size and the "
                               "window", key="swa_pool_tokens")
@@ -236,10 +235,13 @@ def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, in
     """What one request of P prompt and O output tokens (ignore_eos) costs in each pool: the tokens
     admission charges it (full: P + min(O, 4096) + a page, check_prefill; window: the
     estimate_swa_kv_tokens charge), and the slots it holds at its peak and on average over its
-    life, stepped through this scheduler alone in pools large enough for it. Keys as vLLM's groups
+    life (the radix cache on: used, i.e. not evictable), stepped through this scheduler alone in pools
+    large enough for it. Keys as vLLM's groups
     (vllm_hybrid_groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
+    from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler  # (it imports this module)
+
     big = 4 * (P + O) + 4 * cfg.page_size
-    solo = SglangSwaScheduler(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
+    solo = (SglangSwaScheduler if cfg.disable_radix_cache else SglangSwaRadixScheduler)(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
                                                   max_running_requests=1, context_len=max(cfg.context_len, big)))
     solo.add(SimRequest("solo", list(range(1, P + 1)), O))
     full, window = [], []

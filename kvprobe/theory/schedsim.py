@@ -37,6 +37,7 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
 )
 from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler, is_hybrid_swa
+from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
 from kvprobe.theory.sched_vllm import VllmScheduler
 from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
 from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
@@ -49,7 +50,7 @@ def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangS
         return VllmScheduler(config)
     if isinstance(config, SglangConfig):
         if is_hybrid_swa(config):
-            return SglangSwaScheduler(config)
+            return SglangSwaScheduler(config) if config.disable_radix_cache else SglangSwaRadixScheduler(config)
         return SglangScheduler(config)
     raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
 
@@ -83,6 +84,9 @@ class ClosedLoopStats:
     # SGLang hybrid SWA: the share of refused admissions in the window that the window pool refused
     window_blocked: float = 0.0
     swa_usage_mean: float = 0.0  # ... and the window pool's used slots over its size, time average
+    # ... radix cache on: re-admissions onto an old tree path in the whole run (not modelled from the
+    # first on: sched_sglang_swa_radix.py)
+    swa_radix_readopted: int = 0
 
     @property
     def simulated(self) -> int:
@@ -279,4 +283,5 @@ def _closed_loop(kind, fields, P, n_out, users, K, start, ramp_width, lifetimes,
         steps=window, running_sem=float(sem[0]), waiting_sem=float(sem[1]), usage_sem=float(sem[2] / pool),
         lifetimes=window / life, warmup=t0, lifetime=life, running_min=int(run_min), stopped_early=done < batches,
         window_blocked=by_window / refused if refused else 0.0,
-        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0)
+        swa_usage_mean=swa_sum / window / sched.stats.swa_pool_tokens if sched.stats.swa_pool_tokens else 0.0,
+        swa_radix_readopted=sched.stats.swa_radix_readopted)

@@ -45,7 +45,7 @@ class SglangPrefillAdder:
             P, done = len(req.prompt), req.output_len
             # prompt and outputs so far (a retracted request's); a match is capped at len - 1
             # (_compute_max_prefix_len)
-            node, prefix = pool.match(self._fill(req), P + done - 1) if self.radix else (None, 0)
+            node, prefix = self._match(req, P + done - 1) if self.radix else (None, 0)
             ext = P + done - prefix
             max_new = min(max(req._maxn - done, 0), CLIP_MAX_NEW_TOKENS)
             rem_total = free - b["total"] - (pool.evictable_on_path(node) if self.radix else 0)  # prefix locked
@@ -98,6 +98,10 @@ class SglangPrefillAdder:
             self.batch_full = False  # with the prefill batch (scheduler.py L3940-3960) or resets (L4094-4097)
         result.prefill_tokens = scheduled
         return scheduled > 0
+
+    def _match(self, req: SimRequest, limit: int):
+        """The longest cached prefix of the request's tokens (tree node, tokens)."""
+        return self.pool.match(self._fill(req), limit)
 
     def _continue_chunk(self, free: int, b: dict, result: StepResult) -> int:
         """add_chunked_req (L1140-1222): min(rem_chunk, remaining_total), full chunk if <= 0."""

@@ -15,6 +15,7 @@ import pytest
 from kvprobe.emulator.app import Emulator, Settings
 from kvprobe.engines import sglang
 from kvprobe.errors import ConfigError
+from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
 from kvprobe.theory.schedsim import SimRequest, make_scheduler
 from kvprobe.theory.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
@@ -110,5 +111,6 @@ def test_models_the_emulator_does_not_split_or_cannot_admit():
         Emulator(Settings(engine="sglang", model=qwen, flags={**FLAGS, "disable-radix-cache": False}))
     with pytest.raises(ConfigError, match="needs --max-mamba-cache-size"):  # no slot count without a GPU
         Emulator(Settings(engine="sglang", model=qwen, flags=FLAGS))
-    with pytest.raises(ConfigError, match="radix cache off only"):
-        Emulator(Settings(engine="sglang", model=GPT_OSS, flags={**FLAGS, "disable-radix-cache": False}))
+    # the radix cache on (SGLang's default): the same pools, admission by the radix-on scheduler
+    on = Emulator(Settings(engine="sglang", model=GPT_OSS, flags={**FLAGS, "disable-radix-cache": False}))
+    assert isinstance(on.scheduler, SglangSwaRadixScheduler) and on.config.swa_pool_tokens == 3200

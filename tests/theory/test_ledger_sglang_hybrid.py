@@ -1,7 +1,8 @@
 """The ledger of hybrid models on SGLang 0.5.23: the full and window pools sized from one budget
 (sglang_pools, checked against SGLang's configurator in tests/shadow_env/test_hybrid_sglang.py), the
 per-pool breakdown in text and JSON, the binding pool named, and what it does not model said plainly.
-Admission is sched_sglang_swa.py, checked against SGLang's own Scheduler in test_real_sglang.py."""
+Admission is sched_sglang_swa.py (the radix cache off) and sched_sglang_swa_radix.py (on), checked
+against SGLang's own Scheduler in test_real_sglang.py."""
 
 from __future__ import annotations
 
@@ -74,11 +75,33 @@ def test_from_gpu_memory_the_window_pool_takes_its_share_of_the_bytes():
     assert full == int(kv // (12 * 2048 * 1.8)) and window == int(full * 0.8)
 
 
-def test_the_radix_cache_on_is_not_predicted_and_says_which_flag():
-    led = ledger(max_total_tokens=100000, disable_radix_cache=False, prompt_tokens=1000, output_tokens=100)
-    assert led.admission is None and "--disable-radix-cache" in led.not_predicted
-    assert [g["tokens"] for g in led.capacity.groups] == [100000, 80000]  # the pools are still sized
-    assert "admission: not predicted (SGLang's hybrid sliding-window admission" in led.render()
+def test_the_radix_cache_on_is_predicted_with_its_window_freed_after_the_prefill():
+    """SGLang's default (the radix cache on): predicted by sched_sglang_swa_radix (checked against
+    SGLang's Scheduler in test_real_sglang.py). A prefill's window beyond the locked trailing window
+    is evictable once its result is in (radix off: freed at its second decode step, and then only
+    every 128 tokens), so one request of 1000 + 100 holds fewer window slots on average."""
+    on = ledger(max_total_tokens=100000, disable_radix_cache=False, prompt_tokens=1000, output_tokens=100)
+    off = ledger(max_total_tokens=100000, prompt_tokens=1000, output_tokens=100)
+    assert on.not_predicted is None and on.admission is not None and on.admission.binding == "kv"
+    assert [g["tokens"] for g in on.capacity.groups] == [100000, 80000]
+    win_on, win_off = (led.request.groups[1] for led in (on, off))
+    assert win_on["blocks_admission"] == win_off["blocks_admission"] == (1000 - 127) + 127 + 1  # the same charge
+    assert win_on["blocks_peak"] == 1000 and win_off["blocks_peak"] == 1001  # the prompt (and off: its first decode)
+    assert win_on["blocks_mean"] == 183.4 and win_off["blocks_mean"] == 192.04  # one request alone
+    assert "admission: not predicted" not in on.render()
+
+
+def test_the_radix_cache_on_says_when_it_leaves_what_is_modelled():
+    """A window pool so small that running windows outgrow it: retracted requests come back to their
+    prompt still in the tree, which SGLang re-adopts in a way not modelled: not predicted, naming the
+    flag; and a shared prefix on the radix cache is not modelled either."""
+    led = ledger(max_total_tokens=20000, disable_radix_cache=False, swa_full_tokens_ratio=0.1, prompt_tokens=300,
+                 output_tokens=400)
+    assert led.admission is None and "re-adopts" in led.not_predicted and "--disable-radix-cache" in led.not_predicted
+    assert "admission: not predicted (disable_radix_cache: with SGLang's radix cache on" in led.render()
+    shared = ledger(max_total_tokens=100000, disable_radix_cache=False, prompt_tokens=1000, output_tokens=100,
+                    shared_prefix_tokens=100)
+    assert shared.admission is None and "shared prompt prefix" in shared.not_predicted
 
 
 QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"

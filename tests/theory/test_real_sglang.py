@@ -6,8 +6,8 @@ tracker, process_batch_result, in its overlap event loop — is built with only 
 (tests/theory/real/sglang_driver.py) and driven through the same closed loop as kvprobe's
 simulation: the same arrivals, prompts and resubmissions. After every step the two must agree
 exactly on running, waiting, used tokens, retractions and new_token_ratio. The hybrid shapes run a
-gpt-oss-shaped model (a sliding-window pool beside the full one, the radix cache off: what
-sched_sglang_swa.py models) and compare the used tokens of both pools. The environment is
+gpt-oss-shaped model (a sliding-window pool beside the full one; the radix cache off:
+sched_sglang_swa.py, on: sched_sglang_swa_radix.py) and compare the used tokens of both pools. The environment is
 installed when missing (tests/theory/conftest.py).
 """
 
@@ -59,7 +59,13 @@ def _arrivals(cfg: SglangConfig, P: int, O: int, users: int, start: str) -> list
 
 def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None) -> list[list]:  # noqa: E741
     """kvprobe's scheduler through the same loop, observed as the driver observes SGLang's."""
-    sched, count, trace, nxt = make_scheduler(cfg), 0, [], 0
+    return model_run(cfg, P, O, K, users, arrivals, steps, ignore_eos, eos_after)[0]
+
+
+def model_run(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None):  # noqa: E741
+    """model_trace, and the first step at which the model says it no longer follows SGLang (a
+    retracted request re-admitted onto its old tree path, sched_sglang_swa_radix.py), or None."""
+    sched, count, trace, nxt, beyond = make_scheduler(cfg), 0, [], 0, None
 
     def submit():
         nonlocal count
@@ -74,9 +80,11 @@ def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, 
         used = [sched.pool.used] + ([sched.swa.used] if hasattr(sched, "swa") else [])
         trace.append([sched.run.n + (sched.chunked is not None), len(sched.waiting), *used,
                       sched.stats.retracted_total, round(sched.ratio, 9)])
+        if beyond is None and sched.stats.swa_radix_readopted:
+            beyond = t
         for _ in result.finished:
             submit()
-    return trace
+    return trace, beyond
 
 
 def real_traces(env, cases: list[dict]) -> list[dict]:
@@ -212,7 +220,35 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
                                        250, 500, 12, "ramp", False, 2500),
     "swa: Llama 4 chunked layers, window binds": (hybrid_config(8000, RATIO, LLAMA4), 300, 400, 12, "ramp", True, 1500),
 }
-HYBRID_MODELS = {"swa: Llama 4 chunked layers, window binds": LLAMA4}  # the others: GPT_OSS
+
+# The radix cache on (SGLang's default; sched_sglang_swa_radix.py). Each shape: as HYBRID_SHAPES, then
+# the step the model must follow SGLang through at least. The model follows SGLang exactly until
+# a retracted request is re-admitted onto its old prompt path (SGLang re-adopts the path's full-only
+# nodes: not modelled); it flags that step itself, and the comparison stops there. None: never.
+ON = SglangOptions(swa_full_tokens_ratio=0.1)
+RADIX_SHAPES = {
+    # the window binds (3 run while the full pool holds 11); running windows outgrow it: retraction
+    "swa radix on: window binds": (hybrid_config(8000, ON), 300, 400, 12, "ramp", True, 850, 800),
+    # the full pool binds, retraction; the retracted prompts leave the tree before they come back
+    "swa radix on: full pool binds, retraction": (
+        hybrid_config(4000, dataclasses.replace(ON, swa_full_tokens_ratio=0.5)), 300, 400, 20, "burst", False, 2500,
+        None),
+    # chunks: each chunk's prefix enters the tree; a last chunk of 76 locks its node and the 127
+    # above it; the checkpoint moves the decode eviction's base (evicted) to the earlier chunk's end
+    "swa radix on: chunks of 512": (hybrid_config(16000, dataclasses.replace(ON, chunked_prefill_size=512,
+                                                                         swa_full_tokens_ratio=0.2)),
+                                    1100, 300, 10, "ramp", True, 400, 350),
+    # pages of 16, chunks of 256, a burst: requests of equal outputs retracted last-in-batch first
+    "swa radix on: pages of 16, chunks of 256, retraction": (
+        hybrid_config(16000, dataclasses.replace(ON, chunked_prefill_size=256, page_size=16,
+                                                 swa_full_tokens_ratio=0.15)), 700, 300, 12, "burst", False, 200, 180),
+    "swa radix on: pages of 16, window binds": (hybrid_config(8000, dataclasses.replace(ON, page_size=16)),
+                                                250, 500, 12, "ramp", False, 600, 540),
+    "swa radix on: Llama 4 chunked layers, window binds": (hybrid_config(8000, ON, LLAMA4), 300, 400, 12, "ramp",
+                                                           True, 480, 430),
+}
+HYBRID_MODELS = {"swa: Llama 4 chunked layers, window binds": LLAMA4,
+                 "swa radix on: Llama 4 chunked layers, window binds": LLAMA4}  # the others: GPT_OSS
 
 
 # Models whose admission is the plain scheduler's although their layers are not all full attention:
@@ -256,8 +292,8 @@ def _case(name: str):
     if name in MODEL_SHAPES:
         _, cfg, P, O, K, users, start, ignore_eos, steps, _ = MODEL_SHAPES[name]  # noqa: E741
         return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
-    if name in HYBRID_SHAPES:
-        (cfg, _), P, O, users, start, ignore_eos, steps = HYBRID_SHAPES[name]  # noqa: E741
+    if name in HYBRID_SHAPES or name in RADIX_SHAPES:
+        (cfg, _), P, O, users, start, ignore_eos, steps = {**HYBRID_SHAPES, **RADIX_SHAPES}[name][:7]  # noqa: E741
         return cfg, P, O, 0, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos
     cfg, P, O, K, users, start, ignore_eos, steps, *eos = SHAPES[name]  # noqa: E741
     return cfg, P, O, K, users, _arrivals(cfg, P, O, users, start), steps, ignore_eos, *eos
@@ -292,7 +328,9 @@ def sglang_traces(sglang_env, model_dir, hybrid_dirs, model_dirs) -> dict[str, d
               for n in HYBRID_SHAPES]
     specs += [real_spec(model_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
               for n in MODEL_SHAPES]
-    names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES]
+    specs += [real_spec(hybrid_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=RADIX_SHAPES[n][0][1])
+              for n in RADIX_SHAPES]
+    names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES, *RADIX_SHAPES]
     return dict(zip(names, real_traces(sglang_env, specs), strict=True))
 
 
@@ -353,3 +391,37 @@ def test_a_window_one_token_off_is_caught(sglang_traces):
     cfg, *rest = _case(name)
     off = model_trace(dataclasses.replace(cfg, sliding_window_size=cfg.sliding_window_size + 1), *rest)
     assert _first_difference(off, sglang_traces[name]["trace"]) is not None
+
+
+@pytest.mark.parametrize("name", list(RADIX_SHAPES))
+def test_radix_on_simulation_equals_sglangs_scheduler_until_it_says_it_cannot(sglang_traces, name):
+    """The radix cache on: equal at every step up to the first step the model flags (a retracted
+    request re-admitted onto its old tree path), which comes no earlier than the shape's bound,
+    and only in the shapes that expect it; the equal part exercises the shape's case."""
+    real = sglang_traces[name]
+    assert "error" not in real, real.get("error")
+    cfg, P, O = _case(name)[:3]  # noqa: E741
+    assert real["pool_sizes"] == [cfg.max_total_num_tokens, cfg.swa_pool_tokens]
+    sim, beyond = model_run(*_case(name))
+    through = RADIX_SHAPES[name][7]
+    if through is None:
+        assert beyond is None, f"the model flagged a re-adoption at step {beyond}"
+    else:
+        assert beyond is not None and beyond >= through, beyond
+    upto = len(sim) if beyond is None else beyond + 1  # the flagged step itself still agrees
+    diff = _first_difference(sim[:upto], real["trace"][:upto])
+    assert diff is None, diff
+    seen = real["trace"][:upto]
+    assert max(row[0] for row in seen) > 1
+    if "window binds" in name:  # someone waits while the full pool has room; decode ran out: retraction
+        assert any(w and full + P + O < cfg.max_total_num_tokens for _, w, full, *_ in seen)
+        assert seen[-1][-2] > 0
+    if "retraction" in name:
+        assert seen[-1][-2] > 0
+
+
+def test_radix_on_a_window_one_token_off_is_caught(sglang_traces):
+    name = "swa radix on: window binds"
+    cfg, *rest = _case(name)
+    off = model_trace(dataclasses.replace(cfg, sliding_window_size=cfg.sliding_window_size + 1), *rest)
+    assert _first_difference(off[:800], sglang_traces[name]["trace"][:800]) is not None

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from test_fastpath import sglang_swa_case
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler
+from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
 from kvprobe.theory.schedsim import SglangConfig, SimRequest, make_scheduler, workload_prompt
 
 W = 127  # gpt-oss: sliding_window 128 - 1
@@ -64,20 +66,39 @@ def test_admission_charges_the_window_estimate_not_the_prompt():
         assert sched.run.n == runs
 
 
-def test_the_radix_cache_on_is_refused_naming_the_flag():
+def test_the_radix_cache_on_is_the_radix_scheduler_and_the_radix_off_one_refuses_it():
+    on = dataclasses.replace(CFG, disable_radix_cache=False)
+    assert isinstance(make_scheduler(on), SglangSwaRadixScheduler)
     with pytest.raises(ConfigError) as err:
-        make_scheduler(dataclasses.replace(CFG, disable_radix_cache=False))
-    assert err.value.key == "disable_radix_cache" and "--disable-radix-cache" in str(err.value)
+        SglangSwaScheduler(on)
+    assert err.value.key == "disable_radix_cache" and "SglangSwaRadixScheduler" in str(err.value)
+
+
+def test_radix_on_a_prefill_keeps_one_window_locked_and_the_rest_evictable():
+    """A prompt of 300 on SGLang's window 127 (pages of 1): 300 window slots while it is computed,
+    then 127 locked in the tree + its first decode slot (SGLang's trace: 300, 128, 129, ...);
+    pages of 16, a prompt of 250: 256, then 128 locked + the page in use (256, 144)."""
+    for ps, P, first, second in ((1, 300, 300, 128), (16, 250, 256, 144)):  # noqa: N806
+        sched = make_scheduler(dataclasses.replace(CFG, disable_radix_cache=False, page_size=ps))
+        sched.add(SimRequest("a", list(range(1, P + 1)), 400, ignore_eos=True))
+        seen = []
+        for _ in range(3):
+            sched.step()
+            seen.append(sched.swa.used)
+            sched.check_pool()
+        assert seen[:2] == [first, second]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=sglang_swa_case(), users=st.integers(1, 20), eos=st.booleans())
-def test_both_pools_account_every_slot(case, users, eos):
+@given(case=sglang_swa_case(), users=st.integers(1, 20), eos=st.booleans(), radix=st.booleans())
+def test_both_pools_account_every_slot(case, users, eos, radix):
     """Whatever runs, finishes, is chunked or retracted: each pool's used slots are exactly what
     the requests hold (check_pool), never more than its size, and all come back at the end. (A
     window pool that cannot hold a prompt parks its last chunk once the earlier chunks fill it:
-    with overlap they are freed only from two chunks back.)"""
+    with overlap they are freed only from two chunks back.) The radix cache on: what a request leaves
+    in the tree is evictable, not used."""
     cfg, P, O = case  # noqa: E741
+    cfg = dataclasses.replace(cfg, disable_radix_cache=not radix)
     sched = make_scheduler(cfg)
     for u in range(users):
         sched.add(SimRequest(f"u{u}", workload_prompt(u, P), O, ignore_eos=not eos, eos_after=max(1, O // 2)))
