@@ -300,9 +300,10 @@ def _case(name: str):
 
 
 @pytest.fixture(scope="module")
-def hybrid_dirs(tmp_path_factory) -> dict[int, str]:
+def config_dirs(tmp_path_factory) -> dict[int, str]:
+    """A model folder per config.json the hybrid and other-model shapes use, by the config's id."""
     out = {}
-    for m in (GPT_OSS, LLAMA4):
+    for m in (GPT_OSS, LLAMA4, MISTRAL, QWEN3_NEXT):
         d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
         (d / "config.json").write_text(json.dumps(m))
         out[id(m)] = str(d)
@@ -310,25 +311,14 @@ def hybrid_dirs(tmp_path_factory) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory) -> dict[int, str]:
-    """A folder per model of MODEL_SHAPES, by the config's id."""
-    out = {}
-    for m in (MISTRAL, QWEN3_NEXT):
-        d = tmp_path_factory.mktemp("sglang-" + m["model_type"])
-        (d / "config.json").write_text(json.dumps(m))
-        out[id(m)] = str(d)
-    return out
-
-
-@pytest.fixture(scope="module")
-def sglang_traces(sglang_env, model_dir, hybrid_dirs, model_dirs) -> dict[str, dict]:
+def sglang_traces(sglang_env, model_dir, config_dirs) -> dict[str, dict]:
     """SGLang's trace of every shape, from one driver run (one import of SGLang, not one per shape)."""
     specs = [real_spec(model_dir, *_case(n)) for n in SHAPES]
-    specs += [real_spec(hybrid_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=HYBRID_SHAPES[n][0][1])
+    specs += [real_spec(config_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=HYBRID_SHAPES[n][0][1])
               for n in HYBRID_SHAPES]
-    specs += [real_spec(model_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
+    specs += [real_spec(config_dirs[id(MODEL_SHAPES[n][0])], *_case(n), server_args=MODEL_SHAPES[n][-1])
               for n in MODEL_SHAPES]
-    specs += [real_spec(hybrid_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=RADIX_SHAPES[n][0][1])
+    specs += [real_spec(config_dirs[id(HYBRID_MODELS.get(n, GPT_OSS))], *_case(n), server_args=RADIX_SHAPES[n][0][1])
               for n in RADIX_SHAPES]
     names = [*SHAPES, *HYBRID_SHAPES, *MODEL_SHAPES, *RADIX_SHAPES]
     return dict(zip(names, real_traces(sglang_env, specs), strict=True))
