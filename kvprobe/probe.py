@@ -386,12 +386,16 @@ def _hold_level(target, load, *, until: float) -> None:
         time.sleep(min(0.2, left))
 
 
+# Checks that read the series after the load stops: the sampler watches the drain for them.
+DRAIN_CHECKS = ("leak", "replica_leak")
+
+
 def stop_load(pr: ProbeRun) -> None:
     """Stop Locust, watch the drain when a check needs it, stop the sampler, read the records."""
     pr.t_stop = time.time()
     pr.load.stop()
     pr.result.client = pr.load.client_health()
-    if "leak" in pr.exp.checks or pr.exp.expect_fail == "leak":
+    if set(DRAIN_CHECKS) & {*pr.exp.checks, pr.exp.expect_fail}:
         wait_drained(pr.sampler, seconds=pr.exp.profile.drain_seconds)
     pr.series = pr.sampler.stop()
     pr.replica_series = getattr(pr.sampler, "replica_series", None)
