@@ -225,9 +225,10 @@ class SglangMetrics(_Base):
         self.running.set(running)
         self.queue.set(s.waiting)
         swa_usage = s.swa_used_tokens / s.swa_pool_tokens if s.swa_pool_tokens else 0.0
-        # PoolStats: token_usage rounded to 2 places, the larger pool usage; num_used_tokens the larger
-        # used count; kv_* the full pool's (pool_stats_observer.py L84-92, L150-163)
-        self.usage.set(round(max(s.usage, swa_usage), 2))
+        # PoolStats: token_usage rounded to 2 places (a hybrid's is the larger pool usage, which the
+        # scheduler's own usage already is: sched_sglang_swa); num_used_tokens the larger used count;
+        # kv_* the full pool's (pool_stats_observer.py L84-92, L150-163)
+        self.usage.set(round(s.usage, 2))
         self.used.set(max(s.used_tokens, s.swa_used_tokens))
         self.pool_gauges["full_usage"].set(s.used_tokens / s.pool_tokens if s.pool_tokens else 0.0)
         if self.mamba_slots:  # `_get_mamba_token_info` (pool_stats_observer.py L262-303), nothing evictable;
