@@ -17,11 +17,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvprobe.fleet import router as rt
-from kvprobe.probe import ProbeOptions, run_probe
-from kvprobe.shadow import envs
-from kvprobe.spec import load_expectations
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.spec.expectation import load_expectations
 from kvprobe.tables import render_table
+from kvprobe.targets.fleet import router as rt
+from kvprobe.targets.shadow import envs
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET = ROOT / "expectations" / "fleet" / "emulated-vllm-fleet.yaml"

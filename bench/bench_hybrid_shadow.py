@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTATIONS = ("hybrid-vllm-gpt-oss.yaml", "hybrid-vllm-qwen3-next.yaml")

@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     sweep(levels, [1, 2], args.hold, emulator=False)
     try:
-        import kvprobe.emulator.cli  # noqa: F401
+        import kvprobe.cli.emulate  # noqa: F401
     except ImportError:
-        print("   (kvprobe.emulator not available: emulator sweep skipped)")
+        print("   (kvprobe.targets.emulator not available: emulator sweep skipped)")
         return
     sweep(levels, [2], args.hold, emulator=True)
 

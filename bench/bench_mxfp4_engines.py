@@ -1,4 +1,4 @@
-"""gpt-oss's MXFP4 expert bytes (kvprobe/theory/mxfp4.py) against the buffers vLLM 0.33.0's and
+"""gpt-oss's MXFP4 expert bytes (kvprobe/theory/model/mxfp4.py) against the buffers vLLM 0.33.0's and
 SGLang 0.5.23's own create_weights allocate, on the meta device in each engine's environment
 (bench/mxfp4_*_driver.py): per GPU family (Hopper, Blackwell), expert count (20b: 32, 120b: 128) and
 TP degree (4 makes I per rank 720, not a multiple of 64), w13 and w2 with their scales and biases.
@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from kvprobe.shadow import envs
-from kvprobe.theory.mxfp4 import engine_expert_bytes, engine_expert_dims
+from kvprobe.targets.shadow import envs
+from kvprobe.theory.model.mxfp4 import engine_expert_bytes, engine_expert_dims
 
 HERE = Path(__file__).parent
 CASES = [{"arch": a, "experts": e, "hidden": 2880, "inter": 2880, "tp": tp}

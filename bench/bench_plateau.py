@@ -36,8 +36,8 @@ import numpy as np
 
 from kvprobe.engines import get_dialect
 from kvprobe.engines.base import MetricMap
-from kvprobe.probe import ProbeOptions, open_target, predict, run_probe
-from kvprobe.spec import load_expectations
+from kvprobe.probe.run import ProbeOptions, open_target, predict, run_probe
+from kvprobe.spec.expectation import load_expectations
 from kvprobe.tables import render_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,9 +47,9 @@ WARMUP = 0.25  # of the deep level, discarded
 
 def reference(exp, *, factor: float, seconds: float, workdir: Path) -> dict:
     """The engine's own running count, averaged over one long deep level."""
-    from kvprobe.emulator.metrics import TRUE_RUNNING
     from kvprobe.load.runner import LocustRun
-    from kvprobe.observe import Sampler
+    from kvprobe.observe.sampler import Sampler
+    from kvprobe.targets.emulator.metrics import TRUE_RUNNING
 
     dialect = get_dialect(exp.engine)
     emulated = exp.target.mode == "emulator"

@@ -16,8 +16,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kvprobe.probe import ProbeOptions, run_probe
-from kvprobe.spec import load_expectations, load_profile
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.spec.expectation import load_expectations, load_profile
 from kvprobe.tables import render_table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from bench.bench_emulator import _client, _scrape, _wait
 from kvprobe.engines import vllm as dialect
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.shadow import launch
-from kvprobe.theory.geometry import load_model_config
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.targets.launch import Target, free_port
+from kvprobe.targets.shadow import launch
+from kvprobe.theory.model.geometry import load_model_config
+from kvprobe.theory.sim.steptime import TimeModel
 
 LEVELS = (16, 32, 64, 128, 256)
 HOLD_S = 5.0
@@ -93,7 +93,7 @@ def sweep(target: str, logdir: Path) -> list[dict]:
 
 
 def main() -> None:
-    from kvprobe.shadow import envs
+    from kvprobe.targets.shadow import envs
 
     envs.ensure("vllm", "0.33.0", log=print)  # installs the engine environment when it is missing
     print(f"vLLM dialect, {MODEL}; N streams of P=16, O=3000; time model {TIME_MODEL.encode()}")

@@ -26,10 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_emulator import _client, _wait
 from kvprobe.engines import sglang as dialect
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.shadow import launch
-from kvprobe.theory.geometry import load_model_config
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.targets.launch import Target, free_port
+from kvprobe.targets.shadow import launch
+from kvprobe.theory.model.geometry import load_model_config
+from kvprobe.theory.sim.steptime import TimeModel
 
 LEVELS = (16, 32, 64, 128)
 HOLD_S = 5.0

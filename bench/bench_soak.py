@@ -22,11 +22,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect
-from kvprobe.engines.launcher import Target, free_port, http_get
 from kvprobe.load.records import ABORTED
-from kvprobe.probe import ProbeOptions, run_probe
-from kvprobe.spec import load_expectations, load_profile
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.spec.expectation import load_expectations, load_profile
 from kvprobe.tables import render_table
+from kvprobe.targets.launch import Target, free_port, http_get
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = 3001

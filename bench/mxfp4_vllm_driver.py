@@ -5,7 +5,7 @@ creates for gpt-oss (quantization/mxfp4.py create_weights L200-292) after its ow
 prints {"dims": [H, I], "bytes": {param: nbytes}} per case as one JSON list.
 
 TRITON is the backend vLLM picks on Hopper, FLASHINFER_TRTLLM_MXFP4_BF16 on Blackwell (SM100); the
-selection itself needs the GPU and is not run here (kvprobe/theory/mxfp4.py cites it)."""
+selection itself needs the GPU and is not run here (kvprobe/theory/model/mxfp4.py cites it)."""
 
 import json
 import sys

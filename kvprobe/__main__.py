@@ -1,3 +1,3 @@
-from kvprobe.cli import main
+from kvprobe.cli.main import main
 
 raise SystemExit(main())

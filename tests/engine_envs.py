@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 
 
 def engine_env(engine: str, version: str, pytestconfig: pytest.Config | None = None) -> envs.EngineEnv:

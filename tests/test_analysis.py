@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvprobe.analysis import (
+from kvprobe.analysis.levels import (
     LevelWindow,
     client_side_running,
     counter_increase,
@@ -15,7 +15,7 @@ from kvprobe.analysis import (
     level_stats,
     time_grid,
 )
-from kvprobe.plateau import find_rejection_point
+from kvprobe.analysis.plateau import find_rejection_point
 
 HZ = 10
 HOLD = 3.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.cli import main
+from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
 from kvprobe.tables import format_cell, render_table
 from kvprobe.units import format_bytes, parse_bytes, parse_count

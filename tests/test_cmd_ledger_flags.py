@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.cli import build_parser, main
+from kvprobe.cli.main import build_parser, main
 from kvprobe.engines import get_dialect
 from kvprobe.engines.base import render_flags
-from kvprobe.spec import ledger_inputs, load_expectations
-from kvprobe.theory.ledger import build_ledger
+from kvprobe.spec.expectation import ledger_inputs, load_expectations
+from kvprobe.theory.ledger.build import build_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_001 = ["--engine", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "24GiB"]

@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe.analysis import LevelStats
-from kvprobe.diagnosis import diagnose
+from kvprobe.analysis.diagnosis import diagnose
+from kvprobe.analysis.levels import LevelStats
+from kvprobe.analysis.plateau import find_rejection_point
 from kvprobe.engines import get_dialect
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.plateau import find_rejection_point
-from kvprobe.spec import Tolerances
-from kvprobe.theory.sched_common import SglangConfig, VllmConfig
-from kvprobe.verdict import check_no_preemption, check_rejection_point, check_usage_gap
+from kvprobe.spec.expectation import Tolerances
+from kvprobe.theory.sim.core import SglangConfig, VllmConfig
+from kvprobe.verdict.checks import check_no_preemption, check_rejection_point, check_usage_gap
 
 TOL = Tolerances()
 # Real vLLM 0.33.0, P=512 O=256, the pool of the issue: the ledger's 24.21, KV binds, the gauge at 96%.

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvprobe.discover import discover, same_value
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.engines.launcher import EngineFacts, merge_reports
 from kvprobe.errors import ConfigError
-from kvprobe.probe import predict
-from kvprobe.spec import load_expectations
-from kvprobe.spec_attach import preset_for
+from kvprobe.observe.discovery import discover, same_value
+from kvprobe.probe.run import predict
+from kvprobe.spec.attach import preset_for
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.targets.launch import EngineFacts, merge_reports
 from tests.engines.test_published import real_vllm_reports
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.analysis import LevelStats
-from kvprobe.plateau import deep_levels_to_add, deep_waiting, find_rejection_point, weighted_plateau
-from kvprobe.spec import Tolerances
-from kvprobe.verdict import check_no_preemption, check_rejection_point
+from kvprobe.analysis.levels import LevelStats
+from kvprobe.analysis.plateau import deep_levels_to_add, deep_waiting, find_rejection_point, weighted_plateau
+from kvprobe.spec.expectation import Tolerances
+from kvprobe.verdict.checks import check_no_preemption, check_rejection_point
 
 
 def level(users, running, waiting, *, se=0.07, preemptions=0.0, usage=0.95):

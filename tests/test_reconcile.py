@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvprobe.analysis import LevelStats, LevelWindow, client_side_counts, level_stats, reconcile
+from kvprobe.analysis.levels import LevelStats, LevelWindow, client_side_counts, level_stats, reconcile
 
 
 def closed_loop(slots: int, occupancy: float, lifetime: float, t_stop: float, *, cut_keeps_first: bool):
@@ -134,9 +134,9 @@ def test_absent_preemption_counter_is_none_not_zero_and_a_lazy_one_counts_from_i
 def test_a_disagreement_on_a_plateau_level_is_named_in_the_verdict():
     from types import SimpleNamespace
 
-    from kvprobe.plateau import RejectionPoint
-    from kvprobe.spec import Tolerances
-    from kvprobe.verdict import check_rejection_point
+    from kvprobe.analysis.plateau import RejectionPoint
+    from kvprobe.spec.expectation import Tolerances
+    from kvprobe.verdict.checks import check_rejection_point
 
     lv = LevelStats(users=25, running_mean=16.69, running_max=21, waiting_mean=8.3, waiting_max=9, usage_mean=0.9,
                     usage_max=0.9, preemptions=None, preemption_rate_per_s=None, samples=40, engine_running_mean=20.18,

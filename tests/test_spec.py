@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec import (
+from kvprobe.spec.expectation import (
     CHECKS,
     Expectation,
     ledger_inputs,
@@ -19,7 +19,7 @@ from kvprobe.spec import (
     override_profile,
     profile_search_dirs,
 )
-from kvprobe.spec_schema import FLEET_CHECKS, ledger_kwargs
+from kvprobe.spec.schema import FLEET_CHECKS, ledger_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTATIONS = ROOT / "expectations"
@@ -185,8 +185,8 @@ def test_ledger_kwargs_map_the_flags():
 
 
 def test_ledger_inputs_build_a_ledger():
-    ledger = pytest.importorskip("kvprobe.theory.ledger")
-    from kvprobe.spec import ledger_inputs
+    ledger = pytest.importorskip("kvprobe.theory.ledger.build")
+    from kvprobe.spec.expectation import ledger_inputs
 
     (v,) = load_expectations(EXPECTATIONS / "emulated-vllm.yaml")
     inputs = ledger_inputs(v)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvprobe.cli import main
+from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
-from kvprobe.spec import SHIPPED_PROFILES, load_expectations, shipped_profiles
+from kvprobe.spec.expectation import SHIPPED_PROFILES, load_expectations, shipped_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_an_unknown_version_lists_the_known_ones_and_the_policy_key(tmp_path):
                               "worst-case) to probe '9.9.9' under a rule you chose, got '9.9.9'")
     (exp,) = load_expectations(write(tmp_path, version="9.9.9", policy="vllm-0.33"))
     assert exp.policy == "vllm-0.33"
-    from kvprobe.probe import predict
+    from kvprobe.probe.run import predict
 
     assert predict(exp).admission.policy == "vllm-0.33"
     with pytest.raises(ConfigError, match=r"policy: expected a vllm admission policy, one of vllm-0.33, vllm-0.11, "
@@ -120,7 +120,7 @@ def test_a_profile_by_name_from_another_folder_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvprobe", "profiles"], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0 and "shipped" in proc.stdout
-    code = f"from kvprobe.spec import load_expectations; print(load_expectations({str(path)!r})[0].profile.name)"
+    code = f"from kvprobe.spec.expectation import load_expectations; print(load_expectations({str(path)!r})[0].profile.name)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=60)
     assert proc.stdout.strip() == "short", proc.stderr

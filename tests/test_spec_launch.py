@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec import launched_model, load_expectations, served_name
-from kvprobe.spec_launch import split_command
+from kvprobe.spec.expectation import launched_model, load_expectations, served_name
+from kvprobe.spec.launch import split_command
 
 PROFILE = {"request": {"prompt_tokens": 128, "output_tokens": 32},
            "ramp": {"strategy": "explicit", "levels": [4]}, "hold": {"seconds": 1}}
@@ -47,7 +47,7 @@ def test_shadow_target_with_its_time_model_and_env(tmp_path):
 
 
 def test_shadow_is_valid_for_sglang_too(tmp_path, monkeypatch):
-    from kvprobe.shadow import envs
+    from kvprobe.targets.shadow import envs
 
     if ("sglang", "0.5.23") not in envs.RECIPES:  # registered by the SGLang shadow's own module
         monkeypatch.setitem(envs.RECIPES, ("sglang", "0.5.23"), envs.Recipe("sglang", "0.5.23", (), "sglang"))
@@ -59,8 +59,8 @@ def test_shadow_is_valid_for_sglang_too(tmp_path, monkeypatch):
 
 
 def test_shadow_engine_args_reach_the_launch_and_not_the_theory(tmp_path):
-    from kvprobe.probe import predict
-    from kvprobe.shadow.target import launch_request
+    from kvprobe.probe.run import predict
+    from kvprobe.targets.shadow.target import launch_request
 
     exp = load(tmp_path, {"launch": "shadow", "engine_args": ["--no-scheduler-reserve-full-isl"]},
                flags={"num-gpu-blocks-override": 500, "max-model-len": 4096})
@@ -115,8 +115,8 @@ def test_launched_model_and_served_name_are_separate_from_the_theorys(tmp_path):
 
 def test_engine_launch_serves_the_name_clients_send(tmp_path, monkeypatch):
     """`launch: engine` with target.model: the engine loads that and serves the expectation's name."""
-    from kvprobe import probe
-    from kvprobe.engines import launcher
+    from kvprobe.probe import run as probe
+    from kvprobe.targets import launch as launcher
 
     seen = {}
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.analysis import LevelStats
-from kvprobe.cmd_probe import exit_code
-from kvprobe.probe import ProbeResult
-from kvprobe.report import closing_line, levels_table, verdict_table, write_artifacts
-from kvprobe.spec import load_expectations
-from kvprobe.verdict import CheckResult
+from kvprobe.analysis.levels import LevelStats
+from kvprobe.cli.probe import exit_code
+from kvprobe.probe.run import ProbeResult
+from kvprobe.report.console import closing_line, levels_table, verdict_table, write_artifacts
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.verdict.checks import CheckResult
 
 REPO = Path(__file__).resolve().parents[1]
 EXP = load_expectations(REPO / "expectations" / "emulated-vllm.yaml")[0]

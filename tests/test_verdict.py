@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kvprobe.analysis import DrainResult
+from kvprobe.analysis.levels import DrainResult
+from kvprobe.analysis.plateau import RejectionPoint
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.load.records import Record
-from kvprobe.plateau import RejectionPoint
-from kvprobe.spec import Tolerances
-from kvprobe.verdict import (
+from kvprobe.spec.expectation import Tolerances
+from kvprobe.verdict.checks import (
     check_exactness,
     check_leak,
     check_no_preemption,

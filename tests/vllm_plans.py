@@ -8,8 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from kvprobe.shadow import launch
-from kvprobe.shadow.target import launch_request
+from kvprobe.targets.shadow import launch
+from kvprobe.targets.shadow.target import launch_request
 
 PLANNER = Path(__file__).with_name("shadow") / "vllm_planner.py"
 

@@ -51,7 +51,7 @@ TEXT_WORD_PREFIX = "t"
 
 def ids_to_text(ids: Sequence[int]) -> str:
     """A prompt as text, one word per id ("t<id>"), for a front end that refuses token-id prompts
-    (sglang-router 0.3.2: kvprobe/fleet/router.py). The emulator reads one whitespace-separated
+    (sglang-router 0.3.2: kvprobe/targets/fleet/router.py). The emulator reads one whitespace-separated
     word as one token (emulator/tokens.py), so P words stay exactly P tokens there, and distinct
     ids stay distinct words: the first word is as unique as the first id."""
     return " ".join(f"{TEXT_WORD_PREFIX}{i}" for i in ids)

@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass, replace
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.sched_sglang_swa import FULL_POOL, is_hybrid_swa, request_pool_tokens, window_pool_label
-from kvprobe.theory.sched_vllm_hybrid import is_hybrid
 from kvprobe.theory.schedsim import (
     CLIP_MAX_NEW_TOKENS,
     SEM_STOP,
@@ -23,7 +21,14 @@ from kvprobe.theory.schedsim import (
     cdiv,
     closed_loop,
 )
-from kvprobe.theory.vllm_hybrid_groups import no_preemption_limit, request_group_blocks
+from kvprobe.theory.sglang.swa.scheduler import (
+    FULL_POOL,
+    is_hybrid_swa,
+    request_pool_tokens,
+    window_pool_label,
+)
+from kvprobe.theory.vllm.hybrid.groups import no_preemption_limit, request_group_blocks
+from kvprobe.theory.vllm.hybrid.scheduler import is_hybrid
 
 POLICIES = ("vllm-0.33", "vllm-0.11", "sglang-0.5.22", "sglang-0.5.21", "worst-case")
 

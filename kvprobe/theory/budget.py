@@ -19,9 +19,15 @@ import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import KVBytes, ModelGeometry
-from kvprobe.theory.sglang_pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
-from kvprobe.theory.vllm_kv import MAMBA_SPEC, VllmKVPlan, VllmOptions, plan_layout, vllm_kv_plan
+from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
+    MAMBA_SPEC,
+    VllmKVPlan,
+    VllmOptions,
+    plan_layout,
+    vllm_kv_plan,
+)
 from kvprobe.units import format_bytes
 
 GIB = 2**30

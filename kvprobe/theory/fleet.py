@@ -36,7 +36,7 @@ Rust policies of sgl-project/sglang `sgl-model-gateway/src/policies/`, older tre
   max_load > min_load * balance_rel_threshold (1.5) (router_args.py defaults), the least loaded
   replica; else the replica whose approximate radix tree of request *text* matches best above
   cache_threshold (0.3), else the replica with the smallest tree. kvprobe's prompts reach the
-  router as text (token ids are refused, kvprobe/fleet/router.py) of equal length, unique from
+  router as text (token ids are refused, kvprobe/targets/fleet/router.py) of equal length, unique from
   the first word: no match reaches 0.3, and the smallest tree is the replica that was sent the
   fewest requests so far — a cycle, like round_robin (measured: 12 requests in flight over three
   replicas, 4/4/4 by `GET /workers`). The imbalance rule never fires under that cycle.

@@ -25,8 +25,11 @@ from functools import lru_cache
 import numpy as np
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.pools import VOCAB
-from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is imported from here
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS  # noqa: F401
+from kvprobe.theory.sglang.scheduler import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
+from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler
+from kvprobe.theory.sglang.swa.scheduler import SglangSwaScheduler, is_hybrid_swa
+from kvprobe.theory.sim.core import (  # noqa: F401 — the public API is imported from here
     Emitted,
     SchedulerStats,
     SglangConfig,
@@ -35,12 +38,9 @@ from kvprobe.theory.sched_common import (  # noqa: F401 — the public API is im
     VllmConfig,
     cdiv,
 )
-from kvprobe.theory.sched_sglang import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
-from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler, is_hybrid_swa
-from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
-from kvprobe.theory.sched_vllm import VllmScheduler
-from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler, is_hybrid
-from kvprobe.theory.sglang_prefill import CLIP_MAX_NEW_TOKENS  # noqa: F401
+from kvprobe.theory.sim.pools import VOCAB
+from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, is_hybrid
+from kvprobe.theory.vllm.scheduler import VllmScheduler
 
 
 def make_scheduler(config: VllmConfig | SglangConfig) -> VllmScheduler | SglangScheduler:

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvprobe.emulator.app import Emulator, Settings, start_server, stop_server
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.targets.emulator.app import Emulator, Settings, start_server, stop_server
+from kvprobe.theory.sim.steptime import TimeModel
 
 
 class Served:

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import sglang, vllm
 from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.theory.sim.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
 FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.emulator.app import Emulator, Settings
 from kvprobe.engines import sglang, vllm
+from kvprobe.targets.emulator.app import Emulator, Settings
 
 KEY = "sk-test-4f1c9e7a"  # recognisable, so a leak is easy to grep
 REPO = Path(__file__).parents[2]

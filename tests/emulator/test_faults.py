@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.emulator.faults import parse_faults
 from kvprobe.errors import ConfigError
+from kvprobe.targets.emulator.faults import parse_faults
 from kvprobe.theory.schedsim import SimRequest, VllmConfig, make_scheduler
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.theory.sim.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
 SLOW = TimeModel(step_ms=20.0, prefill_us_per_token=0.0, decode_us_per_seq=0.0)

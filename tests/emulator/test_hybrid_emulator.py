@@ -9,7 +9,7 @@ import pytest
 
 from kvprobe.engines import vllm
 from kvprobe.theory.schedsim import SimRequest, make_scheduler
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.theory.sim.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
 # 5 ms steps: the four-running state lasts ~200 steps (1 s), long enough to be seen, short to finish
@@ -57,7 +57,7 @@ def test_gpt_oss_admission_over_http_is_the_hybrid_simulation(serve):
 
 
 def test_a_hybrid_pool_too_small_is_vllms_refusal(serve):
-    from kvprobe.emulator.app import Emulator, Settings
+    from kvprobe.targets.emulator.app import Emulator, Settings
 
     emu = Emulator(Settings(engine="vllm", model="openai/gpt-oss-20b", flags={**GPT_OSS, "num-gpu-blocks-override": 300}))
     assert emu.refusal is not None and "the estimated maximum model length is 3616" in emu.refusal

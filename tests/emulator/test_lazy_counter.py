@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvprobe.emulator.metrics import TRUE_RUNNING, SglangMetrics, Snapshot
 from kvprobe.engines import sglang
-from kvprobe.observe import parse_sample
+from kvprobe.observe.sampler import parse_sample
+from kvprobe.targets.emulator.metrics import TRUE_RUNNING, SglangMetrics, Snapshot
 
 
 def families(metrics: SglangMetrics) -> dict:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvprobe.emulator.faults import FAULTS, parse_faults
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError
+from kvprobe.targets.emulator.faults import FAULTS, parse_faults
 from tests.emulator.conftest import wait_for
 
 FLAGS = {"vllm": {"num-gpu-blocks-override": 200, "max-model-len": 1024},
@@ -81,7 +81,7 @@ def test_vllm_disable_log_stats(serve):
 
 
 def test_disable_log_stats_flag_parses():
-    from kvprobe.cli import build_parser
+    from kvprobe.cli.main import build_parser
 
     argv = ["emulate", "vllm", "--num-gpu-blocks-override", "10", "--disable-log-stats",
             "--fault", "metrics-drop-after=2", "--api-key", "k"]

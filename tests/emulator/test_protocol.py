@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.emulator.tokens import text_to_ids
+from kvprobe.targets.emulator.tokens import text_to_ids
 
 FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures"
 VLLM = {"num-gpu-blocks-override": 1000, "max-model-len": 8192, "served-model-name": "meta-llama/Llama-3.1-8B-Instruct"}

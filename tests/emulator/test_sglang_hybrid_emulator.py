@@ -12,12 +12,12 @@ from dataclasses import replace
 
 import pytest
 
-from kvprobe.emulator.app import Emulator, Settings
 from kvprobe.engines import sglang
 from kvprobe.errors import ConfigError
-from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
+from kvprobe.targets.emulator.app import Emulator, Settings
 from kvprobe.theory.schedsim import SimRequest, make_scheduler
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler
+from kvprobe.theory.sim.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
 
 GPT_OSS = "openai/gpt-oss-20b"

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect, sglang, vllm
-from kvprobe.engines.launcher import Target, free_port, http_get, merge_reports
+from kvprobe.targets.launch import Target, free_port, http_get, merge_reports
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 # The flags the real server was started with (README.md in published/).
@@ -152,12 +152,12 @@ def test_vllm_pool_refusal_line():
 
 def test_vllm_other_refusals_name_the_engine_cores_exception_not_its_echo():
     text = ("(EngineCore pid=7) WARNING 12-01 10:57:47 [cpu.py:670] Failed to import from vllm._C: ModuleNotFoundError(x)\n"
-            "(EngineCore pid=7) ERROR 12-01 10:57:47 [core.py:1584] kvprobe.shadow.vllm_kvspec.UnsupportedModelError: "
+            "(EngineCore pid=7) ERROR 12-01 10:57:47 [core.py:1584] kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: "
             "kvprobe's shadow worker cannot describe this model's KV cache\n"
             "Traceback (most recent call last):\n"
-            "kvprobe.shadow.vllm_kvspec.UnsupportedModelError: kvprobe's shadow worker cannot describe this model's KV cache\n"
+            "kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: kvprobe's shadow worker cannot describe this model's KV cache\n"
             + vllm.STARTUP_FAILED.format("{'EngineCore': 1}") + "\n")
-    assert vllm.startup_refusal_line(text) == ("kvprobe.shadow.vllm_kvspec.UnsupportedModelError: kvprobe's shadow "
+    assert vllm.startup_refusal_line(text) == ("kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: kvprobe's shadow "
                                                "worker cannot describe this model's KV cache")
 
 

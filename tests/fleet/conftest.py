@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.engines import get_dialect
-from kvprobe.engines.launcher import Target
-from kvprobe.fleet import router as rt
-from kvprobe.fleet.target import FleetTarget
 from kvprobe.procgroup import free_port
+from kvprobe.targets.fleet import router as rt
+from kvprobe.targets.fleet.target import FleetTarget
+from kvprobe.targets.launch import Target
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
 
 @pytest.fixture(scope="session")
 def router_binary():
-    from kvprobe.shadow import envs
+    from kvprobe.targets.shadow import envs
 
     return envs.ensure(rt.NAME, rt.VERSION, log=lambda line: None).bin("sglang-router")
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvprobe.analysis import LevelWindow
-from kvprobe.fleet import checks
-from kvprobe.fleet.sampler import combine
-from kvprobe.observe import Sample
+from kvprobe.analysis.levels import LevelWindow
+from kvprobe.observe.sampler import Sample
+from kvprobe.targets.fleet.sampler import combine
+from kvprobe.verdict import fleet as checks
 
 TOL = SimpleNamespace(rejection_point=1.0, rejection_point_relative=0.05)
 

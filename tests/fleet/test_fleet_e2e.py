@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.probe import ProbeOptions, run_probe
-from kvprobe.spec import load_expectations
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.spec.expectation import load_expectations
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = REPO / "expectations" / "fleet" / "emulated-vllm-fleet.yaml"

@@ -1,4 +1,4 @@
-"""The real sglang-router 0.3.2 in front of emulated vLLM replicas: the facts kvprobe/fleet/router.py
+"""The real sglang-router 0.3.2 in front of emulated vLLM replicas: the facts kvprobe/targets/fleet/router.py
 states and the policy behaviour kvprobe/theory/fleet.py models, measured."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kvprobe.engines import get_dialect
-from kvprobe.fleet import router as rt
-from kvprobe.fleet.sampler import FleetSampler
 from kvprobe.load.prompts import ids_to_text
-from kvprobe.observe import scrape_once
+from kvprobe.observe.sampler import scrape_once
 from kvprobe.procgroup import group_members
+from kvprobe.targets.fleet import router as rt
+from kvprobe.targets.fleet.sampler import FleetSampler
 
 from .conftest import MODEL
 
@@ -122,9 +122,9 @@ sys.stdout.write((parts[0] + b"1007" + parts[1] + b"1000" + parts[2]).decode())
 def test_attach_to_a_running_fleet_and_refuse_a_router_not_ready(make_fleet, tmp_path):
     """The attach form (`target: {fleet: {url, replicas: [...]}}`): the router and every replica must
     answer; the facts are the first replica's; the spec names the replicas' URLs."""
-    from kvprobe.engines.launcher import TargetError
-    from kvprobe.fleet.target import FleetTarget
-    from kvprobe.spec import load_expectations
+    from kvprobe.spec.expectation import load_expectations
+    from kvprobe.targets.fleet.target import FleetTarget
+    from kvprobe.targets.launch import TargetError
 
     ft = make_fleet(2, "round_robin")
     attached = FleetTarget.attach(ft.url, ft.replica_urls, engine="vllm", policy="round_robin")

@@ -119,7 +119,7 @@ def test_kvprobe_ledger_prints_the_fleet_lines(capsys):
     the one-step dip of a finish in a 33-step lifetime)."""
     import json
 
-    from kvprobe.cli import main
+    from kvprobe.cli.main import main
 
     base = ["ledger", "--engine", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "24GiB",
             "--num-gpu-blocks-override", "81", "--max-model-len", "1024", "--prompt-tokens", "128",

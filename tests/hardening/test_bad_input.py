@@ -3,7 +3,7 @@ and what was expected — never a traceback, never a process started.
 
 The broken files are the table of tests/test_spec_errors.py (one valid expectation + profile pair
 with one thing broken each), run through `kvprobe probe` instead of the loader: most in-process
-through `kvprobe.cli.main`, a handful through a real `python -m kvprobe` subprocess.
+through `kvprobe.cli.main.main`, a handful through a real `python -m kvprobe` subprocess.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe import cli
+from kvprobe.cli import main as cli
 from tests.test_spec_errors import CASES, Case, write_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_real_console_ledger_bad_flag_subprocess():
 
 
 def console_exit_code(argv: list[str]) -> int:
-    """`kvprobe.cli.main`'s code, whether it returns it or argparse exits with it."""
+    """`kvprobe.cli.main.main`'s code, whether it returns it or argparse exits with it."""
     try:
         return cli.main(argv)
     except SystemExit as exit_:

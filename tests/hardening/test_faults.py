@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.probe import ProbeOptions, run_probe
+from kvprobe.probe.run import ProbeOptions, run_probe
 from tests.hardening.conftest import wait_group_gone
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from kvprobe.engines import get_dialect
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.oneshot import post_completion, unique_prompt
-from kvprobe.probe import ProbeOptions, run_probe
+from kvprobe.observe.oneshot import post_completion, unique_prompt
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.targets.launch import Target, free_port
 from tests.probe.conftest import TINY
 
 pytestmark = pytest.mark.slow

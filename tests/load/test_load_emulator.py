@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def emulator(tmp_path):
     try:
-        import kvprobe.emulator.cli  # noqa: F401
+        import kvprobe.cli.emulate  # noqa: F401
     except ImportError:
-        pytest.skip("kvprobe.emulator not available")
+        pytest.skip("kvprobe.targets.emulator not available")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kvprobe", "emulate", "vllm", "--port", str(port),
                              "--num-gpu-blocks-override", "2000", "--trace", str(tmp_path / "trace.jsonl")],

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from kvprobe.engines import vllm
-from kvprobe.engines.launcher import Target, free_port
+from kvprobe.targets.launch import Target, free_port
 from tests.plugin.conftest import REPO
 
 pytestmark = pytest.mark.slow

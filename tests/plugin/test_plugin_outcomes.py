@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kvprobe.engines.launcher import free_port
+from kvprobe.targets.launch import free_port
 from tests.plugin.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.engines.launcher import Target
 from kvprobe.load.runner import LocustRun
-from kvprobe.spec import load_expectations, load_profile
+from kvprobe.spec.expectation import load_expectations, load_profile
+from kvprobe.targets.launch import Target
 
 REPO = Path(__file__).resolve().parents[2]
 

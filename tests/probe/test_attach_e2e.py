@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from kvprobe.engines import get_dialect
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.probe import ProbeOptions, open_target, predict, run_probe
-from kvprobe.spec import load_expectations
+from kvprobe.probe.run import ProbeOptions, open_target, predict, run_probe
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.targets.launch import Target, free_port
 from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ def test_console_without_a_matching_preset_asks_for_model_config(running, tmp_pa
 def test_model_config_gives_the_geometry(running, tmp_path, monkeypatch):
     from argparse import Namespace
 
-    from kvprobe.cmd_probe import expectation_from_engine
+    from kvprobe.cli.probe import expectation_from_engine
 
     engine = running("vllm", {"num-gpu-blocks-override": 201, "max-model-len": 2048}, model="acme/Private-13B")
     config = tmp_path / "private" / "config.json"
@@ -138,7 +138,7 @@ def test_model_config_gives_the_geometry(running, tmp_path, monkeypatch):
     exp = expectation_from_engine(args)
     assert (exp.served_model_name, exp.model_config) == ("acme/Private-13B", str(config.parent))
     assert exp.flags["num-gpu-blocks-override"] == 201 and exp.version == "0.33.0"
-    from kvprobe.probe import predict
+    from kvprobe.probe.run import predict
 
     assert predict(exp).capacity.num_blocks == 201
 

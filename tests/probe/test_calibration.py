@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe import oneshot, probe
 from kvprobe.engines import get_dialect
 from kvprobe.load.ramps import around_prediction_levels
-from kvprobe.oneshot import OneShot
-from kvprobe.spec import load_profile
+from kvprobe.observe import oneshot
+from kvprobe.observe.oneshot import OneShot
+from kvprobe.probe import run as probe
+from kvprobe.spec.expectation import load_profile
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.probe import ProbeOptions, run_probe
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.targets.launch import Target, free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.engines.launcher import Target, free_port
-from kvprobe.probe import ProbeOptions, run_probe
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.targets.launch import Target, free_port
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe import probe
+from kvprobe.probe import run as probe
 
 
 class _Sampler:

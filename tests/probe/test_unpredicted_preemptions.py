@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from kvprobe import probe, probe_judge
-from kvprobe.spec import load_expectations
+from kvprobe.probe import judge as probe_judge
+from kvprobe.probe import run as probe
+from kvprobe.spec.expectation import load_expectations
 
 SHIPPED = Path(__file__).resolve().parents[2] / "expectations" / "shadow-vllm-overadmission.yaml"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.33.0"

@@ -16,7 +16,7 @@ import pytest
 
 from kvprobe.errors import TargetError
 from kvprobe.procgroup import free_port
-from kvprobe.spec import load_expectations
+from kvprobe.spec.expectation import load_expectations
 from tests.shadow.conftest import REPO, alive, engine_pids
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ def test_pytest_kvprobe_passes_against_real_vllm(vllm_env, pytester, say):
 def test_a_vllm_refusal_is_one_line_with_the_log_tail(vllm_env, tmp_path):
     """vLLM's own start-up refusal (a max_model_len the pool cannot hold): the launcher's error is one
     line, vLLM's message is in the log tail, the time is bounded and no process is left."""
-    from kvprobe.shadow.target import open_shadow
+    from kvprobe.targets.shadow.target import open_shadow
 
     (tmp_path / "e.yaml").write_text(json.dumps({
         "name": "refused", "engine": "vllm", "version": "0.33.0", "model": "meta-llama/Llama-3.1-8B",
@@ -151,7 +151,7 @@ def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_
 def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
     """`kvprobe shadow vllm MODEL [vllm serve flags]`: the real server under the preset's name, its pool
     from the passed-through flag, stopped with its process group."""
-    from kvprobe.engines.launcher import Target, http_get
+    from kvprobe.targets.launch import Target, http_get
 
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),

@@ -1,6 +1,6 @@
 """vLLM's own KV planner, fed by kvprobe's worker, against kvprobe's ledger: two computations of one pool.
 
-For each sizing, the shadow target's real command line (`kvprobe.shadow.launch.command`) goes
+For each sizing, the shadow target's real command line (`kvprobe.targets.shadow.launch.command`) goes
 through vLLM 0.33.0's CLI parser, config resolution and CPU platform, then EngineCore.__init__
 builds the worker, asks it for its KV cache spec and bytes, groups the layers, plans the pool,
 applies `--num-gpu-blocks-override` and computes the capacity line (`tests/shadow/vllm_planner.py`,
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.probe import predict
-from kvprobe.spec import load_expectations
+from kvprobe.probe.run import predict
+from kvprobe.spec.expectation import load_expectations
 from tests.vllm_plans import plan_all, serve_case
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_vllm_refuses_where_the_ledger_refuses(planned, name, say):
 def test_a_layer_kind_the_worker_cannot_describe_is_one_clear_error(vllm_env, tmp_path):
     # a layer kind transformers accepts (its validator refuses made-up names before the worker runs)
     # and kvprobe does not model
-    config = json.loads((Path(__file__).parents[2] / "kvprobe/theory/presets/llama-3.1-8b.json").read_text())
+    config = json.loads((Path(__file__).parents[2] / "kvprobe/theory/model/configs/llama-3.1-8b.json").read_text())
     config["layer_types"] = ["window_attention"] * config["num_hidden_layers"]
     (tmp_path / "odd.json").write_text(json.dumps(config))
     exp = load_expectations(_write(tmp_path, "odd", {

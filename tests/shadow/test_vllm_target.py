@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 import kvprobe
+from kvprobe.cli import shadow_vllm as vllm_cli
 from kvprobe.errors import ConfigError
-from kvprobe.shadow import launch, vllm_cli, vllm_target
-from kvprobe.shadow.vllm_settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
-from kvprobe.theory.geometry import load_model_config
+from kvprobe.targets.shadow import launch
+from kvprobe.targets.shadow.vllm import target as vllm_target
+from kvprobe.targets.shadow.vllm.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
+from kvprobe.theory.model.geometry import load_model_config
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

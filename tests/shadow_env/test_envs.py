@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_parse_spec_unknown_engine():
 
 
 def test_console_install_of_unknown_version_creates_nothing(cache, capsys):
-    from kvprobe.cli import main
+    from kvprobe.cli.main import main
 
     assert main(["shadow", "install", "vllm==9.9.9"]) == 2
     assert "no pinned install list for vllm 9.9.9" in capsys.readouterr().err

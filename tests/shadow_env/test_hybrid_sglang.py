@@ -13,8 +13,8 @@ import pytest
 from hybrid_engines import HERE, model_folder, run_json
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.sglang_pools import SglangOptions, sglang_layout, sglang_pools
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.sglang.pools import SglangOptions, sglang_layout, sglang_pools
 from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow

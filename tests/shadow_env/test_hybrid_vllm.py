@@ -6,7 +6,7 @@ Three things are checked in the vLLM environment:
 * the spec choices: FlashAttention's block sizes, the window layer's block, the Gated DeltaNet
   state and the hybrid block alignment, from vLLM's own functions;
 * the plan: kvprobe's layer specs, turned into vLLM's `KVCacheSpec` objects
-  (`kvprobe.shadow.vllm_kvplan`) and planned by `get_kv_cache_configs`, give the groups, block
+  (`kvprobe.targets.shadow.vllm.kvplan`) and planned by `get_kv_cache_configs`, give the groups, block
   count, capacity tokens, max concurrency and startup errors kvprobe computes.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from hybrid_engines import HERE, model_folder, run_json
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.layers import CHUNKED, FULL, LINEAR, SLIDING
-from kvprobe.theory.vllm_kv import (
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     VllmOptions,
     hybrid_block_size,
     hybrid_kv_cache_manager,
@@ -148,7 +148,7 @@ def _request(name, mml, budget, opts, auto_fit):
 
 def test_kvprobes_plan_is_vllms_plan(vllm_env):
     cases = _cases()
-    answers = run_json(vllm_env, ["-m", "kvprobe.shadow.vllm_kvplan"], [_request(*c) for c in cases])
+    answers = run_json(vllm_env, ["-m", "kvprobe.targets.shadow.vllm.kvplan"], [_request(*c) for c in cases])
     compared = errors = 0
     for (name, mml, budget, opts, auto_fit), got in zip(cases, answers, strict=True):
         what = f"{name} max_model_len={mml} {budget} {opts} auto_fit={auto_fit}"

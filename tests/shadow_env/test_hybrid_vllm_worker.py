@@ -1,7 +1,7 @@
 """The vLLM shadow worker registers a hybrid model's layer specs, and vLLM's own EngineCore plans the
 pool from them exactly as kvprobe's ledger does.
 
-For each case the shadow target's real command line (`kvprobe.shadow.launch.command`) goes through
+For each case the shadow target's real command line (`kvprobe.targets.shadow.launch.command`) goes through
 vLLM 0.33.0's CLI parser, config resolution and CPU platform; EngineCore.__init__ builds the
 model-less worker, takes its KV cache spec (`vllm_kvspec.hybrid_kv_cache_spec`, the specs of
 `theory.vllm_kv.vllm_layer_specs` as vLLM objects), groups the layers, plans the pool and computes
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.probe import predict
-from kvprobe.spec import load_expectations
-from kvprobe.theory.geometry import load_model_config
+from kvprobe.probe.run import predict
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.theory.model.geometry import load_model_config
 from tests.engine_envs import engine_env
 from tests.vllm_plans import plan_all, serve_case
 

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from kvprobe.shadow import envs, modeldir
-from kvprobe.theory.geometry import load_model_config
+from kvprobe.targets.shadow import envs, modeldir
+from kvprobe.theory.model.geometry import load_model_config
 from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.procgroup import free_port, group_members
-from kvprobe.shadow import envs, launch
-from kvprobe.shadow.target import ShadowTarget, launch_request
-from kvprobe.spec import load_expectations
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.targets.shadow import envs, launch
+from kvprobe.targets.shadow.target import ShadowTarget, launch_request
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTATIONS = REPO / "expectations" / "shadow-sglang.yaml"
@@ -84,7 +84,7 @@ class Server:
 
 
 def start_server(exp, log_path: Path, *, startup_timeout: float = STARTUP_TIMEOUT) -> Server:
-    """The launch of `target: {launch: shadow}` (kvprobe.shadow.target.open_shadow's steps), owned by
+    """The launch of `target: {launch: shadow}` (kvprobe.targets.shadow.target.open_shadow's steps), owned by
     the test so several checks can share it."""
     req = launch_request(exp, port=free_port())
     argv, environ = launch.command(req)

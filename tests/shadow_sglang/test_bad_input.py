@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from kvprobe.cli import main
-from kvprobe.engines.launcher import Target
+from kvprobe.cli.main import main
 from kvprobe.errors import TargetError
 from kvprobe.procgroup import free_port, group_members
-from kvprobe.shadow import envs, launch
-from kvprobe.shadow.target import ShadowTarget
+from kvprobe.targets.launch import Target
+from kvprobe.targets.shadow import envs, launch
+from kvprobe.targets.shadow.target import ShadowTarget
 
 from .conftest import shipped
 
@@ -99,6 +99,6 @@ def test_sglang_exiting_during_start_up_is_one_error_with_the_log_tail(sglang_en
 
 
 def _config() -> dict:
-    from kvprobe.theory.geometry import load_model_config
+    from kvprobe.theory.model.geometry import load_model_config
 
     return load_model_config(LLAMA)[0]

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from kvprobe.cli import main
-from kvprobe.engines.launcher import Target
+from kvprobe.cli.main import main
 from kvprobe.load.runner import LocustRun
 from kvprobe.procgroup import group_members
-from kvprobe.theory.steptime import TimeModel
+from kvprobe.targets.launch import Target
+from kvprobe.theory.sim.steptime import TimeModel
 
 from .conftest import EXPECTATIONS, shipped
 from .probes import report

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.theory.ledger import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 
 from .probes import report, run_pytest_kvprobe
 

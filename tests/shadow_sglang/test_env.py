@@ -7,15 +7,15 @@ import json
 import os
 import subprocess
 
-from kvprobe.shadow import sglang_env as env_module
-from kvprobe.shadow import sglang_plugin
-from kvprobe.shadow.launch import kvprobe_pythonpath
+from kvprobe.targets.shadow.launch import kvprobe_pythonpath
+from kvprobe.targets.shadow.sglang import env as env_module
+from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
 
 PROBE_HOOKS = r"""
 import json
 from sglang.srt.plugins import load_plugins
 load_plugins()  # what every SGLang process runs first (plugins/__init__.py)
-from kvprobe.shadow import sglang_plugin
+from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
 from importlib.metadata import entry_points
 print(json.dumps({
     "entry_points": [ep.value for ep in entry_points(group="sglang.srt.plugins")],

@@ -24,11 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.procgroup import free_port, group_members
-from kvprobe.shadow import launch
-from kvprobe.shadow.target import ShadowTarget, launch_request
-from kvprobe.spec import load_expectations
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.sglang_pools import SWA_EVICTION_INTERVAL, SglangOptions, sglang_pools
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.targets.shadow import launch
+from kvprobe.targets.shadow.target import ShadowTarget, launch_request
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.sglang.pools import SWA_EVICTION_INTERVAL, SglangOptions, sglang_pools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.errors import ConfigError, TargetError
-from kvprobe.shadow import sglang_hybrid, sglang_target
-from kvprobe.shadow.launch import ShadowLaunch
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
+from kvprobe.targets.shadow.launch import ShadowLaunch
+from kvprobe.targets.shadow.sglang import hybrid as sglang_hybrid
+from kvprobe.targets.shadow.sglang import target as sglang_target
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
 
 GPT_OSS, QWEN_NEXT = "openai/gpt-oss-20b", "Qwen/Qwen3-Next-80B-A3B-Instruct"
 
@@ -155,7 +156,7 @@ def test_worker_log_of_a_hybrid_model():
 def test_the_console_names_the_pools_beside_the_full_one():
     from pathlib import Path
 
-    from kvprobe.shadow.sglang_cli import _hybrid_pools
+    from kvprobe.cli.shadow_sglang import _hybrid_pools
 
     published = Path(__file__).resolve().parents[1] / "engines" / "published"
     assert _hybrid_pools(str(published / "sglang-0.5.23-gpt-oss-20b-startup.log")) == \

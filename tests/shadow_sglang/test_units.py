@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.errors import ConfigError, TargetError
-from kvprobe.shadow import sglang_plugin, sglang_target
-from kvprobe.shadow.launch import ShadowLaunch
-from kvprobe.shadow.sglang_device import DeviceTimeline, pseudo_token_ids, special_ids
-from kvprobe.theory.geometry import load_model_config
+from kvprobe.targets.shadow.launch import ShadowLaunch
+from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
+from kvprobe.targets.shadow.sglang import target as sglang_target
+from kvprobe.targets.shadow.sglang.device import DeviceTimeline, pseudo_token_ids, special_ids
+from kvprobe.theory.model.geometry import load_model_config
 
 LLAMA = "meta-llama/Llama-3.1-8B"
 
@@ -52,7 +53,7 @@ def test_without_overlap_a_forward_returns_when_its_own_step_ends():
 
 
 def test_step_time_is_the_time_models():
-    from kvprobe.theory.steptime import TimeModel
+    from kvprobe.theory.sim.steptime import TimeModel
 
     clock = FakeClock()
     tm = TimeModel(step_ms=5, prefill_us_per_token=1, decode_us_per_seq=20)

@@ -6,13 +6,13 @@ import importlib.util
 
 import pytest
 
-from kvprobe.engines.launcher import Target, free_port, group_members
-from kvprobe.observe import Sampler
+from kvprobe.observe.sampler import Sampler
+from kvprobe.targets.launch import Target, free_port, group_members
 
 from .conftest import gone
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("kvprobe.emulator.cli") is None,
-                                reason="the emulator (kvprobe.emulator.cli) is not there yet")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("kvprobe.cli.emulate") is None,
+                                reason="the emulator (kvprobe.cli.emulate) is not there yet")
 
 CASES = {
     # engine: (flags, what the engine must report about its pool)

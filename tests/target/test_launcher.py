@@ -13,8 +13,8 @@ import time
 import pytest
 
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.engines.launcher import Target, free_port, group_members, http_get, merge_reports, redact_url
 from kvprobe.errors import ConfigError, TargetError
+from kvprobe.targets.launch import Target, free_port, group_members, http_get, merge_reports, redact_url
 
 from .conftest import FIXTURES, REPO, fake_argv, gone, wait_until
 
@@ -172,7 +172,7 @@ def test_interpreter_exit_never_leaves_the_group(tmp_path):
     pidfile = tmp_path / "leader.pid"
     script = textwrap.dedent(f"""
         import sys
-        from kvprobe.engines.launcher import Target
+        from kvprobe.targets.launch import Target
         t = Target.launch({fake_argv('--mode', 'ignore-term')!r}, engine="vllm", log_path={str(tmp_path / 'e.log')!r},
                           startup_timeout=20)
         open({str(pidfile)!r}, "w").write(str(t.pid))

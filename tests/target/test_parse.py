@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvprobe.engines.base import MetricMap
-from kvprobe.observe import Sample, TimeSeries, parse_sample
+from kvprobe.observe.sampler import Sample, TimeSeries, parse_sample
 
 from .conftest import SGLANG_MAP, VLLM_MAP, fixture_text
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from kvprobe.observe import Sampler, scrape_once
+from kvprobe.observe.sampler import Sampler, scrape_once
 
 from .conftest import VLLM_MAP, fixture_text, wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.shadow import envs
+from kvprobe.targets.shadow import envs
 from tests.engine_envs import engine_env
 
 

@@ -8,7 +8,12 @@ import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory import budget as B
-from kvprobe.theory.geometry import geometry_from_config, kv_bytes_per_token, load_model_config, weight_bytes
+from kvprobe.theory.model.geometry import (
+    geometry_from_config,
+    kv_bytes_per_token,
+    load_model_config,
+    weight_bytes,
+)
 
 GIB = 2**30
 FIXTURES = Path("/work/shared/fixtures")

@@ -19,7 +19,7 @@ from kvprobe.theory.schedsim import (
     make_scheduler,
     workload_prompt,
 )
-from kvprobe.theory.vllm_kvm import KVGroup
+from kvprobe.theory.vllm.hybrid.kv_cache_manager import KVGroup
 
 
 @st.composite
@@ -177,7 +177,7 @@ def test_skip_leaves_the_scheduler_where_steps_would():
 def test_vllm_head_memo_changes_nothing(case, users, k):
     """A head that failed is not re-examined until free blocks grow or a key is cached: the loop
     measures the same with the memo off."""
-    from kvprobe.theory.sched_vllm import VllmScheduler
+    from kvprobe.theory.vllm.scheduler import VllmScheduler
 
     cfg, P, O = case  # noqa: E741
     kw = dict(shared_prefix_tokens=int(k * P), lifetimes=3, warmup_lifetimes=1, batches=3, fast=False)
@@ -204,7 +204,7 @@ def test_phases_closed_forms_equal_counting(B, tokens, free, k, shift):
     """Blocks taken after s steps, their sum, and the steps that fit, against counting them."""
     import numpy as np
 
-    from kvprobe.theory.pools import FullAttention, Phases
+    from kvprobe.theory.sim.pools import FullAttention, Phases
 
     t = np.array(tokens, np.int64)
     fp = FullAttention(B)
@@ -220,7 +220,7 @@ def test_phases_closed_forms_equal_counting(B, tokens, free, k, shift):
 def test_jumps_cascade_through_preemptions_exactly():
     """The vLLM fast path's cascades (stretches and the steps where blocks run out) do run, preempt,
     and leave every statistic as stepping does; the long-output shape is the one that needs them."""
-    from kvprobe.theory.sched_vllm import VllmScheduler
+    from kvprobe.theory.vllm.scheduler import VllmScheduler
 
     cfg = VllmConfig(num_gpu_blocks=1200, max_num_seqs=1024, max_num_batched_tokens=2048, max_model_len=8192,
                      async_scheduling=True)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import (
+from kvprobe.theory.model.geometry import (
     PRESETS,
     geometry_from_config,
     kv_bytes_per_token,

@@ -10,7 +10,6 @@ import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.admission import predict
-from kvprobe.theory.pools import SglangTokenPool
 from kvprobe.theory.schedsim import (
     SglangConfig,
     SimRequest,
@@ -19,6 +18,7 @@ from kvprobe.theory.schedsim import (
     make_scheduler,
     workload_prompt,
 )
+from kvprobe.theory.sim.pools import SglangTokenPool
 
 LONG = VllmConfig(num_gpu_blocks=6000, block_size=16, max_num_seqs=1024, max_num_batched_tokens=8192,
                   max_model_len=16384)

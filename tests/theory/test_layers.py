@@ -6,8 +6,8 @@ vLLM's `get_config` on the same files and compare)."""
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, kv_bytes_per_token, load_model_config
-from kvprobe.theory.layers import CHUNKED, FULL, LINEAR, SLIDING, layer_kinds
+from kvprobe.theory.model.geometry import geometry_from_config, kv_bytes_per_token, load_model_config
+from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING, layer_kinds
 
 
 def kinds_of(model):

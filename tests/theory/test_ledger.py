@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 
 GIB = 2**30
 NO_ESTIMATES = {"activation_bytes": 0, "cudagraph_bytes": 0, "other_bytes": 0}

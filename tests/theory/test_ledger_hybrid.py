@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 
 GPT_OSS = "openai/gpt-oss-20b"
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from kvprobe.cli import main
+from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 
 GPT_OSS = "openai/gpt-oss-20b"
 GIB = 2**30

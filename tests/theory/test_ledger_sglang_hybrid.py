@@ -12,7 +12,7 @@ import re
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 
 GPT_OSS = "openai/gpt-oss-20b"
 GIB = 2**30
@@ -171,8 +171,8 @@ def test_every_hybrid_pool_flag_reaches_the_ledger_as_it_reaches_sglang():
     as written): --max-mamba-cache-size 40 caps max_running_requests at 40 with the radix cache off
     (resolve_max_num_reqs; sglang_pools is checked against SGLang's configurator in
     tests/shadow_env/test_hybrid_sglang.py)."""
-    from kvprobe.shadow.sglang_hybrid import options
-    from kvprobe.spec_schema import flag_ledger_kwargs
+    from kvprobe.spec.schema import flag_ledger_kwargs
+    from kvprobe.targets.shadow.sglang.hybrid import options
 
     flags = {"max-mamba-cache-size": 40, "mamba-full-memory-ratio": 0.5, "disable-radix-cache": True,
              "max-running-requests": 64, "disable-overlap-schedule": True, "mamba-ssm-dtype": "bfloat16"}

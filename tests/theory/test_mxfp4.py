@@ -1,4 +1,4 @@
-"""gpt-oss's MXFP4 experts in the weight budget (kvprobe/theory/mxfp4.py, geometry.weight_bytes).
+"""gpt-oss's MXFP4 experts in the weight budget (kvprobe/theory/model/mxfp4.py, geometry.weight_bytes).
 
 Checked against figures no one here wrote:
 * the checkpoints' tensor bytes (their safetensors index `total_size`): gpt-oss-20b 13,761,264,768 B
@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, load_model_config, weight_bytes
-from kvprobe.theory.mxfp4 import engine_expert_dims, expert_tensor_bytes
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config, weight_bytes
+from kvprobe.theory.model.mxfp4 import engine_expert_dims, expert_tensor_bytes
 
 # preset -> (index total_size, keras-hub params, layers, experts)
 PUBLISHED = {

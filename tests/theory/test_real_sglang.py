@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.theory.geometry import geometry_from_config
+from kvprobe.theory.model.geometry import geometry_from_config
 from kvprobe.theory.schedsim import (
     SglangConfig,
     SimRequest,
@@ -30,7 +30,7 @@ from kvprobe.theory.schedsim import (
     request_lifetime,
     workload_prompt,
 )
-from kvprobe.theory.sglang_pools import SglangOptions, sglang_pools
+from kvprobe.theory.sglang.pools import SglangOptions, sglang_pools
 
 DRIVER = Path(__file__).with_name("real") / "sglang_driver.py"
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.theory.geometry import load_model_config
+from kvprobe.theory.model.geometry import load_model_config
 from kvprobe.theory.schedsim import VllmConfig, arrival_steps, closed_loop, request_lifetime
 
 DRIVER = Path(__file__).with_name("real") / "vllm_driver.py"

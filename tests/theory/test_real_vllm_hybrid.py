@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.theory.admission import predict
-from kvprobe.theory.geometry import load_model_config
-from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
+from kvprobe.theory.model.geometry import load_model_config
 from kvprobe.theory.schedsim import (
     SimRequest,
     VllmConfig,
@@ -31,7 +30,8 @@ from kvprobe.theory.schedsim import (
     request_lifetime,
     workload_prompt,
 )
-from kvprobe.theory.vllm_kvm import KVGroup
+from kvprobe.theory.vllm.hybrid.kv_cache_manager import KVGroup
+from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler
 
 DRIVER = Path(__file__).with_name("real") / "vllm_driver.py"
 pytestmark = pytest.mark.slow

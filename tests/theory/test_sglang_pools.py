@@ -5,8 +5,8 @@ tests/shadow_env/test_hybrid_sglang.py."""
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.sglang_pools import SglangOptions, mamba_slots_per_request, sglang_layout, sglang_pools
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.sglang.pools import SglangOptions, mamba_slots_per_request, sglang_layout, sglang_pools
 
 GIB = 2**30
 

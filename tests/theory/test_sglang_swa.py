@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from test_fastpath import sglang_swa_case
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.sched_sglang_swa import SglangSwaScheduler
-from kvprobe.theory.sched_sglang_swa_radix import SglangSwaRadixScheduler
 from kvprobe.theory.schedsim import SglangConfig, SimRequest, make_scheduler, workload_prompt
+from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler
+from kvprobe.theory.sglang.swa.scheduler import SglangSwaScheduler
 
 W = 127  # gpt-oss: sliding_window 128 - 1
 CFG = SglangConfig(max_total_num_tokens=8000, disable_radix_cache=True, sliding_window_size=W, swa_pool_tokens=4000)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kvprobe.theory.sched_vllm import VllmScheduler
-from kvprobe.theory.sched_vllm_hybrid import HybridVllmScheduler
 from kvprobe.theory.schedsim import SimRequest, VllmConfig, make_scheduler, workload_prompt
-from kvprobe.theory.vllm_kvm import KVGroup
+from kvprobe.theory.vllm.hybrid.kv_cache_manager import KVGroup
+from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler
+from kvprobe.theory.vllm.scheduler import VllmScheduler
 
 EXAMPLES = int(os.environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80"))
 FULL = KVGroup("full")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.geometry import geometry_from_config, load_model_config
-from kvprobe.theory.vllm_kv import (
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     CHUNKED_SPEC,
     FULL_SPEC,
     MAMBA_SPEC,

@@ -15,7 +15,7 @@ import pytest
 from kvprobe.errors import ProbeError
 from kvprobe.load.runner import LocustRun
 from kvprobe.procgroup import free_port
-from kvprobe.spec import load_profile
+from kvprobe.spec.expectation import load_profile
 from tests.load.conftest import start_server, stop_server
 from tests.workers.conftest import group_gone
 
@@ -36,8 +36,8 @@ workers: {{expect: 2, bind: "127.0.0.1:{port}", wait_seconds: 30}}
 
 def test_a_probe_with_two_workers_gets_every_record_and_health_per_worker(tmp_path, start_workers):
     """Three workers start for a profile that expects two: the third is sent home, saying why."""
-    from kvprobe.probe import ProbeOptions, run_probe
-    from kvprobe.spec import load_expectations
+    from kvprobe.probe.run import ProbeOptions, run_probe
+    from kvprobe.spec.expectation import load_expectations
 
     port = free_port()
     path = tmp_path / "workers.yaml"
@@ -111,8 +111,8 @@ def test_a_missing_worker_times_out_naming_the_count_and_the_command(sse, tmp_pa
 def test_a_probe_whose_worker_dies_ends_in_error_naming_it(tmp_path, start_workers, monkeypatch):
     import threading
 
-    from kvprobe.probe import ProbeOptions, run_probe
-    from kvprobe.spec import load_expectations
+    from kvprobe.probe.run import ProbeOptions, run_probe
+    from kvprobe.spec.expectation import load_expectations
 
     port = free_port()
     path = tmp_path / "workers.yaml"

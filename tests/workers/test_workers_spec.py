@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec import load_profile
-from kvprobe.verdict import check_rejection_point
+from kvprobe.spec.expectation import load_profile
+from kvprobe.verdict.checks import check_rejection_point
 
 BASE = {"name": "w", "request": {"prompt_tokens": 128, "output_tokens": 32},
         "ramp": {"strategy": "explicit", "levels": [4, 8]}, "hold": {"seconds": 3}}
@@ -51,7 +51,7 @@ def test_a_saturated_worker_makes_the_rejection_point_inconclusive_naming_it():
 
     from kvprobe.load.health import client_health
     from kvprobe.load.records import Record
-    from kvprobe.spec_schema import Tolerances
+    from kvprobe.spec.schema import Tolerances
 
     lag = [Record(kind="lag", worker=w, host=h, lag_ms=ms, cpu=0.4, t=float(t))
            for w, h, ms in (("w0", "loadA", 3.0), ("w1", "loadB", 37.0)) for t in range(5)]
@@ -63,7 +63,7 @@ def test_a_saturated_worker_makes_the_rejection_point_inconclusive_naming_it():
 
 
 def test_the_worker_command_refuses_a_master_without_a_port(capsys):
-    from kvprobe.cli import main
+    from kvprobe.cli.main import main
 
     assert main(["worker", "--master", "loadhost"]) == 2
     err = capsys.readouterr().err

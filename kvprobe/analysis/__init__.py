@@ -1,0 +1,1 @@
+"""From samples and request records to measurements: levels, the plateau, the diagnosis."""

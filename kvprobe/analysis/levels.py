@@ -1,0 +1,334 @@
+"""From a metric time series and request records to measurements: steady state per level, a
+client-side count of running requests reconciled with the engine's gauge, and the drain/leak
+check. The rejection point (the plateau over these levels) is `kvprobe.analysis.plateau`.
+
+numpy only, no I/O. Inputs are the arrays of `kvprobe.observe.sampler.TimeSeries.arrays()` — keys `t`,
+`ok`, `running`, `waiting`, `usage`, `preemptions` (a counter), optionally `waiting_capacity` and
+`used_tokens`; a failed scrape is a NaN (or `ok` false) and is skipped, never fatal. A metric the
+engine does not export stays absent (NaN, None), never zero. Records are
+`kvprobe.load.records.Record` objects or dicts with `t_send`, `t_first`, `t_end` (and `kind`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not averaged
+BATCHES = 8  # batch means per window for the standard error of a steady mean
+RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count below a sampled gauge's mean: max(1 request, 5%)
+RECONCILE_OVER_ABS, RECONCILE_OVER_REL = 2.0, 0.10  # ... above its highest reading: max(2 requests, 10%)
+GRID = 0.05  # seconds between the instants at which the client's streams are counted
+
+
+@dataclass
+class LevelWindow:
+    users: int
+    t_start: float
+    t_end: float
+
+
+@dataclass
+class LevelStats:
+    users: int
+    running_mean: float  # the figure the rejection point uses, from `running_source`
+    running_max: float
+    waiting_mean: float
+    waiting_max: float
+    usage_mean: float  # NaN when the engine exports no usage gauge
+    usage_max: float
+    preemptions: float | None  # counter increase in the steady window; None: counter absent (not 0)
+    preemption_rate_per_s: float | None
+    samples: int  # usable samples in the steady part
+    client_running_mean: float | None = None  # from the request records: admitted, not finished
+    client_waiting_mean: float | None = None  # from the request records: sent, not yet admitted
+    running_source: str = "engine"  # "engine" (its gauge) or "client" (the streams; see reconcile)
+    waiting_capacity_mean: float | None = None
+    t_start: float = 0.0
+    t_end: float = 0.0
+    too_few_samples: bool = False  # fewer than MIN_SAMPLES: reported, excluded from the rejection point
+    running_se: float | None = None  # standard error of running_mean (batch means over the window)
+    engine_running_mean: float | None = None  # the engine's running gauge, steady mean (NaN: absent)
+    engine_running_max: float | None = None  # its highest reading: what a sampled gauge shows at a full step
+    engine_waiting_mean: float | None = None  # the engine's queue gauge, steady mean (NaN: absent)
+    client_running_se: float | None = None
+    disagreement: float | None = None  # client − engine gauge mean, where the gauge is a sample
+    disagrees: bool = False  # the client count lies outside what the sampled gauge allows (see reconcile)
+
+
+@dataclass
+class DrainResult:
+    drained: bool
+    time_to_zero: float | None  # seconds after t_from until running, waiting and usage stayed at zero
+    residual_usage: float | None  # at the end of the deadline (last usable sample)
+    residual_running: float | None
+    residual_waiting: float | None
+    leaked_blocks_estimate: int | None  # residual usage x pool size (None without a pool size)
+    samples: int = 0
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+FIELDS = ("running", "waiting", "usage", "preemptions", "waiting_capacity")
+
+
+def _col(arrays: dict, name: str, n: int) -> np.ndarray:
+    """A float column; a missing key reads as all-NaN (the engine has no such metric)."""
+    value = arrays.get(name)
+    if value is None:
+        return np.full(n, np.nan)
+    out = np.asarray(value, dtype=float).reshape(-1)
+    return out if out.size == n else np.full(n, np.nan)
+
+
+def _columns(arrays: dict, *, counter_lazy: bool = False) -> dict[str, np.ndarray]:
+    t = np.asarray(arrays.get("t", ()), dtype=float).reshape(-1)
+    n = t.size
+    cols = {k: _col(arrays, k, n) for k in FIELDS}
+    ok = arrays.get("ok")
+    ok = np.ones(n, dtype=bool) if ok is None or np.size(ok) != n else np.asarray(ok, dtype=bool).reshape(-1)
+    pre = cols["preemptions"]
+    if counter_lazy:
+        # A counter the engine creates at its first event (SGLang's retractions): absent from a
+        # good scrape before it first appears means "none yet", so its first value counts in full.
+        seen = np.flatnonzero(np.isfinite(pre))
+        before = (np.arange(n) < (seen[0] if seen.size else n)) & ok
+        cols["preemptions"] = np.where(before, 0.0, pre)
+        cols["preemptions_absent"] = before
+    else:
+        cols["preemptions_absent"] = ok & ~np.isfinite(pre)
+    # A failed scrape carries no values even if a stale number was kept in the sample.
+    for k in FIELDS:
+        cols[k] = np.where(ok, cols[k], np.nan)
+    cols["t"] = t
+    return cols
+
+
+def _stat(x: np.ndarray, fn) -> float:
+    x = x[np.isfinite(x)]
+    return float(fn(x)) if x.size else float("nan")
+
+
+def batch_se(values: np.ndarray) -> float | None:
+    """Standard error of the mean of an autocorrelated series, by batch means (None: too short)."""
+    x = values[np.isfinite(values)]
+    k = min(BATCHES, x.size // 2)
+    if k < 2:
+        return None
+    means = np.array([b.mean() for b in np.array_split(x, k)])
+    return float(means.std(ddof=1) / np.sqrt(k))
+
+
+def counter_increase(values: np.ndarray) -> float:
+    """Increase of a counter over finite samples; a drop is a restart, counted from zero."""
+    v = values[np.isfinite(values)]
+    if v.size < 2:
+        return 0.0
+    d = np.diff(v)
+    return float(np.sum(np.where(d >= 0, d, v[1:])))
+
+
+def _rec(record, name: str):
+    value = record.get(name) if isinstance(record, dict) else getattr(record, name, None)
+    return None if value is None else value
+
+
+def _request_spans(records) -> tuple[np.ndarray, np.ndarray]:
+    """(t_first, t_end) of requests that received a first token; unfinished end at +inf."""
+    firsts, ends = [], []
+    for r in records or ():
+        if (_rec(r, "kind") or "request") != "request":
+            continue
+        t_first = _rec(r, "t_first")
+        if t_first is None or not np.isfinite(t_first):
+            continue
+        t_end = _rec(r, "t_end")
+        firsts.append(float(t_first))
+        ends.append(float(t_end) if t_end is not None and np.isfinite(t_end) else np.inf)
+    return np.asarray(firsts, dtype=float), np.asarray(ends, dtype=float)
+
+
+def time_grid(t0: float, t1: float, step: float) -> np.ndarray:
+    """The times at which `client_side_running` counts: t0, t0+step, ... up to t1 inclusive."""
+    if step <= 0 or t1 < t0:
+        return np.empty(0)
+    n = int(np.floor((t1 - t0) / step + 1e-9)) + 1
+    return t0 + step * np.arange(n)
+
+
+def _spans(records, lead_steps: float):
+    """(send, admitted, end) per request. The client cannot see admission; it happens
+    `lead_steps` engine steps before the first token arrives, a step estimated from the request's
+    own inter-token time — or, for a stream cut before its end (no usage), from the median of the
+    others. A request with no first token was never seen running; one cut by a ramp-down or the
+    end of the load keeps its first token (the locustfile records it on arrival) and counts as
+    running until it was cut."""
+    rows = []
+    for r in records or ():
+        if (_rec(r, "kind") or "request") != "request" or _rec(r, "t_send") is None:
+            continue
+        send, first, end = float(_rec(r, "t_send")), _rec(r, "t_first"), _rec(r, "t_end")
+        end = float(end) if end is not None else np.inf
+        n = _rec(r, "completion_tokens") or 0
+        itl = (end - float(first)) / (n - 1) if first is not None and n > 1 and np.isfinite(end) else None
+        rows.append((send, None if first is None else float(first), end, itl))
+    known = [row[3] for row in rows if row[3] is not None]
+    typical = float(np.median(known)) if known else 0.0
+    sends, admitted, ends = [], [], []
+    for send, first, end, itl in rows:
+        admit = end if first is None else max(send, first - lead_steps * (typical if itl is None else itl))
+        sends.append(send), admitted.append(admit), ends.append(end)
+    return (np.sort(np.asarray(sends, dtype=float)), np.sort(np.asarray(admitted, dtype=float)),
+            np.sort(np.asarray(ends, dtype=float)))
+
+
+def client_side_counts(records, t0: float, t1: float, step: float, *, lead_steps: float = 0.0):
+    """(running, waiting) as the client sees them on `time_grid(t0, t1, step)`: running = admitted
+    (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet admitted."""
+    grid = time_grid(t0, t1, step)
+    sends, admitted, ends = _spans(records, lead_steps)
+    if grid.size == 0 or sends.size == 0:
+        return np.zeros(grid.size), np.zeros(grid.size)
+    n_sent = np.searchsorted(sends, grid, side="right")
+    n_admitted = np.searchsorted(admitted, grid, side="right")
+    n_done = np.searchsorted(ends, grid, side="right")
+    return (n_admitted - n_done).astype(float), (n_sent - n_admitted).astype(float)
+
+
+def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarray:
+    """Requests running as the client sees them, on `time_grid(t0, t1, step)`: first token
+    received and not yet finished. Used when the engine exposes no /metrics."""
+    grid = time_grid(t0, t1, step)
+    firsts, ends = _request_spans(records)
+    if grid.size == 0 or firsts.size == 0:
+        return np.zeros(grid.size)
+    started = np.searchsorted(np.sort(firsts), grid, side="right")
+    finished = np.searchsorted(np.sort(ends), grid, side="right")
+    return (started - finished).astype(float)
+
+
+# -- per level --------------------------------------------------------------------------------
+
+
+def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fraction: float = 0.3,
+                records=None, min_samples: int = MIN_SAMPLES, lead_steps: float = 0.0,
+                counter_lazy: bool = False) -> list[LevelStats]:
+    """Steady-state statistics of each level: the first `warmup_fraction` of its window is skipped.
+
+    `counter_lazy`: the preemption counter is created at the first preemption (a dialect fact), so
+    a good scrape without it reads as none so far. Either way a level on which the counter was
+    never seen has `preemptions` None — absent, not zero."""
+    cols = _columns(series_arrays, counter_lazy=counter_lazy)
+    t = cols["t"]
+    out = []
+    for w in windows:
+        start = w.t_start + warmup_fraction * (w.t_end - w.t_start)
+        sel = (t >= start) & (t <= w.t_end)
+        running, waiting, usage = cols["running"][sel], cols["waiting"][sel], cols["usage"][sel]
+        usable = int(np.sum(np.isfinite(running) | np.isfinite(waiting)))
+        pre = cols["preemptions"][sel]
+        seen = bool(np.isfinite(pre).any()) and not bool(cols["preemptions_absent"][sel].all())
+        preempt = counter_increase(pre) if seen else None
+        ts = t[sel][np.isfinite(pre)]
+        span = float(ts[-1] - ts[0]) if ts.size >= 2 else 0.0
+        client = client_waiting = client_se = None
+        if records is not None:
+            run, wait = client_side_counts(records, start, w.t_end, GRID, lead_steps=lead_steps)
+            client = float(run.mean()) if run.size else None
+            client_waiting = float(wait.mean()) if wait.size else None
+            client_se = batch_se(run)
+        wcap = _stat(cols["waiting_capacity"][sel], np.mean)
+        engine = _stat(running, np.mean)
+        out.append(LevelStats(
+            users=int(w.users),
+            running_mean=engine, running_max=_stat(running, np.max),
+            waiting_mean=_stat(waiting, np.mean), waiting_max=_stat(waiting, np.max),
+            usage_mean=_stat(usage, np.mean), usage_max=_stat(usage, np.max),
+            preemptions=preempt,
+            preemption_rate_per_s=None if preempt is None else (preempt / span if span > 0 else 0.0),
+            samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
+            waiting_capacity_mean=None if np.isnan(wcap) else wcap,
+            t_start=w.t_start, t_end=w.t_end, too_few_samples=usable < min_samples,
+            running_se=batch_se(running), engine_running_mean=engine, engine_waiting_mean=_stat(waiting, np.mean),
+            engine_running_max=_stat(running, np.max), client_running_se=client_se,
+        ))
+    return out
+
+
+def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) -> list[LevelStats]:
+    """Choose each level's running figure and record where it came from.
+
+    - An exact gauge (a count after every step: vLLM) is used as it is. The client count stays
+      beside it for the record; it is not compared, because a client cannot see a preemption
+      (a recomputed stream just pauses).
+    - A sampled gauge (SGLang publishes at prefill batches — the count *before* the new requests
+      — and every 40 decode steps) is biased low, so the streams measure running and the two are
+      reconciled. Most samples read below the true count, so the gauge's mean is close to a
+      lower bound: a client count below it by more than max(1, 5%) undercounts (issue 11: streams
+      cut at the stop counted as waiting). A decode report reads the batch as it is, so a client
+      count above the highest reading by more than max(2, 10%) counts requests the engine does
+      not hold. Either is a disagreement: recorded on the level and reported, not resolved.
+      The queue gauge is published at the same moments (after the prefill's admissions), so
+      waiting comes from the streams too; the engine's figure stays in `engine_waiting_mean`.
+    - No gauge (no /metrics, or the family vanished for this level): the streams, waiting too.
+    """
+    for lv in levels:
+        if lv.client_running_mean is None:
+            continue
+        engine = lv.engine_running_mean
+        if not metrics_ok or engine is None or not np.isfinite(engine):
+            lv.running_mean, lv.running_se, lv.running_source = lv.client_running_mean, lv.client_running_se, "client"
+            if lv.client_waiting_mean is not None and (not metrics_ok or not np.isfinite(lv.waiting_mean)):
+                lv.waiting_mean = lv.client_waiting_mean
+            lv.too_few_samples = False
+        elif not gauge_exact:
+            client, high = lv.client_running_mean, lv.engine_running_max
+            below = max(RECONCILE_ABS, RECONCILE_REL * client)
+            above = max(RECONCILE_OVER_ABS, RECONCILE_OVER_REL * client)
+            lv.running_mean, lv.running_se, lv.running_source = client, lv.client_running_se, "client"
+            lv.disagreement = client - engine
+            lv.disagrees = not (engine - below <= client <= high + above)
+            if lv.client_waiting_mean is not None:  # the queue gauge is sampled at the same moments
+                lv.waiting_mean = lv.client_waiting_mean
+    return levels
+
+
+# -- after the load ---------------------------------------------------------------------------
+
+
+def drain_check(series_arrays: dict, t_from: float, *, deadline_s: float, pool_units: int | None = None,
+                usage_tolerance: float | None = None) -> DrainResult:
+    """With no load after `t_from`, running, waiting and usage must reach zero and stay there before
+    `t_from + deadline_s`. Usage still above zero at the end is a leak of `usage x pool_units`
+    blocks (vLLM) or tokens (SGLang)."""
+    cols = _columns(series_arrays)
+    t = cols["t"]
+    sel = (t >= t_from) & (t <= t_from + deadline_s)
+    running, waiting, usage = cols["running"][sel], cols["waiting"][sel], cols["usage"][sel]
+    ts = t[sel]
+    have = np.isfinite(running) | np.isfinite(waiting) | np.isfinite(usage)
+    ts, running, waiting, usage = ts[have], running[have], waiting[have], usage[have]
+    if ts.size == 0:
+        return DrainResult(False, None, None, None, None, None, samples=0)
+    tol = usage_tolerance if usage_tolerance is not None else (0.5 / pool_units if pool_units else 1e-6)
+    # A metric the engine does not export (all NaN) does not block the verdict; a NaN gap does not count as zero.
+    zero = np.ones(ts.size, dtype=bool)
+    for values, limit in ((running, 0.5), (waiting, 0.5), (usage, tol)):
+        if np.isfinite(values).any():
+            zero &= np.isfinite(values) & (values < limit)
+    # The first sample from which every later sample is zero.
+    tail_zero = np.flip(np.cumprod(np.flip(zero))).astype(bool)
+    drained = bool(tail_zero[-1])
+    time_to_zero = float(ts[int(np.argmax(tail_zero))] - t_from) if drained else None
+
+    def last(values):
+        v = values[np.isfinite(values)]
+        return float(v[-1]) if v.size else None
+
+    residual_usage = last(usage)
+    leaked = None
+    if pool_units and residual_usage is not None:
+        leaked = int(round(max(residual_usage, 0.0) * pool_units))
+    return DrainResult(drained, time_to_zero, residual_usage, last(running), last(waiting), leaked,
+                       samples=int(ts.size))

@@ -1,0 +1,1 @@
+"""The console face: `kvprobe ledger | emulate | probe | profiles | shadow | worker`."""

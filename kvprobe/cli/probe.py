@@ -1,0 +1,172 @@
+"""`kvprobe probe EXPECTATION.yaml [--url URL] [--artifacts DIR]` — one probe from the console;
+`kvprobe probe --url URL --engine vllm|sglang --prompt-tokens P --output-tokens O` — a probe of a running
+engine with no YAML: what the engine publishes is the configuration (kvprobe.spec.attach).
+
+Exit codes: 0 every probe passed; 1 a check failed (the engine disagrees with the expectation);
+2 bad input (one line naming the file and key); 3 a probe could not measure (engine unreachable
+or dead, client saturated, no metrics, too few deep levels) and none failed; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kvprobe.errors import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "probe", help="run the probe(s) of an expectation file, or of a running engine "
+        "(--url, --engine, --prompt-tokens, --output-tokens), and judge them",
+        epilog="exit codes: 0 passed, 1 a check failed, 2 bad input, 3 could not measure, 130 interrupted")
+    p.add_argument("expectation", nargs="?", help="an expectations/*.yaml file (omit it to probe --url as it runs)")
+    p.add_argument("--url", help="attach to this running engine instead of launching one")
+    p.add_argument("--artifacts", default="artifacts", help="directory for results, records, metrics and the plot")
+    p.add_argument("--name", help="run only the expectation with this name")
+    p.add_argument("--profile", help="a load profile name or path replacing the expectation's")
+    p.add_argument("--budget", type=float, help="time budget per probe in seconds")
+    p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
+                   help="override one tolerance, e.g. rejection_point=2 (repeatable)")
+    p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (shell quoting rules)")
+    bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
+                                "publishes; the model's geometry a preset matching its served id, or --model-config")
+    bare.add_argument("--engine", choices=("vllm", "sglang"), help="the engine's dialect")
+    bare.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens of every request")
+    bare.add_argument("--output-tokens", type=int, metavar="O", help="output tokens of every request")
+    bare.add_argument("--model", metavar="ID", help="the served model id to send (default: the one it serves)")
+    bare.add_argument("--model-config", metavar="PATH", help="the model's config.json (when no preset matches)")
+    bare.add_argument("--engine-version", help="when the engine does not publish its version")
+    bare.add_argument("--policy", help="the admission policy, for a version kvprobe has no facts for")
+    bare.add_argument("--gpu-memory", help="memory of one GPU (e.g. 80GiB): the ledger then sizes the pool itself "
+                      "and reported_capacity compares; without it the engine's own pool is taken")
+    bare.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the engine's API key")
+    p.set_defaults(func=run)
+
+
+def parse_tolerances(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
+    # The same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative
+    # tolerance is a one-line error, not a TypeError from dataclasses.replace deep in the probe.
+    from kvprobe.spec.expectation import _parse_tolerances
+    from kvprobe.spec.schema import Node
+
+    _parse_tolerances(Node(out, "--tolerance"))
+    return out
+
+
+_BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_config", "engine_version", "policy",
+                 "gpu_memory", "api_key_env")
+
+
+def expectation_from_engine(args):
+    """The no-YAML probe: attach, read what the engine publishes, build the Expectation from it."""
+    from kvprobe.spec.attach import attached_expectation
+    from kvprobe.targets.launch import Target
+    from kvprobe.units import parse_bytes
+
+    missing = [f"--{n}" for n in ("url", "engine", "prompt_tokens", "output_tokens") if getattr(args, n) is None]
+    if missing:
+        raise ConfigError(f"expected an expectation file, or {', '.join(missing).replace('_', '-')} to probe a "
+                          "running engine", key="kvprobe probe")
+    if args.policy is not None:
+        from kvprobe.theory.admission import POLICIES
+
+        if args.policy not in POLICIES:
+            raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
+    from kvprobe.observe.discovery import discover
+
+    target = Target.attach(args.url, engine=args.engine, api_key_env=args.api_key_env)
+    facts = target.facts()
+    exp = attached_expectation(
+        url=args.url, engine=args.engine, facts=facts, prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens, model=args.model, model_config=args.model_config,
+        version=args.engine_version, policy=args.policy, api_key_env=args.api_key_env, profile=args.profile,
+        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
+        log=lambda line: print(line, flush=True))
+    # The configuration is the engine's: its flags (and its pool, without a declared GPU) make the
+    # ledger printed before the probe; the probe reads them again and reports any change.
+    return discover(exp, facts).expectation(exp)
+
+
+def _check_bare_options(args) -> None:
+    given = [f"--{n.replace('_', '-')}" for n in _BARE_OPTIONS if getattr(args, n) is not None]
+    if args.expectation is not None and given:
+        raise ConfigError(f"expected these options only without an expectation file (the file says them): "
+                          f"{', '.join(given)}", key="kvprobe probe")
+
+
+def run(args) -> int:
+    from kvprobe.procgroup import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # the finally below stops everything it started, on SIGTERM too
+        return _run(args)
+
+
+def _run(args) -> int:
+    from kvprobe.errors import KvprobeError
+    from kvprobe.probe.run import ProbeOptions, predict, run_probe
+    from kvprobe.report.console import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
+    from kvprobe.spec.expectation import load_expectations
+    from kvprobe.spec.launch import split_command
+    from kvprobe.tables import render_table
+
+    if args.budget is not None and not args.budget > 0:
+        raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
+    _check_bare_options(args)
+    tolerances = parse_tolerances(args.tolerance)
+    expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
+    if args.name:
+        expectations = [e for e in expectations if e.name == args.name]
+        if not expectations:
+            raise ConfigError(f"no expectation named {args.name!r}", file=args.expectation, key="name")
+    root = Path(args.artifacts)
+    results = []
+    for exp in expectations:
+        options = ProbeOptions(
+            artifacts_dir=root / exp.name if len(expectations) > 1 else root,
+            url=args.url,
+            engine_command=split_command(args.engine_command) if args.engine_command else None,
+            tolerances=tolerances,
+            budget_seconds=args.budget,
+            profile=args.profile if args.expectation is not None else None,  # bare: already in the expectation
+            log=lambda line: print(line, flush=True),
+        )
+        try:
+            print(predict(exp).render() + "\n", flush=True)  # the theory first: a person reads it while the ramp runs
+        except KvprobeError:
+            pass  # run_probe reports the same error as the probe's verdict
+        result = run_probe(exp, options)
+        if result.levels:
+            print(levels_table(result))
+            if getattr(result, "fleet", None):
+                from kvprobe.report.fleet import replica_table
+
+                print(replica_table(result))
+        print(verdict_table(result))
+        print(closing_line(result, options.artifacts_dir))
+        results.append(result)
+    if len(results) > 1:
+        print(render_table(SUMMARY_HEADERS, [summary_row(r) for r in results], title="kvprobe summary"))
+    sys.stdout.flush()
+    return exit_code([r.status for r in results])
+
+
+EXIT_CODES = {"passed": 0, "failed": 1, "error": 3}
+
+
+def exit_code(statuses: list[str]) -> int:
+    """A failed check wins (the engine disagrees, whatever else happened), then a probe that could
+    not measure; 0 only when every probe passed."""
+    for status in ("failed", "error"):
+        if status in statuses:
+            return EXIT_CODES[status]
+    return EXIT_CODES["passed"] if statuses else EXIT_CODES["error"]

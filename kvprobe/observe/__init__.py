@@ -1,0 +1,1 @@
+"""What the engine says while it runs: /metrics samples, its published configuration, single requests."""

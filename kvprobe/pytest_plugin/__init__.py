@@ -1,0 +1,1 @@
+"""The pytest face: options, collection of expectation files, one probe per expectation, fixtures."""

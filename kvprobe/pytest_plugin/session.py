@@ -1,0 +1,217 @@
+"""Run-level state of the pytest plugin: which files are expectations, one probe per expectation
+shared by its check items, the shared targets, the report header and the end-of-run table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvprobe.errors import KvprobeError
+
+SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
+
+
+class CheckFailed(Exception):
+    """A check's verdict was FAIL; its report is the ledger-versus-measurement table, not a traceback."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def _positive_seconds(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise pytest.UsageError(f"kvprobe: --kvprobe-budget / kvprobe_budget: expected seconds > 0, got {value!r}")
+    return seconds
+
+
+class KvprobeSession:
+    def __init__(self, config):
+        from kvprobe.pytest_plugin.plugin import get_option
+
+        self.config = config
+        self.enabled = bool(get_option(config, "kvprobe"))
+        root = Path(str(config.rootpath))
+        paths = get_option(config, "expectations") or ["expectations"]
+        self.expectation_paths = [(root / p).resolve() if not Path(p).is_absolute() else Path(p) for p in map(str, paths)]
+        self.artifacts = Path(get_option(config, "artifacts") or root / "artifacts" / "kvprobe")
+        self.url = get_option(config, "url")
+        self.engine_command = get_option(config, "engine-command")
+        self.budget = _positive_seconds(get_option(config, "budget"))
+        self.profile = get_option(config, "profile")
+        self.tolerances = get_option(config, "tolerance") or []
+        if self.enabled:
+            from kvprobe.cli.probe import parse_tolerances
+
+            try:  # a bad option is a one-line usage error now, not a failure in every probe later
+                parse_tolerances(self.tolerances)
+            except KvprobeError as err:
+                raise pytest.UsageError(f"kvprobe: {err}") from None
+        self.results: dict[str, object] = {}  # expectation name -> ProbeResult
+        self.targets: dict[tuple, object] = {}  # shared targets of the kvprobe_target fixture
+
+    # --- collection ---------------------------------------------------------------------------
+
+    def extend_args(self) -> None:
+        """Collect the expectation folders too when pytest was run without explicit paths."""
+        if self.config.args_source == pytest.Config.ArgsSource.ARGS:
+            return
+        for path in self.expectation_paths:
+            if path.exists() and str(path) not in self.config.args:
+                self.config.args.append(str(path))
+
+    def is_expectation_file(self, path: Path) -> bool:
+        path = Path(path).resolve()
+        explicit = {Path(a).resolve() for a in self.config.args if a.endswith((".yaml", ".yml"))}
+        return path in explicit or any(path == p or p in path.parents for p in self.expectation_paths)
+
+    # --- probes -------------------------------------------------------------------------------
+
+    def options(self, exp):
+        from kvprobe.cli.probe import parse_tolerances
+        from kvprobe.probe.run import ProbeOptions
+        from kvprobe.spec.launch import split_command
+
+        tw = self.config.get_terminal_writer() if hasattr(self.config, "get_terminal_writer") else None
+        return ProbeOptions(
+            artifacts_dir=self.artifacts / exp.name,
+            url=self.url,
+            engine_command=split_command(self.engine_command) if self.engine_command else None,
+            tolerances=parse_tolerances(self.tolerances),
+            budget_seconds=self.budget,
+            profile=self.profile,
+            log=(lambda line: tw.line(line)) if tw else (lambda line: None),
+        )
+
+    def result_for(self, exp):
+        """Run the expectation's probe once; every check item of it reads the same result."""
+        if exp.name not in self.results:
+            from kvprobe.probe.run import run_probe
+
+            self.results[exp.name] = run_probe(exp, self.options(exp))
+        return self.results[exp.name]
+
+    # --- reporting ----------------------------------------------------------------------------
+
+    def header_lines(self) -> list[str]:
+        if not self.enabled:
+            return ["kvprobe: probes collected but skipped (enable with --kvprobe)"]
+        lines = [f"kvprobe: artifacts {self.artifacts}; target {'attach ' + self.url if self.url else 'launch per expectation'}"]
+        from kvprobe.spec.expectation import load_expectations
+
+        for base in self.expectation_paths:
+            files = sorted(base.rglob("*.y*ml")) if base.is_dir() else [base] if base.exists() else []
+            for f in files:
+                try:
+                    for e in load_expectations(f):
+                        lines.append(f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}")
+                except KvprobeError:
+                    continue  # reported as a collection error with file and key
+        return lines
+
+    def summary_table(self) -> str:
+        if not self.results:
+            return ""
+        from kvprobe.report.console import SUMMARY_HEADERS, summary_row
+        from kvprobe.tables import render_table
+
+        rows = [summary_row(r) for r in self.results.values()]
+        return render_table(SUMMARY_HEADERS, rows)
+
+    def close(self) -> None:
+        for target in list(self.targets.values()):
+            target.stop()
+        self.targets.clear()
+
+
+class ExpectationFile(pytest.File):
+    """An expectations YAML file: one item per expectation and check."""
+
+    def collect(self):
+        from kvprobe.spec.expectation import load_expectations
+
+        for exp in load_expectations(self.path):
+            checks = list(exp.checks)
+            if exp.expect_fail and exp.expect_fail not in checks:
+                checks.append(exp.expect_fail)
+            for check in checks:
+                yield KvprobeItem.from_parent(self, name=f"{exp.name}[{check}]", expectation=exp, check=check)
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, KvprobeError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class KvprobeItem(pytest.Item):
+    def __init__(self, *, expectation, check, **kwargs):
+        super().__init__(**kwargs)
+        self.expectation = expectation
+        self.check = check
+        self.add_marker(pytest.mark.kvprobe)
+        disabled = getattr(expectation, "enabled", True) is False
+        if disabled:
+            self.add_marker(pytest.mark.skip(reason=f"{expectation.name}: disabled in its file (enabled: false)"))
+
+    def setup(self):
+        """The probe runs here, once per expectation. One that could not measure this check (the
+        engine unreachable or dead, the client saturated, no metrics, too few deep levels) is a
+        pytest *error* — a broken probe — never a failure, which means the engine disagrees."""
+        from kvprobe.report.console import verdict_table
+
+        session = self.config._kvprobe
+        result = session.result_for(self.expectation)
+        check = result.check(self.check)
+        for key, value in _properties(result, check):
+            self.user_properties.append((key, value))
+        if result.error or check is None or check.inconclusive:
+            why = result.error or (check.reason if check is not None else f"check {self.check} was not run")
+            pytest.fail(f"kvprobe could not measure {self.name}: {why}\n{verdict_table(result)}\n"
+                        f"{_artifact_lines(result)}", pytrace=False)
+
+    def runtest(self):
+        from kvprobe.report.console import verdict_table
+
+        result = self.config._kvprobe.result_for(self.expectation)
+        check = result.check(self.check)
+        expected_fail = self.expectation.expect_fail == self.check
+        ok = not check.passed if expected_fail else check.passed
+        if not ok:
+            lead = (f"fault expectation: check '{self.check}' should have FAILED but it passed\n"
+                    if expected_fail else "")
+            raise CheckFailed(f"{lead}{verdict_table(result)}\n{_artifact_lines(result)}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, 0, f"kvprobe {self.name}"
+
+
+def _artifact_lines(result) -> str:
+    return "artifacts:\n" + "\n".join(f"  {k}: {v}" for k, v in result.artifacts.items()
+                                       if not k.endswith("_error") and Path(v).is_file())
+
+
+def _properties(result, check):
+    """JUnit properties: predicted, reported and measured values, so CI dashboards can plot them."""
+    props = [("kvprobe_expectation", result.expectation.name), ("kvprobe_passed", result.passed),
+             ("kvprobe_probe_status", result.status)]
+    if check is not None:
+        props += [("kvprobe_check", check.name), ("kvprobe_predicted", check.predicted),
+                  ("kvprobe_reported", check.reported), ("kvprobe_measured", check.measured),
+                  ("kvprobe_uncertainty", check.uncertainty), ("kvprobe_binding", check.binding),
+                  ("kvprobe_measured_limit", check.diagnosis), ("kvprobe_status", check.status),
+                  ("kvprobe_reason", check.reason)]
+    if result.error:
+        props.append(("kvprobe_error", result.error))
+    return props

@@ -1,0 +1,1 @@
+"""The SGLang shadow: real `sglang.launch_server` with kvprobe's model-less plugin."""

@@ -1,0 +1,97 @@
+"""The SGLang 0.5.23 engine environment: the pinned CPU install, a torchvision stand-in, and the
+entry point through which SGLang loads kvprobe's plugin.
+
+Install (shared/reference/shadow-engines.md, measured 1-2 min with a warm pip cache, 2.5 GB):
+`pip install --no-deps -r pins/sglang-0.5.23.txt` (torch 2.13.0 CPU build, sglang, triton, and
+SGLang's pure-Python runtime set), then two steps written here:
+
+- `torchvision/`: `torchvision_standin.py` copied as the package (SGLang imports torchvision at
+  module level; no CPU wheel of it loads with this torch).
+- `kvprobe_shadow_sglang-<v>.dist-info`: a distribution with no code, only an entry point in the
+  group `sglang.srt.plugins` -> `kvprobe.targets.shadow.sglang.plugin:register`. SGLang's
+  `load_plugins()` finds it in every one of its processes. It acts only with KVPROBE_SHADOW=1,
+  and `kvprobe` itself is not installed in the environment: the shadow launch puts a folder
+  holding only the `kvprobe` package on PYTHONPATH (`launch.kvprobe_pythonpath`), so the
+  environment never depends on one checkout of kvprobe, and kvprobe's own dependencies never
+  shadow the engine's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from importlib import resources
+
+import kvprobe
+from kvprobe.targets.shadow import envs
+
+PLUGIN_GROUP = "sglang.srt.plugins"  # sglang/srt/plugins/__init__.py GENERAL_PLUGINS_GROUP (0.5.23)
+PLUGIN_NAME = "kvprobe_shadow"
+PLUGIN_TARGET = "kvprobe.targets.shadow.sglang.plugin:register"
+DIST_NAME = "kvprobe_shadow_sglang"
+
+
+def _standin_source() -> str:
+    return resources.files("kvprobe.targets.shadow.sglang").joinpath("torchvision_standin.py").read_text("utf-8")
+
+
+def write_torchvision_standin(env: envs.EngineEnv) -> None:
+    pkg = env.site_packages / "torchvision"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(_standin_source())
+
+
+def _dist_files(version: str) -> dict[str, str]:
+    info = f"{DIST_NAME}-{version}.dist-info"
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
+                    "Summary: kvprobe's SGLang shadow plugin (entry point only; acts with KVPROBE_SHADOW=1)\n",
+        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n",
+        "INSTALLER": "kvprobe\n",
+    }
+    # RECORD: one `path,hash,size` row per file; importlib.metadata reads it, and transformers'
+    # packages_distributions() fails on a malformed one (an empty line breaks `import transformers`).
+    files["RECORD"] = "".join(f"{info}/{name},,\n" for name in [*files, "RECORD"])
+    return {f"{info}/{name}": text for name, text in files.items()}
+
+
+_CHECK_ENTRY_POINT = f"""
+from importlib.metadata import entry_points
+found = [ep.value for ep in entry_points(group={PLUGIN_GROUP!r}) if ep.name == {PLUGIN_NAME!r}]
+assert found == [{PLUGIN_TARGET!r}], found
+"""
+
+
+def write_plugin_entry_point(env: envs.EngineEnv) -> None:
+    for old in env.site_packages.glob(f"{DIST_NAME}-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    for rel, text in _dist_files(kvprobe.__version__).items():
+        path = env.site_packages / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    out = subprocess.run([str(env.python), "-c", _CHECK_ENTRY_POINT], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise envs.EnvError(f"the {PLUGIN_GROUP} entry point is not visible in {env.root}: "
+                            + (out.stderr.strip().splitlines() or ["no output"])[-1])
+
+
+def _revision(*texts: str) -> str:
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+
+
+RECIPE = envs.Recipe(
+    engine="sglang", version="0.5.23", module="sglang",
+    steps=(
+        envs.Pip(pins="sglang-0.5.23.txt"),
+        envs.Call("torchvision stand-in", write_torchvision_standin, _revision(_standin_source())),
+        envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_plugin_entry_point,
+                  _revision(*_dist_files(kvprobe.__version__).values())),
+    ),
+    # the scheduler, the model runner the plugin hooks, the HTTP server, and a torchvision submodule
+    extra_checks=("sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner",
+                  "sglang.srt.entrypoints.http_server", "torchvision.transforms.v2.functional"),
+    notes="torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
+          "torchvision is kvprobe's stand-in",
+)

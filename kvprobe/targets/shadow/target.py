@@ -1,0 +1,61 @@
+"""`target: {launch: shadow}`: an expectation's shadow start, through the launcher that starts every
+engine (its own process group, the health deadline, the log tail on a failed start).
+
+The engine-specific part is `kvprobe.targets.shadow.<engine>_target`: `command(req, env)` builds the real
+server's command line, and an optional `parse_worker_log(text) -> dict` reads what kvprobe's
+worker/plugin said at start-up, which the probe records in its engine facts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from kvprobe.targets.launch import EngineFacts, Target
+from kvprobe.targets.shadow import launch
+from kvprobe.theory.sim.steptime import TimeModel
+
+_MAX_LOG_READ = 4 * 2**20
+
+
+def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowLaunch:
+    """The shadow start an expectation describes."""
+    from kvprobe.spec.expectation import served_name
+    from kvprobe.theory.model.geometry import load_model_config
+
+    config, _ = load_model_config(exp.model_config or exp.model, base_dir=exp.model_base_dir)
+    return launch.ShadowLaunch(
+        engine=exp.engine, version=exp.version, model=exp.model, config=config,
+        served_model_name=served_name(exp), flags=dict(exp.flags), host=host, port=port,
+        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, time_model=TimeModel(**exp.target.time_model),
+        extra_env=dict(exp.target.env), estimates=dict(exp.estimates), engine_args=tuple(exp.target.engine_args))
+
+
+class ShadowTarget(Target):
+    """A launched shadow engine: its facts also carry what kvprobe's code inside the engine said."""
+
+    def facts(self, *, refresh: bool = False, timeout: float = 5.0) -> EngineFacts:
+        facts = super().facts(refresh=refresh, timeout=timeout)
+        if facts.shadow is None:
+            facts.shadow = worker_report(self.engine, self.log_path)
+        return facts
+
+
+def worker_report(engine: str, log_path: str | None) -> dict:
+    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}_target")
+    parse = getattr(module, "parse_worker_log", None)
+    if parse is None or not log_path:
+        return {}
+    try:
+        with open(log_path, "rb") as fh:
+            return parse(fh.read(_MAX_LOG_READ).decode("utf-8", "replace"))
+    except OSError:
+        return {}
+
+
+def open_shadow(exp, *, port: int, log_path: Path) -> ShadowTarget:
+    """Start the shadow server for `exp` and wait until it is healthy (EnvError/ConfigError/TargetError
+    with one line, and the log tail for a failed start)."""
+    argv, environ = launch.command(launch_request(exp, port=port))
+    return ShadowTarget.launch(argv, engine=exp.engine, port=port, log_path=str(log_path),
+                               startup_timeout=exp.target.startup_timeout, env=environ)

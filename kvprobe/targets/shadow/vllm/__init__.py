@@ -1,0 +1,1 @@
+"""The vLLM shadow: real `vllm serve` with kvprobe's model-less worker."""

@@ -1,0 +1,112 @@
+"""The vLLM shadow target's command: the real `vllm serve` of an engine environment, with kvprobe's
+model-less worker (`--worker-cls`), the model folder and the expectation's flags.
+
+Everything a CUDA GPU would decide differently from vLLM's CPU platform is made explicit here, so
+that the real scheduler runs with the limits a GPU deployment would have
+(shared/reference/shadow-engines.md, "What the CPU platform changes"):
+
+* `--max-num-seqs` / `--max-num-batched-tokens`: the CPU platform defaults to 128 / 2048
+  (engine/arg_utils.py `get_batch_defaults`); when the flags leave them out, the GPU's defaults
+  for the declared memory are passed, the same numbers kvprobe's ledger uses;
+* async scheduling, and the block size of an MLA model: the CPU platform overwrites them before
+  the worker runs, so the worker is told what was asked (`vllm_settings.WorkerSettings`);
+* the KV pool: a GPU profiles it; the worker is told the declared GPU memory and the ledger's
+  estimates, or vLLM's own pool flags decide (`--kv-cache-memory-bytes`,
+  `--num-gpu-blocks-override`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from kvprobe.engines import vllm as dialect
+from kvprobe.errors import ConfigError
+from kvprobe.targets.shadow import modeldir
+from kvprobe.targets.shadow.envs import EngineEnv
+from kvprobe.targets.shadow.launch import kvprobe_pythonpath
+from kvprobe.targets.shadow.vllm.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings
+from kvprobe.theory import budget
+from kvprobe.theory.model.geometry import geometry_from_config
+
+POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
+PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
+# platforms/cpu.py L340-344: a set VLLM_CPU_KVCACHE_SPACE (GiB) replaces kv_cache_memory_bytes, even
+# --kv-cache-memory-bytes; envs.py L896-900 refuses an empty value, so it cannot be cleared, only refused.
+CPU_POOL_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
+    """The refusals that need no engine: one line each, before anything starts."""
+    if CPU_POOL_ENV in environ:
+        raise ConfigError(f"unset {CPU_POOL_ENV}: vLLM's CPU platform would size the shadow pool from it "
+                          "instead of the flags and the declared GPU", key=CPU_POOL_ENV)
+    for name in PARALLEL_FLAGS:
+        value = flags.get(name)
+        if value not in (None, 1, "1"):
+            raise ConfigError(f"the vLLM shadow target runs one model-less worker; {name} must be 1, got {value}",
+                              key=f"flags.{name}")
+    if gpu_memory_bytes is None and not any(flags.get(f) is not None for f in POOL_FLAGS):
+        raise ConfigError("the vLLM shadow target has no GPU to profile: declare hardware.gpu_memory "
+                          "(console: --gpu-memory), or give flags.kv-cache-memory-bytes or "
+                          "flags.num-gpu-blocks-override", key="hardware.gpu_memory")
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None) -> dict[str, int]:
+    """max-num-seqs / max-num-batched-tokens as `vllm serve` picks them on the declared GPU, for the
+    ones the flags leave out (the ledger's `_build_vllm` does the same)."""
+    mml = _int(flags.get("max-model-len"))
+    max_len = mml if mml and mml > 0 else geometry_from_config(config).max_position_embeddings
+    seqs, tokens = budget.vllm_batch_defaults(gpu_memory_bytes, max_len)
+    seqs = _int(flags.get("max-num-seqs")) or seqs
+    tokens = _int(flags.get("max-num-batched-tokens")) or min(tokens, seqs * max_len)
+    out = {}
+    if flags.get("max-num-seqs") is None:
+        out["max-num-seqs"] = seqs
+    if flags.get("max-num-batched-tokens") is None:
+        out["max-num-batched-tokens"] = tokens
+    return out
+
+
+def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
+                    version: str = dialect.DEFAULT_VERSION) -> WorkerSettings:
+    """What the worker must put back or size by: from the flags as written (a bare switch is True,
+    `--no-x` is False, absent is vLLM's default on a CUDA GPU for this version, as the ledger takes it)."""
+    prefix = flags.get("enable-prefix-caching")
+    asked = flags.get("async-scheduling")
+    return WorkerSettings(async_scheduling=dialect.async_scheduling_default(version) if asked is None else bool(asked),
+                          block_size=_int(flags.get("block-size")),
+                          chunked_prefill=flags.get("enable-chunked-prefill") is not False,
+                          prefix_caching=None if prefix is None else bool(prefix),
+                          max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
+                          mamba_ssm_cache_dtype=str(flags.get("mamba-ssm-cache-dtype") or "auto"),
+                          gpu_memory_bytes=gpu_memory_bytes,
+                          estimates={k: int(v) for k, v in (estimates or {}).items()})
+
+
+def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
+    """`vllm serve FOLDER --worker-cls ... --served-model-name NAME [flags]` and its environment
+    (kvprobe.targets.shadow.launch adds KVPROBE_SHADOW, the time model and the dialect's SHADOW_ENV)."""
+    flags = dict(req.flags)
+    check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
+    folder = modeldir.model_folder(req.model, req.config, env)
+    flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes))
+    argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
+                                  binary=[str(env.bin("vllm")), "serve"])
+    argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS]
+    settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode()}
+    return argv, environ
+
+
+def parse_worker_log(text: str) -> dict:
+    """What the worker said at start-up: the scheduler it ran, async scheduling, how the pool was sized."""
+    from kvprobe.targets.shadow.vllm.settings import parse_worker_lines
+
+    return parse_worker_lines(text)

@@ -1,0 +1,1 @@
+"""The capacity ledger: every figure of one engine configuration, built, then rendered as text."""

@@ -1,0 +1,143 @@
+"""The parameter groups of a decoder model (`WeightPart`s) from its config.json: attention, DSA
+indexer, dense and MoE MLPs, as the engines shard them (geometry.py sums them per rank).
+
+fp8 block-quantised checkpoints count one byte per linear weight plus an fp32 scale per block;
+MXFP4 checkpoints (gpt-oss) count their experts as `mxfp4.py` lays them out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvprobe.theory.model.mxfp4 import expert_tensor_bytes
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    """One group of parameters: how many, their bytes, and how TP/PP distribute them."""
+
+    name: str
+    params: int  # per layer for layer parts
+    nbytes: int  # per layer for layer parts, including fp8 block scales
+    shard: str  # "tp" (split by TP), "replicated", "kv" (KV heads: max(1, kv//tp) of kv)
+    layers: tuple[int, ...] = ()  # layer indices holding it; empty = a model-level part
+    stage: str = "layer"  # "first" (embeddings), "last" (final norm, lm_head) or "layer"
+    # Parts whose bytes on a rank are an engine fact (weight_bytes(engine=)): "mxfp4_w13"/"mxfp4_w2"
+    # (MXFP4 experts, dims = (experts, hidden, intermediate)), "sinks" (gpt-oss attention sinks).
+    special: str = ""
+    dims: tuple[int, ...] = ()
+
+
+def dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
+    """Layers with a dense MLP; the rest are MoE (DeepSeek/GLM: first_k_dense_replace, moe_layer_freq)."""
+    if not (cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")):
+        return set(range(num_layers))
+    types = cfg.get("mlp_layer_types")
+    if isinstance(types, list) and len(types) == num_layers:
+        return {i for i, t in enumerate(types) if t == "dense"}
+    first_k = cfg.get("first_k_dense_replace") or 0
+    freq = cfg.get("moe_layer_freq") or 1
+    return {i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0}
+
+
+class Parts:
+    """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
+
+    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None, mxfp4: bool = False):
+        self.dtype_bytes, self.fp8, self.block, self.mxfp4 = dtype_bytes, fp8, block, mxfp4
+        self.parts: list[WeightPart] = []
+
+    def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
+        params = out_f * in_f
+        if self.fp8 and quantizable:
+            nbytes = params  # one byte per weight, plus one fp32 scale per weight block
+            if self.block:
+                nbytes += math.ceil(out_f / self.block[0]) * math.ceil(in_f / self.block[1]) * 4
+        else:
+            nbytes = params * self.dtype_bytes
+        if bias:
+            params += out_f
+            nbytes += out_f * self.dtype_bytes
+        self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers)))
+
+    def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None, special=""):
+        nb = params * self.dtype_bytes if nbytes is None else nbytes
+        self.parts.append(WeightPart(name, params, nb, shard, tuple(layers), stage, special))
+
+    def mxfp4_experts(self, kind, name, experts, hidden, inter, layers, *, bias):
+        """MXFP4 experts at the checkpoint's bytes (mxfp4.py); engines pad them (weight_bytes)."""
+        rows, cols = (2 * inter, hidden) if kind == "w13" else (hidden, inter)
+        params = experts * rows * (cols + (1 if bias else 0))
+        nbytes = expert_tensor_bytes(kind, experts, hidden, inter, bias=bias)
+        self.parts.append(WeightPart(name, params, nbytes, "tp", tuple(layers), "layer", f"mxfp4_{kind}",
+                                     (experts, hidden, inter)))
+
+
+def attention_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
+    h, heads = g["hidden"], g["heads"]
+    if g["attention"] == "mla":
+        r, rope, nope, v = g["kv_lora_rank"], g["rope"], g["nope"], g["v_head_dim"]
+        q_lora = cfg.get("q_lora_rank")
+        if q_lora:  # DeepSeek-V3 q path: q_a (replicated) -> norm -> q_b (column parallel)
+            p.linear("q_a_proj", q_lora, h, "replicated", layers)
+            p.plain("q_a_layernorm", q_lora, "replicated", layers)
+            p.linear("q_b_proj", heads * (nope + rope), q_lora, "tp", layers)
+        else:
+            p.linear("q_proj", heads * (nope + rope), h, "tp", layers)
+        p.linear("kv_a_proj_with_mqa", r + rope, h, "replicated", layers)
+        p.plain("kv_a_layernorm", r, "replicated", layers)
+        p.linear("kv_b_proj", heads * (nope + v), r, "tp", layers)
+        p.linear("o_proj", h, heads * v, "tp", layers)
+        return
+    kv, hd = g["kv_heads"], g["head_dim"]
+    qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe")
+    p.linear("q_proj", heads * hd, h, "tp", layers, bias=qkv_bias)
+    p.linear("k_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
+    p.linear("v_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
+    p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")))
+    if g["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm on q and k
+        p.plain("q_norm+k_norm", 2 * hd, "replicated", layers)
+    if g["model_type"] == "gpt_oss":  # one learned sink logit per head (vLLM gpt_oss.py L131)
+        p.plain("self_attn.sinks", heads, "tp", layers, special="sinks")
+
+
+def indexer_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None:
+    """DSA lightning indexer (DeepSeek-V3.2 / GLM-5 style): wq_b, wk, k_norm, weights_proj."""
+    if not layers:
+        return
+    d, n = cfg["index_head_dim"], cfg.get("index_n_heads") or 64
+    q_in = cfg.get("q_lora_rank") or g["hidden"]
+    p.linear("indexer.wq_b", n * d, q_in, "replicated", layers)
+    p.linear("indexer.wk", d, g["hidden"], "replicated", layers)
+    p.plain("indexer.k_norm", 2 * d, "replicated", layers)
+    p.linear("indexer.weights_proj", n, g["hidden"], "replicated", layers, quantizable=False)
+
+
+def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[int, ...]) -> None:
+    h = g["hidden"]
+    inter = cfg.get("intermediate_size") or 4 * h
+    bias = bool(cfg.get("mlp_bias"))
+    if dense:
+        p.linear("mlp.gate_up_proj", 2 * inter, h, "tp", dense, bias=bias)
+        p.linear("mlp.down_proj", h, inter, "tp", dense, bias=bias)
+    if not moe:
+        return
+    n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
+    mi = cfg.get("moe_intermediate_size") or inter
+    # gpt-oss: experts and router carry biases (vLLM 0.33.0 models/gpt_oss.py L385, L399)
+    gpt_oss = g["model_type"] == "gpt_oss"
+    if p.mxfp4:
+        p.mxfp4_experts("w13", "experts.gate_up_proj", n_routed, h, mi, moe, bias=gpt_oss)
+        p.mxfp4_experts("w2", "experts.down_proj", n_routed, h, mi, moe, bias=gpt_oss)
+    else:
+        p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
+        p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
+    shared = cfg.get("n_shared_experts") or 0
+    if shared:
+        p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
+        p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
+    # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
+    p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
+    if cfg.get("topk_method") == "noaux_tc":
+        p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)

@@ -1,0 +1,1 @@
+"""SGLang's theory: its memory budget, pools, schedule policy and scheduler, per release."""

@@ -1,0 +1,1 @@
+"""What every simulated scheduler shares: requests, steps, pools' footprints, the step-time model."""

@@ -1,0 +1,1 @@
+"""vLLM's theory: its memory budget, block pool, scheduler and admission, per release."""
