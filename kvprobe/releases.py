@@ -1,0 +1,36 @@
+"""The engines kvprobe knows and the releases of each it has read: names, default versions and the
+version arithmetic every stage shares. A leaf: the theory, the dialects, the targets and the faces
+all read these from here, so the default release is written once.
+
+The *rules* of a release (its admission policy, its budget defaults) live with the engine's theory
+(`kvprobe/theory/vllm/releases.py`, `kvprobe/theory/sglang/releases.py`); the wire facts of a
+release (log lines, metric names, error bodies) live in its dialect (`kvprobe/engines/`).
+"""
+
+from __future__ import annotations
+
+import re
+
+VLLM = "vllm"
+SGLANG = "sglang"
+ENGINES = (VLLM, SGLANG)
+
+# The release each engine's facts are written for; a probe or ledger without a version takes it.
+DEFAULT_VERSIONS = {VLLM: "0.33.0", SGLANG: "0.5.23"}
+VLLM_DEFAULT_VERSION = DEFAULT_VERSIONS[VLLM]
+SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
+
+# Releases whose facts kvprobe holds: vLLM 0.33.0 throughout, 0.11.0 and 0.9.2 where they differ
+# (two-line capacity log, first-chunk admission, error bodies, gauge names); SGLang 0.5.23, and
+# 0.5.21/0.5.22 where the ignore_eos reservation differs.
+KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.11.0", "0.33.0"), SGLANG: ("0.5.21", "0.5.22", "0.5.23")}
+
+
+def normalize_version(version: str) -> str:
+    """`0.33.0+cu128` -> `0.33.0`, `v0.5.23` -> `0.5.23`: a build label or a `v` does not change the code."""
+    return str(version).strip().lstrip("vV").split("+", 1)[0]
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string, at most three parts: `0.11.1rc2` -> (0, 11, 1)."""
+    return tuple(int(p) for p in re.findall(r"\d+", normalize_version(version))[:3])
