@@ -11,7 +11,7 @@ with kvprobe's plugin taking the model out (`sglang_plugin.py`).
   `--chunked-prefill-size` (4096 on a CPU; a GPU picks by its memory) and, with a declared GPU,
   `--mem-fraction-static` (0.716 on a CPU; a GPU's by SGLang's formula) get the values kvprobe's
   ledger uses, unless the expectation sets them; and always the dialect's SHADOW_FLAGS
-  (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang.py says why).
+  (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang/flags.py says why).
 - the pool: with `--max-total-tokens` SGLang's own configurator sizes it; with a declared GPU the
   plugin hands SGLang that GPU's KV budget (the ledger's weights, SGLang's resolved fraction).
 - the memory check: SGLang allocates its KV pool and request table as real buffers, so they must
