@@ -11,8 +11,7 @@ from kvprobe.engines.sglang.metrics import DECODE_LOG_INTERVAL
 from kvprobe.engines.sglang.versions import NAME
 from kvprobe.errors import ConfigError
 
-# --- running the real server on a CPU with kvprobe's plugin (shared/reference/shadow-engines.md,
-# verified with 0.5.23): no hub, no telemetry. When a member of the group dies (a stop sends SIGTERM
+# --- running the real server on a CPU with kvprobe's plugin (verified with 0.5.23): no hub, no telemetry. When a member of the group dies (a stop sends SIGTERM
 # to all of them), the tokenizer manager sleeps 5 s "to let GPU activity settle" before py-spy and
 # CUDA coredump diagnostics (managers/tokenizer_manager.py L3395-3486; environ.py L401-402): there is
 # no GPU and no py-spy here, so both are off and a stop takes ~1 s instead of ~7.

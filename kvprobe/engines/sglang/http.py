@@ -51,7 +51,7 @@ def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | N
     return body
 
 
-# --- errors (fixtures/errors.md, SGLang part)
+# --- errors (as a real 0.5.23 server answers them)
 def error_body(message: str, *, type: str = "BadRequestError", code: int = 400) -> dict:
     """/v1/completions: flat ErrorResponse (openai/serving_base.py create_error_response L205-221)."""
     return {"object": "error", "message": message, "type": type, "param": None, "code": code}

@@ -15,7 +15,7 @@ def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:
 
 
 def resolve_max_running_requests(max_total_num_tokens: int, context_len: int, user_value: int | None) -> int:
-    """resolve_max_num_reqs (kv_cache_configurator.py, reference §1.4); theory owns it."""
+    """resolve_max_num_reqs (mem_cache/kv_cache_configurator.py); theory owns it."""
     from kvprobe.theory.budget import sglang_default_max_running_requests
 
     return sglang_default_max_running_requests(max_total_num_tokens, context_len, user_value)

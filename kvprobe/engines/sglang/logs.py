@@ -11,7 +11,7 @@ from kvprobe.engines.base import ReportedCapacity
 
 # Retraction (check_decode_mem fails -> retract_decode): a WARNING line per retraction, and the labelled
 # counter sglang:num_retracted_requests_total, which does not exist before the first retraction —
-# absent is neither an error nor a zero (scheduler.py L4520-4530; shadow-engines.md "Metrics to know").
+# absent is neither an error nor a zero (scheduler.py L4520-4530).
 RETRACT_LOG = "KV cache pool is full. Retract requests."
 # SGLang's own pool check whenever the scheduler is idle (scheduler.py on_idle L5281-5307,
 # invariant_checker.py L452-459 `_report_leak`): strict by default (environ.py L502
@@ -79,7 +79,7 @@ def _opt_int(rest: str, key: str) -> int | None:
 
 
 def parse_startup_log(text: str) -> ReportedCapacity:
-    """Capacity line of every format seen (fixtures/sglang-startup-real-quotes.log): chunked_prefill_size,
+    """Capacity line of every format seen in real logs: chunked_prefill_size,
     max_running_requests and available_*_mem optional; optional timestamp/rank prefix. Last line wins."""
     values: dict[str, object] = {}
     src: dict[str, str] = {}

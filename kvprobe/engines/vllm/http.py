@@ -65,7 +65,7 @@ def error_body(message: str, *, type: str = "BadRequestError", param: str | None
 def check_lengths(prompt_len: int, max_tokens: int, min_tokens: int, max_model_len: int, *,
                   text_prompt: bool = False, version: str = DEFAULT_VERSION) -> tuple[int, dict | None]:
     """-> (effective max_tokens, error body or None). Order of completion/serving.py `_create_completion`
-    L131-200 (0.33.0); messages as run in fixtures/errors.md."""
+    L131-200 (0.33.0); messages as a real 0.33.0 server answers them."""
     m = max_model_len
 
     def err(msg, param=None, value=None):
@@ -111,7 +111,7 @@ MIN_TOKENS_NEGATIVE = "min_tokens must be greater than or equal to 0, got {}."  
 STREAM_OPTIONS_ERROR = "Stream options can only be defined when `stream=True`."  # completion/protocol.py L599-610
 
 
-# --- response shapes (completion/serving.py; non-stream body as run in fixtures/errors.md §4)
+# --- response shapes (completion/serving.py; non-stream body as a real 0.33.0 server answers)
 def stream_chunk(rid: str, created: int, model: str, text: str, finish_reason: str | None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,

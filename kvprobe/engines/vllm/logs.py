@@ -20,7 +20,7 @@ def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tu
 
 def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int | None = None) -> str:
     """vllm.logger _FORMAT: `(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s
-    [%(fileinfo)s:%(lineno)d] ` with date format `%m-%d %H:%M:%S` (fixtures/vllm-0.33.0-startup.md)."""
+    [%(fileinfo)s:%(lineno)d] ` with date format `%m-%d %H:%M:%S` (vllm/logger.py, 0.33.0)."""
     stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t))
     return f"({process} pid={pid if pid is not None else os.getpid()}) INFO {stamp} [{fileinfo}] "
 

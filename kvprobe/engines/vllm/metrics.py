@@ -29,7 +29,7 @@ METRICS = MetricMap(
 WAITING_REASONS = ("capacity", "deferred")  # loggers.py L548
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # pre-created at 0, L808-819
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
-# v1/metrics/buckets.py (0.33.0), as exposed in fixtures/vllm-0.33.0-metrics.txt
+# v1/metrics/buckets.py (0.33.0), as a real 0.33.0 server exposes them
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,

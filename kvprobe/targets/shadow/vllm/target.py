@@ -3,13 +3,13 @@ model-less worker (`--worker-cls`), the model folder and the expectation's flags
 
 Everything a CUDA GPU would decide differently from vLLM's CPU platform is made explicit here, so
 that the real scheduler runs with the limits a GPU deployment would have
-(shared/reference/shadow-engines.md, "What the CPU platform changes"):
+(what vLLM's CPU platform changes, platforms/cpu.py `check_and_update_config`):
 
 * `--max-num-seqs` / `--max-num-batched-tokens`: the CPU platform defaults to 128 / 2048
   (engine/arg_utils.py `get_batch_defaults`); when the flags leave them out, the GPU's defaults
   for the declared memory are passed, the same numbers kvprobe's ledger uses;
 * async scheduling, and the block size of an MLA model: the CPU platform overwrites them before
-  the worker runs, so the worker is told what was asked (`vllm_settings.WorkerSettings`);
+  the worker runs, so the worker is told what was asked (`kvprobe.targets.shadow.settings.WorkerSettings`);
 * the KV pool: a GPU profiles it; the worker is told the declared GPU memory and the ledger's
   estimates, or vLLM's own pool flags decide (`--kv-cache-memory-bytes`,
   `--num-gpu-blocks-override`).
@@ -23,8 +23,8 @@ from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
-from kvprobe.targets.shadow.launch import kvprobe_pythonpath
-from kvprobe.targets.shadow.vllm.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings
+from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
+from kvprobe.targets.shadow.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
 from kvprobe.theory import budget
 from kvprobe.theory.model.geometry import geometry_from_config
 
@@ -92,7 +92,7 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
 
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     """`vllm serve FOLDER --worker-cls ... --served-model-name NAME [flags]` and its environment
-    (kvprobe.targets.shadow.launch adds KVPROBE_SHADOW, the time model and the dialect's SHADOW_ENV)."""
+    (kvprobe.targets.shadow.launch adds settings.ACTIVE_ENV, the time model and the dialect's SHADOW_ENV)."""
     flags = dict(req.flags)
     check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
     folder = modeldir.model_folder(req.model, req.config, env)
@@ -107,6 +107,4 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
 
 def parse_worker_log(text: str) -> dict:
     """What the worker said at start-up: the scheduler it ran, async scheduling, how the pool was sized."""
-    from kvprobe.targets.shadow.vllm.settings import parse_worker_lines
-
     return parse_worker_lines(text)
