@@ -14,7 +14,14 @@ HEALTH_PATH = "/health"
 # request itself, scheduler.py L2240-2247) — too slow to poll. /ready answers from the tokenizer
 # manager's state at once (http_server.py L714-718).
 ALIVE_PATH = "/ready"
-INFO_PATHS = ("/server_info", "/v1/models")
+MODELS_PATH = "/v1/models"  # http_server.py L1993-2022
+METRICS_PATH = "/metrics"  # with --enable-metrics, on the API port
+# http_server.py L853-892 and L802-850; the `get_` forms are deprecated but still served
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+MODEL_INFO_PATHS = ("/model_info", "/get_model_info")
+GENERATE_PATH = "/generate"  # the native API
+HEALTH_GENERATE_PATH = "/health_generate"  # the same handler as /health (http_server.py L721-799)
+INFO_PATHS = (SERVER_INFO_PATHS[0], MODELS_PATH)
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/http_server.py L1860-1867
 
 

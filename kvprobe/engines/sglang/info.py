@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.engines.sglang.flags import FLAGS
+from kvprobe.engines.sglang.http import MODELS_PATH, SERVER_INFO_PATHS
 
 
 def _published_flags(body: dict) -> dict[str, object]:
@@ -24,7 +25,7 @@ def _published_flags(body: dict) -> dict[str, object]:
 
 
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:
-    if path == "/v1/models":
+    if path == MODELS_PATH:
         # http_server.py L1993-2022: id = root = the served name, max_model_len = context_len
         data = (body.get("data") or [{}])[0]
         out = {"max_model_len": data.get("max_model_len"), "served_model_name": data.get("id")}
@@ -32,7 +33,7 @@ def reported_from_info(path: str, body: dict) -> ReportedCapacity:
         flags = {"context-length": out["max_model_len"]} if "max_model_len" in out else {}
         return ReportedCapacity(**out, flags=flags, sources={**{k: path for k in out},
                                                              **{f"flags.{k}": path for k in flags}})
-    if path in ("/server_info", "/get_server_info"):
+    if path in SERVER_INFO_PATHS:
         states = body.get("internal_states") or [{}]
         cps = body.get("chunked_prefill_size")
         out = {"kv_tokens": body.get("max_total_num_tokens"), "max_req_input_len": body.get("max_req_input_len"),

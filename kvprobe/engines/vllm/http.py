@@ -9,10 +9,15 @@ from kvprobe.releases import version_tuple
 
 DEFAULT_PORT = 8000  # entrypoints/common/cli_args.py L293-296
 HEALTH_PATH = "/health"  # 200, empty body; 503 when the engine is dead (serve/instrumentator/health.py L22-33)
-INFO_PATHS = ("/v1/models", "/version")
+MODELS_PATH = "/v1/models"  # openai/models/serving.py show_available_models L64-77
+VERSION_PATH = "/version"  # {"version": "0.33.0"} (serve/instrumentator/basic.py L53-56)
+LOAD_PATH = "/load"  # {"server_load": n}: in-flight HTTP requests on the generation routes
+METRICS_PATH = "/metrics"  # Prometheus text (serve/instrumentator/metrics.py attach_router L56-81)
 # With VLLM_SERVER_DEV_MODE=1 the server mounts /server_info (entrypoints/launchers/api_server/routers.py
 # L46-49; serve/dev/server_info/api_router.py L43-60): the whole VllmConfig, scheduler limits included.
-OPTIONAL_INFO_PATHS = ("/server_info?config_format=json",)
+SERVER_INFO_PATH = "/server_info"
+INFO_PATHS = (MODELS_PATH, VERSION_PATH)
+OPTIONAL_INFO_PATHS = (SERVER_INFO_PATH + "?config_format=json",)
 COMPLETIONS_PATH = "/v1/completions"  # entrypoints/openai/completion/api_router.py
 
 

@@ -4,6 +4,7 @@ into a ReportedCapacity; and the dev-mode body the emulator serves."""
 from __future__ import annotations
 
 from kvprobe.engines.base import ReportedCapacity
+from kvprobe.engines.vllm.http import MODELS_PATH, SERVER_INFO_PATH, VERSION_PATH
 
 # Dev-mode /server_info?config_format=json: VllmConfig sections -> {field: flag}. The section fields
 # are the EngineArgs the flags set (engine/arg_utils.py create_engine_config, 0.33.0); checked
@@ -81,7 +82,7 @@ def _from_server_info(body: dict, path: str) -> ReportedCapacity:
 
 
 def reported_from_info(path: str, body: dict) -> ReportedCapacity:
-    if path == "/v1/models":
+    if path == MODELS_PATH:
         # openai/models/serving.py show_available_models L64-77: id = the served name, root = the
         # model path, max_model_len = ModelConfig.max_model_len (the auto-fitted value included).
         data = (body.get("data") or [{}])[0]
@@ -91,9 +92,9 @@ def reported_from_info(path: str, body: dict) -> ReportedCapacity:
         flags = {"max-model-len": out["max_model_len"]} if "max_model_len" in out else {}
         return ReportedCapacity(**out, flags=flags, sources={**{k: path for k in out},
                                                              **{f"flags.{k}": path for k in flags}})
-    if path == "/version":
+    if path == VERSION_PATH:
         v = body.get("version")
-        return ReportedCapacity(version=v, sources={"version": "/version"} if v else {})
-    if path.startswith("/server_info"):
-        return _from_server_info(body, "/server_info")
+        return ReportedCapacity(version=v, sources={"version": VERSION_PATH} if v else {})
+    if path.startswith(SERVER_INFO_PATH):
+        return _from_server_info(body, SERVER_INFO_PATH)
     return ReportedCapacity()
