@@ -96,6 +96,9 @@ TOKEN_BUDGET_FLAG = "chunked-prefill-size"
 
 
 # --- commands
+LAUNCH_MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
+
+
 def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
                    binary: list[str] | None = None, served_model_name: str | None = None) -> list[str]:
     """`python -m sglang.launch_server --model-path MODEL --host H --port P [--served-model-name NAME] ...`
@@ -104,7 +107,7 @@ def launch_command(model: str, flags: dict[str, object], *, host: str, port: int
     flags = dict(flags)
     if served_model_name and served_model_name != model:
         flags["served-model-name"] = served_model_name
-    return [*(binary or ["python", "-m", "sglang.launch_server"]), "--model-path", model, "--host", host,
+    return [*(binary or ["python", "-m", LAUNCH_MODULE]), "--model-path", model, "--host", host,
             "--port", str(port), *render_flags(flags, FLAGS)]
 
 

@@ -17,6 +17,7 @@ where they matter; every fact carries the vLLM source file (and line) it comes f
 from __future__ import annotations
 
 from kvprobe.engines.vllm.flags import (
+    CPU_POOL_ENV,
     FLAG_ALIASES,
     FLAGS,
     OTHER_FLAGS,
@@ -105,11 +106,11 @@ from kvprobe.engines.vllm.versions import (
 
 __all__ = [
     "NAME", "DEFAULT_VERSION", "KNOWN_VERSIONS", "is_legacy", "policy", "async_scheduling_default", "FLAGS",
-    "OTHER_FLAGS", "FLAG_ALIASES", "SHADOW_ENV", "REQUEST_CAP_FLAG", "TOKEN_BUDGET_FLAG", "launch_command",
-    "emulator_command", "DEFAULT_PORT", "HEALTH_PATH", "MODELS_PATH", "VERSION_PATH", "LOAD_PATH",
-    "METRICS_PATH", "SERVER_INFO_PATH", "INFO_PATHS", "OPTIONAL_INFO_PATHS", "COMPLETIONS_PATH", "API_KEY_ENV",
-    "AUTH_GUARDED_PREFIXES", "UNAUTHORIZED_STATUS", "UNAUTHORIZED_BODY", "auth_required", "bearer_token",
-    "completion_body", "error_body", "check_lengths", "unknown_model_error", "bad_request",
+    "OTHER_FLAGS", "FLAG_ALIASES", "SHADOW_ENV", "CPU_POOL_ENV", "REQUEST_CAP_FLAG", "TOKEN_BUDGET_FLAG",
+    "launch_command", "emulator_command", "DEFAULT_PORT", "HEALTH_PATH", "MODELS_PATH", "VERSION_PATH",
+    "LOAD_PATH", "METRICS_PATH", "SERVER_INFO_PATH", "INFO_PATHS", "OPTIONAL_INFO_PATHS", "COMPLETIONS_PATH",
+    "API_KEY_ENV", "AUTH_GUARDED_PREFIXES", "UNAUTHORIZED_STATUS", "UNAUTHORIZED_BODY", "auth_required",
+    "bearer_token", "completion_body", "error_body", "check_lengths", "unknown_model_error", "bad_request",
     "MIN_TOKENS_NEGATIVE", "STREAM_OPTIONS_ERROR", "stream_chunk", "usage", "usage_chunk",
     "completion_response", "models_body", "FIRST_TOKEN_LEAD_STEPS", "length_limit", "capacity_numbers",
     "log_prefix", "capacity_lines", "startup_lines", "serving_line", "startup_refusal", "STARTUP_FAILED",

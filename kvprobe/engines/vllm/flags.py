@@ -71,6 +71,9 @@ SHADOW_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+# platforms/cpu.py L340-344: a set VLLM_CPU_KVCACHE_SPACE (GiB) replaces kv_cache_memory_bytes, even
+# --kv-cache-memory-bytes; envs.py L896-900 refuses an empty value, so it cannot be cleared, only refused.
+CPU_POOL_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 REQUEST_CAP_FLAG = "max-num-seqs"  # engine/arg_utils.py L1754; scheduler.py caps len(running) by it

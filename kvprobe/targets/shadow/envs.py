@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.procgroup import stop_group
-from kvprobe.releases import VLLM, VLLM_DEFAULT_VERSION, version_tuple
+from kvprobe.releases import ENGINES, VLLM, VLLM_DEFAULT_VERSION, version_tuple
 
 CACHE_ENV = "KVPROBE_CACHE"
 MARKER = "kvprobe-env.json"
@@ -335,7 +336,5 @@ def check(env: EngineEnv, rec: Recipe, *, deadline: float | None = None) -> str:
 def shadow_import_env(engine: str) -> dict[str, str]:
     """The environment an engine needs to import and run on a CPU (a dialect fact; none for an
     engine kvprobe has no dialect of, such as the tests' stand-in)."""
-    from kvprobe.engines import ENGINES, get_dialect
-
     return dict(get_dialect(engine).SHADOW_ENV) if engine in ENGINES else {}
 

@@ -33,7 +33,6 @@ from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.model.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
 from kvprobe.units import format_bytes, parse_count
 
-MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
 # RSS of SGLang 0.5.23's processes besides the KV pool, measured here (Llama-3.1-8B config, idle):
 # launcher 0.75 GB, scheduler 0.9 GB + the pool, detokenizer 0.73 GB, resource tracker 0.01 GB.
 PROCESS_BYTES = int(2.5 * 2**30)
@@ -127,7 +126,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
         environ[GPU_FREE_ENV] = str(free)
     port = "{port}" if not req.port else req.port  # {port}: the launcher picks a free one
     argv = dialect.launch_command(model_arg, launch_flags, host=req.host, port=port,
-                                  binary=[str(env.python), "-m", MODULE],
+                                  binary=[str(env.python), "-m", dialect.LAUNCH_MODULE],
                                   served_model_name=str(flags.get("served-model-name") or req.served_model_name))
     return argv, environ
 

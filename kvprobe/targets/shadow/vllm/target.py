@@ -30,16 +30,13 @@ from kvprobe.theory.model.geometry import geometry_from_config
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
-# platforms/cpu.py L340-344: a set VLLM_CPU_KVCACHE_SPACE (GiB) replaces kv_cache_memory_bytes, even
-# --kv-cache-memory-bytes; envs.py L896-900 refuses an empty value, so it cannot be cleared, only refused.
-CPU_POOL_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
     """The refusals that need no engine: one line each, before anything starts."""
-    if CPU_POOL_ENV in environ:
-        raise ConfigError(f"unset {CPU_POOL_ENV}: vLLM's CPU platform would size the shadow pool from it "
-                          "instead of the flags and the declared GPU", key=CPU_POOL_ENV)
+    if dialect.CPU_POOL_ENV in environ:
+        raise ConfigError(f"unset {dialect.CPU_POOL_ENV}: vLLM's CPU platform would size the shadow pool from it "
+                          "instead of the flags and the declared GPU", key=dialect.CPU_POOL_ENV)
     for name in PARALLEL_FLAGS:
         value = flags.get(name)
         if value not in (None, 1, "1"):
