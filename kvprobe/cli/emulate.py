@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from kvprobe.engines import get_dialect
+from kvprobe.releases import ENGINES
 from kvprobe.targets.emulator.faults import FAULTS
 from kvprobe.theory.sim.steptime import TimeModel
 
@@ -63,7 +64,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="engine_name", metavar="{vllm,sglang}")
     sub.required = True
-    for engine in ("vllm", "sglang"):
+    for engine in ENGINES:
         _add_engine(sub, engine)
 
 

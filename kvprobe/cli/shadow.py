@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvprobe.targets.shadow import envs
+from kvprobe.releases import version_tuple
+from kvprobe.targets.shadow import envs, recipes
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,15 +40,15 @@ def _log(line: str) -> None:
 
 
 def _install(args) -> int:
-    engine, version = envs.parse_spec(args.spec)
-    envs.recipe(engine, version)  # an unknown version fails before anything is created
-    envs.install(engine, version, log=_log, force=args.force)
+    engine, version = recipes.parse_spec(args.spec)
+    recipes.recipe(engine, version)  # an unknown version fails before anything is created
+    recipes.install(engine, version, log=_log, force=args.force)
     return 0
 
 
 def _list(args) -> int:
     print(f"engine environments under {envs.cache_root() / 'envs'}", file=sys.stdout)
-    for engine, version in sorted(envs.RECIPES, key=lambda k: (k[0], envs.version_key(k[1]))):
-        state = "installed" if envs.find(engine, version) else "not installed"
+    for engine, version in sorted(recipes.RECIPES, key=lambda k: (k[0], version_tuple(k[1]))):
+        state = "installed" if recipes.find(engine, version) else "not installed"
         print(f"  {engine}=={version:<10} {state}")
     return 0

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.sim.steptime import TimeModel
 
@@ -23,12 +24,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("vllm", help="serve a model with the real vLLM and no model weights", allow_abbrev=False,
                        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("model", help="a preset id (e.g. meta-llama/Llama-3.1-8B) or a path to a config.json")
-    p.add_argument("--engine-version", default="0.33.0", help="the vLLM version to run (its engine environment)")
+    p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION, help="the vLLM version to run (its engine environment)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the GPU to size the pool for, e.g. 80GiB (else pass --num-gpu-blocks-override or "
                         "--kv-cache-memory-bytes)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=dialect.DEFAULT_PORT)
     tm = p.add_argument_group("step time model (one step = step-ms + prefill + decode terms; the emulator's)")
     tm.add_argument("--step-ms", type=float, default=_TM.step_ms)
     tm.add_argument("--prefill-us-per-token", type=float, default=_TM.prefill_us_per_token)
@@ -40,7 +41,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def flags_from_argv(argv: list[str]) -> dict[str, object]:
     """`--x v` / `--x=v` / `--x` / `--no-x` -> {x: v | True | False}, typed and checked like an
     expectation's `flags:` (the same table, the same one-line errors)."""
-    from kvprobe.engines import vllm as dialect
     from kvprobe.spec.schema import Node, parse_flags
 
     flags: dict[str, object] = {}

@@ -1,4 +1,6 @@
-"""Engine dialects: `get_dialect("vllm" | "sglang")` returns the module holding that engine's facts."""
+"""Engine dialects: `get_dialect("vllm" | "sglang")` returns the package holding that engine's facts
+(`kvprobe/engines/vllm/`, `kvprobe/engines/sglang/`). The engine names and releases themselves are
+written in `kvprobe.releases`; `ENGINES` and `normalize_version` are re-exported here for the dialects' callers."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from types import ModuleType
 
 from kvprobe.engines.base import OptionalFacts
 from kvprobe.errors import ConfigError
+from kvprobe.releases import ENGINES, normalize_version
 
-ENGINES = ("vllm", "sglang")
+__all__ = ["ENGINES", "get_dialect", "is_known_version", "normalize_version", "unknown_version_message"]
 
 
 def get_dialect(name: str) -> ModuleType:
@@ -18,11 +21,6 @@ def get_dialect(name: str) -> ModuleType:
     if key not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}: expected one of {', '.join(ENGINES)}", key="engine")
     return OptionalFacts.apply(importlib.import_module(f"kvprobe.engines.{key}"))
-
-
-def normalize_version(version: str) -> str:
-    """`0.33.0+cu128` -> `0.33.0`, `v0.5.23` -> `0.5.23`: a build label or a `v` does not change the code."""
-    return str(version).strip().lstrip("vV").split("+", 1)[0]
 
 
 def is_known_version(engine: str, version: str) -> bool:

@@ -1,6 +1,6 @@
 """What every engine dialect module provides, and the engine-neutral records built from it.
 
-A dialect module (`kvprobe/engines/vllm.py`, `kvprobe/engines/sglang.py`) is the one place where
+A dialect package (`kvprobe/engines/vllm/`, `kvprobe/engines/sglang/`) is the one place where
 the facts about an engine are written: metric names, flags, log formats, error bodies, endpoint
 shapes, each with the engine version and source file it comes from. Everything else (emulator,
 sampler, launcher, tests) reads them from there.

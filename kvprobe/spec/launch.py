@@ -116,10 +116,10 @@ def check_shadow(exp, node: Node) -> None:
     """`launch: shadow`: an engine environment kvprobe can build for this version, and a way to size
     the pool (a real GPU profiles it; the shadow worker is told a declared GPU or a pool flag)."""
     from kvprobe.errors import ConfigError
-    from kvprobe.targets.shadow import envs
+    from kvprobe.targets.shadow import recipes
 
     try:
-        envs.recipe(exp.engine, exp.version)
+        recipes.recipe(exp.engine, exp.version)
     except ConfigError as err:
         raise node.child("version").error(f"a version with a shadow engine environment ({err})", exp.version) from None
     pool_flags = {"vllm": ("num-gpu-blocks-override", "kv-cache-memory-bytes"), "sglang": ("max-total-tokens",)}

@@ -12,8 +12,8 @@ import kvprobe
 from kvprobe.cli import shadow_vllm as vllm_cli
 from kvprobe.errors import ConfigError
 from kvprobe.targets.shadow import launch
+from kvprobe.targets.shadow.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
 from kvprobe.targets.shadow.vllm import target as vllm_target
-from kvprobe.targets.shadow.vllm.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
 from kvprobe.theory.model.geometry import load_model_config
 
 LLAMA = "meta-llama/Llama-3.1-8B"

@@ -12,7 +12,7 @@ from kvprobe.cli.main import main
 from kvprobe.errors import TargetError
 from kvprobe.procgroup import free_port, group_members
 from kvprobe.targets.launch import Target
-from kvprobe.targets.shadow import envs, launch
+from kvprobe.targets.shadow import envs, launch, settings
 from kvprobe.targets.shadow.target import ShadowTarget
 
 from .conftest import shipped
@@ -80,7 +80,7 @@ def test_sglang_exiting_during_start_up_is_one_error_with_the_log_tail(sglang_en
     exp = shipped("shadow-sglang-kv")
     req = launch.ShadowLaunch(engine="sglang", version="0.5.23", model=exp.model, config=_config(),
                               served_model_name=LLAMA, flags=dict(exp.flags), port=free_port(),
-                              extra_env={launch.ENV_TIME_MODEL: "fast"})
+                              extra_env={settings.TIME_MODEL_ENV: "fast"})
     argv, environ = launch.command(req)
     t0 = time.monotonic()
     with pytest.raises(TargetError) as info:

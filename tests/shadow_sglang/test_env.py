@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 
-from kvprobe.targets.shadow.launch import kvprobe_pythonpath
+from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
 from kvprobe.targets.shadow.sglang import env as env_module
 from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
 

@@ -12,8 +12,18 @@ import time
 
 from aiohttp import web
 
+from kvprobe.targets.emulator.bodies import (
+    DECODE_ERRORS,
+    BadRequest,
+    bool_field,
+    dict_field,
+    int_field,
+    parse_prompt,
+    read_json_object,
+    token_problem,
+)
 from kvprobe.targets.emulator.faults import GARBAGE_METRICS, dropped_families
-from kvprobe.targets.emulator.tokens import EOS_TOKEN_ID, text_to_ids, token_text
+from kvprobe.targets.emulator.tokens import EOS_TOKEN_ID, token_text
 
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode  # pydantic model_dump_json is compact
 _MARK = "\x00TOKEN\x00"
@@ -31,85 +41,6 @@ def _sse(obj) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-class BadRequest(Exception):
-    pass
-
-
-# What a hostile body may raise while it is decoded: bad JSON (ValueError, incl. an int past Python's
-# digit limit), bytes that are not UTF-8, nesting past the recursion limit.
-DECODE_ERRORS = (BadRequest, ValueError, UnicodeDecodeError, RecursionError)
-# Token ids must fit the engines' int32 embedding index / the scheduler's int64 columns. The emulated
-# model has no vocabulary of its own (the load uses ids up to ~1e6), so this is the only bound.
-TOKEN_ID_LIMIT = 2**31
-# pydantic v2 lax-mode booleans (the engines' request models are not strict)
-_TRUE = {"1", "on", "t", "true", "y", "yes"}
-_FALSE = {"0", "off", "f", "false", "n", "no"}
-
-
-def _int_field(body: dict, key: str, default):
-    """pydantic v2 lax int: ints, bools, integral floats and integer strings; null -> default."""
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    if not isinstance(value, int):
-        raise BadRequest(f"{key}: Input should be a valid integer")
-    return value
-
-
-def _bool_field(body: dict, key: str, default: bool = False) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise BadRequest(f"{key}: Input should be a valid boolean")
-
-
-def _dict_field(body: dict, key: str) -> dict:
-    value = body.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadRequest(f"{key}: Input should be a valid dictionary or object")
-    return value
-
-
-def parse_prompt(prompt) -> tuple[list[int], bool]:
-    """-> (token ids, was text). Text goes through the emulator's whitespace rule (tokens.py)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return text_to_ids(prompt), True
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt), False
-    raise BadRequest("prompt: expected a string or a list of token ids (batched prompts are not emulated)")
-
-
-def token_problem(ids: list[int]) -> str | None:
-    """After the length checks, as vLLM's input processor does: empty prompt, ids out of range."""
-    if not ids:
-        return "The decoder prompt cannot be empty"  # v1/engine/input_processor.py L565-566 (0.33.0)
-    lo, hi = min(ids), max(ids)
-    if lo < 0:  # renderers/base.py validate_token_ids L480-489
-        return f"Token id {lo} is out of vocabulary"
-    if hi >= TOKEN_ID_LIMIT:
-        return f"Token id {hi} is out of vocabulary"
-    return None
-
-
 async def collect(stream) -> list[int]:
     """Every token of a non-streamed request, once the scheduler finished it."""
     tokens: list[int] = []
@@ -118,20 +49,6 @@ async def collect(stream) -> list[int]:
         tokens += batch
         if done:
             return tokens
-
-
-async def read_json_object(request: web.Request) -> dict:
-    """FastAPI parses the body as JSON only without a Content-Type or with application/json or
-    application/*+json; anything else reaches the pydantic model as bytes and fails validation."""
-    ctype = request.headers.get("Content-Type")
-    if ctype is not None:
-        main, _, sub = ctype.partition(";")[0].strip().lower().partition("/")
-        if main != "application" or not (sub == "json" or sub.endswith("+json")):
-            raise BadRequest("Input should be a valid dictionary or object")
-    body = await request.json()
-    if not isinstance(body, dict):
-        raise BadRequest("Input should be a valid dictionary or object")
-    return body
 
 
 class Handlers:
@@ -191,11 +108,11 @@ class Handlers:
         try:
             body = await read_json_object(request)
             ids, was_text = parse_prompt(body.get("prompt"))
-            max_tokens = _int_field(body, "max_tokens", 16)  # default 16 on both engines
-            min_tokens = _int_field(body, "min_tokens", 0)
-            stream = _bool_field(body, "stream")
-            include_usage = _bool_field(_dict_field(body, "stream_options"), "include_usage")
-            ignore_eos = _bool_field(body, "ignore_eos")
+            max_tokens = int_field(body, "max_tokens", 16)  # default 16 on both engines
+            min_tokens = int_field(body, "min_tokens", 0)
+            stream = bool_field(body, "stream")
+            include_usage = bool_field(dict_field(body, "stream_options"), "include_usage")
+            ignore_eos = bool_field(body, "ignore_eos")
             model = body.get("model")
             if model is not None and not isinstance(model, str):
                 raise BadRequest("model: Input should be a valid string")
@@ -315,11 +232,11 @@ class Handlers:
         try:
             body = await read_json_object(request)
             ids, _ = parse_prompt(body["input_ids"] if body.get("input_ids") is not None else body.get("text"))
-            sp = _dict_field(body, "sampling_params")
-            max_new = _int_field(sp, "max_new_tokens", 128)
-            min_new = _int_field(sp, "min_new_tokens", 0)
-            ignore_eos = _bool_field(sp, "ignore_eos")
-            stream = _bool_field(body, "stream")
+            sp = dict_field(body, "sampling_params")
+            max_new = int_field(sp, "max_new_tokens", 128)
+            min_new = int_field(sp, "min_new_tokens", 0)
+            ignore_eos = bool_field(sp, "ignore_eos")
+            stream = bool_field(body, "stream")
         except DECODE_ERRORS as err:  # the app-wide pydantic handler: same body as /v1/completions
             return self._bad_request(str(err))
         msg = (f"max_new_tokens must be at least 0, got {max_new}." if max_new < 0 else None  # SamplingParams.verify
@@ -382,21 +299,22 @@ def build_app(emu) -> web.Application:
     middlewares = [api_key_middleware(emu)] if emu.api_key is not None else []
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app.router.add_get(emu.dialect.HEALTH_PATH, h.health)
-    app.router.add_get("/v1/models", h.models)
-    app.router.add_get("/metrics", h.metrics)
-    app.router.add_post(emu.dialect.COMPLETIONS_PATH, h.completions)
+    d = emu.dialect
+    app.router.add_get(d.MODELS_PATH, h.models)
+    app.router.add_get(d.METRICS_PATH, h.metrics)
+    app.router.add_post(d.COMPLETIONS_PATH, h.completions)
     if emu.engine == "vllm":
-        app.router.add_get("/version", h.version)
-        app.router.add_get("/load", h.load)
-        if os.environ.get(emu.dialect.DEV_MODE_ENV, "0") == "1":  # as envs.py reads it: bool(int(...))
-            app.router.add_get("/server_info", h.dev_server_info)
+        app.router.add_get(d.VERSION_PATH, h.version)
+        app.router.add_get(d.LOAD_PATH, h.load)
+        if os.environ.get(d.DEV_MODE_ENV, "0") == "1":  # as envs.py reads it: bool(int(...))
+            app.router.add_get(d.SERVER_INFO_PATH, h.dev_server_info)
     else:
-        for path in ("/server_info", "/get_server_info"):
+        for path in d.SERVER_INFO_PATHS:
             app.router.add_get(path, h.server_info)
-        for path in ("/model_info", "/get_model_info"):
+        for path in d.MODEL_INFO_PATHS:
             app.router.add_get(path, h.model_info)
-        app.router.add_post("/generate", h.generate)
-        app.router.add_get("/health_generate", h.health)
+        app.router.add_post(d.GENERATE_PATH, h.generate)
+        app.router.add_get(d.HEALTH_GENERATE_PATH, h.health)
     if emu.dialect.ALIVE_PATH and emu.dialect.ALIVE_PATH != emu.dialect.HEALTH_PATH:
         app.router.add_get(emu.dialect.ALIVE_PATH, h.health)  # SGLang's /ready: the liveness an attach polls
     return app

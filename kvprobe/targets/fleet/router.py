@@ -48,6 +48,7 @@ from pathlib import Path
 
 from kvprobe.errors import KvprobeError
 from kvprobe.procgroup import free_port, port_in_use, stop_group
+from kvprobe.targets.shadow.envs import Pip, Recipe, register
 
 NAME = "sglang-router"
 VERSION = "0.3.2"
@@ -60,13 +61,13 @@ STARTUP_TIMEOUT = 60.0
 
 
 def make_recipe():
-    """The environment's recipe (registered by kvprobe.targets.shadow.envs, which imports this module at
-    its end: hence no import of envs at this module's top)."""
-    from kvprobe.targets.shadow.envs import Pip, Recipe
-
+    """The environment's recipe (registered below, so that `envs.require(NAME, VERSION)` finds it)."""
     return Recipe(engine=NAME, version=VERSION, module="sglang_router", steps=(Pip(pins=f"{NAME}-{VERSION}.txt"),),
                   extra_checks=("sglang_router.sglang_router_rs", "sglang_router.launch_router"),
                   notes="the router's Rust extension and its light Python dependencies (pins/sglang-router-0.3.2.txt)")
+
+
+register(make_recipe())  # the fleet's router: not an engine, installed the same way
 
 
 class RouterError(KvprobeError):

@@ -5,13 +5,17 @@ never into kvprobe's own environment (vLLM and SGLang pin torch, transformers an
 dependencies differently) and never inside the repository. Each `(engine, version)` has a recipe:
 a pinned CPU-only package list installed with `--no-deps` (letting pip resolve the engines'
 dependencies pulls CUDA wheels of several GB), plus the small steps an engine needs on a CPU.
-The pins were found by import-error iteration on this kind of machine
-(`shared/reference/shadow-engines.md`).
+The pins were found by import-error iteration on this kind of machine.
 
 An environment is complete only when its marker file exists; the marker is written last, after the
 engine imported with the expected version, and records the recipe's digest, so a changed pin list
 reinstalls. Installs of one environment are serialised by a lock file, so two test sessions never
 build it at once.
+
+The registry below holds the vLLM recipe (pins only); recipes written in their own modules (the
+SGLang plugin's entry point, the fleet's router) register themselves there when imported, and
+`kvprobe.targets.shadow.recipes` imports them all: a caller that looks up any recipe by name goes
+through it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError
+from kvprobe.procgroup import stop_group
+from kvprobe.releases import ENGINES, VLLM, VLLM_DEFAULT_VERSION, version_tuple
 
 CACHE_ENV = "KVPROBE_CACHE"
 MARKER = "kvprobe-env.json"
@@ -132,28 +139,15 @@ def register(recipe: Recipe) -> Recipe:
 
 
 register(Recipe(
-    engine="vllm", version="0.33.0", module="vllm",
-    steps=(Pip(pins="vllm-0.33.0.txt"),),
+    engine=VLLM, version=VLLM_DEFAULT_VERSION, module="vllm",
+    steps=(Pip(pins=f"vllm-{VLLM_DEFAULT_VERSION}.txt"),),
     extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server"),
     notes="torch 2.13.0 CPU build in place of vLLM's pinned 2.14.0 (its scheduler and server do not care)",
 ))
 
 
-def _register_engine_modules() -> None:
-    """Recipes whose steps are written in an engine's own module (stand-ins, plugin entry points)."""
-    from kvprobe.targets.fleet import router
-    from kvprobe.targets.shadow.sglang import env as sglang_env
-
-    register(sglang_env.RECIPE)
-    register(router.make_recipe())  # the fleet's router: not an engine, installed the same way
-
-
 def known_versions(engine: str) -> list[str]:
-    return sorted((v for e, v in RECIPES if e == engine), key=version_key)
-
-
-def version_key(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in version.replace("+", ".").split("."))
+    return sorted((v for e, v in RECIPES if e == engine), key=version_tuple)
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -296,8 +290,6 @@ def _pip(env: EngineEnv, step: Pip, *, log, deadline: float) -> None:
 
 def _run(argv: list[str], *, log, deadline: float, what: str) -> None:
     """Run one install command in its own process group, streaming its output to `log`."""
-    from kvprobe.procgroup import stop_group
-
     tail: list[str] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PIP_NO_INPUT": "1"})
@@ -344,9 +336,5 @@ def check(env: EngineEnv, rec: Recipe, *, deadline: float | None = None) -> str:
 def shadow_import_env(engine: str) -> dict[str, str]:
     """The environment an engine needs to import and run on a CPU (a dialect fact; none for an
     engine kvprobe has no dialect of, such as the tests' stand-in)."""
-    from kvprobe.engines import ENGINES, get_dialect
-
     return dict(get_dialect(engine).SHADOW_ENV) if engine in ENGINES else {}
 
-
-_register_engine_modules()

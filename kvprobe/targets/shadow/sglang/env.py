@@ -1,7 +1,7 @@
 """The SGLang 0.5.23 engine environment: the pinned CPU install, a torchvision stand-in, and the
 entry point through which SGLang loads kvprobe's plugin.
 
-Install (shared/reference/shadow-engines.md, measured 1-2 min with a warm pip cache, 2.5 GB):
+Install (measured 1-2 min with a warm pip cache, 2.5 GB):
 `pip install --no-deps -r pins/sglang-0.5.23.txt` (torch 2.13.0 CPU build, sglang, triton, and
 SGLang's pure-Python runtime set), then two steps written here:
 
@@ -11,7 +11,7 @@ SGLang's pure-Python runtime set), then two steps written here:
   group `sglang.srt.plugins` -> `kvprobe.targets.shadow.sglang.plugin:register`. SGLang's
   `load_plugins()` finds it in every one of its processes. It acts only with KVPROBE_SHADOW=1,
   and `kvprobe` itself is not installed in the environment: the shadow launch puts a folder
-  holding only the `kvprobe` package on PYTHONPATH (`launch.kvprobe_pythonpath`), so the
+  holding only the `kvprobe` package on PYTHONPATH (`pythonpath.kvprobe_pythonpath`), so the
   environment never depends on one checkout of kvprobe, and kvprobe's own dependencies never
   shadow the engine's.
 """
@@ -23,6 +23,7 @@ import subprocess
 from importlib import resources
 
 import kvprobe
+from kvprobe.releases import SGLANG, SGLANG_DEFAULT_VERSION
 from kvprobe.targets.shadow import envs
 
 PLUGIN_GROUP = "sglang.srt.plugins"  # sglang/srt/plugins/__init__.py GENERAL_PLUGINS_GROUP (0.5.23)
@@ -81,10 +82,10 @@ def _revision(*texts: str) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
 
 
-RECIPE = envs.Recipe(
-    engine="sglang", version="0.5.23", module="sglang",
+RECIPE = envs.register(envs.Recipe(
+    engine=SGLANG, version=SGLANG_DEFAULT_VERSION, module="sglang",
     steps=(
-        envs.Pip(pins="sglang-0.5.23.txt"),
+        envs.Pip(pins=f"sglang-{SGLANG_DEFAULT_VERSION}.txt"),
         envs.Call("torchvision stand-in", write_torchvision_standin, _revision(_standin_source())),
         envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_plugin_entry_point,
                   _revision(*_dist_files(kvprobe.__version__).values())),
@@ -94,4 +95,4 @@ RECIPE = envs.Recipe(
                   "sglang.srt.entrypoints.http_server", "torchvision.transforms.v2.functional"),
     notes="torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
           "torchvision is kvprobe's stand-in",
-)
+))

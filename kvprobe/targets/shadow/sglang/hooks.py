@@ -1,4 +1,4 @@
-"""The replacements of kvprobe's SGLang plugin (registered by `sglang_plugin.register`).
+"""The replacements of kvprobe's SGLang plugin (registered by `plugin.register`).
 
 Each stands in for one piece that needs a GPU and sets exactly the attributes SGLang 0.5.23's own
 code reads afterwards (file:line cited per function, wheel-relative `sglang/srt/...`). Imported
@@ -13,8 +13,9 @@ import os
 import torch
 from torch import nn
 
+from kvprobe.targets.shadow.settings import GPU_FREE_ENV, PLUGIN_LOG_PREFIX, TIME_MODEL_ENV, WEIGHT_BYTES_ENV
 from kvprobe.targets.shadow.sglang.device import DeviceTimeline, pseudo_token_ids, special_ids
-from kvprobe.targets.shadow.sglang.plugin import GPU_FREE_ENV, LOG_PREFIX, TIME_MODEL_ENV, WEIGHT_BYTES_ENV
+from kvprobe.targets.shadow.sglang.hook_targets import TARGETS, applied
 
 logger = logging.getLogger("kvprobe.targets.shadow")
 
@@ -69,14 +70,17 @@ def _time_model():
     return TimeModel.decode(text) if text else TimeModel()
 
 
+def replacements() -> list[tuple[str, object]]:
+    """(dotted target, replacement function) for the six hooks: TARGETS' names are this module's."""
+    return [(target, globals()[name]) for name, target in TARGETS.items()]
+
+
 def check_applied() -> None:
     """SGLang logs a hook it could not apply and goes on with its own code (hook_registry.py
     `apply_hooks`); a shadow with a real piece left in would fail later and obscurely, so say so here."""
-    from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
-
-    missing = [target for target, fn in sglang_plugin.replacements() if not sglang_plugin.applied(target, fn)]
+    missing = [target for target, fn in replacements() if not applied(target, fn)]
     if missing:
-        raise RuntimeError(f"{LOG_PREFIX} SGLang did not apply kvprobe's hooks on {', '.join(missing)} "
+        raise RuntimeError(f"{PLUGIN_LOG_PREFIX} SGLang did not apply kvprobe's hooks on {', '.join(missing)} "
                            "(see 'Failed to apply hooks' above): this SGLang is not the version the plugin was "
                            "written for")
 
@@ -99,10 +103,10 @@ def load_model(self) -> None:
     self.weight_load_mem_usage = 0.0
     self.weight_load_time = 0.0
     check_applied()
-    logger.info("%s plugin active: no weights (%s, dtype %s); time model %s", LOG_PREFIX,
+    logger.info("%s plugin active: no weights (%s, dtype %s); time model %s", PLUGIN_LOG_PREFIX,
                 self.model_config.model_path, self.dtype, _time_model().encode())
     if self.sliding_window_size is not None:
-        logger.info("%s sliding window: %d (%s)", LOG_PREFIX, self.sliding_window_size,
+        logger.info("%s sliding window: %d (%s)", PLUGIN_LOG_PREFIX, self.sliding_window_size,
                     f"{model_cls.__name__}.get_attention_sliding_window_size" if own_window else "model config")
 
 
@@ -120,14 +124,14 @@ def profile_available_bytes(self, pre_model_load_memory) -> int:
 
     declared = os.environ.get(GPU_FREE_ENV)
     if not declared:
-        logger.info("%s pool sizing: --max-total-tokens (no declared GPU; unbounded budget)", LOG_PREFIX)
+        logger.info("%s pool sizing: --max-total-tokens (no declared GPU; unbounded budget)", PLUGIN_LOG_PREFIX)
         return int(_less_mamba_state(self, UNBOUNDED_BUDGET / GIB) * GIB)
     free_gb = int(declared) / GIB
     weights_gb = int(os.environ.get(WEIGHT_BYTES_ENV, "0")) / GIB
     fraction = get_schedule().mem_fraction_static
     rest_gb = (free_gb - weights_gb) - free_gb * (1 - fraction)
     logger.info("%s pool sizing: declared GPU free %.2f GiB, weights %.2f GiB, mem_fraction_static %s "
-                "-> KV budget %.2f GiB", LOG_PREFIX, free_gb, weights_gb, fraction, rest_gb)
+                "-> KV budget %.2f GiB", PLUGIN_LOG_PREFIX, free_gb, weights_gb, fraction, rest_gb)
     rest_gb = _less_mamba_state(self, rest_gb)
     if rest_gb <= 0:  # SGLang's own message (L3043-3058), after the state pool as there
         need = 1 - (free_gb - weights_gb) / free_gb
@@ -144,7 +148,7 @@ def _less_mamba_state(self, rest_gb: float) -> float:
     from sglang.srt.runtime_context import get_schedule
 
     rest_gb = self._handle_max_mamba_cache(rest_gb)
-    logger.info("%s mamba state: %d slots of %d bytes", LOG_PREFIX, get_schedule().max_mamba_cache_size,
+    logger.info("%s mamba state: %d slots of %d bytes", PLUGIN_LOG_PREFIX, get_schedule().max_mamba_cache_size,
                 self.mambaish_config.mamba2_cache_params.mamba_cache_per_req)
     return rest_gb
 
@@ -186,7 +190,7 @@ def _report_pace() -> None:
         return
     steps, busy, model_s, waited = _device.window()
     logger.info("%s pace: %d steps in %.1f s, modelled %.1f s (x%.2f), %.1f s waiting for the modelled device",
-                LOG_PREFIX, steps, busy, model_s, busy / model_s if model_s else float("nan"), waited)
+                PLUGIN_LOG_PREFIX, steps, busy, model_s, busy / model_s if model_s else float("nan"), waited)
 
 
 def _step_work(batch) -> tuple[int, int]:
@@ -219,7 +223,7 @@ def forward_batch_generation(self, batch, forward_batch=None, pp_proxy_tensors=N
         _device = DeviceTimeline(_time_model().step_seconds, overlap=self.enable_overlap)
         hf = cfg.hf_config
         _special = special_ids(*(getattr(hf, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")))
-        logger.info("%s forward: overlap scheduling %s", LOG_PREFIX, "on" if self.enable_overlap else "off")
+        logger.info("%s forward: overlap scheduling %s", PLUGIN_LOG_PREFIX, "on" if self.enable_overlap else "off")
     if batch is not None:
         _device.run(*_step_work(batch))
         seq_lens = batch.seq_lens

@@ -21,32 +21,20 @@ real buffers, the detokenizer, HTTP and metrics — stays SGLang's own code:
 | TpModelWorker.forward_batch_generation | the forward: one pseudo token per request after the modelled step time |
 | SamplingBatchInfo.update_penalties | the penalizers' (batch x vocabulary) logit bias: no logits, no bias |
 
-This module is imported in every SGLang process: standard library only; the hooks themselves
-(`sglang_hooks.py`, torch and SGLang) are imported only when the plugin acts.
+This module is imported in every SGLang process: standard library only (with `settings` and
+`hook_targets`, which are too); the hooks themselves (`hooks.py`, torch and SGLang) are imported only
+when the plugin acts.
 """
 
 from __future__ import annotations
 
 import os
-import pkgutil
 
-# Environment variables kvprobe's launch sets for SGLang's processes (kvprobe/targets/shadow/sglang/target.py).
-ACTIVE_ENV = "KVPROBE_SHADOW"  # "1": act (kvprobe.targets.shadow.launch.ENV_ACTIVE)
-TIME_MODEL_ENV = "KVPROBE_SHADOW_TIME_MODEL"  # TimeModel.encode() (kvprobe.targets.shadow.launch.ENV_TIME_MODEL)
-GPU_FREE_ENV = "KVPROBE_SHADOW_GPU_FREE_BYTES"  # a declared GPU's free memory before the weights, bytes
-WEIGHT_BYTES_ENV = "KVPROBE_SHADOW_WEIGHT_BYTES"  # the model's weights on the rank (the ledger's), bytes
-LOG_PREFIX = "kvprobe shadow:"  # every line the plugin writes to SGLang's log starts with it
+from kvprobe.targets.shadow.settings import ACTIVE_ENV
+from kvprobe.targets.shadow.sglang.hook_targets import TARGETS, applied
 
-# Hook targets, SGLang 0.5.23 (file:line of each definition).
-TARGETS = {
-    "load_model": "sglang.srt.model_executor.model_runner.ModelRunner.load_model",  # model_runner.py L1270
-    "profile_available_bytes": "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator."
-                               "_profile_available_bytes",  # kv_cache_configurator.py L2990
-    "init_attention_backends": "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",  # L1105
-    "init_cuda_graphs": "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",  # L1170
-    "forward_batch_generation": "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",  # tp_worker.py L622
-    "update_penalties": "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.update_penalties",  # L410
-}
+# What a check of the installed environment reads here (tests/shadow_sglang/test_env.py).
+__all__ = ["ACTIVE_ENV", "TARGETS", "active", "applied", "register", "replacements"]
 
 
 def active() -> bool:
@@ -54,10 +42,10 @@ def active() -> bool:
 
 
 def replacements() -> list[tuple[str, object]]:
-    """(dotted target, replacement function) for the six hooks."""
-    from kvprobe.targets.shadow.sglang import hooks as sglang_hooks
+    """(dotted target, replacement function) for the six hooks; imports the hooks (torch and SGLang)."""
+    from kvprobe.targets.shadow.sglang import hooks
 
-    return [(target, getattr(sglang_hooks, name)) for name, target in TARGETS.items()]
+    return hooks.replacements()
 
 
 def register() -> None:
@@ -69,11 +57,3 @@ def register() -> None:
 
     for target, fn in replacements():
         HookRegistry.register(target, fn, HookType.REPLACE)
-
-
-def applied(target: str, fn) -> bool:
-    """Whether `target` now calls `fn`: a REPLACE wrapper (hook_registry.py `_wrap_fn`) holds the hook
-    in its closure."""
-    owner, _, attr = target.rpartition(".")
-    current = getattr(pkgutil.resolve_name(owner), attr, None)
-    return any(cell.cell_contents is fn for cell in (getattr(current, "__closure__", None) or ()))

@@ -1,5 +1,5 @@
 """The SGLang shadow's command: real `sglang.launch_server` 0.5.23 from kvprobe's engine environment,
-with kvprobe's plugin taking the model out (`sglang_plugin.py`).
+with kvprobe's plugin taking the model out (`kvprobe/targets/shadow/sglang/plugin.py`).
 
 `command(req, env)` (called by `kvprobe.targets.shadow.launch.command`) returns the argv and environment:
 
@@ -7,11 +7,11 @@ with kvprobe's plugin taking the model out (`sglang_plugin.py`).
   snapshot of the preset's hub id in a private HF_HOME, so `--model-path meta-llama/Llama-3.1-8B`
   resolves offline and the served name is the expectation's model; a config.json path is served
   from its folder under `--served-model-name`.
-- the flags whose CPU default differs from a GPU's (shadow-engines.md "CPU-platform defaults"):
+- the flags whose CPU default differs from a GPU's (SGLang 0.5.23 server_args.py, CPU platform):
   `--chunked-prefill-size` (4096 on a CPU; a GPU picks by its memory) and, with a declared GPU,
   `--mem-fraction-static` (0.716 on a CPU; a GPU's by SGLang's formula) get the values kvprobe's
   ledger uses, unless the expectation sets them; and always the dialect's SHADOW_FLAGS
-  (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang.py says why).
+  (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang/flags.py says why).
 - the pool: with `--max-total-tokens` SGLang's own configurator sizes it; with a declared GPU the
   plugin hands SGLang that GPU's KV budget (the ledger's weights, SGLang's resolved fraction).
 - the memory check: SGLang allocates its KV pool and request table as real buffers, so they must
@@ -26,14 +26,13 @@ from kvprobe.engines import sglang as dialect
 from kvprobe.errors import ConfigError, TargetError
 from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
-from kvprobe.targets.shadow.launch import kvprobe_pythonpath
+from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
+from kvprobe.targets.shadow.settings import GPU_FREE_ENV, PLUGIN_LOG_PREFIX, WEIGHT_BYTES_ENV
 from kvprobe.targets.shadow.sglang import hybrid as sglang_hybrid
-from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
 from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.model.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
 from kvprobe.units import format_bytes, parse_count
 
-MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
 # RSS of SGLang 0.5.23's processes besides the KV pool, measured here (Llama-3.1-8B config, idle):
 # launcher 0.75 GB, scheduler 0.9 GB + the pool, detokenizer 0.73 GB, resource tracker 0.01 GB.
 PROCESS_BYTES = int(2.5 * 2**30)
@@ -116,7 +115,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     check_memory(memory_needed(bud, kv_per_token), bud)
     weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
     folder = modeldir.model_folder(req.model, sglang_hybrid.engine_config(req.config), env)
-    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), sglang_plugin.WEIGHT_BYTES_ENV: str(weights)}
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), WEIGHT_BYTES_ENV: str(weights)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache
         model_arg = req.model
         environ["HF_HOME"] = str(modeldir.hf_home(req.model, folder))
@@ -124,21 +123,21 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
         model_arg = str(folder)
     if req.gpu_memory_bytes is not None:  # free before the weights: the card minus other residents
         free = req.gpu_memory_bytes - int(req.estimates.get("other_bytes", 0))
-        environ[sglang_plugin.GPU_FREE_ENV] = str(free)
+        environ[GPU_FREE_ENV] = str(free)
     port = "{port}" if not req.port else req.port  # {port}: the launcher picks a free one
     argv = dialect.launch_command(model_arg, launch_flags, host=req.host, port=port,
-                                  binary=[str(env.python), "-m", MODULE],
+                                  binary=[str(env.python), "-m", dialect.LAUNCH_MODULE],
                                   served_model_name=str(flags.get("served-model-name") or req.served_model_name))
     return argv, environ
 
 
 def parse_worker_log(text: str) -> dict:
-    """What the plugin said in SGLang's log (lines starting with sglang_plugin.LOG_PREFIX): that it
+    """What the plugin said in SGLang's log (lines starting with PLUGIN_LOG_PREFIX): that it
     acted, its time model, how the pool was sized, whether overlap scheduling ran; for hybrid models
     the window the model reported and the recurrent-state slots SGLang's `_handle_max_mamba_cache` set."""
     out: dict = {}
     for line in text.splitlines():
-        _, sep, said = line.partition(sglang_plugin.LOG_PREFIX + " ")
+        _, sep, said = line.partition(PLUGIN_LOG_PREFIX + " ")
         if not sep:
             continue
         if said.startswith("plugin active"):

@@ -51,7 +51,8 @@ from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, w
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
 
 # The block size a CUDA GPU's MLA backend takes when --block-size is not given: FlashMLA (Hopper)
-# kernels run 64-token blocks only (shared/reference/vllm.md §1.5). The CPU platform forces 16
+# kernels run 64-token blocks only (`get_supported_kernel_block_sizes`, v1/attention/backends/mla/;
+# platforms/interface.py `update_block_size_for_backend`). The CPU platform forces 16
 # for MLA instead (platforms/cpu.py L290-298), which a GPU never does; kvprobe's ledger assumes 64.
 GPU_MLA_BLOCK_SIZE = budget.VLLM_MLA_BLOCK_SIZE
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (mla_attention.py L1384-1389)

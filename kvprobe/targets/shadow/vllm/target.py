@@ -3,13 +3,13 @@ model-less worker (`--worker-cls`), the model folder and the expectation's flags
 
 Everything a CUDA GPU would decide differently from vLLM's CPU platform is made explicit here, so
 that the real scheduler runs with the limits a GPU deployment would have
-(shared/reference/shadow-engines.md, "What the CPU platform changes"):
+(what vLLM's CPU platform changes, platforms/cpu.py `check_and_update_config`):
 
 * `--max-num-seqs` / `--max-num-batched-tokens`: the CPU platform defaults to 128 / 2048
   (engine/arg_utils.py `get_batch_defaults`); when the flags leave them out, the GPU's defaults
   for the declared memory are passed, the same numbers kvprobe's ledger uses;
 * async scheduling, and the block size of an MLA model: the CPU platform overwrites them before
-  the worker runs, so the worker is told what was asked (`vllm_settings.WorkerSettings`);
+  the worker runs, so the worker is told what was asked (`kvprobe.targets.shadow.settings.WorkerSettings`);
 * the KV pool: a GPU profiles it; the worker is told the declared GPU memory and the ledger's
   estimates, or vLLM's own pool flags decide (`--kv-cache-memory-bytes`,
   `--num-gpu-blocks-override`).
@@ -23,23 +23,20 @@ from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
-from kvprobe.targets.shadow.launch import kvprobe_pythonpath
-from kvprobe.targets.shadow.vllm.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings
+from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
+from kvprobe.targets.shadow.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
 from kvprobe.theory import budget
 from kvprobe.theory.model.geometry import geometry_from_config
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
-# platforms/cpu.py L340-344: a set VLLM_CPU_KVCACHE_SPACE (GiB) replaces kv_cache_memory_bytes, even
-# --kv-cache-memory-bytes; envs.py L896-900 refuses an empty value, so it cannot be cleared, only refused.
-CPU_POOL_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
     """The refusals that need no engine: one line each, before anything starts."""
-    if CPU_POOL_ENV in environ:
-        raise ConfigError(f"unset {CPU_POOL_ENV}: vLLM's CPU platform would size the shadow pool from it "
-                          "instead of the flags and the declared GPU", key=CPU_POOL_ENV)
+    if dialect.CPU_POOL_ENV in environ:
+        raise ConfigError(f"unset {dialect.CPU_POOL_ENV}: vLLM's CPU platform would size the shadow pool from it "
+                          "instead of the flags and the declared GPU", key=dialect.CPU_POOL_ENV)
     for name in PARALLEL_FLAGS:
         value = flags.get(name)
         if value not in (None, 1, "1"):
@@ -92,7 +89,7 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
 
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     """`vllm serve FOLDER --worker-cls ... --served-model-name NAME [flags]` and its environment
-    (kvprobe.targets.shadow.launch adds KVPROBE_SHADOW, the time model and the dialect's SHADOW_ENV)."""
+    (kvprobe.targets.shadow.launch adds settings.ACTIVE_ENV, the time model and the dialect's SHADOW_ENV)."""
     flags = dict(req.flags)
     check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
     folder = modeldir.model_folder(req.model, req.config, env)
@@ -107,6 +104,4 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
 
 def parse_worker_log(text: str) -> dict:
     """What the worker said at start-up: the scheduler it ran, async scheduling, how the pool was sized."""
-    from kvprobe.targets.shadow.vllm.settings import parse_worker_lines
-
     return parse_worker_lines(text)

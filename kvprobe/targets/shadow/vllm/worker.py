@@ -5,7 +5,7 @@ v1/worker/worker_base.py L272-335, 0.33.0) builds this class in the EngineCore p
 the GPU worker. Everything around it is vLLM's code of the installed version: the CLI and config
 resolution, the OpenAI server, AsyncLLM and the detokenizer, EngineCore, the V1 scheduler, the KV
 cache manager and block pool, preemption, the KV planner with its capacity line, the metrics.
-This worker answers only what the GPU worker would answer (shared/reference/shadow-engines.md):
+This worker answers only what the GPU worker would answer:
 
 * the KV cache spec and the KV bytes (`vllm_kvspec`), so vLLM's planner sizes the pool;
 * for each step, one pseudo token per request whose scheduled tokens reach the end of its
@@ -28,22 +28,19 @@ from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-from kvprobe.targets.shadow.vllm import kvspec as vllm_kvspec
-from kvprobe.targets.shadow.vllm.settings import (
+from kvprobe.targets.shadow.settings import (
     ENV_SETTINGS,
+    TIME_MODEL_ENV,
     WorkerSettings,
     memory_line,
     restored_line,
     scheduler_line,
 )
+from kvprobe.targets.shadow.vllm import kvspec as vllm_kvspec
 from kvprobe.theory.sim.steptime import TimeModel
 
 # under "vllm." so that vLLM's own handler and format print it in the engine log
 logger = init_logger(f"vllm.{__name__}")
-
-# kvprobe.targets.shadow.launch.ENV_TIME_MODEL; not imported from there: launch.py pulls in kvprobe.targets.shadow.envs,
-# which has no business inside the engine.
-ENV_TIME_MODEL = "KVPROBE_SHADOW_TIME_MODEL"
 
 
 class _Sequences:
@@ -131,7 +128,7 @@ class ShadowWorker(WorkerBase):
                  is_driver_worker: bool = False, **_ignored) -> None:
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
         self.settings = WorkerSettings.decode(os.environ.get(ENV_SETTINGS, ""))
-        self.time_model = TimeModel.decode(os.environ.get(ENV_TIME_MODEL, ""))
+        self.time_model = TimeModel.decode(os.environ.get(TIME_MODEL_ENV, ""))
         _undo_cpu_platform(vllm_config, self.settings)
         self.block_size = vllm_kvspec.gpu_block_size(vllm_config, self.settings.block_size)
         vocab = self.model_config.get_vocab_size()

@@ -1,8 +1,10 @@
-"""What crosses from kvprobe into the vLLM shadow worker and back: environment variables in, one log
-line out. Standard library only: both sides import it (the launcher in kvprobe's environment, the
-worker inside vLLM's EngineCore process).
+"""What crosses from kvprobe into a shadow engine's processes and back: the environment variables
+kvprobe's launch sets, the settings they carry, and the lines kvprobe's code inside the engine writes
+to the engine's log. Standard library only, and nothing else from kvprobe: both sides import it (the
+launch in kvprobe's environment; the vLLM worker inside EngineCore, the SGLang plugin in every SGLang
+process, where kvprobe's own dependencies are not installed).
 
-The worker needs to know what the CPU platform has already overwritten by the time it runs
+The vLLM worker needs to know what the CPU platform has already overwritten by the time it runs
 (vLLM 0.33.0 platforms/cpu.py `check_and_update_config`): whether async scheduling was asked for
 (forced off, L346-348), the user's --block-size (forced to 16 for MLA, L290-298), and for MLA
 models chunked prefill, prefix caching and the step budget (forced off / off / max(max_model_len,
@@ -16,14 +18,24 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-ENV_SETTINGS = "KVPROBE_SHADOW_VLLM"
+# --- both engines: set by kvprobe.targets.shadow.launch for every shadow start
+ACTIVE_ENV = "KVPROBE_SHADOW"  # "1": the worker/plugin may act (never set on a GPU install)
+TIME_MODEL_ENV = "KVPROBE_SHADOW_TIME_MODEL"  # kvprobe.theory.sim.steptime.TimeModel.encode()
+
+# --- the SGLang plugin (kvprobe.targets.shadow.sglang.plugin and .hooks), set by sglang/target.py
+GPU_FREE_ENV = "KVPROBE_SHADOW_GPU_FREE_BYTES"  # a declared GPU's free memory before the weights, bytes
+WEIGHT_BYTES_ENV = "KVPROBE_SHADOW_WEIGHT_BYTES"  # the model's weights on the rank (the ledger's), bytes
+PLUGIN_LOG_PREFIX = "kvprobe shadow:"  # every line the plugin writes to SGLang's log starts with it
+
+# --- the vLLM worker (kvprobe.targets.shadow.vllm.worker), set by vllm/target.py
+ENV_SETTINGS = "KVPROBE_SHADOW_VLLM"  # WorkerSettings.encode()
 WORKER_CLS = "kvprobe.targets.shadow.vllm.worker.ShadowWorker"
 # The worker's own start-up lines in the engine log (after vLLM's prefix).
-LINE_PREFIX = "kvprobe shadow worker: "
-_RE_SCHED = re.compile(LINE_PREFIX + r"scheduler (\w+) \(async_scheduling=(True|False)\), num_blocks=(\d+), "
+WORKER_LINE_PREFIX = "kvprobe shadow worker: "
+_RE_SCHED = re.compile(WORKER_LINE_PREFIX + r"scheduler (\w+) \(async_scheduling=(True|False)\), num_blocks=(\d+), "
                        r"block_size=(\d+)")
-_RE_MEMORY = re.compile(LINE_PREFIX + r"KV memory from ([\w ]+): (-?\d+) bytes")
-_RE_RESTORED = re.compile(LINE_PREFIX + r"restored what the CPU platform changed and a CUDA GPU keeps: (.*)$", re.M)
+_RE_MEMORY = re.compile(WORKER_LINE_PREFIX + r"KV memory from ([\w ]+): (-?\d+) bytes")
+_RE_RESTORED = re.compile(WORKER_LINE_PREFIX + r"restored what the CPU platform changed and a CUDA GPU keeps: (.*)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -53,16 +65,16 @@ class WorkerSettings:
 
 
 def scheduler_line(scheduler: str, async_scheduling: bool, num_blocks: int, block_size: int, time_model: str) -> str:
-    return (f"{LINE_PREFIX}scheduler {scheduler} (async_scheduling={async_scheduling}), num_blocks={num_blocks}, "
+    return (f"{WORKER_LINE_PREFIX}scheduler {scheduler} (async_scheduling={async_scheduling}), num_blocks={num_blocks}, "
             f"block_size={block_size}, time model {time_model}")
 
 
 def restored_line(changes: list[str]) -> str:
-    return f"{LINE_PREFIX}restored what the CPU platform changed and a CUDA GPU keeps: {'; '.join(changes)}"
+    return f"{WORKER_LINE_PREFIX}restored what the CPU platform changed and a CUDA GPU keeps: {'; '.join(changes)}"
 
 
 def memory_line(source: str, kv_bytes: int, detail: str) -> str:
-    return f"{LINE_PREFIX}KV memory from {source}: {kv_bytes} bytes ({detail})"
+    return f"{WORKER_LINE_PREFIX}KV memory from {source}: {kv_bytes} bytes ({detail})"
 
 
 def parse_worker_lines(text: str) -> dict:

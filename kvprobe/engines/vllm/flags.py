@@ -1,0 +1,105 @@
+"""vLLM's command line (engine/arg_utils.py, 0.33.0): the flags kvprobe models, the ones it passes
+through, the environment of a CPU shadow, and the commands that start a server or the emulator."""
+
+from __future__ import annotations
+
+import sys
+
+from kvprobe.engines.base import Flag, render_flags
+from kvprobe.engines.vllm.versions import NAME
+from kvprobe.errors import ConfigError
+
+# --- flags (engine/arg_utils.py::add_cli_args, 0.33.0). Defaults are the emulator's where the real one
+# depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
+FLAGS: dict[str, Flag] = {f.name: f for f in (
+    Flag("served-model-name", str, None, "name reported in /v1/models and the model_name label (L1031)"),
+    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)", lo=1,
+         ledger="num_gpu_blocks_override"),
+    Flag("block-size", int, 16, "tokens per KV block (L1387)", lo=1, ledger="block_size"),
+    Flag("max-model-len", int, 8192, "longest sequence (prompt + output); also -1/auto (L991)", kind="len", lo=1,
+         ledger="max_model_len"),
+    Flag("max-num-seqs", int, 256, "running-request cap (L1754)", lo=1, ledger="max_num_seqs"),
+    Flag("max-num-batched-tokens", int, 2048, "per-step token budget, human units (L1740)", kind="count", lo=1,
+         ledger="max_num_batched_tokens"),
+    Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True,
+         ledger="enable_prefix_caching"),
+    Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
+    Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
+         negatable=True, ledger="reserve_full_isl"),
+    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    # None = the engine's default for the version and platform: async_scheduling_default() below.
+    Flag("async-scheduling", None, None, "AsyncScheduler + batch queue of 2: allocate one step earlier, "
+         "free one step later (config/scheduler.py L211; default: config/vllm.py L1685-1719)", negatable=True,
+         ledger="async_scheduling"),
+    # entrypoints/common/cli_args.py L335 (list[str], nargs "+"; the emulator takes one key per flag).
+    # Secret: never printed by the emulator; prefer the VLLM_API_KEY environment variable, which keeps
+    # the key out of the process list.
+    Flag("api-key", str, None, "require `Authorization: Bearer KEY` on /v1/* (or env VLLM_API_KEY)"),
+    # engine/arg_utils.py L630/L1920: no stat loggers -> no vllm:* families on /metrics (see below)
+    Flag("disable-log-stats", None, False, "disable engine statistics (the vllm:* metric families)"),
+    Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False,
+         kind="frac", ledger="gpu_memory_utilization"),
+    Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
+         kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
+    Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False, ledger="kv_cache_dtype"),
+    Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
+    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1, ledger="tp"),
+    Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
+    Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1, ledger="dp"),
+)}
+# Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
+# that an expectation's near-miss typo check does not refuse them.
+OTHER_FLAGS = (
+    "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
+    "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
+    "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
+    "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
+    "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
+    "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)
+)
+FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
+
+
+# --- running the real server on a CPU with a model-less worker (verified with 0.33.0). VLLM_TARGET_DEVICE: DeviceConfig cannot infer a device otherwise;
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the `uni` executor (platforms/cpu.py rewrites it to `mp`
+# and spawns an extra worker process otherwise); the rest keeps the engine off the network.
+SHADOW_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+# platforms/cpu.py L340-344: a set VLLM_CPU_KVCACHE_SPACE (GiB) replaces kv_cache_memory_bytes, even
+# --kv-cache-memory-bytes; envs.py L896-900 refuses an empty value, so it cannot be cleared, only refused.
+CPU_POOL_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+REQUEST_CAP_FLAG = "max-num-seqs"  # engine/arg_utils.py L1754; scheduler.py caps len(running) by it
+TOKEN_BUDGET_FLAG = "max-num-batched-tokens"  # engine/arg_utils.py L1740
+
+
+# --- commands
+def launch_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                   binary: list[str] | None = None, served_model_name: str | None = None) -> list[str]:
+    """`vllm serve MODEL --host H --port P [--served-model-name NAME] ...` (entrypoints/cli/serve.py:
+    positional model_tag, the path or hub id loaded). Clients then send NAME (/v1/models `id`);
+    without it vLLM serves the model under MODEL itself (config/model.py served_model_name)."""
+    flags = dict(flags)
+    if served_model_name and served_model_name != model:
+        flags["served-model-name"] = served_model_name
+    return [*(binary or ["vllm", "serve"]), model, "--host", host, "--port", str(port), *render_flags(flags, FLAGS)]
+
+
+def emulator_command(model: str, flags: dict[str, object], *, host: str, port: int,
+                     extra: list[str] | tuple[str, ...] = (), version: str | None = None) -> list[str]:
+    """`python -m kvprobe emulate vllm ...`; flags the emulator does not model are dropped
+    (the pool must be given as num-gpu-blocks-override). `version` selects version-keyed behaviour."""
+    if flags.get("num-gpu-blocks-override") is None:
+        raise ConfigError("the vLLM emulator needs flags.num-gpu-blocks-override (the pool in blocks)",
+                          key="flags.num-gpu-blocks-override")
+    kept = {k: v for k, v in flags.items() if k in FLAGS and FLAGS[k].emulated}
+    return [sys.executable, "-m", "kvprobe", "emulate", NAME, "--model", model, "--host", host,
+            "--port", str(port), *render_flags(kept, FLAGS), *(["--engine-version", version] if version else []),
+            *extra]

@@ -1,0 +1,37 @@
+"""vLLM releases: which ones kvprobe knows, and what changes between them (the admission
+policy, the async-scheduling default). vLLM 0.33.0; 0.11.0 / 0.9.2 where they differ."""
+
+from __future__ import annotations
+
+from kvprobe.releases import KNOWN_VERSIONS as _KNOWN
+from kvprobe.releases import VLLM, VLLM_DEFAULT_VERSION, version_tuple
+
+NAME = VLLM
+DEFAULT_VERSION = VLLM_DEFAULT_VERSION
+# 0.33.0 throughout; 0.11.0 and 0.9.2 where they differ (two-line capacity log, first-chunk
+# admission, error bodies, gauge names).
+KNOWN_VERSIONS = _KNOWN[VLLM]
+
+
+def is_legacy(version: str) -> bool:
+    """0.11.x and older: first-chunk admission, two-line capacity log, 400 for P + max_tokens > M."""
+    return version_tuple(version) < (0, 12)
+
+
+def policy(version: str, *, reserve_full_isl: bool = True) -> str:
+    """The schedsim policy name for this version (reference §2.8)."""
+    return "vllm-0.11" if is_legacy(version) or not reserve_full_isl else "vllm-0.33"
+
+
+def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = "cuda") -> bool:
+    """Whether `vllm serve` schedules asynchronously when --async-scheduling is not given.
+
+    0.33.0: `SchedulerConfig.async_scheduling` defaults to None (config/scheduler.py L211) and
+    `VllmConfig.__post_init__` turns it on unless the model pools, the executor cannot, or the V1
+    runner is incompatible (config/vllm.py L1685-1719); the CPU platform forces it off
+    (platforms/cpu.py L348). It arrived opt-in and experimental (vllm-project/vllm#19970, June
+    2025; 0.11 has `--async-scheduling` off by default); the release that made it the default lies
+    between 0.11 and 0.33 and is not pinned here: 0.12 and later are taken as on."""
+    if platform == "cpu":
+        return False
+    return version_tuple(version) >= (0, 12)

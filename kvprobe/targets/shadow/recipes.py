@@ -1,0 +1,29 @@
+"""Every environment kvprobe can build, by name: the registry of `kvprobe.targets.shadow.envs`
+with each recipe in it. A recipe written in its own module (the SGLang plugin's entry point, the
+fleet's router) registers itself when that module is imported; importing this module imports them
+all, so a lookup by name here (`kvprobe shadow install/list`, an expectation's `launch: shadow`,
+a shadow start, a test's engine environment) knows every recipe.
+"""
+
+from __future__ import annotations
+
+from kvprobe.targets.fleet import router
+from kvprobe.targets.shadow.envs import (
+    RECIPES,
+    ensure,
+    env_for,
+    find,
+    install,
+    install_command,
+    known_versions,
+    parse_spec,
+    recipe,
+    require,
+)
+from kvprobe.targets.shadow.sglang import env as sglang_env
+
+# The modules that register a recipe besides envs itself (its vLLM recipe is all pins).
+RECIPE_MODULES = (sglang_env, router)
+
+__all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "known_versions",
+           "parse_spec", "recipe", "require"]

@@ -1,0 +1,28 @@
+"""What kvprobe's SGLang plugin replaces: the dotted targets of its six hooks, and how to tell that
+SGLang applied one. Standard library only: the plugin (in every SGLang process) and the hooks (torch
+and SGLang) both read it.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+
+# Hook targets, SGLang 0.5.23 (file:line of each definition), by the name of their replacement in
+# kvprobe.targets.shadow.sglang.hooks.
+TARGETS = {
+    "load_model": "sglang.srt.model_executor.model_runner.ModelRunner.load_model",  # model_runner.py L1270
+    "profile_available_bytes": "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator."
+                               "_profile_available_bytes",  # kv_cache_configurator.py L2990
+    "init_attention_backends": "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",  # L1105
+    "init_cuda_graphs": "sglang.srt.model_executor.model_runner.ModelRunner.init_cuda_graphs",  # L1170
+    "forward_batch_generation": "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",  # tp_worker.py L622
+    "update_penalties": "sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.update_penalties",  # L410
+}
+
+
+def applied(target: str, fn) -> bool:
+    """Whether `target` now calls `fn`: a REPLACE wrapper (hook_registry.py `_wrap_fn`) holds the hook
+    in its closure."""
+    owner, _, attr = target.rpartition(".")
+    current = getattr(pkgutil.resolve_name(owner), attr, None)
+    return any(cell.cell_contents is fn for cell in (getattr(current, "__closure__", None) or ()))
