@@ -213,14 +213,14 @@ def policy(version: str) -> str:
 
 def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:
     """managers/tp_worker.py L568-572: min(context_len - 1, M - 1) - 5 (theory owns it)."""
-    from kvprobe.theory.budget import sglang_max_req_input_len
+    from kvprobe.theory.sglang.budget import sglang_max_req_input_len
 
     return sglang_max_req_input_len(context_len, max_total_num_tokens)
 
 
 def resolve_max_running_requests(max_total_num_tokens: int, context_len: int, user_value: int | None) -> int:
     """resolve_max_num_reqs (kv_cache_configurator.py, reference §1.4); theory owns it."""
-    from kvprobe.theory.budget import sglang_default_max_running_requests
+    from kvprobe.theory.sglang.budget import sglang_default_max_running_requests
 
     return sglang_default_max_running_requests(max_total_num_tokens, context_len, user_value)
 

@@ -204,7 +204,7 @@ STATS_FAMILY_PREFIX = "vllm:"
 
 def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
     """(kv tokens, max concurrency) as 0.33.0 logs them; theory owns the arithmetic."""
-    from kvprobe.theory.budget import vllm_capacity_numbers
+    from kvprobe.theory.vllm.budget import vllm_capacity_numbers
 
     return vllm_capacity_numbers(num_blocks, block_size, max_model_len)
 
@@ -288,7 +288,7 @@ def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
     (kv_cache_planning._check_enough_kv_cache_memory L50-87: num_blocks - 1 >= cdiv(M, B)); theory
     holds the message. The emulator has no bytes: GiB figures use `bytes_per_token` (Llama-3.1-8B bf16)."""
     from kvprobe.errors import ConfigError as _Refused
-    from kvprobe.theory.budget import vllm_check_fits
+    from kvprobe.theory.vllm.budget import vllm_check_fits
 
     per_block = bytes_per_token * block_size
     try:

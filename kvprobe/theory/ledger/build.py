@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory import budget as B
+from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.geometry import (
     KVBytes,
     ModelGeometry,
@@ -20,6 +20,7 @@ from kvprobe.theory.model.geometry import (
     weight_bytes,
 )
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
+from kvprobe.theory.sglang.budget import SglangBudget, sglang_budget
 from kvprobe.theory.sglang.pools import (
     DEFAULT_MAMBA_FULL_MEMORY_RATIO,
     DEFAULT_SWA_FULL_TOKENS_RATIO,
@@ -27,6 +28,7 @@ from kvprobe.theory.sglang.pools import (
     SglangPools,
 )
 from kvprobe.theory.sglang.swa.scheduler import FULL_POOL, window_pool_label
+from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, VllmBudget, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.units import parse_bytes, parse_count
@@ -132,7 +134,7 @@ def _schedsim():
 class Ledger:
     inputs: LedgerInputs
     model: ModelSection
-    budget: B.VllmBudget | B.SglangBudget
+    budget: VllmBudget | SglangBudget
     capacity: Capacity
     request: RequestSection | None
     admission: object | None  # admission.Prediction
@@ -281,9 +283,9 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
-    version = inputs.engine_version or B.VLLM_DEFAULT_VERSION
+    version = inputs.engine_version or VLLM_DEFAULT_VERSION
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
-    seqs, tokens = B.vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
+    seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
     seqs = inputs.max_num_seqs or seqs
     tokens = inputs.max_num_batched_tokens or min(tokens, seqs * max_len)
     if tokens < seqs:  # config/scheduler.py L317-336
@@ -293,9 +295,9 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     plan_opts = None
     if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm_kv.VllmOptions)
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
-                                B.VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
+                                VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching)
-    bud = B.vllm_budget(
+    bud = vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,
         block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
@@ -343,9 +345,9 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
 
 def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
-    version = inputs.engine_version or B.SGLANG_DEFAULT_VERSION
+    version = inputs.engine_version or SGLANG_DEFAULT_VERSION
     ctx = _derived_len(inputs, geom, inputs.context_length or inputs.max_model_len, "context_length")
-    bud = B.sglang_budget(
+    bud = sglang_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvprobe.tables import render_table
-from kvprobe.theory import budget as B
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
+from kvprobe.theory.vllm.budget import VllmBudget
 from kvprobe.units import format_bytes
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     def how(key: str, measured: str) -> str:
         return f"estimate ({measured})" if key in est else "given"
 
-    if isinstance(b, B.VllmBudget):
+    if isinstance(b, VllmBudget):
         return _vllm_budget_rows(b, how)
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
     return [
@@ -125,7 +125,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     ]
 
 
-def _vllm_budget_rows(b: B.VllmBudget, how) -> list[list[object]]:
+def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
     """The memory split, then the pool labelled by what really sized it: the profiled split, the
     bytes given by --kv-cache-memory-bytes, or the blocks given by --num-gpu-blocks-override."""
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)

@@ -29,8 +29,8 @@ from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.launch import kvprobe_pythonpath
 from kvprobe.targets.shadow.sglang import hybrid as sglang_hybrid
 from kvprobe.targets.shadow.sglang import plugin as sglang_plugin
-from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.model.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
+from kvprobe.theory.sglang.budget import SglangBudget, sglang_budget
 from kvprobe.units import format_bytes, parse_count
 
 MODULE = "sglang.launch_server"  # launch_server.py (0.5.23; warns that `sglang serve` is preferred)
