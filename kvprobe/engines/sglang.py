@@ -12,6 +12,7 @@ import time
 
 from kvprobe.engines.base import Flag, MetricMap, ReportedCapacity, render_flags
 from kvprobe.errors import ConfigError
+from kvprobe.theory.sglang.releases import policy as release_policy
 
 NAME = "sglang"
 DEFAULT_VERSION = "0.5.23"
@@ -207,8 +208,9 @@ def _vt(version: str) -> tuple[int, ...]:
 
 
 def policy(version: str) -> str:
-    """0.5.22 reserves ignore_eos requests at ratio 1.0; 0.5.21 and older scale by new_token_ratio."""
-    return "sglang-0.5.21" if _vt(version) <= (0, 5, 21) else "sglang-0.5.22"
+    """0.5.22 reserves ignore_eos requests at ratio 1.0; 0.5.21 and older scale by new_token_ratio
+    (the theory's release rule, theory/sglang/releases.py)."""
+    return release_policy(version)
 
 
 def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:

@@ -14,6 +14,7 @@ import time
 
 from kvprobe.engines.base import Flag, MetricMap, ReportedCapacity, render_flags
 from kvprobe.errors import ConfigError
+from kvprobe.theory.vllm.releases import policy as release_policy
 
 NAME = "vllm"
 DEFAULT_VERSION = "0.33.0"
@@ -219,8 +220,8 @@ def is_legacy(version: str) -> bool:
 
 
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
-    """The schedsim policy name for this version (reference §2.8)."""
-    return "vllm-0.11" if is_legacy(version) or not reserve_full_isl else "vllm-0.33"
+    """The schedsim policy name for this version: the theory's release rule (theory/vllm/releases.py)."""
+    return release_policy(version, reserve_full_isl=reserve_full_isl)
 
 
 def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = "cuda") -> bool:
