@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS  # noqa: F401
 from kvprobe.theory.sglang.scheduler import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler
@@ -36,7 +37,6 @@ from kvprobe.theory.sim.core import (  # noqa: F401 — the public API is import
     SimRequest,
     StepResult,
     VllmConfig,
-    cdiv,
 )
 from kvprobe.theory.sim.pools import VOCAB
 from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, is_hybrid

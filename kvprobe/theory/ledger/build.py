@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
-from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
+from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.geometry import (
     KVBytes,
     ModelGeometry,
@@ -20,6 +20,7 @@ from kvprobe.theory.model.geometry import (
     weight_bytes,
 )
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.budget import SglangBudget, sglang_budget
 from kvprobe.theory.sglang.pools import (
     DEFAULT_MAMBA_FULL_MEMORY_RATIO,
@@ -33,7 +34,6 @@ from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_g
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.units import parse_bytes, parse_count
 
-ENGINES = ("vllm", "sglang")
 MAMBA_POOL = "mamba state slots"  # SGLang's recurrent-state pool (Qwen3-Next), as the ledger names it
 SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
 
@@ -321,7 +321,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
                               f"{bud.max_model_len}; vLLM rejects such a request (HTTP 400)",
                               key="output_tokens")
         # reference §2.6: admission needs the prompt's blocks; the last output's KV is never written
-        request = RequestSection(p, o, -(-p // blk), -(-(p + o - 1) // blk), "blocks", bud.max_model_len)
+        request = RequestSection(p, o, cdiv(p, blk), cdiv(p + o - 1, blk), "blocks", bud.max_model_len)
     admission_mod, schedsim = _schedsim()
     sched = pred = None
     if bud.refusal is not None:  # the engine would not start: nothing is admitted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.fastpath import SglangFastPath
 from kvprobe.theory.sglang.schedule_policy import SglangPrefillAdder
 from kvprobe.theory.sim.core import (
@@ -14,7 +15,6 @@ from kvprobe.theory.sim.core import (
     SglangConfig,
     SimRequest,
     StepResult,
-    cdiv,
     output_tokens,
 )
 from kvprobe.theory.sim.pools import FullAttention, SglangTokenPool

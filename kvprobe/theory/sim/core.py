@@ -11,11 +11,6 @@ import numpy as np
 
 from kvprobe.theory.sim.pools import VOCAB, rid_seed
 
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # --------------------------------------------------------------------------- public data
 
 

@@ -22,6 +22,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.vllm.block_pool import VllmBlockPool  # noqa: F401 — imported from here by the schedulers
 
 VOCAB = 32000
@@ -65,7 +66,7 @@ class FullAttention:
         self.B = block_size
 
     def blocks(self, tokens):
-        return -(-tokens // self.B)
+        return cdiv(tokens, self.B)
 
     def phases(self, tokens: np.ndarray) -> Phases:
         return Phases.of(tokens, self.B)

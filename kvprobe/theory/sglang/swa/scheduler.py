@@ -40,10 +40,11 @@ import dataclasses
 import numpy as np
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.pools import SWA_EVICTION_INTERVAL  # SGLANG_SWA_EVICTION_INTERVAL, 128
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.scheduler import SglangScheduler
-from kvprobe.theory.sim.core import Lanes, SglangConfig, SimRequest, cdiv
+from kvprobe.theory.sim.core import Lanes, SglangConfig, SimRequest
 
 
 def is_hybrid_swa(config: SglangConfig) -> bool:

@@ -7,12 +7,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvprobe.theory.model.sizes import cdiv
+
 NEVER = 1 << 60
 NULL = 0  # block 0 is the null block: a table entry that holds nothing (block_pool.py L180-186)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def checkpoint_position(num_tokens: int, block: int) -> int:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 
-from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest, cdiv  # noqa: F401
+from kvprobe.theory.model.sizes import cdiv
+from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest  # noqa: F401
 
 # the public API is imported from here
 from kvprobe.theory.vllm.hybrid.single_type_managers import (  # noqa: F401

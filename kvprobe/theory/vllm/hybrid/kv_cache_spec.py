@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import ModelGeometry, kv_bytes_per_token
 from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
+from kvprobe.theory.model.sizes import DTYPE_BYTES, cdiv, format_gib
 
 FULL_SPEC, SLIDING_SPEC = "FullAttentionSpec", "SlidingWindowSpec"
 CHUNKED_SPEC, MAMBA_SPEC = "ChunkedLocalAttentionSpec", "MambaSpec"
@@ -56,11 +57,6 @@ FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
 GDN_MAMBA_TYPE = "gdn_attn"  # MambaAttentionBackendEnum.GDN_ATTN (gdn/base.py L50-51)
 _TORCH_DTYPE = {"auto": None, "bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-_DTYPE_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -89,10 +85,10 @@ class VllmLayerSpec:
     @property
     def page_size_bytes(self) -> int:
         if self.spec == MAMBA_SPEC:
-            raw = sum(math.prod(s) * _DTYPE_SIZE[d] for s, d in zip(self.shapes, self.dtypes, strict=True))
+            raw = sum(math.prod(s) * DTYPE_BYTES[d] for s, d in zip(self.shapes, self.dtypes, strict=True))
         else:
             raw = self.block_size * self.num_kv_heads * (self.head_size + self.head_size_v) * \
-                _DTYPE_SIZE[self.dtype]
+                DTYPE_BYTES[self.dtype]
         return max(raw, self.page_size_padded or 0)
 
     def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
@@ -182,9 +178,9 @@ def hybrid_block_size(geom: ModelGeometry, opts: VllmOptions) -> tuple[int, int 
     if geom.layers.count(LINEAR) == 0:
         return opts.block_size, None
     shapes, dtypes = _gdn_state(geom, opts)
-    mamba_page = sum(math.prod(s) * _DTYPE_SIZE[d] for s, d in zip(shapes, dtypes, strict=True))
+    mamba_page = sum(math.prod(s) * DTYPE_BYTES[d] for s, d in zip(shapes, dtypes, strict=True))
     attn_1 = max(1, geom.num_kv_heads // opts.tp) * (geom.head_dim + geom.v_head_dim) * \
-        _DTYPE_SIZE[_torch_dtype(opts.cache_dtype, geom)]
+        DTYPE_BYTES[_torch_dtype(opts.cache_dtype, geom)]
     align = max(FLASH_ATTN_BLOCK_MULTIPLE, opts.block_size)
     if opts.mamba_cache_mode == "align" and opts.gdn_prefill_backend == "flashinfer":
         align = math.lcm(align, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
@@ -350,10 +346,6 @@ def _estimate_max_model_len(specs, available: int, max_model_len: int, in_flight
     return best
 
 
-def _gib(nbytes: float) -> str:
-    return str(round(nbytes / 2**30, 2))  # format_gib (utils/mem_utils.py L30-31)
-
-
 def plan_layout(geom: ModelGeometry, opts: VllmOptions, max_model_len: int
                 ) -> tuple[list[VllmLayerSpec], list[VllmGroup], int, bool, str]:
     """(specs, groups, bytes per block, hybrid manager on, why): the layout, before any memory."""
@@ -419,8 +411,8 @@ def _check_fits(specs, groups, bpb: int, check: int, max_model_len: int, infligh
                if est > 0 else "")
     raise ConfigError(
         f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({_gib(check)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also "
+        f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
+        f"memory ({format_gib(check)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also "
         f"controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
         f"the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
         f"details.")

@@ -6,13 +6,13 @@ each group can give. Line numbers are the released wheel's; see vllm_kvm.py for 
 
 from __future__ import annotations
 
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.vllm.hybrid.block_pool import (
     NEVER,
     NULL,
     BlockPool,
     KVGroup,
     KVRequest,
-    cdiv,
     checkpoint_position,
     checkpoint_valid,
 )
