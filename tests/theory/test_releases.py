@@ -6,7 +6,8 @@ import pytest
 from kvprobe.engines import get_dialect
 from kvprobe.releases import KNOWN_VERSIONS
 from kvprobe.theory.admission import policy_for
-from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
 from kvprobe.theory.sglang import releases as sglang_releases
 from kvprobe.theory.vllm import releases as vllm_releases
 

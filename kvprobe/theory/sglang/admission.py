@@ -15,12 +15,8 @@ from kvprobe.theory.prediction import (
     with_policy,
 )
 from kvprobe.theory.schedsim import CLIP_MAX_NEW_TOKENS, SglangConfig, closed_loop
-from kvprobe.theory.sglang.swa.scheduler import (
-    FULL_POOL,
-    is_hybrid_swa,
-    request_pool_tokens,
-    window_pool_label,
-)
+from kvprobe.theory.sglang.swa.request import FULL_POOL, request_pool_tokens, window_pool_label
+from kvprobe.theory.sglang.swa.scheduler import is_hybrid_swa
 
 
 def sglang_published_usage(running: int, P: int, O: int, M: int, decode_log_interval: int = 40,  # noqa: E741

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
 from kvprobe.theory.sim.core import SimRequest, VllmConfig
 from kvprobe.theory.vllm.hybrid.kv_cache_manager import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
@@ -20,6 +21,7 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     SLIDING_SPEC,
     VllmKVPlan,
 )
+from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, kv_groups
 
 _KIND = {FULL_SPEC: FULL, SLIDING_SPEC: SLIDING, CHUNKED_SPEC: CHUNKED, MAMBA_SPEC: MAMBA}
 _LABEL = {FULL: "full layers", SLIDING: "sliding-window layers", CHUNKED: "chunked-local layers",
@@ -69,9 +71,6 @@ class GroupBlocks:
 def request_group_blocks(cfg: VllmConfig, P: int, O: int, layers: list[int] | None = None) -> list[GroupBlocks]:  # noqa: E741
     """What one request of P prompt and O output tokens holds in each group when it runs alone
     (a pool large enough for it), step by step through the simulated engine."""
-    from kvprobe.theory.schedsim import workload_prompt
-    from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, kv_groups
-
     groups = kv_groups(cfg)
     alone = HybridVllmScheduler(dataclasses.replace(cfg, num_gpu_blocks=1 << 20, max_num_seqs=1))
     req = SimRequest("alone", workload_prompt(0, P), O)
@@ -120,9 +119,6 @@ def runs_clean(cfg: VllmConfig, P: int, O: int, users: int, *, ramp_width: int, 
     `lifetime // ramp_width` steps apart — run through vLLM's scheduler (the simulated one) with
     no request ever left waiting after a step and no preemption, from the first arrival until
     CLEAN_LIFETIMES lifetimes after the last."""
-    from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
-    from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler
-
     sched = HybridVllmScheduler(cfg)
     life = request_lifetime(cfg, P, O)
     arrivals = arrival_steps(life, users, "ramp", ramp_width)
