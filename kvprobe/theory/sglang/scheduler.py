@@ -7,6 +7,7 @@ import numpy as np
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.fastpath import SglangFastPath
+from kvprobe.theory.sglang.radix_cache import SglangTokenPool
 from kvprobe.theory.sglang.schedule_policy import SglangPrefillAdder
 from kvprobe.theory.sim.core import (
     Emitted,
@@ -17,7 +18,7 @@ from kvprobe.theory.sim.core import (
     StepResult,
     output_tokens,
 )
-from kvprobe.theory.sim.pools import FullAttention, SglangTokenPool
+from kvprobe.theory.sim.pools import FullAttention
 
 # --------------------------------------------------------------------------- SGLang
 
