@@ -21,13 +21,8 @@ from dataclasses import dataclass, field
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB, cdiv, format_gib
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
-    MAMBA_SPEC,
-    VllmKVPlan,
-    VllmOptions,
-    plan_layout,
-    vllm_kv_plan,
-)
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, plan_layout, vllm_kv_plan
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
 from kvprobe.theory.sim.core import SimRequest, VllmConfig
 from kvprobe.theory.vllm.hybrid.kv_cache_manager import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     CHUNKED_SPEC,
     FULL_SPEC,
     MAMBA_SPEC,
     SLIDING_SPEC,
-    VllmKVPlan,
 )
 from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, kv_groups
 

@@ -1,7 +1,12 @@
 """The per-group managers of vLLM 0.33.0's hybrid KV cache (`SingleTypeKVCacheManager` and its
-subclasses, v1/core/single_type_kv_cache_manager.py), over `vllm_kvm.BlockPool`: one block table
-per request, the blocks a step needs, what leaves the window, what gets a hash, and the prefix hit
-each group can give. Line numbers are the released wheel's; see vllm_kvm.py for the whole.
+subclasses, vllm/v1/core/single_type_kv_cache_manager.py), over `block_pool.BlockPool`: one block
+table per request, the blocks a step needs, what leaves the window, what gets a hash, and the
+prefix hit each group can give. Line numbers are the released wheel's; `kv_cache_manager` holds
+the managers together.
+
+A port of that one vLLM file, class for class (the base manager and its sliding-window, chunked
+and two Mamba subclasses, then the factory), so it stays whole above the usual module size: read
+side by side with vLLM's file, a split would break the correspondence.
 """
 
 from __future__ import annotations
