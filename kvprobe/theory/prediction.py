@@ -38,7 +38,7 @@ class Prediction:
     start: str = ""  # "ramp" | "burst": the arrival history whose steady state gives `limit`
     probe_users: int | None = None  # the closed loop behind `limit`: its users and ramp width
     ramp_width: int | None = None
-    # vLLM hybrid models: one request's blocks per KV cache group (vllm_hybrid_groups.GroupBlocks
+    # vLLM hybrid models: one request's blocks per KV cache group (vllm/hybrid/groups.GroupBlocks
     # as dicts), and the group holding most of them when KV binds ("full layers", ...)
     groups: tuple = ()
     binding_group: str = ""
@@ -56,7 +56,7 @@ class NotModelled(ConfigError):
 
 def check_modelled(stats) -> None:
     """SGLang hybrid SWA with the radix cache on is followed exactly until a retracted request is
-    re-admitted onto its old prompt path (sched_sglang_swa_radix.py); a loop that does so is not
+    re-admitted onto its old prompt path (sglang/swa/radix.py); a loop that does so is not
     a prediction."""
     if stats.swa_radix_readopted:
         raise NotModelled(

@@ -74,7 +74,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
                           f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
     caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
     plan_opts = None
-    if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm_kv.VllmOptions)
+    if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
                                 VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching)
@@ -149,7 +149,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     request = None
     if inputs.prompt_tokens is not None:
         p, o = inputs.prompt_tokens, inputs.output_tokens
-        limit = min(ctx, m) - 2  # sglang.md §1.5: exactly O tokens need P + O <= min(ctx, M) - 2
+        limit = min(ctx, m) - 2  # exactly O tokens need P + O <= min(ctx, M) - 2 (scheduler.py init_req_max_new_tokens)
         if p > bud.max_req_input_len or p + o > limit:
             raise ConfigError(f"prompt_tokens + output_tokens = {p + o} (prompt {p}) is beyond SGLang's "
                               f"length limit: P <= max_req_input_len {bud.max_req_input_len} and "
@@ -183,7 +183,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
 def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
     """Why SGLang's admission of this hybrid layout is not predicted, or None. Modelled (and
     checked against SGLang's Scheduler, tests/theory/test_real_sglang.py): windows with the radix
-    cache off, or on with no prompt prefix shared (sched_sglang_swa_radix.py: until a retracted
+    cache off, or on with no prompt prefix shared (sglang/swa/radix.py: until a retracted
     request comes back to its old tree path, which admission.NotModelled reports); Qwen3-Next with
     it off, or on with the no_buffer strategy (overlap off, pages of 1) when no prompt prefix is
     shared (its matches stop at cached states: not modelled)."""

@@ -52,7 +52,7 @@ class RequestSection:
     blocks_peak: int  # vLLM: peak blocks of one request; SGLang: peak tokens held
     unit: str  # "blocks" | "tokens"
     length_limit: int
-    groups: list = field(default_factory=list)  # hybrid (vLLM): vllm_hybrid_groups.GroupBlocks as dicts
+    groups: list = field(default_factory=list)  # hybrid (vLLM): vllm/hybrid/groups.GroupBlocks as dicts
 
 
 @dataclass

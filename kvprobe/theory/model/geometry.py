@@ -13,7 +13,7 @@ The KV layouts are the engines' own (vLLM 0.33.0 `v1/kv_cache_interface.py`,
   when the list is absent); its dtype does not follow ``--kv-cache-dtype``.
 
 Layer kinds (full, sliding-window, chunked-local, linear attention) come from `layers.py`; the
-parameter groups from `weight_parts.py`; the presets and config loading from `model_presets.py`
+parameter groups from `weights.py`; the presets and config loading from `presets.py`
 (re-exported here).
 """
 
@@ -245,8 +245,8 @@ def _kv_dtype_bytes(geom: ModelGeometry, kv_cache_dtype: str) -> tuple[str, int]
 def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp: int = 1,
                        pp: int = 1) -> KVBytes:
     """Bytes one token writes across the layers that keep K/V per token (full, sliding and chunked
-    attention alike); linear-attention layers keep a per-request state instead (vllm_kv.py,
-    sglang_pools.py size it). For a hybrid model this is not the pool's bytes per token: what a
+    attention alike); linear-attention layers keep a per-request state instead (vllm/hybrid/kv_cache_spec.py,
+    sglang/pools.py size it). For a hybrid model this is not the pool's bytes per token: what a
     window or chunk layer holds is bounded per request, and each engine bounds it its own way."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")

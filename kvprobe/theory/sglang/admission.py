@@ -45,14 +45,14 @@ def sglang_shared_tokens(cfg: SglangConfig, K: int) -> int:
 def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
     M, ps, mrr = cfg.max_total_num_tokens, cfg.page_size, cfg.max_running_requests
     hybrid = is_hybrid_swa(cfg)
-    if P + O > cfg.context_len - 2 or P + O > M - 2:  # max_new clipped silently (sglang.md §1.5)
+    if P + O > cfg.context_len - 2 or P + O > M - 2:  # max_new clipped silently (scheduler.py init_req_max_new_tokens)
         raise ConfigError(f"P+O = {P + O} must be <= context_len-2 ({cfg.context_len - 2}) and "
                           f"<= max_total_num_tokens-2 ({M - 2}) to generate exactly O tokens (binding: length)")
     o_clip = min(O, CLIP_MAX_NEW_TOKENS)
     need = P + o_clip + ps  # candidate's charge (check_prefill, strict <)
     peak = P + O - 1
     common = {"policy": policy, "blocks_admission": need, "blocks_peak": peak, "shared_prefix_tokens": K}
-    if hybrid:  # the full and window pools' tokens of one request (sched_sglang_swa.request_pool_tokens)
+    if hybrid:  # the full and window pools' tokens of one request (sglang/swa/request.request_pool_tokens)
         if policy == "worst-case":
             raise ConfigError("the worst-case policy reserves full attention for every layer; a hybrid "
                               "model's pools are modelled by the sglang policies only", key="policy")
@@ -65,7 +65,7 @@ def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layer
                           usage_at_limit=round(limit * peak / M, 2), method="closed-form",
                           how="closed form: pool // (P+O)", **common)
     shared = sglang_shared_tokens(cfg, K)  # locked in the tree once, matched by every candidate
-    u = (P + O if cfg.overlap else P + O - 1) - shared  # per running request at admission time (§3.1)
+    u = (P + O if cfg.overlap else P + O - 1) - shared  # per running request at admission time (PrefillAdder)
     need_own = need - shared
     room = M - shared
     reserved = min(mrr, max(0, (room - need_own - 1) // u + 1)) if need_own < room else 0

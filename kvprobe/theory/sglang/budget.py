@@ -22,7 +22,7 @@ from kvprobe.units import format_bytes
 
 def sglang_hybrid_layout(geom: ModelGeometry, model_config: dict | None, opts: SglangOptions | None,
                          pp: int = 1) -> SglangLayout | None:
-    """How SGLang pools a hybrid model (sglang_pools.sglang_layout), or None for one uniform pool.
+    """How SGLang pools a hybrid model (sglang/pools.sglang_layout), or None for one uniform pool.
     Gemma 2/3, Mistral and --disable-hybrid-swa-memory pool every layer as full: the uniform budget
     is then SGLang's own. A window model gets a full and a window pool; Qwen3-Next a full pool over
     its full-attention layers and a recurrent-state (Mamba) pool. Refused naming the key: a hybrid
@@ -147,7 +147,7 @@ class SglangBudget:
     context_len: int
     estimates: dict[str, int] = field(default_factory=dict)
     refusal: str | None = None  # SGLang's start-up refusal (sglang_budget(refuse=False)): no pool at all
-    # a hybrid sliding-window model's pools (sglang_pools); None: one pool over every layer
+    # a hybrid sliding-window model's pools (sglang/pools.py); None: one pool over every layer
     pools: SglangPools | None = None
 
 
@@ -165,7 +165,7 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     `refuse=False` the budget is returned with `refusal` set and an empty pool, so a ledger can
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
     pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
-    pools come from the same byte budget (sglang_pools.sglang_pools)."""
+    pools come from the same byte budget (sglang/pools.sglang_pools)."""
     layout = sglang_hybrid_layout(geom, model_config, hybrid_opts, pp)
     estimates = dict(estimates or {})
     other = estimates.pop("other_bytes", 0)

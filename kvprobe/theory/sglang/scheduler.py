@@ -26,7 +26,7 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS (environ.py)
 
 
 class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
-    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py; sglang.md §2.10).
+    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py).
 
     Prefill has priority over decode; a pass admits FCFS through `PrefillAdder` until a request
     does not fit (head-of-line), a budget runs out, or max_running_requests is reached; a NO_TOKEN

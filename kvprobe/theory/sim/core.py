@@ -26,8 +26,8 @@ class VllmConfig:
     policy: str = "vllm-0.33"  # "vllm-0.33" (full-prompt admission) | "vllm-0.11" (first-chunk admission)
     watermark: float = 0.0
     async_scheduling: bool = False  # AsyncScheduler + batch queue of 2 (the engine's default: engines/vllm.py)
-    # the model's KV cache groups (vllm_kvm.KVGroup), in the planner's order; () = one full-attention
-    # group. A hybrid model (window, chunked-local or Mamba groups) runs sched_vllm_hybrid.py.
+    # the model's KV cache groups (vllm/hybrid/block_pool.KVGroup), in the planner's order; () = one full-attention
+    # group. A hybrid model (window, chunked-local or Mamba groups) runs vllm/hybrid/scheduler.py.
     groups: tuple = ()
 
 
@@ -43,7 +43,7 @@ class SglangConfig:
     policy: str = "sglang-0.5.22"  # "sglang-0.5.22" (ignore_eos reserved at 1.0) | "sglang-0.5.21" (new_token_ratio)
     schedule_conservativeness: float = 1.0
     overlap: bool = True
-    # hybrid sliding-window models (sched_sglang_swa.py): the window SGLang's scheduler uses (gpt-oss:
+    # hybrid sliding-window models (sglang/swa/scheduler.py): the window SGLang's scheduler uses (gpt-oss:
     # sliding_window - 1) and the window pool's tokens (max_total_num_tokens_swa); None: one pool
     sliding_window_size: int | None = None
     swa_pool_tokens: int | None = None
@@ -74,7 +74,7 @@ class SimRequest:
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
     _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
     _out_ids: tuple = field(default=(), init=False, repr=False)  # SGLang: its output ids, as far as asked
-    _kv: object = field(default=None, init=False, repr=False)  # vLLM hybrid: its vllm_kvm.KVRequest
+    _kv: object = field(default=None, init=False, repr=False)  # vLLM hybrid: its vllm/hybrid/block_pool.KVRequest
 
 
 class Emitted(Sequence):

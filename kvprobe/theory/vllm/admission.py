@@ -17,8 +17,9 @@ from kvprobe.theory.vllm.hybrid.scheduler import is_hybrid
 
 
 def vllm_request_blocks(P: int, O: int, B: int) -> tuple[int, int, float]:  # noqa: E741
-    """(b_adm, b_max, b_avg) of one request: admit ceil(P/B); the KV of output O is never written,
-    so the peak is ceil((P+O-1)/B); b_avg is the time average over its O steps (vllm.md §2.6)."""
+    """(b_adm, b_max, b_avg) of one request: admit ceil(P/B); output O is sampled but never run
+    through the model, so its KV is never written and the peak is ceil((P+O-1)/B); b_avg is the
+    time average over its O steps."""
     b_adm, b_max = cdiv(P, B), cdiv(P + O - 1, B)
     b_avg = (b_adm + sum(cdiv(P + k, B) for k in range(1, O))) / O
     return b_adm, b_max, b_avg
@@ -32,7 +33,7 @@ def vllm_shared_blocks(cfg: VllmConfig, K: int) -> int:
 
 def predict_vllm(cfg: VllmConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
     B, U, S, T = cfg.block_size, cfg.num_gpu_blocks - 1, cfg.max_num_seqs, cfg.max_num_batched_tokens
-    if P + O > cfg.max_model_len:  # 0.33 clamps max_tokens, then min_tokens=O is a 400 (vllm.md §4)
+    if P + O > cfg.max_model_len:  # 0.33 clamps max_tokens, then min_tokens=O is a 400 (api_utils.py get_max_tokens)
         raise ConfigError(f"P+O = {P + O} exceeds max_model_len {cfg.max_model_len} (binding: length)")
     b_adm, b_max, b_avg = vllm_request_blocks(P, O, B)
     groups: tuple = ()

@@ -26,7 +26,8 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
-# MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (reference §1.5); the
+# MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
+# update_block_size_for_backend; FlashMLA's get_supported_kernel_block_sizes is [64]); the
 # DSA indexer kernels are likewise fixed at 64 (seed 002). We assume that backend for MLA models.
 VLLM_MLA_BLOCK_SIZE = 64
 
@@ -165,7 +166,7 @@ class VllmBudget:
     # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
     refusal: str | None = None
     largest_max_model_len: int = 0
-    plan: VllmKVPlan | None = None  # a hybrid model's groups (vllm_kv.vllm_kv_plan); None: one uniform pool
+    plan: VllmKVPlan | None = None  # a hybrid model's groups (vllm/hybrid/kv_cache_planning.vllm_kv_plan); None: one uniform pool
 
     @property
     def usable_blocks(self) -> int:
@@ -185,7 +186,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     its message as a ConfigError; with `refuse=False` the budget is returned with `refusal` set, so
     a ledger can still show every number that leads to the refusal.
 
-    A hybrid model (window, chunked-local or linear layers) is planned by `vllm_kv.vllm_kv_plan`
+    A hybrid model (window, chunked-local or linear layers) is planned by `vllm/hybrid/kv_cache_planning.vllm_kv_plan`
     with `plan_opts` (the engine settings its layout depends on): its groups share one pool whose
     block is the largest group's page, and the capacity line divides by the sum over groups
     (`VllmBudget.plan`)."""
@@ -271,7 +272,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
 
 def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,
                    override: int | None, kv_pool: int | None, split: VllmBudget) -> VllmBudget:
-    """The memory split's pool planned as vLLM plans a hybrid model (vllm_kv.vllm_kv_plan)."""
+    """The memory split's pool planned as vLLM plans a hybrid model (vllm/hybrid/kv_cache_planning.vllm_kv_plan)."""
     plan = vllm_kv_plan(geom, max_model_len=max_model_len, available_bytes=None if override is not None
                         else kv_pool, num_gpu_blocks_override=override, opts=opts, auto_fit=auto_fit,
                         refuse=refuse)

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's scheduler on a hybrid sliding-window model (gpt-oss, Llama 4): two token pools.
 
 SGLang keeps the full-attention layers' KV in one pool (`max_total_num_tokens`) and the window
-layers' KV in a second (`max_total_num_tokens_swa`, sizes: sglang_pools.py); every token a request
+layers' KV in a second (`max_total_num_tokens_swa`, sizes: sglang/pools.py); every token a request
 computes takes a slot in both (`SWATokenToKVPoolAllocator`, mem_cache/allocator/swa.py L40-242:
 alloc_extend / alloc_decode take both, `available_size` is the smaller). What differs from one
 pool (files and lines of the released wheel, `sglang/srt/...`):
@@ -29,7 +29,7 @@ pool (files and lines of the released wheel, `sglang/srt/...`):
   pool_stats_observer.py L304-345): capacity - available - evictable of each pool.
 
 Modelled here: the radix cache off (`--disable-radix-cache`: nothing is cached). The radix cache on
-(SGLang's default) is the subclass in sched_sglang_swa_radix.py. Checked step by step against SGLang's own Scheduler
+(SGLang's default) is the subclass in sglang/swa/radix.py. Checked step by step against SGLang's own Scheduler
 (tests/theory/test_real_sglang.py, the hybrid shapes).
 """
 

@@ -1,5 +1,5 @@
 """The block pool of vLLM 0.33.0's hybrid KV cache with explicit block ids (`BlockPool`,
-v1/core/block_pool.py), the groups and the request as its managers read them. See vllm_kvm.py.
+v1/core/block_pool.py), the groups and the request as its managers read them. See kv_cache_manager.py.
 """
 
 from __future__ import annotations

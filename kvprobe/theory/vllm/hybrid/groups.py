@@ -1,7 +1,7 @@
 """A hybrid model's vLLM KV cache groups as the ledger and the admission model show them: the
-planner's groups (vllm_kv.VllmKVPlan) turned into the scheduler's groups (vllm_kvm.KVGroup), and
+planner's groups (kv_cache_planning.VllmKVPlan) turned into the scheduler's groups (block_pool.KVGroup), and
 what one request holds in each group — at admission, at its peak and on average over its life —
-measured by running it alone through the simulated engine (sched_vllm_hybrid), so the figures
+measured by running it alone through the simulated engine (hybrid/scheduler.py), so the figures
 follow the engine's own rules (window frees on the processed basis, the admission cap, Mamba's
 state blocks) rather than a formula beside them.
 """

@@ -38,7 +38,8 @@ FULL_SPEC, SLIDING_SPEC = "FullAttentionSpec", "SlidingWindowSpec"
 CHUNKED_SPEC, MAMBA_SPEC = "ChunkedLocalAttentionSpec", "MambaSpec"
 _SPEC_OF = {FULL: FULL_SPEC, SLIDING: SLIDING_SPEC, CHUNKED: CHUNKED_SPEC, LINEAR: MAMBA_SPEC}
 
-# FlashAttention's kernels take any multiple of 16 tokens (reference/vllm.md §1.5); the window
+# FlashAttention's kernels take any multiple of 16 tokens (v1/attention/backends/flash_attn.py
+# get_supported_kernel_block_sizes: MultipleOf(16)); the window
 # layers then run the primary block size unsplit (attention.py L641-663) and the hybrid Mamba
 # alignment starts from 16 (platforms/interface.py L1066-1082).
 FLASH_ATTN_BLOCK_MULTIPLE = 16

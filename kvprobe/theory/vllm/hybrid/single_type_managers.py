@@ -403,7 +403,7 @@ def make_manager(gid: int, group: KVGroup, pool: BlockPool, *, block_size: int, 
                  max_model_len: int, in_flight: int) -> Manager:
     """`get_manager_for_kv_cache_spec` (single_type_kv_cache_manager.py L2608-2653). Each manager
     also knows `max_blocks`, what one request can hold in the group at most (the spec's
-    max_memory_usage_bytes / page, as vllm_kv.VllmLayerSpec.blocks_per_request computes it)."""
+    max_memory_usage_bytes / page, as kv_cache_spec.VllmLayerSpec.blocks_per_request computes it)."""
     B = group.block_size or block_size
     if group.kind == FULL:
         m = Manager(gid, group, pool, B, None)
