@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
-from kvprobe.theory.model.sizes import GIB, MIB, cdiv, format_gib
-from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, plan_layout, vllm_kv_plan
+from kvprobe.theory.model.sizes import GIB, MIB, cdiv
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
+    NO_KV_MEMORY,
+    VllmKVPlan,
+    not_enough_kv_memory,
+    plan_layout,
+    vllm_kv_plan,
+)
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
@@ -123,21 +129,12 @@ def vllm_check_fits(num_blocks: int, bytes_per_block: int, block_size: int, max_
     """`_check_enough_kv_cache_memory` (kv_cache_planning.py L50-87): refuse at startup when one
     request of max_model_len does not fit the usable blocks (the null block excluded)."""
     if available_bytes <= 0 or num_blocks <= 0:
-        raise ConfigError("No available memory for the cache blocks. Try increasing "
-                          "`gpu_memory_utilization` when initializing the engine.")
+        raise ConfigError(NO_KV_MEMORY)
     needed_blocks = cdiv(max_model_len, block_size)
     if num_blocks - 1 >= needed_blocks:
         return
     estimated = max(0, (num_blocks - 1) * block_size)
-    raise ConfigError(
-        f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"({format_gib(needed_blocks * bytes_per_block)} GiB KV cache is needed, which is larger than the "
-        f"available KV cache memory ({format_gib(available_bytes)} GiB). Based on the available memory, "
-        f"the estimated maximum model length is {estimated}. Try increasing `gpu_memory_utilization` "
-        f"(which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
-        f"initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
-        f"for more details."
-    )
+    raise ConfigError(not_enough_kv_memory(max_model_len, needed_blocks * bytes_per_block, available_bytes, estimated))
 
 
 @dataclass

@@ -197,21 +197,31 @@ def vllm_kv_plan(geom: ModelGeometry, *, max_model_len: int, available_bytes: in
                       refusal, fit)
 
 
+NO_KV_MEMORY = ("No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine.")
+
+
+def not_enough_kv_memory(max_model_len: int, needed_bytes: int, available_bytes: int,
+                         estimated: int | None) -> str:
+    """vLLM's start-up refusal when one max_model_len request does not fit the pool
+    (`_check_enough_kv_cache_memory`, kv_cache_planning.py L50-87); `estimated` None leaves out
+    the estimated maximum model length."""
+    est_msg = (f"Based on the available memory, the estimated maximum model length is {estimated}. "
+               if estimated is not None else "")
+    return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({format_gib(needed_bytes)} GiB KV cache is needed, which is larger than the available KV cache "
+            f"memory ({format_gib(available_bytes)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which "
+            f"also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
+            f"the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
+            f"details.")
+
+
 def _check_fits(specs, groups, bpb: int, check: int, max_model_len: int, inflight: int) -> None:
     """`_check_enough_kv_cache_memory` (L50-87) with the group-aware need (L1253-1285)."""
     if check <= 0:
-        raise ConfigError("No available memory for the cache blocks. Try increasing "
-                          "`gpu_memory_utilization` when initializing the engine.")
+        raise ConfigError(NO_KV_MEMORY)
     needed = _needed_bytes(groups, bpb)
     if needed <= check:
         return
     est = _estimate_max_model_len(specs, check, max_model_len, inflight)
-    est_msg = (f"Based on the available memory, the estimated maximum model length is {est}. "
-               if est > 0 else "")
-    raise ConfigError(
-        f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({format_gib(check)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also "
-        f"controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
-        f"the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
-        f"details.")
+    raise ConfigError(not_enough_kv_memory(max_model_len, needed, check, est if est > 0 else None))
