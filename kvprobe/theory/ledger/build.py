@@ -26,6 +26,8 @@ from kvprobe.theory.sglang.pools import (
     SglangOptions,
     SglangPools,
 )
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
@@ -34,7 +36,6 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
 MAMBA_POOL = "mamba state slots"  # SGLang's recurrent-state pool (Qwen3-Next), as the ledger names it
-SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
 
 def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledger:
     """The ledger of one configuration. Where the engine would refuse to start, this raises its
@@ -155,7 +156,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
                               f"length limit: P <= max_req_input_len {bud.max_req_input_len} and "
                               f"P + O <= min(context_len, pool) - 2 = {limit}", key="output_tokens")
         # reserved at admission: prompt + min(max_new_tokens, 4096) (clip_max_new_tokens_estimation)
-        request = RequestSection(p, o, p + min(o, 4096), p + o - 1, "tokens", limit)
+        request = RequestSection(p, o, p + min(o, CLIP_MAX_NEW_TOKENS), p + o - 1, "tokens", limit)
     lay = bud.pools.layout if bud.pools else None
     not_modelled = _sglang_hybrid_not_modelled(inputs, lay)
     if not_modelled is not None:
@@ -167,7 +168,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     sched = schedsim.SglangConfig(
         max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
         chunked_prefill_size=bud.chunked_prefill_size,
-        max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
+        max_prefill_tokens=MAX_PREFILL_TOKENS, context_len=ctx,
         disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
         policy=policy if policy.startswith("sglang") else admission.policy_for("sglang", version),
         sliding_window_size=lay.sliding_window_size if window else None,

@@ -14,7 +14,8 @@ from kvprobe.theory.prediction import (
     ramp_width,
     with_policy,
 )
-from kvprobe.theory.schedsim import CLIP_MAX_NEW_TOKENS, SglangConfig, closed_loop
+from kvprobe.theory.schedsim import SglangConfig, closed_loop
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, request_pool_tokens, window_pool_label
 from kvprobe.theory.sglang.swa.scheduler import is_hybrid_swa
 

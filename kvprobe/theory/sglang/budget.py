@@ -17,6 +17,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
 from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.units import format_bytes
 
 
@@ -76,7 +77,7 @@ def sglang_prefill_graph_sizes(max_bs: int) -> list[int]:
 
 def sglang_reserved_mib(gpu_mem_mib: int | None, *, chunked_prefill_size: int, tp: int = 1, pp: int = 1,
                         mla: bool = False, cuda_graph_max_bs: int, prefill_graphs: bool = True,
-                        decode_graphs: bool = True, max_prefill_tokens: int = 16384,
+                        decode_graphs: bool = True, max_prefill_tokens: int = MAX_PREFILL_TOKENS,
                         prefill_graph_max_bs: int | None = None) -> float:
     """MiB SGLang keeps outside mem_fraction_static (memory_hook.py L281-328, L357-399)."""
     if chunked_prefill_size > 0:

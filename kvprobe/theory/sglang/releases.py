@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from kvprobe.releases import version_tuple
 
+# --max-prefill-tokens default (python/sglang/srt/server_args.py, 0.5.23): the prefill budget of a
+# scheduling pass, and the activation estimate's token count when chunked prefill is off.
+MAX_PREFILL_TOKENS = 16384
+
 
 def policy(version: str) -> str:
     """The admission policy (schedsim's name) of an SGLang version: 0.5.22 and later reserve an

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.theory.sim.pools import VOCAB, rid_seed
 
 # --------------------------------------------------------------------------- public data
@@ -37,7 +38,7 @@ class SglangConfig:
     page_size: int = 1
     max_running_requests: int = 2048
     chunked_prefill_size: int = 8192  # <= 0: disabled
-    max_prefill_tokens: int = 16384
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS
     context_len: int = 8192
     disable_radix_cache: bool = False
     policy: str = "sglang-0.5.22"  # "sglang-0.5.22" (ignore_eos reserved at 1.0) | "sglang-0.5.21" (new_token_ratio)
