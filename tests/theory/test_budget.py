@@ -93,7 +93,8 @@ def test_fixture_toosmall_refusal_text(llama):
 
 
 def test_refusal_boundary_is_usable_blocks():
-    # seed 000 / reference §1.6: 256 blocks cannot hold a 4096-token request (255 usable), 257 can
+    # seed 000: 256 blocks cannot hold a 4096-token request (255 usable, the null block aside:
+    # kv_cache_planning.py _check_enough_kv_cache_memory), 257 can
     with pytest.raises(ConfigError, match="estimated maximum model length is 4080"):
         VB.vllm_check_fits(256, 2 * 2**20, 16, 4096, 255 * 2 * 2**20)
     VB.vllm_check_fits(257, 2 * 2**20, 16, 4096, 256 * 2 * 2**20)
@@ -159,7 +160,8 @@ def test_prefill_capture_list_lengths():
 
 
 def test_sglang_reference_table_fractions():
-    # sglang.md §1.1 computed defaults (TP1, non-MLA): H200 0.903, H100-80G 0.830, A100-40G 0.823
+    # SGLang's default formula (arg_groups/memory_hook.py), TP1, non-MLA: H200 0.903, H100-80G 0.830,
+    # A100-40G 0.823
     for mib, expected in ((143771, 0.903), (81559, 0.830), (40960, 0.823)):
         cps, bs = SB.sglang_gpu_tier(mib)
         assert SB.sglang_default_mem_fraction_static(mib, chunked_prefill_size=cps, cuda_graph_max_bs=bs) == expected

@@ -1,4 +1,4 @@
-"""The ledger of hybrid models on vLLM: the pool planned per KV cache group (vllm_kv.vllm_kv_plan,
+"""The ledger of hybrid models on vLLM: the pool planned per KV cache group (vllm/hybrid/kv_cache_planning.vllm_kv_plan,
 checked against vLLM's planner in test_vllm_kv.py / tests/shadow_env), the per-group breakdown in
 text and JSON, the binding limit named by group, and the cases it does not model said plainly."""
 

@@ -1,7 +1,7 @@
 """The ledger of hybrid models on SGLang 0.5.23: the full and window pools sized from one budget
 (sglang_pools, checked against SGLang's configurator in tests/shadow_env/test_hybrid_sglang.py), the
 per-pool breakdown in text and JSON, the binding pool named, and what it does not model said plainly.
-Admission is sched_sglang_swa.py (the radix cache off) and sched_sglang_swa_radix.py (on), checked
+Admission is sglang/swa/scheduler.py (the radix cache off) and sglang/swa/radix.py (on), checked
 against SGLang's own Scheduler in test_real_sglang.py."""
 
 from __future__ import annotations
