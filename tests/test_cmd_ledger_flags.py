@@ -66,7 +66,7 @@ def test_seed_001_first_command_prints_every_table_then_the_refusal(capsys):
     positions = [out.index(h) for h in ("capacity ledger: vllm 0.33.0", "\nbudget ", "\ncapacity ",
                                         "admission: not predicted", "finding: vllm 0.33.0 would refuse")]
     assert positions == sorted(positions)
-    # vLLM's own text (theory/budget.py vllm_check_fits, checked against the fixture), then the fix
+    # vLLM's own text (theory/vllm/budget.py vllm_check_fits, checked against the fixture), then the fix
     assert "To serve at least one request with the model's max seq len (131072)" in out
     assert "the largest max-model-len that fits this pool: 48064 (--max-model-len 48064)" in out
     rc, out, _ = run(capsys, *SEED_001, "--max-model-len", "48064")

@@ -175,7 +175,7 @@ def inputs_from_args(args: argparse.Namespace):
     from kvprobe.engines import is_known_version, unknown_version_message
     from kvprobe.spec.schema import flag_ledger_kwargs
     from kvprobe.theory.admission import POLICIES
-    from kvprobe.theory.ledger.build import LedgerInputs
+    from kvprobe.theory.ledger.inputs import LedgerInputs
 
     if args.policy is not None and args.policy not in POLICIES:
         raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
@@ -218,6 +218,7 @@ def _fleet(ledger, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from kvprobe.theory.ledger.build import build_ledger
+    from kvprobe.theory.ledger.text import render_ledger
 
     ledger = build_ledger(inputs_from_args(args), explain_refusal=True)
     if getattr(args, "replicas", None) is not None:
@@ -229,5 +230,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(ledger.to_dict(), indent=2))
     else:
-        print(ledger.render())
+        print(render_ledger(ledger))
     return 1 if ledger.startup["refused"] else 0

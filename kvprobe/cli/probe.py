@@ -118,6 +118,7 @@ def _run(args) -> int:
     from kvprobe.spec.expectation import load_expectations
     from kvprobe.spec.launch import split_command
     from kvprobe.tables import render_table
+    from kvprobe.theory.ledger.text import render_ledger
 
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
@@ -141,7 +142,7 @@ def _run(args) -> int:
             log=lambda line: print(line, flush=True),
         )
         try:
-            print(predict(exp).render() + "\n", flush=True)  # the theory first: a person reads it while the ramp runs
+            print(render_ledger(predict(exp)) + "\n", flush=True)  # the theory first: a person reads it while the ramp runs
         except KvprobeError:
             pass  # run_probe reports the same error as the probe's verdict
         result = run_probe(exp, options)

@@ -21,6 +21,7 @@ from kvprobe.engines import get_dialect
 from kvprobe.errors import KvprobeError, ProbeError, TargetError
 from kvprobe.probe.judge import analyse, judge
 from kvprobe.probe.result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
+from kvprobe.theory.ledger.text import render_ledger
 
 __all__ = ["ERROR", "FAILED", "PASSED", "SCHEMA_VERSION", "ProbeOptions", "ProbeResult", "analyse", "judge",
            "run_probe", "predict", "open_target", "emulator_args", "calibrate"]
@@ -218,7 +219,7 @@ def begin(exp, options: ProbeOptions) -> ProbeRun:
     result = ProbeResult(expectation=exp)
     ledger = predict(exp)
     result.ledger = ledger.to_dict()
-    (artifacts / "ledger.txt").write_text(ledger.render() + "\n")
+    (artifacts / "ledger.txt").write_text(render_ledger(ledger) + "\n")
     return ProbeRun(exp=exp, options=options, artifacts=artifacts, result=result, ledger=ledger,
                     dialect=get_dialect(exp.engine), deadline=time.monotonic() + exp.profile.budget_seconds)
 
@@ -261,7 +262,7 @@ def discover_engine(pr: ProbeRun) -> None:
             ledger, exp = pr.ledger, replace(pr.exp, served_model_name=exp.served_model_name)
         pr.ledger = ledger
         pr.result.ledger = pr.ledger.to_dict()
-        (pr.artifacts / "ledger.txt").write_text(pr.ledger.render() + "\n")
+        (pr.artifacts / "ledger.txt").write_text(render_ledger(pr.ledger) + "\n")
         if (before.limit, before.binding) != (pr.prediction.limit, pr.prediction.binding):
             pr.log(f"kvprobe: {exp.name}: from what the engine publishes: admission limit {pr.prediction.limit:g} "
                    f"({pr.prediction.binding} binds); the expectation alone gave {before.limit:g} ({before.binding})")

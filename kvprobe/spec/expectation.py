@@ -577,7 +577,7 @@ def launched_model(exp: Expectation) -> str:
 
 def ledger_inputs(exp: Expectation, *, users: int | None = None):
     """The ledger's inputs for this expectation: its flags, hardware and request shape."""
-    from kvprobe.theory.ledger.build import LedgerInputs
+    from kvprobe.theory.ledger.inputs import LedgerInputs
 
     return LedgerInputs(**ledger_kwargs(exp, users=users))
 

@@ -2,17 +2,17 @@
 
 One `step()` is one engine iteration. The emulator runs the same objects in real time: it calls
 `add` for a new request, `abort` when a client disconnects, `step` in its loop, streams
-`StepResult.emitted` and exports `stats`. Rules and citations come from
-shared/reference/vllm.md §2-3 and shared/reference/sglang.md §2-3 (file:line of the engines), and
-are checked against the engines' own schedulers driven on a CPU: vLLM 0.33.0's Scheduler and
+`StepResult.emitted` and exports `stats`. Rules and citations come from the engines' own code
+(file:line in each scheduler module: vllm/v1/core/sched/scheduler.py and kv_cache_manager.py;
+python/sglang/srt/managers/scheduler.py and schedule_policy.py), and are checked against the engines' own schedulers driven on a CPU: vLLM 0.33.0's Scheduler and
 AsyncScheduler (window means equal) and SGLang 0.5.23's Scheduler (equal after every step),
 tests/theory/test_real_vllm.py and test_real_sglang.py.
 
 Speed: running requests live in numpy columns (`Lanes`), so a decode step over 1,000 requests is
 a handful of vector operations; Python code runs only on events (admission, finish, preemption,
 retraction, a prefill chunk, prefix-cache hashing), and a vLLM request's own cached blocks are one
-free-queue entry however many it holds (`vllm_pool.py`). `closed_loop` goes further: each
-scheduler's `jump` (vllm_fastpath.py, sglang_fastpath.py) applies stretches of plain decode
+free-queue entry however many it holds (`vllm/block_pool.py`). `closed_loop` goes further: each
+scheduler's `jump` (vllm/fastpath.py, sglang/fastpath.py) applies stretches of plain decode
 steps in closed form and, for vLLM, the steps that end them, with the results of `step()` exactly.
 """
 
@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS  # noqa: F401
 from kvprobe.theory.sglang.scheduler import RETRACT_DECODE_STEPS, SglangScheduler  # noqa: F401
 from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler
@@ -36,7 +37,6 @@ from kvprobe.theory.sim.core import (  # noqa: F401 — the public API is import
     SimRequest,
     StepResult,
     VllmConfig,
-    cdiv,
 )
 from kvprobe.theory.sim.pools import VOCAB
 from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, is_hybrid
@@ -85,7 +85,7 @@ class ClosedLoopStats:
     window_blocked: float = 0.0
     swa_usage_mean: float = 0.0  # ... and the window pool's used slots over its size, time average
     # ... radix cache on: re-admissions onto an old tree path in the whole run (not modelled from the
-    # first on: sched_sglang_swa_radix.py)
+    # first on: sglang/swa/radix.py)
     swa_radix_readopted: int = 0
 
     @property

@@ -20,11 +20,11 @@ from hybrid_engines import HERE, model_folder, run_json
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     VllmOptions,
     hybrid_block_size,
     hybrid_kv_cache_manager,
-    vllm_kv_plan,
     vllm_layer_specs,
 )
 from tests.engine_envs import engine_env

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.admission import POLICIES, policy_for, predict, vllm_request_blocks
+from kvprobe.theory.admission import POLICIES, policy_for, predict
 from kvprobe.theory.schedsim import SglangConfig, VllmConfig
+from kvprobe.theory.vllm.admission import vllm_request_blocks
 
 REF = VllmConfig(num_gpu_blocks=1000, block_size=16, max_num_seqs=1024, max_num_batched_tokens=8192,
                  max_model_len=4096)

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory import budget as B
 from kvprobe.theory.model.geometry import (
     geometry_from_config,
     kv_bytes_per_token,
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.sglang import budget as SB
+from kvprobe.theory.vllm import budget as VB
+from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 GIB = 2**30
 FIXTURES = Path("/work/shared/fixtures")
@@ -30,14 +32,14 @@ def vllm(llama, **kw):
     g, kv, w = llama
     kw.setdefault("gpu_memory_bytes", 24 * GIB)
     kw.setdefault("max_model_len", 8192)
-    return B.vllm_budget(g, kv, weights=w, **kw)
+    return VB.vllm_budget(g, kv, weights=w, **kw)
 
 
 def sglang(llama, **kw):
     g, kv, w = llama
     kw.setdefault("gpu_memory_bytes", 24 * GIB)
     kw.setdefault("context_len", 131072)
-    return B.sglang_budget(g, kv, weights=w, **kw)
+    return SB.sglang_budget(g, kv, weights=w, **kw)
 
 
 def test_seed001_vllm_upper_bound(llama):
@@ -63,7 +65,7 @@ def test_fixture_startup_log_3646_blocks(llama):
     assert (b.num_blocks, b.block_size, b.bytes_per_block) == (3646, 16, 2 * 2**20)
     assert (b.kv_tokens, b.max_model_len, f"{b.max_concurrency_at_max_model_len:.2f}") == (tokens, max_len, conc)
     assert (tokens, conc) == (58_336, "7.12")
-    assert B.vllm_capacity_numbers(3646, 16, 8192) == (58_336, 3646 / 512)
+    assert VB.vllm_capacity_numbers(3646, 16, 8192) == (58_336, 3646 / 512)
 
 
 def test_fixture_override_log(llama):
@@ -91,21 +93,22 @@ def test_fixture_toosmall_refusal_text(llama):
 
 
 def test_refusal_boundary_is_usable_blocks():
-    # seed 000 / reference §1.6: 256 blocks cannot hold a 4096-token request (255 usable), 257 can
+    # seed 000: 256 blocks cannot hold a 4096-token request (255 usable, the null block aside:
+    # kv_cache_planning.py _check_enough_kv_cache_memory), 257 can
     with pytest.raises(ConfigError, match="estimated maximum model length is 4080"):
-        B.vllm_check_fits(256, 2 * 2**20, 16, 4096, 255 * 2 * 2**20)
-    B.vllm_check_fits(257, 2 * 2**20, 16, 4096, 256 * 2 * 2**20)
+        VB.vllm_check_fits(256, 2 * 2**20, 16, 4096, 255 * 2 * 2**20)
+    VB.vllm_check_fits(257, 2 * 2**20, 16, 4096, 256 * 2 * 2**20)
     with pytest.raises(ConfigError, match="No available memory"):
-        B.vllm_check_fits(0, 2 * 2**20, 16, 4096, -5)
+        VB.vllm_check_fits(0, 2 * 2**20, 16, 4096, -5)
 
 
 def test_seed000_block_examples():
     # 1000 blocks of 16: P=512 with max output 4096 -> 288 blocks per request, 8192 -> 544
     assert -(-(512 + 4096) // 16) == 288 and -(-(512 + 8192) // 16) == 544
     # 2000 blocks, max_model_len 8192 -> 512 blocks per request -> 3.9x; 4096 -> 256 -> 7.8x
-    assert B.vllm_capacity_numbers(2000, 16, 8192) == (32_000, 2000 / 512)
-    assert f"{B.vllm_capacity_numbers(2000, 16, 8192)[1]:.1f}" == "3.9"
-    assert f"{B.vllm_capacity_numbers(2000, 16, 4096)[1]:.1f}" == "7.8"
+    assert VB.vllm_capacity_numbers(2000, 16, 8192) == (32_000, 2000 / 512)
+    assert f"{VB.vllm_capacity_numbers(2000, 16, 8192)[1]:.1f}" == "3.9"
+    assert f"{VB.vllm_capacity_numbers(2000, 16, 4096)[1]:.1f}" == "7.8"
 
 
 def test_kv_cache_memory_bytes_replaces_pool(llama):
@@ -114,21 +117,21 @@ def test_kv_cache_memory_bytes_replaces_pool(llama):
 
 
 def test_vllm_defaults_by_version_and_tier():
-    assert B.vllm_default_gpu_memory_utilization("0.33.0") == 0.92
-    assert B.vllm_default_gpu_memory_utilization("0.11.0") == 0.9
-    assert B.vllm_default_gpu_memory_utilization("0.9.2") == 0.9
-    assert B.vllm_default_gpu_memory_utilization("0.40.1") == 0.92
-    assert B.vllm_batch_defaults(24 * GIB, 8192) == (256, 2048)
-    assert B.vllm_batch_defaults(80 * GIB, 8192) == (1024, 8192)
-    assert B.vllm_batch_defaults(80 * GIB, 8192, gpu_name="NVIDIA A100-SXM4-80GB") == (256, 2048)
-    assert B.vllm_batch_defaults(192 * GIB, 8192) == (1024, 16384)
-    assert B.vllm_batch_defaults(80 * GIB, 4) == (1024, 4096)  # capped at seqs x max_model_len
+    assert vllm_default_gpu_memory_utilization("0.33.0") == 0.92
+    assert vllm_default_gpu_memory_utilization("0.11.0") == 0.9
+    assert vllm_default_gpu_memory_utilization("0.9.2") == 0.9
+    assert vllm_default_gpu_memory_utilization("0.40.1") == 0.92
+    assert VB.vllm_batch_defaults(24 * GIB, 8192) == (256, 2048)
+    assert VB.vllm_batch_defaults(80 * GIB, 8192) == (1024, 8192)
+    assert VB.vllm_batch_defaults(80 * GIB, 8192, gpu_name="NVIDIA A100-SXM4-80GB") == (256, 2048)
+    assert VB.vllm_batch_defaults(192 * GIB, 8192) == (1024, 16384)
+    assert VB.vllm_batch_defaults(80 * GIB, 4) == (1024, 4096)  # capped at seqs x max_model_len
 
 
 def test_mla_block_size_and_bytes_per_block():
     g = geometry_from_config(load_model_config("zai-org/GLM-5.3")[0])
     kv = kv_bytes_per_token(g, kv_cache_dtype="fp8_ds_mla", tp=8)
-    b = B.vllm_budget(g, kv, weights=0, gpu_memory_bytes=None, max_model_len=8192,
+    b = VB.vllm_budget(g, kv, weights=0, gpu_memory_bytes=None, max_model_len=8192,
                       num_gpu_blocks_override=1000)
     assert (b.block_size, b.bytes_per_block) == (64, 3_452_160)
 
@@ -151,19 +154,20 @@ def test_seed001_sglang_cps_2048(llama):
 
 
 def test_prefill_capture_list_lengths():
-    assert [len(B.sglang_prefill_graph_sizes(n)) for n in (8192, 4096, 2048)] == [58, 50, 42]
-    sizes = B.sglang_prefill_graph_sizes(8192)
+    assert [len(SB.sglang_prefill_graph_sizes(n)) for n in (8192, 4096, 2048)] == [58, 50, 42]
+    sizes = SB.sglang_prefill_graph_sizes(8192)
     assert sizes[:3] == [4, 8, 12] and sizes[-1] == 8192 and sizes == sorted(set(sizes))
 
 
 def test_sglang_reference_table_fractions():
-    # sglang.md §1.1 computed defaults (TP1, non-MLA): H200 0.903, H100-80G 0.830, A100-40G 0.823
+    # SGLang's default formula (arg_groups/memory_hook.py), TP1, non-MLA: H200 0.903, H100-80G 0.830,
+    # A100-40G 0.823
     for mib, expected in ((143771, 0.903), (81559, 0.830), (40960, 0.823)):
-        cps, bs = B.sglang_gpu_tier(mib)
-        assert B.sglang_default_mem_fraction_static(mib, chunked_prefill_size=cps, cuda_graph_max_bs=bs) == expected
+        cps, bs = SB.sglang_gpu_tier(mib)
+        assert SB.sglang_default_mem_fraction_static(mib, chunked_prefill_size=cps, cuda_graph_max_bs=bs) == expected
     # > 60 GiB: 10 GiB floor; MLA reserves 1.5 GiB for prefill graphs whatever the list length
-    assert B.sglang_reserved_mib(81559, chunked_prefill_size=2048, cuda_graph_max_bs=8) == 10 * 1024
-    assert B.sglang_reserved_mib(24576, chunked_prefill_size=4096, cuda_graph_max_bs=48, mla=True) == \
+    assert SB.sglang_reserved_mib(81559, chunked_prefill_size=2048, cuda_graph_max_bs=8) == 10 * 1024
+    assert SB.sglang_reserved_mib(24576, chunked_prefill_size=4096, cuda_graph_max_bs=48, mla=True) == \
         512 + 6144 + 128 + 96 + 1536
 
 
@@ -176,12 +180,12 @@ def test_sglang_explicit_fraction_max_total_tokens_and_pages(llama):
 
 
 def test_sglang_max_running_requests_rules():
-    assert B.sglang_default_max_running_requests(16384, 32768) == 2048
-    assert B.sglang_default_max_running_requests(10**6, 8192) == 4096
-    assert B.sglang_default_max_running_requests(1000, 8192) == 500  # M // 2
-    assert B.sglang_default_max_running_requests(10**6, 8192, 64, dp=4) == 16
-    assert B.sglang_default_max_running_requests(100, 8192, 500) == 50
-    assert B.sglang_max_req_input_len(8192, 10**6) == 8186
+    assert SB.sglang_default_max_running_requests(16384, 32768) == 2048
+    assert SB.sglang_default_max_running_requests(10**6, 8192) == 4096
+    assert SB.sglang_default_max_running_requests(1000, 8192) == 500  # M // 2
+    assert SB.sglang_default_max_running_requests(10**6, 8192, 64, dp=4) == 16
+    assert SB.sglang_default_max_running_requests(100, 8192, 500) == 50
+    assert SB.sglang_max_req_input_len(8192, 10**6) == 8186
 
 
 def test_nothing_left_for_kv_is_a_config_error(llama):
@@ -203,8 +207,8 @@ def test_uniform_budgets_refuse_hybrid_models_instead_of_sizing_them_as_full(mod
     g = geometry_from_config(load_model_config(model)[0], model)
     kv = kv_bytes_per_token(g)
     with pytest.raises(ConfigError, match="hybrid plan's options") as err:
-        B.vllm_budget(g, kv, weights=0, gpu_memory_bytes=None, max_model_len=4096, num_gpu_blocks_override=100)
+        VB.vllm_budget(g, kv, weights=0, gpu_memory_bytes=None, max_model_len=4096, num_gpu_blocks_override=100)
     assert err.value.key == g.layers.key
     with pytest.raises(ConfigError, match="needs the model's config.json and the hybrid options") as err:
-        B.sglang_budget(g, kv, weights=0, gpu_memory_bytes=None, context_len=4096, max_total_tokens=10000)
+        SB.sglang_budget(g, kv, weights=0, gpu_memory_bytes=None, context_len=4096, max_total_tokens=10000)
     assert err.value.key == g.layers.key

@@ -18,7 +18,7 @@ from kvprobe.theory.schedsim import (
     make_scheduler,
     workload_prompt,
 )
-from kvprobe.theory.sim.pools import SglangTokenPool
+from kvprobe.theory.sglang.radix_cache import SglangTokenPool
 
 LONG = VllmConfig(num_gpu_blocks=6000, block_size=16, max_num_seqs=1024, max_num_batched_tokens=8192,
                   max_model_len=16384)

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
+from kvprobe.theory.ledger.text import render_ledger
 
 GIB = 2**30
 NO_ESTIMATES = {"activation_bytes": 0, "cudagraph_bytes": 0, "other_bytes": 0}
@@ -65,11 +67,11 @@ def test_sglang_seed001_through_the_ledger():
 
 
 def test_render_is_the_seed000_ledger():
-    text = llama(estimates=NO_ESTIMATES, prompt_tokens=512, output_tokens=256).render()
+    text = render_ledger(llama(estimates=NO_ESTIMATES, prompt_tokens=512, output_tokens=256))
     for word in ("capacity ledger: vllm 0.33.0", "model", "budget", "capacity", "request", "admission"):
         assert word in text
     assert "58,336" in text and "7.12x" in text and "7.12 GiB" in text and "3,646" in text
-    sg = llama("sglang", prompt_tokens=512, output_tokens=256).render()
+    sg = render_ledger(llama("sglang", prompt_tokens=512, output_tokens=256))
     assert "0.704" in sg and "15,879" in sg and "max_req_input_len" in sg
 
 
@@ -147,7 +149,7 @@ def test_admission_section_present():
     assert {"policy", "limit", "no_preemption_limit", "binding", "usage_at_limit", "running", "waiting"} <= set(a)
     assert a["policy"] == "vllm-0.33"
     assert led.scheduler_config.num_gpu_blocks == 3646
-    assert "binding limit: " + a["binding"] in led.render()
+    assert "binding limit: " + a["binding"] in render_ledger(led)
     sg = llama("sglang", prompt_tokens=512, output_tokens=256)
     assert sg.to_dict()["admission"]["policy"].startswith("sglang")
     assert sg.scheduler_config.max_total_num_tokens == 15_879
@@ -156,4 +158,4 @@ def test_admission_section_present():
 def test_admission_absent_without_request_shape():
     led = llama()
     assert led.admission is None and led.to_dict()["admission"] is None
-    assert "admission: not predicted" in led.render()
+    assert "admission: not predicted" in render_ledger(led)

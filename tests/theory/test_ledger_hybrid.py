@@ -1,4 +1,4 @@
-"""The ledger of hybrid models on vLLM: the pool planned per KV cache group (vllm_kv.vllm_kv_plan,
+"""The ledger of hybrid models on vLLM: the pool planned per KV cache group (vllm/hybrid/kv_cache_planning.vllm_kv_plan,
 checked against vLLM's planner in test_vllm_kv.py / tests/shadow_env), the per-group breakdown in
 text and JSON, the binding limit named by group, and the cases it does not model said plainly."""
 
@@ -9,7 +9,9 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
+from kvprobe.theory.ledger.text import render_ledger
 
 GPT_OSS = "openai/gpt-oss-20b"
 
@@ -55,7 +57,7 @@ def test_gpt_oss_admission_per_group_and_the_full_layers_bind():
     # and runs clean well above it (checked against vLLM's scheduler in
     # test_real_vllm_hybrid.py::test_the_closed_loop_runs_clean_up_to_the_ledgers_figure_and_no_further)
     assert 10 < a.clean_in_closed_loop <= a.limit + 1
-    text = led.render()
+    text = render_ledger(led)
     assert "never waits or preempts" in text and "every request at every group's peak at once" in text
     assert "clean in the closed loop" in text
     assert "binding limit: kv (full layers)" in text

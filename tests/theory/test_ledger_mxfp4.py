@@ -10,7 +10,8 @@ import pytest
 
 from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
 
 GPT_OSS = "openai/gpt-oss-20b"
 GIB = 2**30

@@ -1,7 +1,7 @@
 """The ledger of hybrid models on SGLang 0.5.23: the full and window pools sized from one budget
 (sglang_pools, checked against SGLang's configurator in tests/shadow_env/test_hybrid_sglang.py), the
 per-pool breakdown in text and JSON, the binding pool named, and what it does not model said plainly.
-Admission is sched_sglang_swa.py (the radix cache off) and sched_sglang_swa_radix.py (on), checked
+Admission is sglang/swa/scheduler.py (the radix cache off) and sglang/swa/radix.py (on), checked
 against SGLang's own Scheduler in test_real_sglang.py."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import re
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
+from kvprobe.theory.ledger.text import render_ledger
 
 GPT_OSS = "openai/gpt-oss-20b"
 GIB = 2**30
@@ -47,7 +49,7 @@ def test_the_window_pool_binds_and_is_named():
     # estimate_swa_kv_tokens: (1500 - 127) + min(2500, 127) + 1 page; held: the prompt and 1 in flight
     assert (window["blocks_admission"], window["blocks_peak"]) == (1501, 1501)
     assert window["blocks_mean"] < 2 * 127 + 2  # after its prompt leaves, at most window + 129
-    text = led.render()
+    text = render_ledger(led)
     assert "binding limit: kv (swa pool (window 127))" in text
     assert "  swa pool (window 127)          1501 / 1501" in text
 
@@ -88,7 +90,7 @@ def test_the_radix_cache_on_is_predicted_with_its_window_freed_after_the_prefill
     assert win_on["blocks_admission"] == win_off["blocks_admission"] == (1000 - 127) + 127 + 1  # the same charge
     assert win_on["blocks_peak"] == 1000 and win_off["blocks_peak"] == 1001  # the prompt (and off: its first decode)
     assert win_on["blocks_mean"] == 183.4 and win_off["blocks_mean"] == 192.04  # one request alone
-    assert "admission: not predicted" not in on.render()
+    assert "admission: not predicted" not in render_ledger(on)
 
 
 def test_the_radix_cache_on_says_when_it_leaves_what_is_modelled():
@@ -98,7 +100,7 @@ def test_the_radix_cache_on_says_when_it_leaves_what_is_modelled():
     led = ledger(max_total_tokens=20000, disable_radix_cache=False, swa_full_tokens_ratio=0.1, prompt_tokens=300,
                  output_tokens=400)
     assert led.admission is None and "re-adopts" in led.not_predicted and "--disable-radix-cache" in led.not_predicted
-    assert "admission: not predicted (disable_radix_cache: with SGLang's radix cache on" in led.render()
+    assert "admission: not predicted (disable_radix_cache: with SGLang's radix cache on" in render_ledger(led)
     shared = ledger(max_total_tokens=100000, disable_radix_cache=False, prompt_tokens=1000, output_tokens=100,
                     shared_prefix_tokens=100)
     assert shared.admission is None and "shared prompt prefix" in shared.not_predicted
@@ -121,7 +123,7 @@ def test_qwen3_next_radix_off_one_state_slot_per_request():
     assert a.binding == "max_running_requests" and a.limit == 64 and a.waiting > 10
     out = json.loads(json.dumps(led.to_dict()))
     assert out["capacity"]["groups"][1]["bytes_per_slot"] == led.budget.pools.layout.mamba_cache_per_req
-    assert re.search(r"  mamba state slots +64  slots, one per running request; 36 layers", led.render())
+    assert re.search(r"  mamba state slots +64  slots, one per running request; 36 layers", render_ledger(led))
 
 
 def test_qwen3_next_radix_on_is_sized_not_predicted():

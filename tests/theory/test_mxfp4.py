@@ -2,7 +2,7 @@
 
 Checked against figures no one here wrote:
 * the checkpoints' tensor bytes (their safetensors index `total_size`): gpt-oss-20b 13,761,264,768 B
-  (cited in model_presets.py); gpt-oss-120b 65,248,815,744 B, asserted as the tensor bytes of the 15
+  (cited in model/presets.py); gpt-oss-120b 65,248,815,744 B, asserted as the tensor bytes of the 15
   weight files (65,248,893,184 B on disk with their headers) by a public deployment test in the code
   index, and the 60.8 GiB the gpt-oss model card lists (= 65,248,815,744 / 2^30, as quoted by
   fitmygpu.com/models/gpt-oss-120b);

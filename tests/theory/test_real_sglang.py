@@ -7,7 +7,7 @@ tracker, process_batch_result, in its overlap event loop — is built with only 
 simulation: the same arrivals, prompts and resubmissions. After every step the two must agree
 exactly on running, waiting, used tokens, retractions and new_token_ratio. The hybrid shapes run a
 gpt-oss-shaped model (a sliding-window pool beside the full one; the radix cache off:
-sched_sglang_swa.py, on: sched_sglang_swa_radix.py) and compare the used tokens of both pools. The environment is
+sglang/swa/scheduler.py, on: sglang/swa/radix.py) and compare the used tokens of both pools. The environment is
 installed when missing (tests/theory/conftest.py).
 """
 
@@ -64,7 +64,7 @@ def model_trace(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, 
 
 def model_run(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eos_after=None):  # noqa: E741
     """model_trace, and the first step at which the model says it no longer follows SGLang (a
-    retracted request re-admitted onto its old tree path, sched_sglang_swa_radix.py), or None."""
+    retracted request re-admitted onto its old tree path, sglang/swa/radix.py), or None."""
     sched, count, trace, nxt, beyond = make_scheduler(cfg), 0, [], 0, None
 
     def submit():
@@ -221,7 +221,7 @@ HYBRID_SHAPES = {  # (config, server args), P, O, users, start, ignore_eos, step
     "swa: Llama 4 chunked layers, window binds": (hybrid_config(8000, RATIO, LLAMA4), 300, 400, 12, "ramp", True, 1500),
 }
 
-# The radix cache on (SGLang's default; sched_sglang_swa_radix.py). Each shape: as HYBRID_SHAPES, then
+# The radix cache on (SGLang's default; sglang/swa/radix.py). Each shape: as HYBRID_SHAPES, then
 # the step the model must follow SGLang through at least. The model follows SGLang exactly until
 # a retracted request is re-admitted onto its old prompt path (SGLang re-adopts the path's full-only
 # nodes: not modelled); it flags that step itself, and the comparison stops there. None: never.

@@ -172,8 +172,8 @@ def test_checkpoint_blocks_are_what_makes_those_shapes_equal(real):
 
 
 # Async shapes with prefix caching where schedsim's count-based full-attention model
-# (vllm_pool.py) parts from vLLM — a finishing request's last block, a resumed request's own
-# blocks, a shared prefix — and the explicit pool (vllm_kvm.py, one full group) does not.
+# (vllm/block_pool.py) parts from vLLM — a finishing request's last block, a resumed request's own
+# blocks, a shared prefix — and the explicit pool (vllm/hybrid/kv_cache_manager.py, one full group) does not.
 PARTING = [  # (config fields, P, O, users, K); every user starts at step 0
     (dict(num_gpu_blocks=69, block_size=1, max_num_seqs=6, max_num_batched_tokens=24, max_model_len=23), 1, 22, 6, 0),
     (dict(num_gpu_blocks=10, block_size=16, max_num_seqs=7, max_num_batched_tokens=24, max_model_len=19), 8, 11, 7, 0),
@@ -204,7 +204,7 @@ def test_the_explicit_pool_where_the_count_model_parts(real, i):
 
 
 # The hybrid closed loop's clean region (admission.py `clean_in_closed_loop`,
-# vllm_hybrid_groups.no_preemption_limit): the groups peak at different moments of a request's life
+# vllm/hybrid/groups.no_preemption_limit): the groups peak at different moments of a request's life
 # and the closed loop interleaves requests, so its largest clean N is above every request at every
 # group's peak. vLLM's scheduler runs the ledger's N clean and N + 1 not, with the ledger's ramp
 # arrivals, for longer than the simulation looked (CLEAN_CHECK_LIFETIMES after the last user joined,

@@ -23,7 +23,7 @@ def unique(i: int, n: int) -> list[int]:
     return [1000 + i] + [(i * 31 + k) % 30000 for k in range(1, n)]
 
 
-# ---------------------------------------------------------------- vLLM (vllm.md §3 measured table)
+# ---------------------------------------------------------------- vLLM (closed-loop steady states)
 
 
 def test_vllm_below_no_preemption_limit_runs_everyone():
@@ -60,7 +60,8 @@ def test_vllm_max_num_seqs_row():
 
 
 def test_vllm_old_policy_admits_on_first_chunk():
-    # vllm.md §2.8 [run]: P=3000, O=64, budget 2048, G=2000 -> preemptions only without full-ISL
+    # run on 0.33.0: P=3000, O=64, budget 2048, G=2000 -> preemptions only without full-ISL
+    # (--no-scheduler-reserve-full-isl)
     kw = dict(num_gpu_blocks=2000, max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=8192)
     new = closed_loop(VllmConfig(**kw), 3000, 64, 24)
     old = closed_loop(VllmConfig(**kw, policy="vllm-0.11"), 3000, 64, 24)
@@ -135,7 +136,7 @@ def test_vllm_abort_frees_everything():
     assert sched.pool.num_free == sched.pool.usable and sched.stats.usage == 0
 
 
-# ---------------------------------------------------------------- SGLang (sglang.md §3)
+# ---------------------------------------------------------------- SGLang (closed-loop steady states)
 
 
 def test_sglang_example_a_cold_start_16_then_5():

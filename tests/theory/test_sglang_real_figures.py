@@ -1,6 +1,6 @@
 """Figures SGLang 0.5.23's own Scheduler produced (tests/theory/real/sglang_driver.py, step by step),
 checked here without it, one per rule the comparison taught the simulation (kvprobe/theory/
-sched_sglang.py cites the engine's lines). Each row is (running, waiting, used tokens,
+sglang/scheduler.py cites the engine's lines). Each row is (running, waiting, used tokens,
 retractions, new_token_ratio) after that step of a closed loop."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SGLang's hybrid sliding-window scheduler (sched_sglang_swa.py): worked numbers and invariants.
+"""SGLang's hybrid sliding-window scheduler (sglang/swa/scheduler.py): worked numbers and invariants.
 
 The step-by-step check against SGLang's own Scheduler is tests/theory/test_real_sglang.py (the
 "swa: ..." shapes); here: the window rule on one request by hand, the pool invariants under random

@@ -1,4 +1,4 @@
-"""The hybrid vLLM scheduler (sched_vllm_hybrid.py over vllm_kvm.py): the rules of each group kind
+"""The hybrid vLLM scheduler (vllm/hybrid/scheduler.py over vllm/hybrid/kv_cache_manager.py): the rules of each group kind
 on small cases worked by hand from vLLM 0.33.0's source, and, as a property, that its explicit
 block pool run with one full-attention group is the count-based full-attention scheduler."""
 
@@ -126,8 +126,8 @@ def _trace(sched, P, O, users, K, steps):  # noqa: E741
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=vllm_case(), users=st.integers(1, 30), k=st.floats(0, 0.99))
 def test_one_full_group_through_the_explicit_pool_is_the_count_based_scheduler(case, users, k):
-    """Two implementations of vLLM's full-attention KV cache — counts and runs (vllm_pool.py) and
-    explicit blocks (vllm_kvm.py) — schedule every step alike, synchronous scheduling: running,
+    """Two implementations of vLLM's full-attention KV cache — counts and runs (vllm/block_pool.py) and
+    explicit blocks (vllm/hybrid/kv_cache_manager.py) — schedule every step alike, synchronous scheduling: running,
     waiting, used blocks, preemptions, finishes. (In async mode with prefix caching the two can
     part in pools of a few blocks; vLLM's own scheduler sides with the explicit pool there:
     tests/theory/test_real_vllm_hybrid.py::test_the_explicit_pool_where_the_count_model_parts.)"""

@@ -9,6 +9,7 @@ import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     CHUNKED_SPEC,
     FULL_SPEC,
@@ -16,7 +17,6 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     SLIDING_SPEC,
     VllmOptions,
     hybrid_block_size,
-    vllm_kv_plan,
     vllm_layer_specs,
 )
 

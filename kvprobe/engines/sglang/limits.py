@@ -1,23 +1,20 @@
 """SGLang's request limits (0.5.23): the longest input, the running cap, the tokenizer's and the
 scheduler's refusals, the silent clipping of max_new_tokens. The arithmetic the theory owns is
-read from `kvprobe.theory.budget`."""
+read from the theory (`kvprobe/theory/sglang/budget.py`)."""
 
 from __future__ import annotations
 
 from kvprobe.engines.base import ReportedCapacity
+from kvprobe.theory.sglang.budget import sglang_default_max_running_requests, sglang_max_req_input_len
 
 
 def max_req_input_len(context_len: int, max_total_num_tokens: int) -> int:
     """managers/tp_worker.py L568-572: min(context_len - 1, M - 1) - 5 (theory owns it)."""
-    from kvprobe.theory.budget import sglang_max_req_input_len
-
     return sglang_max_req_input_len(context_len, max_total_num_tokens)
 
 
 def resolve_max_running_requests(max_total_num_tokens: int, context_len: int, user_value: int | None) -> int:
     """resolve_max_num_reqs (mem_cache/kv_cache_configurator.py); theory owns it."""
-    from kvprobe.theory.budget import sglang_default_max_running_requests
-
     return sglang_default_max_running_requests(max_total_num_tokens, context_len, user_value)
 
 

@@ -9,12 +9,12 @@ import time
 
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy
+from kvprobe.errors import ConfigError
+from kvprobe.theory.vllm.budget import vllm_capacity_numbers, vllm_check_fits
 
 
 def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
     """(kv tokens, max concurrency) as 0.33.0 logs them; theory owns the arithmetic."""
-    from kvprobe.theory.budget import vllm_capacity_numbers
-
     return vllm_capacity_numbers(num_blocks, block_size, max_model_len)
 
 
@@ -68,13 +68,10 @@ def startup_refusal(num_blocks: int, block_size: int, max_model_len: int,
     """The ValueError text vLLM raises when one max_model_len request does not fit the usable blocks
     (kv_cache_planning._check_enough_kv_cache_memory L50-87: num_blocks - 1 >= cdiv(M, B)); theory
     holds the message. The emulator has no bytes: GiB figures use `bytes_per_token` (Llama-3.1-8B bf16)."""
-    from kvprobe.errors import ConfigError as _Refused
-    from kvprobe.theory.budget import vllm_check_fits
-
     per_block = bytes_per_token * block_size
     try:
         vllm_check_fits(num_blocks, per_block, block_size, max_model_len, num_blocks * per_block)
-    except _Refused as err:
+    except ConfigError as err:
         return str(err)
     return None
 

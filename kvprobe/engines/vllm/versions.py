@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvprobe.releases import KNOWN_VERSIONS as _KNOWN
 from kvprobe.releases import VLLM, VLLM_DEFAULT_VERSION, version_tuple
+from kvprobe.theory.vllm.releases import policy  # noqa: F401 — the admission policy of a release is the theory's rule
 
 NAME = VLLM
 DEFAULT_VERSION = VLLM_DEFAULT_VERSION
@@ -16,11 +17,6 @@ KNOWN_VERSIONS = _KNOWN[VLLM]
 def is_legacy(version: str) -> bool:
     """0.11.x and older: first-chunk admission, two-line capacity log, 400 for P + max_tokens > M."""
     return version_tuple(version) < (0, 12)
-
-
-def policy(version: str, *, reserve_full_isl: bool = True) -> str:
-    """The schedsim policy name for this version (reference §2.8)."""
-    return "vllm-0.11" if is_legacy(version) or not reserve_full_isl else "vllm-0.33"
 
 
 def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = "cuda") -> bool:

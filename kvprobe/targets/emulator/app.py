@@ -24,12 +24,13 @@ from kvprobe.errors import ConfigError
 from kvprobe.targets.emulator.faults import Hooks, parse_faults, real_pool
 from kvprobe.targets.emulator.metrics import SglangMetrics, VllmMetrics
 from kvprobe.targets.emulator.runtime import Runtime
-from kvprobe.theory.budget import vllm_default_gpu_memory_utilization
 from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang.pools import SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sim.steptime import TimeModel
 from kvprobe.theory.vllm.hybrid.groups import sched_groups
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmKVPlan, VllmOptions, vllm_kv_plan
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
+from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 
 class Secret:

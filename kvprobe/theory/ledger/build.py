@@ -1,264 +1,48 @@
-"""The capacity ledger (seed 000 §7): model -> budget -> capacity -> request -> admission.
-
-One object holds every number kvprobe predicts for a configuration, with the binding limit named,
-so a person can check the arithmetic line by line and a probe can compare it with the engine.
-"""
+"""The capacity ledger of one configuration, built: the model's geometry and weights, the engine's
+memory budget, the pool's capacity, one request's blocks and the admission limit, each computed by
+the engine's own theory (`kvprobe.theory.vllm`, `kvprobe.theory.sglang`). The data is
+`kvprobe.theory.ledger.sections.Ledger`; `kvprobe.theory.ledger.text` renders it."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 from kvprobe.errors import ConfigError
-from kvprobe.theory import budget as B
+from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
+from kvprobe.theory import admission, schedsim
+from kvprobe.theory.ledger.inputs import LedgerInputs, normalized, validate
+from kvprobe.theory.ledger.sections import Capacity, Ledger, ModelSection, RequestSection
 from kvprobe.theory.model.geometry import (
-    KVBytes,
     ModelGeometry,
     geometry_from_config,
     kv_bytes_per_token,
     load_model_config,
     weight_bytes,
 )
-from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, GPU_ARCHS
+from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
+from kvprobe.theory.model.sizes import cdiv
+from kvprobe.theory.sglang.budget import sglang_budget
 from kvprobe.theory.sglang.pools import (
     DEFAULT_MAMBA_FULL_MEMORY_RATIO,
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SglangOptions,
     SglangPools,
 )
-from kvprobe.theory.sglang.swa.scheduler import FULL_POOL, window_pool_label
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
+from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
+from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.units import parse_bytes, parse_count
 
-ENGINES = ("vllm", "sglang")
+__all__ = ["Ledger", "LedgerInputs", "build_ledger"]
+
 MAMBA_POOL = "mamba state slots"  # SGLang's recurrent-state pool (Qwen3-Next), as the ledger names it
-SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens default (0.5.23)
-
-
-@dataclass
-class LedgerInputs:
-    engine: str
-    model: str
-    engine_version: str | None = None
-    gpu_memory_bytes: int | None = None
-    gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
-    gpu_memory_utilization: float | None = None
-    mem_fraction_static: float | None = None
-    dtype: str | None = None
-    kv_cache_dtype: str = "auto"
-    block_size: int | None = None
-    page_size: int | None = None
-    max_model_len: int | None = None  # -1 = vLLM's `auto` (fit the pool)
-    context_length: int | None = None
-    max_num_seqs: int | None = None
-    max_running_requests: int | None = None
-    max_num_batched_tokens: int | None = None
-    chunked_prefill_size: int | None = None
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    num_gpu_blocks_override: int | None = None
-    max_total_tokens: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    users: int | None = None
-    policy: str | None = None
-    enable_prefix_caching: bool | None = None
-    disable_radix_cache: bool = False
-    swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
-    mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
-    disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
-    # SGLang's hybrid-pool flags (theory/sglang_pools.SglangOptions; None: SGLang's default)
-    disable_hybrid_swa_memory: bool = False
-    max_mamba_cache_size: int | None = None
-    mamba_full_memory_ratio: float | None = None
-    mamba_ssm_dtype: str | None = None
-    reserve_full_isl: bool = True
-    async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
-    shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
-    estimates: dict[str, int] = field(default_factory=dict)
-    base_dir: str | None = None
-
-
-@dataclass
-class ModelSection:
-    geometry: ModelGeometry
-    kv: KVBytes
-    weight_bytes: int  # per rank
-    source: str
-    config: dict = field(default_factory=dict, repr=False)  # config.json as read (SGLang's hybrid layout)
-
-
-@dataclass
-class Capacity:
-    num_blocks: int  # vLLM: as logged (null block included); SGLang: pages in the pool
-    usable_blocks: int
-    block_size: int
-    bytes_per_block: int
-    kv_tokens: int
-    kv_tokens_upper: int | None
-    max_concurrency_at_max_model_len: float
-    max_model_len: int  # vLLM max_model_len / SGLang context_len
-    max_running: int  # max_num_seqs / max_running_requests
-    token_budget: int  # max_num_batched_tokens / chunked_prefill_size
-    # a hybrid model's KV cache groups (vLLM): label, kind, copies, layers, block_size, and the
-    # blocks one max-length request holds at most (the capacity line's divisor, per group)
-    groups: list = field(default_factory=list)
-
-
-@dataclass
-class RequestSection:
-    prompt_tokens: int
-    output_tokens: int
-    blocks_admission: int  # vLLM: blocks to admit; SGLang: tokens reserved at admission
-    blocks_peak: int  # vLLM: peak blocks of one request; SGLang: peak tokens held
-    unit: str  # "blocks" | "tokens"
-    length_limit: int
-    groups: list = field(default_factory=list)  # hybrid (vLLM): vllm_hybrid_groups.GroupBlocks as dicts
-
-
-def _schedsim():
-    """THEORY-SCHED's modules; the ledger still prints budget and capacity without them."""
-    try:
-        from kvprobe.theory import admission, schedsim
-    except ImportError:
-        return None, None
-    return admission, schedsim
-
-
-@dataclass
-class Ledger:
-    inputs: LedgerInputs
-    model: ModelSection
-    budget: B.VllmBudget | B.SglangBudget
-    capacity: Capacity
-    request: RequestSection | None
-    admission: object | None  # admission.Prediction
-    scheduler_config: object | None  # schedsim.VllmConfig | schedsim.SglangConfig
-    engine_version: str = ""
-    refusal: str | None = None  # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
-    not_predicted: str | None = None  # why admission is not predicted although the request is given
-
-    @property
-    def startup(self) -> dict:
-        """Would the engine start with this configuration; if not, why, in its own words, and the
-        largest max-model-len that would fit the same pool (vLLM's estimate in that message)."""
-        if self.refusal is None:
-            return {"refused": False}
-        fits = getattr(self.budget, "largest_max_model_len", None)
-        return {"refused": True, "engine": self.inputs.engine, "message": self.refusal,
-                "largest_max_model_len": fits or None}
-
-    def to_dict(self) -> dict:
-        g, kv = self.model.geometry, self.model.kv
-        out = {
-            "engine": self.inputs.engine,
-            "engine_version": self.engine_version,
-            "model": {
-                "name": g.name, "source": self.model.source, "attention": g.attention,
-                "num_layers": g.num_layers, "layers_per_rank": kv.layers_per_rank,
-                "param_count": g.param_count, "dtype": g.dtype, "quantized_fp8": g.quantized_fp8,
-                "quantized_mxfp4": g.quantized_mxfp4,
-                "kv_cache_dtype": kv.dtype, "kv_bytes_per_token": kv.total,
-                "kv_bytes_per_token_main": kv.main, "kv_bytes_per_token_indexer": kv.indexer,
-                "kv_bytes_per_token_per_layer": kv.per_layer_main, "indexer_layers": g.indexer_layers,
-                "weight_bytes": self.model.weight_bytes,
-                "tp": self.inputs.tp, "pp": self.inputs.pp, "dp": self.inputs.dp,
-            },
-            "budget": {k: v for k, v in dataclasses.asdict(self.budget).items() if k not in ("plan", "pools")},
-            "capacity": dataclasses.asdict(self.capacity),
-            "request": dataclasses.asdict(self.request) if self.request else None,
-            "admission": None,
-            "scheduler_config": _scheduler_dict(self.scheduler_config),
-            "startup": self.startup,
-        }
-        if self.admission is not None:
-            a = dataclasses.asdict(self.admission)
-            a["replicas"] = self.inputs.dp
-            a["total_limit"] = a["limit"] * self.inputs.dp
-            a["groups"] = [dict(g) for g in a.get("groups", ())]  # a JSON list
-            out["admission"] = a
-        return out
-
-    def render(self) -> str:
-        from kvprobe.theory.ledger.text import render_ledger
-
-        return render_ledger(self)
-
-
-def _scheduler_dict(config) -> dict | None:
-    if config is None:
-        return None
-    out = dataclasses.asdict(config)
-    if "groups" in out:  # KV cache groups (vLLM): a JSON list of objects
-        out["groups"] = [dict(g) for g in out["groups"]]
-    return out
-
-
-# ------------------------------------------------------------------------------------- build
-
-
-def _positive(name: str, value: int | None, *, allow_none=True) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"expected a positive integer, got {value!r}", key=name)
-
-
-def _validate(inp: LedgerInputs) -> None:
-    if inp.engine not in ENGINES:
-        raise ConfigError(f"expected one of {', '.join(ENGINES)}, got {inp.engine!r}", key="engine")
-    for name in ("tp", "pp", "dp"):
-        _positive(name, getattr(inp, name), allow_none=False)
-    if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
-        raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
-    for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
-                 "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
-                 "kv_cache_memory_bytes", "gpu_memory_bytes", "prompt_tokens", "output_tokens", "users"):
-        _positive(name, getattr(inp, name))
-    if inp.max_model_len is not None and inp.max_model_len != -1:
-        _positive("max_model_len", inp.max_model_len)
-    if (inp.prompt_tokens is None) != (inp.output_tokens is None):
-        raise ConfigError("give both prompt_tokens and output_tokens, or neither", key="prompt_tokens")
-
-
-_BYTE_FIELDS = ("gpu_memory_bytes", "kv_cache_memory_bytes")
-_COUNT_FIELDS = ("block_size", "page_size", "max_model_len", "context_length", "max_num_seqs",
-                 "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
-                 "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users",
-                 "shared_prefix_tokens")
-
-
-def _normalized(inp: LedgerInputs) -> LedgerInputs:
-    """Accept sizes and counts as written in flags ("24GiB", "8k", "auto" for max_model_len)."""
-    changes = {}
-    for name in _BYTE_FIELDS:
-        value = getattr(inp, name)
-        if isinstance(value, str):
-            changes[name] = parse_bytes(value, key=name)
-    for name in _COUNT_FIELDS:
-        value = getattr(inp, name)
-        if isinstance(value, str):
-            changes[name] = -1 if name == "max_model_len" and value.strip() in ("auto", "-1") \
-                else parse_count(value, key=name)
-    for name in ("gpu_memory_utilization", "mem_fraction_static"):
-        value = getattr(inp, name)
-        if isinstance(value, str):
-            try:
-                changes[name] = float(value)
-            except ValueError as err:
-                raise ConfigError(f"expected a fraction such as 0.9, got {value!r}", key=name) from err
-    return dataclasses.replace(inp, **changes) if changes else inp
-
 
 def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledger:
     """The ledger of one configuration. Where the engine would refuse to start, this raises its
     message as a ConfigError; with `explain_refusal` the ledger is returned with every table and the
     refusal as a finding (`Ledger.refusal`, `Ledger.startup`), and no admission prediction."""
-    inputs = _normalized(inputs)
-    _validate(inputs)
+    inputs = normalized(inputs)
+    validate(inputs)
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
@@ -281,9 +65,9 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
-    version = inputs.engine_version or B.VLLM_DEFAULT_VERSION
+    version = inputs.engine_version or VLLM_DEFAULT_VERSION
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
-    seqs, tokens = B.vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
+    seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
     seqs = inputs.max_num_seqs or seqs
     tokens = inputs.max_num_batched_tokens or min(tokens, seqs * max_len)
     if tokens < seqs:  # config/scheduler.py L317-336
@@ -291,11 +75,11 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
                           f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
     caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
     plan_opts = None
-    if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm_kv.VllmOptions)
+    if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
-                                B.VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
+                                VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching)
-    bud = B.vllm_budget(
+    bud = vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,
         block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
@@ -318,34 +102,31 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
             raise ConfigError(f"prompt_tokens + output_tokens = {p + o} is beyond max_model_len "
                               f"{bud.max_model_len}; vLLM rejects such a request (HTTP 400)",
                               key="output_tokens")
-        # reference §2.6: admission needs the prompt's blocks; the last output's KV is never written
-        request = RequestSection(p, o, -(-p // blk), -(-(p + o - 1) // blk), "blocks", bud.max_model_len)
-    admission_mod, schedsim = _schedsim()
-    sched = pred = None
+        # admission needs the prompt's blocks; the last output's KV is never written (its token is
+        # sampled, not run through the model: vllm/v1/core/sched/scheduler.py)
+        request = RequestSection(p, o, cdiv(p, blk), cdiv(p + o - 1, blk), "blocks", bud.max_model_len)
     if bud.refusal is not None:  # the engine would not start: nothing is admitted
         return Ledger(inputs, model, bud, cap, request, None, None, version, bud.refusal)
     if not_modelled is not None:
         return Ledger(inputs, model, bud, cap, None, None, None, version, not_predicted=not_modelled)
-    if schedsim is not None:
-        policy = inputs.policy or admission_mod.policy_for("vllm", version,
-                                                           reserve_full_isl=inputs.reserve_full_isl)
-        sched = schedsim.VllmConfig(
-            num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
-            max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
-            enable_prefix_caching=caching,
-            enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
-            policy=policy if policy.startswith("vllm") else admission_mod.policy_for("vllm", version),
-            groups=groups)
-        layers = tuple(group_layers(bud.plan)) if groups else ()
-        pred = _predict(admission_mod, sched, inputs, policy, request, layers)
+    policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
+    sched = schedsim.VllmConfig(
+        num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
+        max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
+        enable_prefix_caching=caching,
+        enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
+        policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
+        groups=groups)
+    layers = tuple(group_layers(bud.plan)) if groups else ()
+    pred = _predict(sched, inputs, policy, request, layers)
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
 def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
-    version = inputs.engine_version or B.SGLANG_DEFAULT_VERSION
+    version = inputs.engine_version or SGLANG_DEFAULT_VERSION
     ctx = _derived_len(inputs, geom, inputs.context_length or inputs.max_model_len, "context_length")
-    bud = B.sglang_budget(
+    bud = sglang_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         context_len=ctx, mem_fraction_static=inputs.mem_fraction_static,
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
@@ -369,15 +150,13 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     request = None
     if inputs.prompt_tokens is not None:
         p, o = inputs.prompt_tokens, inputs.output_tokens
-        limit = min(ctx, m) - 2  # sglang.md §1.5: exactly O tokens need P + O <= min(ctx, M) - 2
+        limit = min(ctx, m) - 2  # exactly O tokens need P + O <= min(ctx, M) - 2 (scheduler.py init_req_max_new_tokens)
         if p > bud.max_req_input_len or p + o > limit:
             raise ConfigError(f"prompt_tokens + output_tokens = {p + o} (prompt {p}) is beyond SGLang's "
                               f"length limit: P <= max_req_input_len {bud.max_req_input_len} and "
                               f"P + O <= min(context_len, pool) - 2 = {limit}", key="output_tokens")
         # reserved at admission: prompt + min(max_new_tokens, 4096) (clip_max_new_tokens_estimation)
-        request = RequestSection(p, o, p + min(o, 4096), p + o - 1, "tokens", limit)
-    admission_mod, schedsim = _schedsim()
-    sched = pred = None
+        request = RequestSection(p, o, p + min(o, CLIP_MAX_NEW_TOKENS), p + o - 1, "tokens", limit)
     lay = bud.pools.layout if bud.pools else None
     not_modelled = _sglang_hybrid_not_modelled(inputs, lay)
     if not_modelled is not None:
@@ -385,28 +164,27 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
                       not_predicted=not_modelled if request is not None else None)
     window = lay is not None and lay.pool == "hybrid_swa"  # Qwen3-Next, radix off: the plain scheduler
     #   on the full pool, max_running_requests = the state slots (tests/theory/test_real_sglang.py)
-    if schedsim is not None:
-        policy = inputs.policy or admission_mod.policy_for("sglang", version)
-        sched = schedsim.SglangConfig(
-            max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
-            chunked_prefill_size=bud.chunked_prefill_size,
-            max_prefill_tokens=SGLANG_DEFAULT_MAX_PREFILL_TOKENS, context_len=ctx,
-            disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
-            policy=policy if policy.startswith("sglang") else admission_mod.policy_for("sglang", version),
-            sliding_window_size=lay.sliding_window_size if window else None,
-            swa_pool_tokens=bud.pools.swa_tokens if window else None)
-        layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
-        try:
-            pred = _predict(admission_mod, sched, inputs, policy, request, layers)
-        except admission_mod.NotModelled as err:  # the radix cache on, a re-admission onto an old path
-            return Ledger(inputs, model, bud, cap, request, None, sched, version, not_predicted=str(err))
+    policy = inputs.policy or admission.policy_for("sglang", version)
+    sched = schedsim.SglangConfig(
+        max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
+        chunked_prefill_size=bud.chunked_prefill_size,
+        max_prefill_tokens=MAX_PREFILL_TOKENS, context_len=ctx,
+        disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
+        policy=policy if policy.startswith("sglang") else admission.policy_for("sglang", version),
+        sliding_window_size=lay.sliding_window_size if window else None,
+        swa_pool_tokens=bud.pools.swa_tokens if window else None)
+    layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
+    try:
+        pred = _predict(sched, inputs, policy, request, layers)
+    except admission.NotModelled as err:  # the radix cache on, a re-admission onto an old path
+        return Ledger(inputs, model, bud, cap, request, None, sched, version, not_predicted=str(err))
     return Ledger(inputs, model, bud, cap, request, pred, sched, version)
 
 
 def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
     """Why SGLang's admission of this hybrid layout is not predicted, or None. Modelled (and
     checked against SGLang's Scheduler, tests/theory/test_real_sglang.py): windows with the radix
-    cache off, or on with no prompt prefix shared (sched_sglang_swa_radix.py: until a retracted
+    cache off, or on with no prompt prefix shared (sglang/swa/radix.py: until a retracted
     request comes back to its old tree path, which admission.NotModelled reports); Qwen3-Next with
     it off, or on with the no_buffer strategy (overlap off, pages of 1) when no prompt prefix is
     shared (its matches stop at cached states: not modelled)."""
@@ -427,11 +205,11 @@ def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:
     return None
 
 
-def _predict(admission_mod, sched, inputs: LedgerInputs, policy: str, request: RequestSection | None,
+def _predict(sched, inputs: LedgerInputs, policy: str, request: RequestSection | None,
              layers: tuple[int, ...] = ()):
     if request is None:
         return None
-    pred = admission_mod.predict(sched, request.prompt_tokens, request.output_tokens, inputs.users,
+    pred = admission.predict(sched, request.prompt_tokens, request.output_tokens, inputs.users,
                                  policy=policy, shared_prefix_tokens=inputs.shared_prefix_tokens,
                                  **({"layers": layers} if layers else {}))
     # The admission model owns the per-request accounting; keep the request section consistent.
@@ -468,6 +246,3 @@ def _capacity_groups(plan) -> list[dict]:
                     "block_size": members[0].block_size,
                     "blocks_per_request": sum(m.blocks_per_request for m in members)})
     return out
-
-
-# ------------------------------------------------------------------------------------ render

@@ -7,7 +7,7 @@ random routing much earlier (kvprobe/theory/fleet.py). `admission` is the fleet'
 (limit and no-preemption limit scaled by R for an even split; the binding stays the replica's:
 a KV verdict is drawn where one replica's KV binds), `replica` keeps one replica's ledger, and
 `fleet` the theory's figures at the fleet's limit: per-replica split, fleet running and waiting,
-imbalance, and what binds there (client, router or replica).
+imbalance, and what binds there (client, router or replica). `kvprobe.theory.ledger.text` renders it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvprobe.tables import render_table
 from kvprobe.theory import fleet as theory
 
 
@@ -45,29 +44,6 @@ class FleetLedger:
                         "replica_limit": self.replica_limit, "fleet_limit": float(self.admission.limit),
                         "at_limit": self.at_limit.to_dict() if self.at_limit else None}
         return out
-
-    def render(self) -> str:
-        return self.replica.render() + "\n\n" + render_fleet(self)
-
-
-def render_fleet(led: FleetLedger) -> str:
-    a, R = led.admission, led.replicas
-    rows = [["replicas", R, f"router: sglang-router, policy {led.policy}"],
-            ["admission limit, one replica", f"{led.replica_limit:g}", f"{led.replica.admission.binding} binds"],
-            ["admission limit, fleet", f"{float(a.limit):g}", f"{R} x {led.replica_limit:g}"],
-            ["no-preemption limit, fleet", a.no_preemption_limit,
-             "exact: ceil(N/R) <= one replica's" if led.even else "even-split figure; this policy queues earlier"]]
-    s = led.at_limit
-    if s is not None:
-        split = " / ".join(f"{x:.1f}" for x in s.inflight)
-        rows += [[f"at N = {s.users}: in flight per replica", split, "exact (even split)" if s.exact else
-                  f"simulated, {s.steps} steps"],
-                 [f"at N = {s.users}: fleet running / waiting", f"{s.fleet_running:.1f} / {s.fleet_waiting:.1f}",
-                  f"imbalance {s.imbalance:.1f} (max - min in flight)"],
-                 [f"at N = {s.users}: what binds", s.binding,
-                  {"client": "nothing waits", "router": "a replica queues while another has room",
-                   "replica": "every replica at its own limit"}[s.binding]]]
-    return "Fleet\n" + render_table(["", "value", "how"], rows)
 
 
 def fleet_ledger(replica, *, replicas: int, policy: str, prompt_tokens: int, output_tokens: int,

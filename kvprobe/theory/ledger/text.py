@@ -1,20 +1,21 @@
 """The ledger as a person reads it: one table per section (model, budget, capacity, request,
-admission), the arithmetic in the "how" column, and the engine's refusal as a finding."""
+admission), the arithmetic in the "how" column, and the engine's refusal as a finding; a fleet's
+ledger adds the fleet's lines after its replica's."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvprobe.tables import render_table
-from kvprobe.theory import budget as B
+from kvprobe.theory.ledger.fleet import FleetLedger
+from kvprobe.theory.ledger.sections import Ledger
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
+from kvprobe.theory.vllm.budget import VllmBudget
 from kvprobe.units import format_bytes
 
-if TYPE_CHECKING:
-    from kvprobe.theory.ledger.build import Ledger
 
-
-def render_ledger(led: Ledger) -> str:
+def render_ledger(led: Ledger | FleetLedger) -> str:
+    """The text of a ledger, or of a fleet's: its replica's ledger, then the fleet's lines."""
+    if isinstance(led, FleetLedger):
+        return render_ledger(led.replica) + "\n\n" + render_fleet(led)
     sections = _render_sections(led)
     if led.refusal is not None:
         sections.append(_refusal_text(led))
@@ -111,7 +112,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     def how(key: str, measured: str) -> str:
         return f"estimate ({measured})" if key in est else "given"
 
-    if isinstance(b, B.VllmBudget):
+    if isinstance(b, VllmBudget):
         return _vllm_budget_rows(b, how)
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
     return [
@@ -125,7 +126,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     ]
 
 
-def _vllm_budget_rows(b: B.VllmBudget, how) -> list[list[object]]:
+def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
     """The memory split, then the pool labelled by what really sized it: the profiled split, the
     bytes given by --kv-cache-memory-bytes, or the blocks given by --num-gpu-blocks-override."""
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
@@ -214,3 +215,23 @@ def _admission_text(led: Ledger) -> str:
     group = getattr(a, "binding_group", "")
     binding = f"{a.binding} ({group})" if group and a.binding == "kv" else a.binding
     return f"{table}\nbinding limit: {binding}"
+
+
+def render_fleet(led: FleetLedger) -> str:
+    a, R = led.admission, led.replicas
+    rows = [["replicas", R, f"router: sglang-router, policy {led.policy}"],
+            ["admission limit, one replica", f"{led.replica_limit:g}", f"{led.replica.admission.binding} binds"],
+            ["admission limit, fleet", f"{float(a.limit):g}", f"{R} x {led.replica_limit:g}"],
+            ["no-preemption limit, fleet", a.no_preemption_limit,
+             "exact: ceil(N/R) <= one replica's" if led.even else "even-split figure; this policy queues earlier"]]
+    s = led.at_limit
+    if s is not None:
+        split = " / ".join(f"{x:.1f}" for x in s.inflight)
+        rows += [[f"at N = {s.users}: in flight per replica", split, "exact (even split)" if s.exact else
+                  f"simulated, {s.steps} steps"],
+                 [f"at N = {s.users}: fleet running / waiting", f"{s.fleet_running:.1f} / {s.fleet_waiting:.1f}",
+                  f"imbalance {s.imbalance:.1f} (max - min in flight)"],
+                 [f"at N = {s.users}: what binds", s.binding,
+                  {"client": "nothing waits", "router": "a replica queues while another has room",
+                   "replica": "every replica at its own limit"}[s.binding]]]
+    return "Fleet\n" + render_table(["", "value", "how"], rows)

@@ -13,7 +13,7 @@ The KV layouts are the engines' own (vLLM 0.33.0 `v1/kv_cache_interface.py`,
   when the list is absent); its dtype does not follow ``--kv-cache-dtype``.
 
 Layer kinds (full, sliding-window, chunked-local, linear attention) come from `layers.py`; the
-parameter groups from `weight_parts.py`; the presets and config loading from `model_presets.py`
+parameter groups from `weights.py`; the presets and config loading from `presets.py`
 (re-exported here).
 """
 
@@ -26,6 +26,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.theory.model.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, sink_bytes
 from kvprobe.theory.model.presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
+from kvprobe.theory.model.sizes import DTYPE_BYTES
 from kvprobe.theory.model.weights import (
     Parts,
     WeightPart,
@@ -35,11 +36,6 @@ from kvprobe.theory.model.weights import (
     mlp_parts,
 )
 
-_DTYPE_BYTES = {
-    "float32": 4, "float": 4, "fp32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-}
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", *_FP8_KV, "fp8_ds_mla")
 _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla latents
@@ -98,7 +94,7 @@ def _dtype_of(cfg: dict, override: str | None, source: str) -> str:
     name = override or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     name = {"auto": cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"}.get(name, name)
     name = str(name).removeprefix("torch.")
-    if name not in _DTYPE_BYTES or _DTYPE_BYTES[name] < 2:
+    if name not in DTYPE_BYTES or DTYPE_BYTES[name] < 2:
         raise ConfigError(f"expected a model dtype (bfloat16, float16, float32), got {name!r}",
                           file=source, key="dtype")
     return name
@@ -155,7 +151,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         raise ConfigError("expected qk_rope_head_dim for an MLA model (kv_lora_rank is set)",
                           file=source, key="qk_rope_head_dim")
     dtype_name = _dtype_of(cfg, dtype, source)
-    dbytes = _DTYPE_BYTES[dtype_name]
+    dbytes = DTYPE_BYTES[dtype_name]
     fp8, block = _is_fp8_checkpoint(cfg)
     vocab = _get(cfg, "vocab_size", source, default=32000)
     tied = bool(cfg.get("tie_word_embeddings", False))
@@ -243,14 +239,14 @@ def _kv_dtype_bytes(geom: ModelGeometry, kv_cache_dtype: str) -> tuple[str, int]
         return kv_cache_dtype, 1
     if kv_cache_dtype == "auto":
         return geom.dtype, geom.dtype_bytes
-    return kv_cache_dtype, _DTYPE_BYTES[kv_cache_dtype]
+    return kv_cache_dtype, DTYPE_BYTES[kv_cache_dtype]
 
 
 def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp: int = 1,
                        pp: int = 1) -> KVBytes:
     """Bytes one token writes across the layers that keep K/V per token (full, sliding and chunked
-    attention alike); linear-attention layers keep a per-request state instead (vllm_kv.py,
-    sglang_pools.py size it). For a hybrid model this is not the pool's bytes per token: what a
+    attention alike); linear-attention layers keep a per-request state instead (vllm/hybrid/kv_cache_spec.py,
+    sglang/pools.py size it). For a hybrid model this is not the pool's bytes per token: what a
     window or chunk layer holds is bounded per request, and each engine bounds it its own way."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")

@@ -28,6 +28,7 @@ kernel-layout copies; vLLM `_setup_kernel`, mxfp4.py L294-390) and the weight-lo
 from __future__ import annotations
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 
 MXFP4_BLOCK = 32  # values per E8M0 scale byte (both engines: `mxfp4_block = 32`)
 BIAS_BYTES = 2  # expert biases are bf16 in the checkpoint and in both engines' buffers
@@ -48,7 +49,7 @@ _SINK_BYTES = {("sglang", "sm100"): 4}
 
 
 def _round_up(x: int, align: int) -> int:
-    return -(-x // align) * align
+    return cdiv(x, align) * align
 
 
 def _check_arch(gpu_arch: str) -> None:

@@ -26,7 +26,8 @@ PRESETS: dict[str, str] = {
     # (= index total_size 16,381,470,720 B / 2).
     "Qwen/Qwen3-8B": "qwen3-8b.json",
     # mistralai/Mistral-7B-v0.3 config.json. v0.3, not v0.1: v0.1 declares sliding_window 4096,
-    # which makes vLLM plan a sliding-window KV group (different capacity rules, reference §1.8).
+    # which makes vLLM plan a sliding-window KV group (different capacity rules: SlidingWindowSpec,
+    # vllm/v1/kv_cache_interface.py).
     "mistralai/Mistral-7B-v0.3": "mistral-7b-v0.3.json",
     # deepseek-ai/DeepSeek-V3 config.json: MLA 512+64, 61 layers, 256 routed + 1 shared expert,
     # first 3 layers dense, fp8 block-quantised checkpoint.
@@ -35,7 +36,7 @@ PRESETS: dict[str, str] = {
     # MLA 512+64, indexer on 21 "full" layers (3 full, then 18 x [3 shared + 1 full], 3 shared),
     # index_head_dim 128, 256 routed experts 8 active, fp8 weights, 1M context as deployed in seed 002.
     "zai-org/GLM-5.3": "glm-5.3.json",
-    # --- hybrid attention (issue 14). The hub is not reachable from this machine; each file is the
+    # --- hybrid attention. The hub is not reachable from this machine; each file is the
     # hub's config.json as published copies of it show, field for field:
     # openai/gpt-oss-20b: a verbatim copy of the hub file (the checkpoint listing whose index
     # total_size is 13,761,264,768 B); 24 layers, layer_types [sliding, full] x 12, window 128,

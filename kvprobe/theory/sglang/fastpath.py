@@ -1,6 +1,6 @@
 """closed_loop's fast path for SGLang's scheduler: stretches of plain decode steps (no prefill
 attempted, everyone decoding, nothing finishing or running out of slots) applied at once; mixed
-into SglangScheduler (sched_sglang.py). The results are those of step(), exactly
+into SglangScheduler (sglang/scheduler.py). The results are those of step(), exactly
 (tests/theory/test_fastpath.py)."""
 
 from __future__ import annotations

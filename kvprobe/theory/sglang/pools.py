@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import ModelGeometry, kv_bytes_per_token
+from kvprobe.theory.model.sizes import DTYPE_BYTES, GIB
 
-GIB = 2**30
 HYBRID_SWA_ARCHS = ("GptOssForCausalLM", "Llama4ForConditionalGeneration")  # of those kvprobe models
 SWA_OFF_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 MAMBA_ARCHS = ("Qwen3NextForCausalLM",)
@@ -49,7 +49,6 @@ DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8  # arg_groups/fields/schedule.py L150-162 (f
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9  # arg_groups/fields/schedule.py L220-227 (fallback)
 SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL (environ.py L730)
 MAMBA_SLOTS_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (kv_cache_configurator.py L227)
-_DTYPE_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,8 @@ class SglangLayout:
         """Mamba2CacheParams.mamba_cache_per_req (configs/mamba_utils.py L116-125)."""
         if not self.mamba_layer_ids:
             return 0
-        per_layer = math.prod(self.conv_shape) * _DTYPE_SIZE[self.conv_dtype] + \
-            math.prod(self.temporal_shape) * _DTYPE_SIZE[self.ssm_dtype]
+        per_layer = math.prod(self.conv_shape) * DTYPE_BYTES[self.conv_dtype] + \
+            math.prod(self.temporal_shape) * DTYPE_BYTES[self.ssm_dtype]
         return per_layer * len(self.mamba_layer_ids)
 
 

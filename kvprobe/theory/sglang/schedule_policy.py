@@ -1,6 +1,6 @@
 """SGLang 0.5.23's prefill pass as the simulated scheduler runs it: `PrefillAdder`
 (managers/schedule_policy.py L607-1778, mem_cache/prefill_budget.py L62-168) on top of the
-scheduler's state; mixed into SglangScheduler (sched_sglang.py)."""
+scheduler's state; mixed into SglangScheduler (sglang/scheduler.py)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ class SglangPrefillAdder:
                 self.batch_full = True
         return size
 
-    # -- hooks of a second (sliding-window) pool; one pool: no window budget (sched_sglang_swa.py)
+    # -- hooks of a second (sliding-window) pool; one pool: no window budget (sglang/swa/scheduler.py)
     def _swa_pass_start(self) -> None:
         pass
 

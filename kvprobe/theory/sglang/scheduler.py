@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.fastpath import SglangFastPath
+from kvprobe.theory.sglang.radix_cache import SglangTokenPool
 from kvprobe.theory.sglang.schedule_policy import SglangPrefillAdder
 from kvprobe.theory.sim.core import (
     Emitted,
@@ -14,10 +16,9 @@ from kvprobe.theory.sim.core import (
     SglangConfig,
     SimRequest,
     StepResult,
-    cdiv,
     output_tokens,
 )
-from kvprobe.theory.sim.pools import FullAttention, SglangTokenPool
+from kvprobe.theory.sim.pools import FullAttention
 
 # --------------------------------------------------------------------------- SGLang
 
@@ -25,7 +26,7 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS (environ.py)
 
 
 class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
-    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py; sglang.md §2.10).
+    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py).
 
     Prefill has priority over decode; a pass admits FCFS through `PrefillAdder` until a request
     does not fit (head-of-line), a budget runs out, or max_running_requests is reached; a NO_TOKEN

@@ -9,12 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.theory.sim.pools import VOCAB, rid_seed
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 # --------------------------------------------------------------------------- public data
 
@@ -31,8 +27,8 @@ class VllmConfig:
     policy: str = "vllm-0.33"  # "vllm-0.33" (full-prompt admission) | "vllm-0.11" (first-chunk admission)
     watermark: float = 0.0
     async_scheduling: bool = False  # AsyncScheduler + batch queue of 2 (the engine's default: engines/vllm.py)
-    # the model's KV cache groups (vllm_kvm.KVGroup), in the planner's order; () = one full-attention
-    # group. A hybrid model (window, chunked-local or Mamba groups) runs sched_vllm_hybrid.py.
+    # the model's KV cache groups (vllm/hybrid/block_pool.KVGroup), in the planner's order; () = one full-attention
+    # group. A hybrid model (window, chunked-local or Mamba groups) runs vllm/hybrid/scheduler.py.
     groups: tuple = ()
 
 
@@ -42,13 +38,13 @@ class SglangConfig:
     page_size: int = 1
     max_running_requests: int = 2048
     chunked_prefill_size: int = 8192  # <= 0: disabled
-    max_prefill_tokens: int = 16384
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS
     context_len: int = 8192
     disable_radix_cache: bool = False
     policy: str = "sglang-0.5.22"  # "sglang-0.5.22" (ignore_eos reserved at 1.0) | "sglang-0.5.21" (new_token_ratio)
     schedule_conservativeness: float = 1.0
     overlap: bool = True
-    # hybrid sliding-window models (sched_sglang_swa.py): the window SGLang's scheduler uses (gpt-oss:
+    # hybrid sliding-window models (sglang/swa/scheduler.py): the window SGLang's scheduler uses (gpt-oss:
     # sliding_window - 1) and the window pool's tokens (max_total_num_tokens_swa); None: one pool
     sliding_window_size: int | None = None
     swa_pool_tokens: int | None = None
@@ -79,7 +75,7 @@ class SimRequest:
     _cached: int = field(default=0, init=False, repr=False)  # SGLang: prompt tokens held by the tree
     _stashed: int = field(default=0, init=False, repr=False)  # SGLang: tokens of its chunks checkpointed
     _out_ids: tuple = field(default=(), init=False, repr=False)  # SGLang: its output ids, as far as asked
-    _kv: object = field(default=None, init=False, repr=False)  # vLLM hybrid: its vllm_kvm.KVRequest
+    _kv: object = field(default=None, init=False, repr=False)  # vLLM hybrid: its vllm/hybrid/block_pool.KVRequest
 
 
 class Emitted(Sequence):

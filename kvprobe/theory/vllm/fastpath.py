@@ -16,7 +16,7 @@ from kvprobe.theory.sim.pools import Phases
 
 
 class VllmFastPath:
-    """Mixed into VllmScheduler (sched_vllm.py), whose state and rules it uses."""
+    """Mixed into VllmScheduler (vllm/scheduler.py), whose state and rules it uses."""
 
     jump_leaves_events = False  # a jump does the events of a plain state itself (closed_loop asks again)
     _plain = False  # known to be plain (set here once checked; step() and abort clear it)

@@ -14,7 +14,8 @@ from kvprobe.theory.sim.core import (
     VllmConfig,
     output_tokens,
 )
-from kvprobe.theory.sim.pools import FullAttention, VllmBlockPool, prompt_keys
+from kvprobe.theory.sim.pools import FullAttention, prompt_keys
+from kvprobe.theory.vllm.block_pool import VllmBlockPool
 from kvprobe.theory.vllm.fastpath import VllmFastPath
 
 # --------------------------------------------------------------------------- vLLM

@@ -6,8 +6,8 @@ shape (optionally an `eos_after`: every request samples EOS as that output), the
 the number of steps. SGLang is imported once; each case runs in a forked child of its own, so every
 Scheduler starts from a fresh process state (its distributed and runtime context are per process). The real `Scheduler` is built as `run_scheduler_process` builds it
 (scheduler.py L6310-6345: publish, then `Scheduler(server_args, port_args)`), with the five pieces
-that need a GPU replaced — the same five the shadow target replaces (shared/reference/
-shadow-engines.md): the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
+that need a GPU replaced — the same five the shadow target replaces (kvprobe/targets/shadow/sglang/):
+the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
 attention backends, CUDA graphs, and the forward, which returns one pseudo token per request.
 Everything that decides admission is SGLang's code: `get_next_batch_to_run` with PrefillAdder and
 `schedule_policy`, `ReqToTokenPool` and the token allocator, the radix cache, `update_running_batch`

@@ -2,7 +2,7 @@
 
 Run by tests/theory/test_real_vllm.py (and test_real_vllm_hybrid.py) with the python of a vLLM
 0.33.0 environment (not kvprobe's): argv[1] is JSON with the pool, the shape, the arrival steps and
-the window (or a list of such objects: one JSON line with a list of answers). The recipe is vLLM's tests/v1/core/utils.py (reference/vllm.md §7): a fake KV layout —
+the window (or a list of such objects: one JSON line with a list of answers). The recipe is vLLM's tests/v1/core/utils.py: a fake KV layout —
 one full-attention group, or the hybrid groups given (`groups`: kind, copies, window, block_size
 and checkpoint as kvprobe.theory.vllm.hybrid.kv_cache_manager.KVGroup), each a one-layer group of the engine's own spec class —
 `schedule()`, a ModelRunnerOutput with one token per request that completes its sequence,

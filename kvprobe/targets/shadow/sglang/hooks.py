@@ -115,7 +115,7 @@ def profile_available_bytes(self, pre_model_load_memory) -> int:
     """The KV budget a GPU would leave, by SGLang's own formula (L3007, L3038, in GiB floats):
     available after the weights − free before them × (1 − mem_fraction_static). On the declared
     card, free before = its free memory (total − other residents, the ledger's `other_bytes`) and
-    available after = that − the weights (kvprobe's ledger, theory/budget.py `sglang_budget`);
+    available after = that − the weights (kvprobe's ledger, theory/sglang/budget.py `sglang_budget`);
     mem_fraction_static is SGLang's resolved value, so `--mem-fraction-static` has its effect.
     With no declared GPU, a budget no pool reaches, so `--max-total-tokens` sizes the pool.
     A recurrent hybrid (Qwen3-Next) then takes its state slots out of that budget with SGLang's own

@@ -6,7 +6,7 @@ SGLang 0.5.23 keeps separate pools for these models (theory/sglang_pools.py says
 a full-attention token pool, a sliding-window token pool (gpt-oss, Llama 4) or a pool of
 recurrent-state slots (Qwen3-Next). The shadow lets SGLang's own configurator size them — the plugin
 hands it a budget (`sglang_hooks.profile_available_bytes`, which also applies SGLang's own
-`_handle_max_mamba_cache`) — and the ledger's budget (theory/budget.py `sglang_budget` with these
+`_handle_max_mamba_cache`) — and the ledger's budget (theory/sglang/budget.py `sglang_budget` with these
 options: `SglangBudget.pools`) is kvprobe's prediction, used for the memory check and by the tests,
 which compare it with what SGLang logs.
 """

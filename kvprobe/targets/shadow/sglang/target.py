@@ -29,8 +29,8 @@ from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
 from kvprobe.targets.shadow.settings import GPU_FREE_ENV, PLUGIN_LOG_PREFIX, WEIGHT_BYTES_ENV
 from kvprobe.targets.shadow.sglang import hybrid as sglang_hybrid
-from kvprobe.theory.budget import SglangBudget, sglang_budget
 from kvprobe.theory.model.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
+from kvprobe.theory.sglang.budget import SglangBudget, sglang_budget
 from kvprobe.units import format_bytes, parse_count
 
 # RSS of SGLang 0.5.23's processes besides the KV pool, measured here (Llama-3.1-8B config, idle):

@@ -46,8 +46,8 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from kvprobe.errors import ConfigError
-from kvprobe.theory import budget
 from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, weight_bytes
+from kvprobe.theory.vllm import budget
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
 
 # The block size a CUDA GPU's MLA backend takes when --block-size is not given: FlashMLA (Hopper)

@@ -25,8 +25,8 @@ from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
 from kvprobe.targets.shadow.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
-from kvprobe.theory import budget
 from kvprobe.theory.model.geometry import geometry_from_config
+from kvprobe.theory.vllm import budget
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")

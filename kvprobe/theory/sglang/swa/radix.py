@@ -30,7 +30,7 @@ window slots, and what the engine counts as used (capacity - available - evictab
   the LRU picks: the window pool is tracked here as used slots, its `available` being SGLang's
   available + evictable.
 
-The full pool is the base scheduler's radix tree (sched_sglang.py). Checked step by step against
+The full pool is the base scheduler's radix tree (sglang/scheduler.py). Checked step by step against
 SGLang's own Scheduler (tests/theory/test_real_sglang.py, the "swa radix on" shapes).
 """
 

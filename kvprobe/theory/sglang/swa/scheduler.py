@@ -1,7 +1,7 @@
 """SGLang 0.5.23's scheduler on a hybrid sliding-window model (gpt-oss, Llama 4): two token pools.
 
 SGLang keeps the full-attention layers' KV in one pool (`max_total_num_tokens`) and the window
-layers' KV in a second (`max_total_num_tokens_swa`, sizes: sglang_pools.py); every token a request
+layers' KV in a second (`max_total_num_tokens_swa`, sizes: sglang/pools.py); every token a request
 computes takes a slot in both (`SWATokenToKVPoolAllocator`, mem_cache/allocator/swa.py L40-242:
 alloc_extend / alloc_decode take both, `available_size` is the smaller). What differs from one
 pool (files and lines of the released wheel, `sglang/srt/...`):
@@ -29,21 +29,18 @@ pool (files and lines of the released wheel, `sglang/srt/...`):
   pool_stats_observer.py L304-345): capacity - available - evictable of each pool.
 
 Modelled here: the radix cache off (`--disable-radix-cache`: nothing is cached). The radix cache on
-(SGLang's default) is the subclass in sched_sglang_swa_radix.py. Checked step by step against SGLang's own Scheduler
+(SGLang's default) is the subclass in sglang/swa/radix.py. Checked step by step against SGLang's own Scheduler
 (tests/theory/test_real_sglang.py, the hybrid shapes).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.sglang.pools import SWA_EVICTION_INTERVAL  # SGLANG_SWA_EVICTION_INTERVAL, 128
-from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.scheduler import SglangScheduler
-from kvprobe.theory.sim.core import Lanes, SglangConfig, SimRequest, cdiv
+from kvprobe.theory.sim.core import Lanes, SglangConfig, SimRequest
 
 
 def is_hybrid_swa(config: SglangConfig) -> bool:
@@ -219,44 +216,3 @@ class SglangSwaScheduler(SglangScheduler):
             s = self.stats
             s.swa_used_tokens, s.swa_pool_tokens = self.swa.used, self.swa.size
             s.usage = round(max(self.pool.used / self.pool.size, self.swa.used / self.swa.size), 2)
-
-
-# --------------------------------------------------------------------------- per pool, for the ledger
-
-FULL_POOL = "full pool"
-
-
-def window_pool_label(window: int) -> str:
-    """The window pool as the ledger names it: SGLang's window (gpt-oss: sliding_window - 1)."""
-    return f"swa pool (window {window})"
-
-
-def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, int] = (0, 0)) -> list[dict]:  # noqa: N803, E741
-    """What one request of P prompt and O output tokens (ignore_eos) costs in each pool: the tokens
-    admission charges it (full: P + min(O, 4096) + a page, check_prefill; window: the
-    estimate_swa_kv_tokens charge), and the slots it holds at its peak and on average over its
-    life (the radix cache on: used, i.e. not evictable), stepped through this scheduler alone in pools
-    large enough for it. Keys as vLLM's groups
-    (vllm_hybrid_groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
-    from kvprobe.theory.sglang.swa.radix import SglangSwaRadixScheduler  # (it imports this module)
-
-    big = 4 * (P + O) + 4 * cfg.page_size
-    solo = (SglangSwaScheduler if cfg.disable_radix_cache else SglangSwaRadixScheduler)(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
-                                                  max_running_requests=1, context_len=max(cfg.context_len, big)))
-    solo.add(SimRequest("solo", list(range(1, P + 1)), O))
-    full, window = [], []
-    while solo.has_work():
-        solo.step()
-        full.append(solo.pool.used)
-        window.append(solo.swa.used)
-    max_new = min(O, CLIP_MAX_NEW_TOKENS)
-    paged = cdiv(P, cfg.page_size) * cfg.page_size
-    chunk = cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None
-    admit = (P + max_new + cfg.page_size, solo._swa_tokens(paged, max_new, chunk))
-    out = []
-    for label, kind, n, held, charge in ((FULL_POOL, "full", layers[0], full, admit[0]),
-                                         (window_pool_label(cfg.sliding_window_size), "sliding", layers[1],
-                                          window, admit[1])):
-        out.append({"group": label, "kind": kind, "copies": 1, "layers": n, "blocks_admission": charge,
-                    "blocks_peak": max(held), "blocks_mean": round(sum(held) / len(held), 2)})
-    return out

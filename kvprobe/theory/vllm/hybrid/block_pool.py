@@ -1,5 +1,5 @@
 """The block pool of vLLM 0.33.0's hybrid KV cache with explicit block ids (`BlockPool`,
-v1/core/block_pool.py), the groups and the request as its managers read them. See vllm_kvm.py.
+v1/core/block_pool.py), the groups and the request as its managers read them. See kv_cache_manager.py.
 """
 
 from __future__ import annotations
@@ -7,12 +7,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvprobe.theory.model.sizes import cdiv
+
 NEVER = 1 << 60
 NULL = 0  # block 0 is the null block: a table entry that holds nothing (block_pool.py L180-186)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def checkpoint_position(num_tokens: int, block: int) -> int:

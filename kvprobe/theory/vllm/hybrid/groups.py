@@ -1,7 +1,7 @@
 """A hybrid model's vLLM KV cache groups as the ledger and the admission model show them: the
-planner's groups (vllm_kv.VllmKVPlan) turned into the scheduler's groups (vllm_kvm.KVGroup), and
+planner's groups (kv_cache_planning.VllmKVPlan) turned into the scheduler's groups (block_pool.KVGroup), and
 what one request holds in each group — at admission, at its peak and on average over its life —
-measured by running it alone through the simulated engine (sched_vllm_hybrid), so the figures
+measured by running it alone through the simulated engine (hybrid/scheduler.py), so the figures
 follow the engine's own rules (window frees on the processed basis, the admission cap, Mamba's
 state blocks) rather than a formula beside them.
 """
@@ -11,15 +11,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
 from kvprobe.theory.sim.core import SimRequest, VllmConfig
 from kvprobe.theory.vllm.hybrid.kv_cache_manager import CHUNKED, FULL, MAMBA, SLIDING, KVGroup
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
     CHUNKED_SPEC,
     FULL_SPEC,
     MAMBA_SPEC,
     SLIDING_SPEC,
-    VllmKVPlan,
 )
+from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, kv_groups
 
 _KIND = {FULL_SPEC: FULL, SLIDING_SPEC: SLIDING, CHUNKED_SPEC: CHUNKED, MAMBA_SPEC: MAMBA}
 _LABEL = {FULL: "full layers", SLIDING: "sliding-window layers", CHUNKED: "chunked-local layers",
@@ -69,9 +71,6 @@ class GroupBlocks:
 def request_group_blocks(cfg: VllmConfig, P: int, O: int, layers: list[int] | None = None) -> list[GroupBlocks]:  # noqa: E741
     """What one request of P prompt and O output tokens holds in each group when it runs alone
     (a pool large enough for it), step by step through the simulated engine."""
-    from kvprobe.theory.schedsim import workload_prompt
-    from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler, kv_groups
-
     groups = kv_groups(cfg)
     alone = HybridVllmScheduler(dataclasses.replace(cfg, num_gpu_blocks=1 << 20, max_num_seqs=1))
     req = SimRequest("alone", workload_prompt(0, P), O)
@@ -120,9 +119,6 @@ def runs_clean(cfg: VllmConfig, P: int, O: int, users: int, *, ramp_width: int, 
     `lifetime // ramp_width` steps apart — run through vLLM's scheduler (the simulated one) with
     no request ever left waiting after a step and no preemption, from the first arrival until
     CLEAN_LIFETIMES lifetimes after the last."""
-    from kvprobe.theory.schedsim import arrival_steps, request_lifetime, workload_prompt
-    from kvprobe.theory.vllm.hybrid.scheduler import HybridVllmScheduler
-
     sched = HybridVllmScheduler(cfg)
     life = request_lifetime(cfg, P, O)
     arrivals = arrival_steps(life, users, "ramp", ramp_width)

@@ -1,7 +1,7 @@
 """vLLM 0.33.0's KV cache manager for hybrid models (several KV cache groups in one block pool),
-as the simulated scheduler `sched_vllm_hybrid.py` drives it.
+as the simulated scheduler `scheduler.py` (here) drives it.
 
-A full-attention model has one group, and `vllm_pool.py` reduces it to counts and runs. A hybrid
+A full-attention model has one group, and `vllm/block_pool.py` reduces it to counts and runs. A hybrid
 model's groups free blocks while a request runs (the window slides past them), cache only some of
 them (sparse retention) and agree on a prefix hit through a fixed point, so this module keeps
 what vLLM keeps: block ids, reference counts, the free queue in order, the hash map, and one block
@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 
-from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest, cdiv  # noqa: F401
+from kvprobe.theory.model.sizes import cdiv
+from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest  # noqa: F401
 
 # the public API is imported from here
 from kvprobe.theory.vllm.hybrid.single_type_managers import (  # noqa: F401

@@ -1,5 +1,6 @@
-"""vLLM 0.33.0's KV cache for hybrid models: the per-layer specs a GPU model runner registers and
-how the planner groups them into one block pool (the capacity line and "maximum concurrency").
+"""vLLM 0.33.0's KV cache for hybrid models: the per-layer specs a GPU model runner registers
+(vllm/v1/kv_cache_interface.py, and the layers that build them) and the engine settings they
+depend on.
 
 Every rule below is vLLM 0.33.0's own, file and line in the released wheel (`vllm/...`):
 
@@ -19,33 +20,26 @@ Every rule below is vLLM 0.33.0's own, file and line in the released wheel (`vll
   blocks in "align" mode plus one per prefill checkpoint, else 1 (L1135-1141). `in_flight =
   max_concurrent_batches x max_num_batched_tokens`, 2 batches with async scheduling
   (config/vllm.py L586-608).
-* Grouping (`v1/core/kv_cache_planning.py` get_kv_cache_groups L1113-1200): one group when every
-  layer has the same spec; otherwise layers are bucketed by spec, and every bucket is cut into
-  groups of `group_size` layers, the smallest bucket's layer count (the largest's when it is less
-  than 1.5x the smallest), padding the last group of a bucket (L416-556). All groups share one
-  block pool; one block is `max over groups of the group's pages` bytes (L574-605).
-* With the hybrid KV cache manager off (`--disable-hybrid-kv-cache-manager`, or for chunked local
-  attention when VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0, config/vllm.py L2236-2255;
-  the variable defaults to 1 in 0.33.0, envs.py L1931-1933), windowed and chunked layers are
-  planned as full attention (`_promote_local_kv_cache_specs` L744-816).
-* Capacity (`v1/core/kv_cache_utils.py` L1061-1128): max concurrency = num_blocks / the sum over
-  groups of a request's blocks at max_model_len; tokens = int(concurrency x max_model_len).
+
+How the planner groups these specs into one block pool is `kvprobe.theory.vllm.hybrid.kv_cache_planning`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import ModelGeometry, kv_bytes_per_token
 from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
+from kvprobe.theory.model.sizes import DTYPE_BYTES, cdiv
 
 FULL_SPEC, SLIDING_SPEC = "FullAttentionSpec", "SlidingWindowSpec"
 CHUNKED_SPEC, MAMBA_SPEC = "ChunkedLocalAttentionSpec", "MambaSpec"
 _SPEC_OF = {FULL: FULL_SPEC, SLIDING: SLIDING_SPEC, CHUNKED: CHUNKED_SPEC, LINEAR: MAMBA_SPEC}
 
-# FlashAttention's kernels take any multiple of 16 tokens (reference/vllm.md §1.5); the window
+# FlashAttention's kernels take any multiple of 16 tokens (v1/attention/backends/flash_attn.py
+# get_supported_kernel_block_sizes: MultipleOf(16)); the window
 # layers then run the primary block size unsplit (attention.py L641-663) and the hybrid Mamba
 # alignment starts from 16 (platforms/interface.py L1066-1082).
 FLASH_ATTN_BLOCK_MULTIPLE = 16
@@ -56,11 +50,6 @@ FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
 GDN_MAMBA_TYPE = "gdn_attn"  # MambaAttentionBackendEnum.GDN_ATTN (gdn/base.py L50-51)
 _TORCH_DTYPE = {"auto": None, "bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-_DTYPE_SIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -89,10 +78,10 @@ class VllmLayerSpec:
     @property
     def page_size_bytes(self) -> int:
         if self.spec == MAMBA_SPEC:
-            raw = sum(math.prod(s) * _DTYPE_SIZE[d] for s, d in zip(self.shapes, self.dtypes, strict=True))
+            raw = sum(math.prod(s) * DTYPE_BYTES[d] for s, d in zip(self.shapes, self.dtypes, strict=True))
         else:
             raw = self.block_size * self.num_kv_heads * (self.head_size + self.head_size_v) * \
-                _DTYPE_SIZE[self.dtype]
+                DTYPE_BYTES[self.dtype]
         return max(raw, self.page_size_padded or 0)
 
     def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
@@ -182,9 +171,9 @@ def hybrid_block_size(geom: ModelGeometry, opts: VllmOptions) -> tuple[int, int 
     if geom.layers.count(LINEAR) == 0:
         return opts.block_size, None
     shapes, dtypes = _gdn_state(geom, opts)
-    mamba_page = sum(math.prod(s) * _DTYPE_SIZE[d] for s, d in zip(shapes, dtypes, strict=True))
+    mamba_page = sum(math.prod(s) * DTYPE_BYTES[d] for s, d in zip(shapes, dtypes, strict=True))
     attn_1 = max(1, geom.num_kv_heads // opts.tp) * (geom.head_dim + geom.v_head_dim) * \
-        _DTYPE_SIZE[_torch_dtype(opts.cache_dtype, geom)]
+        DTYPE_BYTES[_torch_dtype(opts.cache_dtype, geom)]
     align = max(FLASH_ATTN_BLOCK_MULTIPLE, opts.block_size)
     if opts.mamba_cache_mode == "align" and opts.gdn_prefill_backend == "flashinfer":
         align = math.lcm(align, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
@@ -238,189 +227,3 @@ def _mamba_len(max_model_len: int | None) -> int:
         raise ConfigError("max_model_len is the Mamba block size without prefix caching",
                           key="max_model_len")
     return max_model_len
-
-
-def promote_local_specs(specs: list[VllmLayerSpec]) -> list[VllmLayerSpec]:
-    """`unify_hybrid_kv_cache_specs` / `_promote_local_kv_cache_specs` (kv_cache_planning.py
-    L744-816, L853-877): with the hybrid manager off, window and chunk layers next to full layers
-    allocate like full attention; any other mix (a Mamba state next to attention) cannot be
-    unified and vLLM refuses to start."""
-    kinds = {s.spec for s in specs}
-    if FULL_SPEC in kinds and kinds & {SLIDING_SPEC, CHUNKED_SPEC}:
-        specs = [VllmLayerSpec(s.name, FULL_SPEC, s.block_size, s.cache_dtype, s.dtype, s.num_kv_heads,
-                               s.head_size, s.head_size_v) if s.spec in (SLIDING_SPEC, CHUNKED_SPEC)
-                 else s for s in specs]
-    if len({s.spec for s in specs}) > 1:
-        raise ConfigError("Failed to promote local KV cache specs to one unified type.",
-                          key="hybrid_kv_cache_manager")
-    return specs
-
-
-@dataclass(frozen=True)
-class VllmGroup:
-    """One KV cache group: layers sharing a block table."""
-
-    spec: str
-    layers: tuple[str, ...]
-    block_size: int
-    page_size_bytes: int  # one layer's page
-    blocks_per_request: int  # at max_model_len (the capacity line's divisor term)
-    padding_layers: int = 0  # slots of the group's block left unused (vLLM warns about them)
-
-    @property
-    def bytes_per_block(self) -> int:
-        return len(self.layers) * self.page_size_bytes
-
-
-def group_specs(specs: list[VllmLayerSpec], *, max_model_len: int, in_flight: int) -> list[VllmGroup]:
-    """`get_kv_cache_groups` for these spec kinds (kv_cache_planning.py L1113-1200, L416-556)."""
-    if len({s.page_size_bytes for s in specs}) > 1:
-        raise ConfigError("layers with different page sizes (packed or padded KV layouts) are not "
-                          "modelled", key="layer_types")
-    buckets: dict[tuple, list[VllmLayerSpec]] = {}
-    for s in specs:  # spec equality: FullAttentionSpec layers merge whatever their window/chunk
-        key = (s.spec, s.block_size) if s.spec == FULL_SPEC else (s.spec, s.block_size,
-                                                                 s.sliding_window, s.attention_chunk_size)
-        buckets.setdefault(key, []).append(s)
-    groups_of = list(buckets.values())
-    if len(groups_of) == 1:
-        size = len(specs)
-    else:
-        small, large = min(len(b) for b in groups_of), max(len(b) for b in groups_of)
-        size = large if large < small * 1.5 else small
-    groups = []
-    for bucket in groups_of:
-        n = cdiv(len(bucket), size)
-        for i in range(n):
-            members = bucket[i::n]
-            first = members[0]
-            groups.append(VllmGroup(first.spec, tuple(m.name for m in members), first.block_size,
-                                    first.page_size_bytes,
-                                    first.blocks_per_request(max_model_len, in_flight),
-                                    size - len(members)))
-    return groups
-
-
-@dataclass(frozen=True)
-class VllmKVPlan:
-    """The planner's result for one worker, and the startup capacity line."""
-
-    groups: tuple[VllmGroup, ...]
-    block_size: int  # the attention block size (hybrid Mamba models enlarge it)
-    bytes_per_block: int
-    num_blocks: int  # includes the null block, as logged
-    max_model_len: int
-    blocks_per_request: int  # sum over groups at max_model_len
-    max_concurrency: float
-    kv_tokens: int  # "GPU KV cache size: N tokens"
-    hybrid_kv_cache_manager: bool
-    hma_reason: str
-    in_flight_tokens: int
-    specs: tuple[VllmLayerSpec, ...] = field(default=(), repr=False)
-    # vLLM's start-up refusal text (vllm_kv_plan(refuse=False)), and the longest max_model_len
-    # the pool holds (the estimate in that text; 0 when not even one token fits)
-    refusal: str | None = None
-    largest_max_model_len: int = 0
-
-    @property
-    def usable_blocks(self) -> int:
-        return self.num_blocks - 1
-
-
-def _needed_bytes(groups: list[VllmGroup], bytes_per_block: int) -> int:
-    return bytes_per_block * sum(g.blocks_per_request for g in groups)
-
-
-def _estimate_max_model_len(specs, available: int, max_model_len: int, in_flight: int) -> int:
-    """`_estimate_max_model_len_from_groups` (L1288-1334): binary search of the longest request
-    whose blocks fit `available` bytes; 0 when not even one token does."""
-    def fits(length: int) -> bool:
-        groups = group_specs(specs, max_model_len=length, in_flight=in_flight)
-        bpb = max(g.bytes_per_block for g in groups) if groups else 0
-        return _needed_bytes(groups, bpb) <= available
-    if not fits(1):
-        return 0
-    lo, hi, best = 1, max_model_len, 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def _gib(nbytes: float) -> str:
-    return str(round(nbytes / 2**30, 2))  # format_gib (utils/mem_utils.py L30-31)
-
-
-def plan_layout(geom: ModelGeometry, opts: VllmOptions, max_model_len: int
-                ) -> tuple[list[VllmLayerSpec], list[VllmGroup], int, bool, str]:
-    """(specs, groups, bytes per block, hybrid manager on, why): the layout, before any memory."""
-    hma, why = hybrid_kv_cache_manager(geom, opts)
-    specs = vllm_layer_specs(geom, opts, max_model_len=max_model_len)
-    if not hma:
-        specs = promote_local_specs(specs)
-    if not specs:
-        raise ConfigError("the model has no KV cache layers", key="layer_types")
-    groups = group_specs(specs, max_model_len=max_model_len, in_flight=opts.in_flight_tokens)
-    bpb = max(g.bytes_per_block for g in groups)  # _get_kv_cache_bytes_per_block (L574-605)
-    return specs, groups, bpb, hma, why
-
-
-def vllm_kv_plan(geom: ModelGeometry, *, max_model_len: int, available_bytes: int | None = None,
-                 num_gpu_blocks_override: int | None = None, opts: VllmOptions | None = None,
-                 auto_fit: bool = False, refuse: bool = True) -> VllmKVPlan:
-    """What `get_kv_cache_configs` + `get_kv_cache_capacity` compute for one worker. Where vLLM
-    would refuse to start this raises its message; with `refuse=False` the plan is returned with
-    `refusal` set (a ledger still shows every number behind it)."""
-    opts = opts or VllmOptions()
-    specs, groups, bpb, hma, why = plan_layout(geom, opts, max_model_len)
-    inflight = opts.in_flight_tokens
-    if num_gpu_blocks_override is not None:  # the planner re-plans with N x bytes (L1510-1533)
-        available_bytes = num_gpu_blocks_override * bpb
-    if available_bytes is None:
-        raise ConfigError("the KV pool needs available bytes or --num-gpu-blocks-override",
-                          key="gpu_memory")
-    check = available_bytes - bpb  # the null block (L1535-1544)
-    refusal = None
-    fit = _estimate_max_model_len(specs, check, max_model_len, inflight) if check > 0 else 0
-    try:
-        if auto_fit:  # _auto_fit_max_model_len (L1337-1410)
-            if fit <= 0:
-                raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to "
-                                  "serve even a single token. Try increasing `gpu_memory_utilization`.")
-            max_model_len = min(max_model_len, fit)
-            groups = group_specs(specs, max_model_len=max_model_len, in_flight=inflight)
-        _check_fits(specs, groups, bpb, check, max_model_len, inflight)
-    except ConfigError as err:
-        if refuse:
-            raise
-        refusal = str(err)
-    num_blocks = max(0, available_bytes // bpb) if num_gpu_blocks_override is None else num_gpu_blocks_override
-    per_request = sum(g.blocks_per_request for g in groups)
-    concurrency = num_blocks / per_request
-    attn_block = next((s.block_size for s in specs if s.spec != MAMBA_SPEC), specs[0].block_size)
-    return VllmKVPlan(tuple(groups), attn_block, bpb, num_blocks, max_model_len, per_request,
-                      concurrency, int(concurrency * max_model_len), hma, why, inflight, tuple(specs),
-                      refusal, fit)
-
-
-def _check_fits(specs, groups, bpb: int, check: int, max_model_len: int, inflight: int) -> None:
-    """`_check_enough_kv_cache_memory` (L50-87) with the group-aware need (L1253-1285)."""
-    if check <= 0:
-        raise ConfigError("No available memory for the cache blocks. Try increasing "
-                          "`gpu_memory_utilization` when initializing the engine.")
-    needed = _needed_bytes(groups, bpb)
-    if needed <= check:
-        return
-    est = _estimate_max_model_len(specs, check, max_model_len, inflight)
-    est_msg = (f"Based on the available memory, the estimated maximum model length is {est}. "
-               if est > 0 else "")
-    raise ConfigError(
-        f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({_gib(check)} GiB). {est_msg}Try increasing `gpu_memory_utilization` (which also "
-        f"controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing "
-        f"the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
-        f"details.")

@@ -1,11 +1,11 @@
 """vLLM 0.33.0's scheduler for hybrid models (sliding-window, chunked-local and Mamba/linear-attention
 KV cache groups beside full attention), in virtual time.
 
-The policy is `VllmScheduler`'s (sched_vllm.py: FCFS, full-sequence admission, preempt the last
+The policy is `VllmScheduler`'s (vllm/scheduler.py: FCFS, full-sequence admission, preempt the last
 running request, async placeholders); what changes is the KV cache under it. Every allocation goes
-through `vllm_kvm.HybridKVManager`, the engine's per-group KV cache manager with explicit blocks:
+through `kv_cache_manager.HybridKVManager`, the engine's per-group KV cache manager with explicit blocks:
 a request's blocks in each group are reserved, freed as its window slides, cached sparsely and hit
-per group as vLLM does (see vllm_kvm.py). The loops here are the engine's own
+per group as vLLM does (see kv_cache_manager.py). The loops here are the engine's own
 (v1/core/sched/scheduler.py): the RUNNING loop L794-1034 allocates request by request, freeing
 what left the window first, and preempts the last running request when a request's blocks do not
 fit; the WAITING loop L1049-1600 looks up the reconciled prefix hit, checks the full sequence

@@ -1,18 +1,23 @@
 """The per-group managers of vLLM 0.33.0's hybrid KV cache (`SingleTypeKVCacheManager` and its
-subclasses, v1/core/single_type_kv_cache_manager.py), over `vllm_kvm.BlockPool`: one block table
-per request, the blocks a step needs, what leaves the window, what gets a hash, and the prefix hit
-each group can give. Line numbers are the released wheel's; see vllm_kvm.py for the whole.
+subclasses, vllm/v1/core/single_type_kv_cache_manager.py), over `block_pool.BlockPool`: one block
+table per request, the blocks a step needs, what leaves the window, what gets a hash, and the
+prefix hit each group can give. Line numbers are the released wheel's; `kv_cache_manager` holds
+the managers together.
+
+A port of that one vLLM file, class for class (the base manager and its sliding-window, chunked
+and two Mamba subclasses, then the factory), so it stays whole above the usual module size: read
+side by side with vLLM's file, a split would break the correspondence.
 """
 
 from __future__ import annotations
 
+from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.vllm.hybrid.block_pool import (
     NEVER,
     NULL,
     BlockPool,
     KVGroup,
     KVRequest,
-    cdiv,
     checkpoint_position,
     checkpoint_valid,
 )
@@ -398,7 +403,7 @@ def make_manager(gid: int, group: KVGroup, pool: BlockPool, *, block_size: int, 
                  max_model_len: int, in_flight: int) -> Manager:
     """`get_manager_for_kv_cache_spec` (single_type_kv_cache_manager.py L2608-2653). Each manager
     also knows `max_blocks`, what one request can hold in the group at most (the spec's
-    max_memory_usage_bytes / page, as vllm_kv.VllmLayerSpec.blocks_per_request computes it)."""
+    max_memory_usage_bytes / page, as kv_cache_spec.VllmLayerSpec.blocks_per_request computes it)."""
     B = group.block_size or block_size
     if group.kind == FULL:
         m = Manager(gid, group, pool, B, None)

@@ -1,0 +1,111 @@
+"""SGLang's admission limit of a fixed-length workload: the step simulation of its reservation
+(python/sglang/srt/managers/schedule_policy.py `PrefillAdder`, scheduler.py), from the arrival
+history whose steady state is larger; the worst case in closed form."""
+
+from __future__ import annotations
+
+from kvprobe.errors import ConfigError
+from kvprobe.theory.model.sizes import cdiv
+from kvprobe.theory.prediction import (
+    Prediction,
+    cap_binding,
+    check_modelled,
+    describe,
+    ramp_width,
+    with_policy,
+)
+from kvprobe.theory.schedsim import SglangConfig, closed_loop
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
+from kvprobe.theory.sglang.swa.request import FULL_POOL, request_pool_tokens, window_pool_label
+from kvprobe.theory.sglang.swa.scheduler import is_hybrid_swa
+
+
+def sglang_published_usage(running: int, P: int, O: int, M: int, decode_log_interval: int = 40,  # noqa: E741
+                           shared: int = 0) -> float:
+    """The time average of sglang:token_usage as published with `running` requests admitted.
+
+    The gauge is written only at prefill batches and every `decode_log_interval` decode steps
+    (observability/metrics_reporter.py L719–899, L901–1140, 0.5.23) and holds its value between.
+    In a closed loop, per request lifetime of O steps there are `running` prefill reports — each
+    taken just after a request finished, whose tokens are evictable and so count as free, before
+    its replacement is allocated: running − 1 requests held — and O / interval decode reports
+    with all of them held. A held request averages its prompt and half its output; `shared`
+    prompt tokens (a cached prefix) are held once for all. (The peak physical usage,
+    running × (P + O − 1) / M, is what the dashboard never shows.)"""
+    held = P - shared + (O - 1) / 2
+    prefill_reports, decode_reports = running, O / decode_log_interval
+    mean_requests = (prefill_reports * max(running - 1, 0) + decode_reports * running) / (prefill_reports + decode_reports)
+    return round((mean_requests * held + (shared if running else 0)) / M, 2)
+
+
+def sglang_shared_tokens(cfg: SglangConfig, K: int) -> int:
+    """Prompt tokens every request finds in the radix tree: the shared prefix in whole pages."""
+    return 0 if cfg.disable_radix_cache else K // cfg.page_size * cfg.page_size
+
+
+def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
+    M, ps, mrr = cfg.max_total_num_tokens, cfg.page_size, cfg.max_running_requests
+    hybrid = is_hybrid_swa(cfg)
+    if P + O > cfg.context_len - 2 or P + O > M - 2:  # max_new clipped silently (scheduler.py init_req_max_new_tokens)
+        raise ConfigError(f"P+O = {P + O} must be <= context_len-2 ({cfg.context_len - 2}) and "
+                          f"<= max_total_num_tokens-2 ({M - 2}) to generate exactly O tokens (binding: length)")
+    o_clip = min(O, CLIP_MAX_NEW_TOKENS)
+    need = P + o_clip + ps  # candidate's charge (check_prefill, strict <)
+    peak = P + O - 1
+    common = {"policy": policy, "blocks_admission": need, "blocks_peak": peak, "shared_prefix_tokens": K}
+    if hybrid:  # the full and window pools' tokens of one request (sglang/swa/request.request_pool_tokens)
+        if policy == "worst-case":
+            raise ConfigError("the worst-case policy reserves full attention for every layer; a hybrid "
+                              "model's pools are modelled by the sglang policies only", key="policy")
+        common["groups"] = tuple(request_pool_tokens(cfg, P, O, tuple(layers) or (0, 0)))
+    if policy == "worst-case":
+        per = cdiv(P + O, ps) * ps
+        limit = min(mrr, M // per)
+        return Prediction(limit=limit, no_preemption_limit=limit,
+                          binding=cap_binding(limit, mrr, "max_running_requests"),
+                          usage_at_limit=round(limit * peak / M, 2), method="closed-form",
+                          how="closed form: pool // (P+O)", **common)
+    shared = sglang_shared_tokens(cfg, K)  # locked in the tree once, matched by every candidate
+    u = (P + O if cfg.overlap else P + O - 1) - shared  # per running request at admission time (PrefillAdder)
+    need_own = need - shared
+    room = M - shared
+    reserved = min(mrr, max(0, (room - need_own - 1) // u + 1)) if need_own < room else 0
+    if reserved == 0:
+        raise ConfigError(f"one request needs {need} tokens reserved but the pool holds {M} (binding: length)")
+    # The steady state depends on the arrival history: users that join one at a time run at
+    # spread phases (one admission per finish), users that start together run in cohorts whose
+    # simultaneous finishes refill in one pass (several prompts, a chunked one, a prefill step
+    # that pauses everyone's decode). The limit is the larger steady state: the engine sustains it.
+    runs = {}
+    probe = min(mrr, max(reserved + 2, 2 * reserved) + 2)
+    for start in ("ramp", "burst"):
+        runs[start] = closed_loop(with_policy(cfg, policy), P, O, probe, shared_prefix_tokens=K, start=start,
+                                  ramp_width=ramp_width(reserved))
+    for run in runs.values():
+        check_modelled(run)
+    start = max(runs, key=lambda k: (runs[k].running_max, runs[k].running_mean))
+    stats = runs[start]
+    # (hybrid SWA: the window pool frees as requests grow and nothing walks the futures: no bound)
+    reservation = policy == "sglang-0.5.22" and stats.preemptions_per_1k_steps == 0 and not hybrid
+    # a reservation policy admits up to its bound and never retracts: the limit is that bound;
+    # a drifting one (0.5.21's ratio, O > 4096 clipped) oscillates: its limit is the mean
+    limit = stats.running_max if reservation else round(stats.running_mean, 2)
+    binding = "max_running_requests" if limit >= mrr - 0.5 else "kv"
+    if hybrid and binding == "kv":  # the pool that refused most admissions in the measured window
+        common["binding_group"] = window_pool_label(cfg.sliding_window_size) if stats.window_blocked > 0.5 \
+            else FULL_POOL
+    usage = sglang_published_usage(stats.running_max, P, O, M, shared=shared) if reservation \
+        else round(stats.usage_mean, 2)
+    if hybrid:  # sglang:token_usage is the larger pool's usage at each sample: the larger mean, about
+        usage = round(max(stats.usage_mean, stats.swa_usage_mean), 2)
+    other = runs["burst" if start == "ramp" else "ramp"]
+    how = describe(stats, start) + (f"; the {'burst' if start == 'ramp' else 'ramp'} start settles at "
+                                    f"{other.running_max} (mean {other.running_mean:.2f})"
+                                    if other.running_max != stats.running_max else "")
+    no_preempt = min(reserved, stats.running_max if reservation else reserved)
+    if hybrid:  # the full pool's bound says nothing of the window pool: the fewest that ran saturated
+        no_preempt = min(reserved, stats.running_min)
+    return Prediction(limit=limit, no_preemption_limit=no_preempt,
+                      binding=binding, usage_at_limit=usage, method="schedsim",
+                      limit_mean=round(stats.running_mean, 2), how=how, running_sem=round(stats.running_sem, 3),
+                      start=start, probe_users=probe, ramp_width=ramp_width(reserved), **common)

@@ -1,0 +1,19 @@
+"""SGLang's rules that change from release to release: the admission policy a version runs. The
+version strings themselves (the default release, the known ones) are `kvprobe.releases`'; the
+engine's dialect (`kvprobe.engines.sglang`) and the ledger both ask here, so a version runs the
+same policy in the emulator and in the ledger."""
+
+from __future__ import annotations
+
+from kvprobe.releases import version_tuple
+
+# --max-prefill-tokens default (python/sglang/srt/server_args.py, 0.5.23): the prefill budget of a
+# scheduling pass, and the activation estimate's token count when chunked prefill is off.
+MAX_PREFILL_TOKENS = 16384
+
+
+def policy(version: str) -> str:
+    """The admission policy (schedsim's name) of an SGLang version: 0.5.22 and later reserve an
+    ignore_eos request's output at ratio 1.0; 0.5.21 and older scale it by new_token_ratio
+    (python/sglang/srt/managers/schedule_policy.py `PrefillAdder`)."""
+    return "sglang-0.5.21" if version_tuple(version) <= (0, 5, 21) else "sglang-0.5.22"

@@ -1,0 +1,281 @@
+"""Memory budget -> KV pool, as vLLM sizes it: measure, then split.
+
+With total memory T, weights W, activation peak A, CUDA graphs G and other residents O (CUDA
+context, NCCL buffers):
+
+    K = ceil(T * gpu_memory_utilization) - W - O - A - G     (A measured, G estimated)
+
+vLLM measures A, G and O on the GPU at startup (vllm/v1/worker/gpu_worker.py
+`determine_available_memory`); kvprobe can only estimate them, so every estimate is a named
+function below, reported in `VllmBudget.estimates` and replaceable through
+`estimates={"activation_bytes": ..., "cudagraph_bytes": ..., "other_bytes": ...}`. The upper
+bound (`kv_pool_bytes_upper`) subtracts weights only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from kvprobe.errors import ConfigError
+from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.model.sizes import GIB, MIB, cdiv
+from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
+    NO_KV_MEMORY,
+    VllmKVPlan,
+    not_enough_kv_memory,
+    plan_layout,
+    vllm_kv_plan,
+)
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
+from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+
+VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
+# MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
+# update_block_size_for_backend; FlashMLA's get_supported_kernel_block_sizes is [64]); the
+# DSA indexer kernels are likewise fixed at 64 (seed 002). We assume that backend for MLA models.
+VLLM_MLA_BLOCK_SIZE = 64
+
+
+def vllm_default_block_size(geom: ModelGeometry) -> int:
+    return VLLM_MLA_BLOCK_SIZE if geom.attention == "mla" else VLLM_DEFAULT_BLOCK_SIZE
+
+
+def vllm_batch_defaults(gpu_memory_bytes: int | None, max_model_len: int, *,
+                        gpu_name: str | None = None) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) of `vllm serve` 0.33.0 (arg_utils.get_batch_defaults).
+
+    Tiers by device memory: >= 160 GiB -> 1024 / 16384; >= 70 GiB and not an A100 (H100/H200
+    class) -> 1024 / 8192; everything else -> 256 / 2048. Without a GPU name a >= 70 GiB card is
+    taken as H100/H200 class. Then the token budget is capped at max_num_seqs * max_model_len and
+    max_num_seqs at the token budget (chunked prefill on).
+    """
+    mem = gpu_memory_bytes or 0
+    a100 = bool(gpu_name) and "a100" in gpu_name.lower()
+    if mem >= 160 * GIB:
+        seqs, tokens = 1024, 16384
+    elif mem >= 70 * GIB and not a100:
+        seqs, tokens = 1024, 8192
+    else:
+        seqs, tokens = 256, 2048
+    tokens = min(tokens, seqs * max_model_len)
+    return min(seqs, tokens), tokens
+
+
+def estimate_vllm_other_bytes(*, tp: int = 1, pp: int = 1) -> int:
+    """CUDA context + cuBLAS workspaces + allocator slack vLLM counts in `total_consumed`.
+
+    A typical H100 process holds ~0.5 GiB before any tensor; NCCL buffers add ~0.25 GiB when
+    the rank talks to others. Rough by nature: override with estimates["other_bytes"].
+    """
+    return 512 * MIB + (256 * MIB if tp * pp > 1 else 0)
+
+
+def estimate_vllm_activation_bytes(geom: ModelGeometry, *, max_num_batched_tokens: int,
+                                   max_num_seqs: int, tp: int = 1) -> int:
+    """Peak of the profile run (a forward of max_num_batched_tokens tokens + a sampler run).
+
+    Forward: the widest live intermediates of one layer (gate_up output, its activation and the
+    residual stream, in the model dtype). Sampler: fp32 logits of max_num_seqs rows, with one copy
+    for the softmax. Override with estimates["activation_bytes"].
+    """
+    parts = {p.name: p for p in geom.weight_parts}
+    widest = geom.hidden_size * 4
+    for name in ("mlp.gate_up_proj", "shared_experts.gate_up_proj"):
+        if name in parts:
+            widest = max(widest, parts[name].params // geom.hidden_size // tp)
+    if "experts.gate_up_proj" in parts:  # routed experts: each token goes to top_k of them
+        gate_up = parts["experts.gate_up_proj"]  # MXFP4 parts count their biases: use the width itself
+        per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if gate_up.dims else gate_up.params // geom.hidden_size
+        widest = max(widest, per_expert // max(1, _n_experts(geom)) * 8 // tp)
+    forward = max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
+    sampler = max_num_seqs * geom.vocab_size * 4 * 2
+    return forward + sampler
+
+
+def _n_experts(geom: ModelGeometry) -> int:
+    parts = {p.name: p for p in geom.weight_parts}
+    gate = parts.get("router.gate")
+    return gate.params // geom.hidden_size if gate else 1
+
+
+def estimate_vllm_cudagraph_bytes(geom: ModelGeometry, *, max_num_seqs: int) -> int:
+    """vLLM's own `profile_cudagraph_memory()` estimate, approximated.
+
+    Decode graphs are captured for batch sizes up to min(512, max_num_seqs); the pool holds the
+    largest graph's intermediates plus per-graph bookkeeping. Observed pools are ~0.3-1 GiB for
+    dense 7-70B models. We use 256 MiB + the largest batch's residual-stream buffers.
+    Override with estimates["cudagraph_bytes"].
+    """
+    largest = min(512, max_num_seqs)
+    return 256 * MIB + largest * geom.hidden_size * geom.dtype_bytes * 16
+
+
+def vllm_capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
+    """(num_tokens, max_concurrency) of `GPU KV cache size: N tokens, Maximum concurrency ...`.
+
+    vLLM 0.33.0 `kv_cache_utils.py::get_max_concurrency_for_kv_cache_config` /
+    `get_kv_cache_capacity` for one full-attention group: concurrency = num_blocks (null block
+    included) / cdiv(max_model_len, block_size); tokens = int(concurrency * max_model_len).
+    """
+    per_request = cdiv(max_model_len, block_size)
+    concurrency = num_blocks / per_request
+    return int(concurrency * max_model_len), concurrency
+
+
+def vllm_check_fits(num_blocks: int, bytes_per_block: int, block_size: int, max_model_len: int,
+                    available_bytes: int) -> None:
+    """`_check_enough_kv_cache_memory` (kv_cache_planning.py L50-87): refuse at startup when one
+    request of max_model_len does not fit the usable blocks (the null block excluded)."""
+    if available_bytes <= 0 or num_blocks <= 0:
+        raise ConfigError(NO_KV_MEMORY)
+    needed_blocks = cdiv(max_model_len, block_size)
+    if num_blocks - 1 >= needed_blocks:
+        return
+    estimated = max(0, (num_blocks - 1) * block_size)
+    raise ConfigError(not_enough_kv_memory(max_model_len, needed_blocks * bytes_per_block, available_bytes, estimated))
+
+
+@dataclass
+class VllmBudget:
+    total_bytes: int | None
+    fraction: float | None  # gpu_memory_utilization
+    requested_bytes: int | None
+    weights: int
+    other: int
+    activation: int
+    cudagraph: int
+    kv_pool_bytes: int | None  # what the worker would log as "Available KV cache memory"
+    kv_pool_bytes_upper: int | None  # requested - weights: seed 001's upper bound
+    bytes_per_block: int
+    num_blocks: int  # as vLLM logs it: includes the null block
+    num_blocks_upper: int | None
+    block_size: int
+    kv_tokens: int  # "GPU KV cache size: N tokens"
+    kv_tokens_upper: int | None  # floor(upper / bytes per token)
+    max_model_len: int
+    max_concurrency_at_max_model_len: float
+    fits_max_model_len: bool
+    source: str  # "profiled" | "kv_cache_memory_bytes" | "num_gpu_blocks_override"
+    estimates: dict[str, int] = field(default_factory=dict)  # the non-KV terms that were estimated
+    # vLLM's start-up refusal text when it would not start with this pool (vllm_budget(refuse=False)),
+    # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
+    refusal: str | None = None
+    largest_max_model_len: int = 0
+    plan: VllmKVPlan | None = None  # a hybrid model's groups (vllm/hybrid/kv_cache_planning.vllm_kv_plan); None: one uniform pool
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+
+def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
+                max_model_len: int, gpu_memory_utilization: float | None = None,
+                version: str | None = None, block_size: int | None = None,
+                max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, tp: int = 1, pp: int = 1,
+                kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
+                estimates: dict[str, int] | None = None, auto_fit: bool = False,
+                refuse: bool = True, plan_opts: VllmOptions | None = None) -> VllmBudget:
+    """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
+
+    Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
+    its message as a ConfigError; with `refuse=False` the budget is returned with `refusal` set, so
+    a ledger can still show every number that leads to the refusal.
+
+    A hybrid model (window, chunked-local or linear layers) is planned by `vllm/hybrid/kv_cache_planning.vllm_kv_plan`
+    with `plan_opts` (the engine settings its layout depends on): its groups share one pool whose
+    block is the largest group's page, and the capacity line divides by the sum over groups
+    (`VllmBudget.plan`)."""
+    if geom.layers.hybrid and plan_opts is None:
+        raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: its vLLM pool needs the "
+                          "hybrid plan's options (vllm_budget(plan_opts=...))", key=geom.layers.key or "layer_types")
+    estimates = dict(estimates or {})
+    unknown = set(estimates) - {"activation_bytes", "cudagraph_bytes", "other_bytes"}
+    if unknown:
+        raise ConfigError(f"unknown estimate(s) {sorted(unknown)}; expected activation_bytes, "
+                          "cudagraph_bytes, other_bytes", key="estimates")
+    block = block_size or vllm_default_block_size(geom)
+    bytes_per_block = kv.total * block  # layers_on_rank x page bytes (MLA: one latent, no factor 2)
+    if geom.layers.hybrid:
+        _, layout, bytes_per_block, _, _ = plan_layout(geom, plan_opts, max_model_len)
+        block = layout[0].block_size if layout[0].spec != MAMBA_SPEC else \
+            next((g.block_size for g in layout if g.spec != MAMBA_SPEC), layout[0].block_size)
+    fraction = gpu_memory_utilization if gpu_memory_utilization is not None else \
+        vllm_default_gpu_memory_utilization(version)
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
+                          key="gpu_memory_utilization")
+    used: dict[str, int] = {}
+    other = estimates.get("other_bytes")
+    if other is None:
+        other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp)
+    act = estimates.get("activation_bytes")
+    if act is None:
+        act = used["activation_bytes"] = estimate_vllm_activation_bytes(
+            geom, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
+    graph = estimates.get("cudagraph_bytes")
+    if graph is None:
+        graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
+
+    requested = upper = upper_blocks = upper_tokens = None
+    # --kv-cache-memory-bytes replaces the memory split: no fraction is requested, nothing profiled.
+    if gpu_memory_bytes is not None and kv_cache_memory_bytes is None:
+        requested = math.ceil(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
+        upper = requested - weights
+        upper_blocks = max(0, upper // bytes_per_block)
+        upper_tokens = max(0, upper // kv.total)
+        if geom.layers.hybrid:  # the capacity line of the upper pool: blocks / blocks per request x length
+            upper_tokens = int(upper_blocks / sum(g.blocks_per_request for g in layout) * max_model_len)
+    if kv_cache_memory_bytes is not None:
+        kv_pool, source = kv_cache_memory_bytes, "kv_cache_memory_bytes"
+    elif requested is not None:
+        kv_pool, source = requested - weights - other - act - graph, "profiled"
+    else:
+        kv_pool, source = None, "num_gpu_blocks_override"
+    if num_gpu_blocks_override is not None:
+        num_blocks, source = num_gpu_blocks_override, "num_gpu_blocks_override"
+        available = num_blocks * bytes_per_block  # vLLM re-plans with N x bytes_per_block
+    elif kv_pool is None:
+        raise ConfigError("the GPU memory is needed to size the KV pool (give --gpu-memory, "
+                          "--kv-cache-memory-bytes or --num-gpu-blocks-override)", key="gpu_memory")
+    else:
+        num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
+    if geom.layers.hybrid:
+        return _hybrid_budget(geom, plan_opts, max_model_len, auto_fit, refuse, num_gpu_blocks_override,
+                              kv_pool, VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None
+                                                  else None, requested, weights, other, act, graph, kv_pool,
+                                                  upper, bytes_per_block, num_blocks, upper_blocks, block, 0,
+                                                  upper_tokens, max_model_len, 0.0, True, source, used))
+    refusal = None
+    try:
+        if auto_fit:
+            if num_blocks <= 1:
+                raise ConfigError("Cannot auto-fit max_model_len: not enough GPU memory available to serve "
+                                  "even a single token.")
+            max_model_len = min(max_model_len, (num_blocks - 1) * block)
+        vllm_check_fits(num_blocks, bytes_per_block, block, max_model_len, available - bytes_per_block)
+    except ConfigError as err:
+        if refuse:
+            raise
+        refusal = str(err)
+    fits = num_blocks - 1 >= cdiv(max_model_len, block)
+    tokens, concurrency = vllm_capacity_numbers(max(num_blocks, 0), block, max_model_len)
+    return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
+                      weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
+                      upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
+                      source, used, refusal, max(0, (num_blocks - 1) * block))
+
+
+def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,
+                   override: int | None, kv_pool: int | None, split: VllmBudget) -> VllmBudget:
+    """The memory split's pool planned as vLLM plans a hybrid model (vllm/hybrid/kv_cache_planning.vllm_kv_plan)."""
+    plan = vllm_kv_plan(geom, max_model_len=max_model_len, available_bytes=None if override is not None
+                        else kv_pool, num_gpu_blocks_override=override, opts=opts, auto_fit=auto_fit,
+                        refuse=refuse)
+    return dataclasses.replace(
+        split, num_blocks=plan.num_blocks, block_size=plan.block_size, kv_tokens=plan.kv_tokens,
+        max_model_len=plan.max_model_len, max_concurrency_at_max_model_len=plan.max_concurrency,
+        fits_max_model_len=plan.refusal is None, refusal=plan.refusal,
+        largest_max_model_len=plan.largest_max_model_len, plan=plan)
+
