@@ -65,8 +65,9 @@ class Served:
         assert status == 200, text
         return {f.name: f for f in text_string_to_metric_families(text)}
 
-    def value(self, family: str, **labels) -> float:
-        fam = self.families()[family]
+    def value(self, family: str, families: dict | None = None, **labels) -> float:
+        """One metric's value, from `families` (one scrape, to compare gauges published together) or a new scrape."""
+        fam = (families or self.families())[family]
         return sum(s.value for s in fam.samples
                    if s.name in (family, family + "_total") and all(s.labels.get(k) == v for k, v in labels.items()))
 
