@@ -12,7 +12,7 @@ from kvprobe.engines import get_dialect
 from kvprobe.load.ramps import around_prediction_levels
 from kvprobe.observe import oneshot
 from kvprobe.observe.oneshot import OneShot
-from kvprobe.probe import run as probe
+from kvprobe.probe import calibrate as probe
 from kvprobe.spec.expectation import load_profile
 
 
