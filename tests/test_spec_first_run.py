@@ -14,7 +14,8 @@ import yaml
 
 from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
-from kvprobe.spec.expectation import SHIPPED_PROFILES, load_expectations, shipped_profiles
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.spec.profile import SHIPPED_PROFILES, shipped_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 

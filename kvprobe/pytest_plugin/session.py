@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import KvprobeError
+from kvprobe.pytest_plugin.options import get_option
 
 SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
 
@@ -34,8 +35,6 @@ def _positive_seconds(value) -> float | None:
 
 class KvprobeSession:
     def __init__(self, config):
-        from kvprobe.pytest_plugin.plugin import get_option
-
         self.config = config
         self.enabled = bool(get_option(config, "kvprobe"))
         root = Path(str(config.rootpath))

@@ -13,7 +13,7 @@ from kvprobe.load.ramps import around_prediction_levels
 from kvprobe.observe import oneshot
 from kvprobe.observe.oneshot import OneShot
 from kvprobe.probe import calibrate as probe
-from kvprobe.spec.expectation import load_profile
+from kvprobe.spec.profile import load_profile
 
 
 @pytest.fixture
