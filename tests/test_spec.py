@@ -17,8 +17,9 @@ from kvprobe.spec.expectation import (
     load_expectations,
     override_profile,
 )
+from kvprobe.spec.flags import ledger_kwargs
 from kvprobe.spec.profile import load_profile, profile_search_dirs
-from kvprobe.spec.schema import FLEET_CHECKS, ledger_kwargs
+from kvprobe.spec.schema import FLEET_CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTATIONS = ROOT / "expectations"

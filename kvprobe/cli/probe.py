@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import ENGINES
 
 
 def add_parser(subparsers) -> None:
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (shell quoting rules)")
     bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
                                 "publishes; the model's geometry a preset matching its served id, or --model-config")
-    bare.add_argument("--engine", choices=("vllm", "sglang"), help="the engine's dialect")
+    bare.add_argument("--engine", choices=ENGINES, help="the engine's dialect")
     bare.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens of every request")
     bare.add_argument("--output-tokens", type=int, metavar="O", help="output tokens of every request")
     bare.add_argument("--model", metavar="ID", help="the served model id to send (default: the one it serves)")
@@ -57,7 +58,7 @@ def parse_tolerances(items: list[str]) -> dict[str, float]:
     # The same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative
     # tolerance is a one-line error, not a TypeError from dataclasses.replace deep in the probe.
     from kvprobe.spec.expectation import _parse_tolerances
-    from kvprobe.spec.schema import Node
+    from kvprobe.spec.node import Node
 
     _parse_tolerances(Node(out, "--tolerance"))
     return out

@@ -14,16 +14,8 @@ import re
 from pathlib import Path
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec.schema import (
-    CHECKS,
-    NAME_RE,
-    Expectation,
-    Hardware,
-    RequestShape,
-    Target,
-    Tolerances,
-    did_you_mean,
-)
+from kvprobe.spec.node import NAME_RE, did_you_mean
+from kvprobe.spec.schema import CHECKS, Expectation, Hardware, RequestShape, Target, Tolerances
 
 DEFAULT_PROFILE = "attach"
 # Served ids of the same architecture as a preset: an instruction-tuned checkpoint keeps the base

@@ -18,7 +18,9 @@ import dataclasses
 from pathlib import Path
 
 from kvprobe.errors import ConfigError, spec_error  # noqa: F401 - re-exported
+from kvprobe.spec.flags import ledger_kwargs, length_limits, parallel_sizes, parse_flags, parse_units
 from kvprobe.spec.launch import check_shadow
+from kvprobe.spec.node import NAME_RE, Node, Shown, did_you_mean, read_yaml, show
 from kvprobe.spec.profile import load_profile, profile_search_dirs, resolve_profile
 from kvprobe.spec.schema import (
     CHECKS,
@@ -26,26 +28,15 @@ from kvprobe.spec.schema import (
     ENGINES,
     ESTIMATE_KEYS,
     FLEET_CHECKS,
-    NAME_RE,
     RAMP_STRATEGIES,
     Expectation,
     Hardware,
     HoldSpec,
-    Node,
     Profile,
     RampSpec,
     RequestShape,
-    Shown,
     Target,
     Tolerances,
-    did_you_mean,
-    ledger_kwargs,
-    length_limits,
-    parallel_sizes,
-    parse_flags,
-    parse_units,
-    read_yaml,
-    show,
 )
 from kvprobe.spec.target import parse_target
 

@@ -16,7 +16,8 @@ behind sglang-router, launched or attached.
 from __future__ import annotations
 
 from kvprobe.spec.launch import STARTUP_TIMEOUTS, parse_emulator, parse_env
-from kvprobe.spec.schema import Shown, Target
+from kvprobe.spec.node import Shown
+from kvprobe.spec.schema import Target
 from kvprobe.targets.fleet import router as rt
 
 ROUTERS = (rt.NAME,)

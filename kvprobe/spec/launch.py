@@ -19,7 +19,8 @@ import re
 import shlex
 from pathlib import Path
 
-from kvprobe.spec.schema import EMULATOR_FAULTS, ENV_NAME_RE, Node, Shown
+from kvprobe.spec.node import ENV_NAME_RE, Node, Shown
+from kvprobe.spec.schema import EMULATOR_FAULTS
 
 LAUNCH_KINDS = ("emulator", "engine", "shadow")
 LAUNCH_KEYS = {"emulator": ("emulator",), "engine": ("command", "model"), "shadow": ("time_model", "engine_args")}

@@ -9,19 +9,15 @@ from pathlib import Path
 
 from kvprobe.errors import spec_error
 from kvprobe.load.messages import split_host_port
+from kvprobe.spec.node import NAME_RE, Node, Shown, did_you_mean, read_yaml
 from kvprobe.spec.schema import (
     MIN_STEADY_SAMPLES,
-    NAME_RE,
     RAMP_STRATEGIES,
     HoldSpec,
-    Node,
     Profile,
     RampSpec,
     RequestShape,
-    Shown,
     WorkersSpec,
-    did_you_mean,
-    read_yaml,
 )
 
 PROFILE_KEYS = ("name", "description", "request", "ramp", "hold", "sampling", "budget_seconds", "drain_seconds",

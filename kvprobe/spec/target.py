@@ -17,7 +17,8 @@ from kvprobe.spec.launch import (
     parse_time_model,
     resolve_relative,
 )
-from kvprobe.spec.schema import ENV_NAME_RE, Node, Shown, Target
+from kvprobe.spec.node import ENV_NAME_RE, Node, Shown
+from kvprobe.spec.schema import Target
 
 
 def parse_target(node: Node) -> Target:
