@@ -123,10 +123,11 @@ def parse_flags(node: Node, engine: str, *, strict: bool = False) -> dict[str, o
 def length_limits(engine: str, flags: dict) -> list[tuple[str, int, str]]:
     """(flag, largest P+O, why) for each length rule the flags make known.
 
-    vLLM 0.33.0: P + max_tokens > max_model_len is clamped, and with min_tokens = O that is a 400
-    (shared/reference/vllm.md, summary 13). SGLang 0.5.23: max_new_tokens is clipped silently to
-    min(context_len, M) - P - 2, so exactly O tokens need P + O <= context_len - 2 and <= M - 2
-    (scheduler.py::init_req_max_new_tokens; shared/reference/sglang.md §1.5).
+    vLLM 0.33.0: P + max_tokens > max_model_len is clamped (entrypoints/serve/utils/api_utils.py
+    `get_max_tokens`), and with min_tokens = O that is a 400 (sampling_params.py: min_tokens must be
+    <= max_tokens). SGLang 0.5.23: max_new_tokens is clipped silently to min(context_len, M) - P - 2,
+    so exactly O tokens need P + O <= context_len - 2 and <= M - 2
+    (managers/scheduler.py `init_req_max_new_tokens`).
     """
     rules = []
     if engine == "vllm":
