@@ -1,4 +1,4 @@
-"""Issue 13's first-run frictions in the files a user writes: unknown flags, unknown versions,
+"""First-run frictions in the files a user writes: unknown flags, unknown versions,
 profiles found from any folder, and the shipped profiles listed on the console."""
 
 from __future__ import annotations

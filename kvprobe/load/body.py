@@ -14,7 +14,7 @@ SENTINELS = (-987654301, -987654302)
 
 
 def _fallback_completion_body(prompt_ids, output_tokens, *, model=None, stream=True) -> dict:
-    # Used until the engine dialect exposes completion_body (CONTRACTS.md, engines/*).
+    # For an engine whose dialect module has no completion_body (kvprobe/engines/<engine>.py).
     body = {"model": model, "prompt": list(prompt_ids), "max_tokens": output_tokens,
             "min_tokens": output_tokens, "ignore_eos": True, "stream": bool(stream)}
     if stream:

@@ -26,7 +26,7 @@ def long_exp(expectation):
 
 
 def test_one_slow_request_does_not_set_the_hold(long_exp, monkeypatch):
-    """Issue 13: one calibration request took 37.6 s on a loaded machine; three give the median."""
+    """One calibration request once took 37.6 s on a loaded machine; three give the median."""
     times = iter([37.6, 1.2, 1.0])
     sent = []
 

@@ -1,7 +1,7 @@
 """`target: {launch: shadow}`: an expectation's shadow start, through the launcher that starts every
 engine (its own process group, the health deadline, the log tail on a failed start).
 
-The engine-specific part is `kvprobe.targets.shadow.<engine>_target`: `command(req, env)` builds the real
+The engine-specific part is `kvprobe.targets.shadow.<engine>.target`: `command(req, env)` builds the real
 server's command line, and an optional `parse_worker_log(text) -> dict` reads what kvprobe's
 worker/plugin said at start-up, which the probe records in its engine facts.
 """
@@ -49,7 +49,7 @@ class ShadowTarget(Target):
 
 
 def worker_report(engine: str, log_path: str | None) -> dict:
-    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}_target")
+    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}.target")
     parse = getattr(module, "parse_worker_log", None)
     if parse is None or not log_path:
         return {}
