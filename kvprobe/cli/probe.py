@@ -45,25 +45,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def parse_tolerances(items: list[str]) -> dict[str, float]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
-    # The same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative
-    # tolerance is a one-line error, not a TypeError from dataclasses.replace deep in the probe.
-    from kvprobe.spec.expectation import _parse_tolerances
-    from kvprobe.spec.node import Node
-
-    _parse_tolerances(Node(out, "--tolerance"))
-    return out
-
-
 _BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_config", "engine_version", "policy",
                  "gpu_memory", "api_key_env")
 
@@ -116,14 +97,14 @@ def _run(args) -> int:
     from kvprobe.errors import KvprobeError
     from kvprobe.probe.run import ProbeOptions, predict, run_probe
     from kvprobe.report.console import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
-    from kvprobe.spec.expectation import load_expectations
+    from kvprobe.spec.expectation import load_expectations, tolerance_overrides
     from kvprobe.spec.launch import split_command
     from kvprobe.tables import render_table
 
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     _check_bare_options(args)
-    tolerances = parse_tolerances(args.tolerance)
+    tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]

@@ -64,6 +64,23 @@ def _parse_tolerances(node: Node) -> Tolerances:
     return Tolerances(**values)
 
 
+def tolerance_overrides(items: list[str]) -> dict[str, float]:
+    """`NAME=NUMBER` overrides (the --tolerance options of the console and of pytest), checked with the
+    same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative tolerance
+    is a one-line error, not a TypeError from dataclasses.replace deep in the probe."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
+    _parse_tolerances(Node(out, "--tolerance"))
+    return out
+
+
 def _fleet_checks(engine: str) -> tuple[str, ...]:
     """A fleet's default checks: router_imbalance only where the engine's gauges count (not SGLang's samples)."""
     from kvprobe.engines import get_dialect
