@@ -28,6 +28,7 @@ from kvprobe.verdict import fleet as fleet_verdict
 
 class FleetTarget:
     mode = "fleet"
+    prompt_format = rt.PROMPT_FORMAT  # the router refuses token-id prompts
     one_engine = False  # the series sums R replicas: one replica's ledger says nothing of its counters
 
     def __init__(self, *, engine: str, dialect, url: str, replica_urls: list[str], policy: str,
@@ -42,7 +43,6 @@ class FleetTarget:
         self.router = router
         self._headers = dict(headers or {})
         self._facts_target = facts_target or (self.replicas[0] if self.replicas else None)
-        self.prompt_format = rt.PROMPT_FORMAT
         self.stop_report: dict[str, object] = {}
 
     # ------------------------------------------------------------------ construction
