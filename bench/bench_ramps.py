@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvprobe.probe.run import ProbeOptions, run_probe
-from kvprobe.spec.expectation import load_expectations, load_profile
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.spec.profile import load_profile
 from kvprobe.tables import render_table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvprobe.engines import get_dialect
 from kvprobe.load.records import ABORTED
 from kvprobe.probe.run import ProbeOptions, run_probe
-from kvprobe.spec.expectation import load_expectations, load_profile
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.spec.profile import load_profile
 from kvprobe.tables import render_table
 from kvprobe.targets.launch import Target, free_port, http_get
 

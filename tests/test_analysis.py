@@ -138,7 +138,7 @@ def test_missing_metrics_read_as_nan():
     arrays, windows = ramp_series([4, 30])
     del arrays["usage"], arrays["preemptions"]
     stats = level_stats(arrays, windows)
-    # absent is not zero (issue 11, finding 6): no counter, no preemption count
+    # absent is not zero: no counter, no preemption count
     assert np.isnan(stats[1].usage_mean) and stats[1].preemptions is None and stats[1].preemption_rate_per_s is None
     rp = find_rejection_point(stats)
     assert rp.rejection_point == pytest.approx(20) and rp.usage_at_rejection is None
@@ -164,7 +164,7 @@ def test_closed_loop_duty_cycle_and_queueing_between_steps_are_not_saturation():
     rp = find_rejection_point(stats)
     assert 19.7 <= rp.rejection_point <= 20.3
     # N=20 waits 1.14 where step queueing alone (0.027/user, from N <= 14) explains 0.53: it is not
-    # clean, and N=21 preempts (issue 11, finding 2: a level that waits is never reported clean)
+    # clean, and N=21 preempts (a level that waits is never reported clean)
     assert rp.onset_users == 22 and rp.last_clean_users == 19 and rp.transient_levels == [20]
     assert rp.step_waiting_per_user == pytest.approx(0.0266, abs=0.001)
     assert 0.9 < rp.follow < 0.96

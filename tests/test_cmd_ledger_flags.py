@@ -1,4 +1,4 @@
-"""`kvprobe ledger` as issue 13 wants it: options generated from the dialects' flag tables, the same
+"""`kvprobe ledger`: options generated from the dialects' flag tables, the same
 names and meaning as an expectation's flags, a refusal explained after every table, pools labelled
 by what sized them, versions kvprobe has no facts for refused."""
 

@@ -1,4 +1,4 @@
-"""Diagnoses from signatures (issue 11, finding 4): a request cap is named as a request cap, with
+"""Diagnoses from signatures: a request cap is named as a request cap, with
 the flag that differs from the expectation where the engine reports it — never as a pool bug."""
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def test_a_ceiling_below_the_cap_the_engine_reports_is_not_the_cap():
 
 
 def test_a_cap_the_ledger_predicts_binds_as_predicted():
-    """Discovery (issue 13) builds the ledger from what SGLang publishes: max_running_requests=12."""
+    """Discovery builds the ledger from what SGLang publishes: max_running_requests=12."""
     pred = SimpleNamespace(limit=12, no_preemption_limit=12, binding="max_running_requests", usage_at_limit=0.5)
     levels = [level(n, 0.95 * n, 0.1, usage=0.5 * n / 12) for n in (4, 8)] + \
         [level(n, 12.0, n - 13, usage=0.5, preemptions=None, high=12) for n in (16, 20, 24, 28)]

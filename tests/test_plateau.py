@@ -1,4 +1,4 @@
-"""The rejection point on per-level figures (issue 11, findings 2 and 3): every level that waits
+"""The rejection point on per-level figures: every level that waits
 is in the plateau, the estimate is not biased by levels at the edge of saturation, and it comes
 with an uncertainty the check uses."""
 

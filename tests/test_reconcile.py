@@ -1,4 +1,4 @@
-"""Client-side running, right whatever stops a stream (issue 11, finding 1), and its reconciliation
+"""Client-side running, right whatever stops a stream, and its reconciliation
 with the engine's running gauge: which source each level uses, and how far the two disagree."""
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from kvprobe.spec.expectation import (
     ledger_inputs,
     load_expectation_dir,
     load_expectations,
-    load_profile,
     override_profile,
-    profile_search_dirs,
 )
-from kvprobe.spec.schema import FLEET_CHECKS, ledger_kwargs
+from kvprobe.spec.flags import ledger_kwargs
+from kvprobe.spec.profile import load_profile, profile_search_dirs
+from kvprobe.spec.schema import FLEET_CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTATIONS = ROOT / "expectations"

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec.expectation import load_expectation_dir, load_expectations, load_profile
+from kvprobe.spec.expectation import load_expectation_dir, load_expectations
+from kvprobe.spec.profile import load_profile
 
 PROFILE = {
     "name": "short",

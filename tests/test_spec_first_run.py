@@ -1,4 +1,4 @@
-"""Issue 13's first-run frictions in the files a user writes: unknown flags, unknown versions,
+"""First-run frictions in the files a user writes: unknown flags, unknown versions,
 profiles found from any folder, and the shipped profiles listed on the console."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import yaml
 
 from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
-from kvprobe.spec.expectation import SHIPPED_PROFILES, load_expectations, shipped_profiles
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.spec.profile import SHIPPED_PROFILES, shipped_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 

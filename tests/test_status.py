@@ -1,4 +1,4 @@
-"""Outcomes a CI can tell apart (issue 11, finding 5) and numbers that say what they are (finding 6)."""
+"""Outcomes a CI can tell apart, and numbers that say what they are."""
 
 from __future__ import annotations
 

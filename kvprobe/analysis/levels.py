@@ -265,7 +265,7 @@ def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) 
     - A sampled gauge (SGLang publishes at prefill batches — the count *before* the new requests
       — and every 40 decode steps) is biased low, so the streams measure running and the two are
       reconciled. Most samples read below the true count, so the gauge's mean is close to a
-      lower bound: a client count below it by more than max(1, 5%) undercounts (issue 11: streams
+      lower bound: a client count below it by more than max(1, 5%) undercounts (as streams
       cut at the stop counted as waiting). A decode report reads the batch as it is, so a client
       count above the highest reading by more than max(2, 10%) counts requests the engine does
       not hold. Either is a disagreement: recorded on the level and reported, not resolved.

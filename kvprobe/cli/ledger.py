@@ -3,7 +3,7 @@
 The engine's flags are options under their real names, generated from the dialect modules' flag
 tables (`kvprobe/engines/vllm.py`, `sglang.py` FLAGS): the same names, values and meaning as the
 `flags:` of an expectation, validated by the same code and mapped to the ledger by the same table
-(`Flag.ledger`, `spec_schema.flag_ledger_kwargs`). When the engine would refuse to start, every
+(`Flag.ledger`, `kvprobe.spec.flags.flag_ledger_kwargs`). When the engine would refuse to start, every
 table is still printed, then the refusal as a finding, and the exit code is 1.
 """
 
@@ -15,11 +15,11 @@ import sys
 import textwrap
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
 from kvprobe.units import parse_bytes, parse_count
 
-ENGINES = ("vllm", "sglang")
-# Flags an expectation may not set either: the launcher owns them (spec_schema.MANAGED_FLAGS).
+# Flags an expectation may not set either: the launcher owns them (kvprobe.spec.flags.MANAGED_FLAGS).
 _NOT_OPTIONS = ("served-model-name", "api-key")
 # The workload: not engine flags. (name, LedgerInputs field, help)
 REQUEST_OPTIONS = (
@@ -67,7 +67,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p.add_argument("--model", required=True,
                    help="a path to a config.json (or its dir), or a packaged preset: " + ", ".join(list_presets()))
-    p.add_argument("--engine-version", help="engine version (defaults: vLLM 0.33.0, SGLang 0.5.23)")
+    p.add_argument("--engine-version", help=f"engine version (defaults: vLLM {VLLM_DEFAULT_VERSION}, SGLang {SGLANG_DEFAULT_VERSION})")
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
     p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
@@ -130,7 +130,8 @@ def unread_flags(args: argparse.Namespace) -> list[str]:
 def _given_flags(args: argparse.Namespace) -> dict[str, object]:
     """The engine flags given on the command line, validated as an expectation's are."""
     from kvprobe.engines import get_dialect
-    from kvprobe.spec.schema import Node, parse_flag
+    from kvprobe.spec.flags import parse_flag
+    from kvprobe.spec.node import Node
 
     known = engine_flags()
     dialect = get_dialect(args.engine)
@@ -173,7 +174,7 @@ def _typed(raw: str, kind: str) -> object:
 
 def inputs_from_args(args: argparse.Namespace):
     from kvprobe.engines import is_known_version, unknown_version_message
-    from kvprobe.spec.schema import flag_ledger_kwargs
+    from kvprobe.spec.flags import flag_ledger_kwargs
     from kvprobe.theory.admission import POLICIES
     from kvprobe.theory.ledger.inputs import LedgerInputs
 

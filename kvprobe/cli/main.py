@@ -38,7 +38,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def _unknown_options(parser: argparse.ArgumentParser, args, extra: list[str]) -> None:
     """argparse's own "unrecognized arguments" error, with the closest option of the subcommand."""
-    from kvprobe.spec.schema import did_you_mean
+    from kvprobe.spec.node import did_you_mean
 
     sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers else None
     options = list(sub._option_string_actions) if sub is not None else []

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import ENGINES
 
 
 def add_parser(subparsers) -> None:
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (shell quoting rules)")
     bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
                                 "publishes; the model's geometry a preset matching its served id, or --model-config")
-    bare.add_argument("--engine", choices=("vllm", "sglang"), help="the engine's dialect")
+    bare.add_argument("--engine", choices=ENGINES, help="the engine's dialect")
     bare.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens of every request")
     bare.add_argument("--output-tokens", type=int, metavar="O", help="output tokens of every request")
     bare.add_argument("--model", metavar="ID", help="the served model id to send (default: the one it serves)")
@@ -42,25 +43,6 @@ def add_parser(subparsers) -> None:
                       "and reported_capacity compares; without it the engine's own pool is taken")
     bare.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the engine's API key")
     p.set_defaults(func=run)
-
-
-def parse_tolerances(items: list[str]) -> dict[str, float]:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"expected NAME=NUMBER, got {item!r}", key="--tolerance") from None
-    # The same names and ranges as `tolerances:` in a file: an unknown name or 1.5 for a relative
-    # tolerance is a one-line error, not a TypeError from dataclasses.replace deep in the probe.
-    from kvprobe.spec.expectation import _parse_tolerances
-    from kvprobe.spec.schema import Node
-
-    _parse_tolerances(Node(out, "--tolerance"))
-    return out
 
 
 _BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_config", "engine_version", "policy",
@@ -115,7 +97,7 @@ def _run(args) -> int:
     from kvprobe.errors import KvprobeError
     from kvprobe.probe.run import ProbeOptions, predict, run_probe
     from kvprobe.report.console import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
-    from kvprobe.spec.expectation import load_expectations
+    from kvprobe.spec.expectation import load_expectations, tolerance_overrides
     from kvprobe.spec.launch import split_command
     from kvprobe.tables import render_table
     from kvprobe.theory.ledger.text import render_ledger
@@ -123,7 +105,7 @@ def _run(args) -> int:
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     _check_bare_options(args)
-    tolerances = parse_tolerances(args.tolerance)
+    tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]

@@ -13,7 +13,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from kvprobe.spec.expectation import SHIPPED_PROFILES, load_profile
+    from kvprobe.spec.profile import SHIPPED_PROFILES, load_profile
     from kvprobe.tables import render_table
 
     folders = [Path(args.dir)] if args.dir else []

@@ -41,7 +41,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def flags_from_argv(argv: list[str]) -> dict[str, object]:
     """`--x v` / `--x=v` / `--x` / `--no-x` -> {x: v | True | False}, typed and checked like an
     expectation's `flags:` (the same table, the same one-line errors)."""
-    from kvprobe.spec.schema import Node, parse_flags
+    from kvprobe.spec.flags import parse_flags
+    from kvprobe.spec.node import Node
 
     flags: dict[str, object] = {}
     i = 0

@@ -2,7 +2,7 @@
 
 Every load-generating process (a local Locust process, a `--processes` child, a `kvprobe worker` on
 another host) writes one lag record a second: the p99 oversleep of a 10 ms gevent sleep and its CPU.
-Loop lag tracks TTFT distortion (locust.md §4): 3–7 ms is healthy on this class of VM, tens of ms
+Loop lag tracks TTFT distortion (measured with FastHttpUser streams): 3–7 ms is healthy on this class of VM, tens of ms
 means the client sets the timing. One saturated process is enough to distort the levels it served,
 so the probe is judged by its worst process, and the report names it.
 

@@ -1,30 +1,30 @@
 """The locustfile LocustRun starts: closed-loop fixed-length completion requests, recorded per request.
 
-Runs only inside the Locust subprocess (it imports Locust, which monkey-patches with gevent).
-Facts it relies on are measured in shared/reference/locust.md: FastHttpUser + `resp.stream.readline`
-for the first token (§3), Accept-Encoding identity (§3), drain to the end of the message so the
-connection is reused (§3), gc.freeze (§3), the SIGTERM-during-shape fix (§2), events.request only
-on workers and the shape on the master (§5).
+Runs only inside the Locust subprocess (it imports Locust, which monkey-patches with gevent). What
+it relies on in Locust 2.47.0 and geventhttpclient:
+- FastHttpUser with `resp.stream.readline` times the first token; the request goes out with
+  `Accept-Encoding: identity`, since FastHttpSession asks for gzip/deflate/br by default
+  (locust/contrib/fasthttp.py) and a compressed SSE body cannot be read line by line; the stream is
+  read to the end of the message so the connection is reused (kvprobe.load.stream);
+- `gc.freeze()` at init: Locust freezes only for `--processes` (locust/main.py), and a full gen-2
+  collection otherwise stalls every greenlet for ~100 ms;
+- headless, `main()` joins the shape greenlet before it installs its SIGTERM handler
+  (locust/main.py `start_automatic_run`), so this file installs its own;
+- `events.request` fires only on workers and the shape runs on the master (locust/runners.py).
 
 Workers that share no folder with the master (`kvprobe worker`, `--kv-transport message`) send
 their records to it over Locust's messaging and take the request settings from the master's spawn
-message (every custom option travels with it: locust 2.47.0 runners.py `WorkerRunner.handle_message`
-"spawn"); the wiring is in `kvprobe.load.distributed`.
-
-Cheap reads: only the lines up to the first content chunk are parsed; the rest of the stream is
-read in bulk (`read(64 KiB)` returns at the end of the message) keeping an 8 KiB tail in which the
-usage chunk is found with one regex. This is what lets one process hold several hundred streams.
+message (locust/runners.py `WorkerRunner.handle_message` "spawn" carries every custom option);
+wiring in `kvprobe.load.distributed`, the body in `kvprobe.load.body`, the reading in `kvprobe.load.stream`.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib
 import itertools
 import json
 import os
 import random
-import re
 import signal
 import socket
 import time
@@ -34,7 +34,8 @@ from gevent import GreenletExit
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from kvprobe.load.prompts import ids_to_text, prompt_ids
+from kvprobe.load.body import body_template
+from kvprobe.load.prompts import varying_ids
 from kvprobe.load.records import (
     ABORTED,
     CONNECTION,
@@ -48,15 +49,12 @@ from kvprobe.load.records import (
     RecordWriter,
 )
 from kvprobe.load.shape import make_shape_class
+from kvprobe.load.stream import read_stream, usage_from_tail
 
 # (kvprobe.load.distributed is imported only by a master expecting workers or a message-mode worker)
 
-BULK = 1 << 16
-TAIL = 8192
 ERROR_TEXT = 300
 FLUSH_INTERVAL = 0.5
-_USAGE_RE = re.compile(rb'"usage"\s*:\s*\{')
-_SENTINELS = (-987654301, -987654302)
 _HOST = socket.gethostname()  # named in lag records: which load host saturated
 
 
@@ -112,62 +110,6 @@ def _add_arguments(parser) -> None:
                    help="master: collect the records of this many message-mode workers")
 
 
-# --- request body -------------------------------------------------------------------------------
-
-def _fallback_completion_body(prompt_ids, output_tokens, *, model=None, stream=True) -> dict:
-    # Used until the engine dialect exposes completion_body (CONTRACTS.md, engines/*).
-    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": output_tokens,
-            "min_tokens": output_tokens, "ignore_eos": True, "stream": bool(stream)}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if model is None:
-        del body["model"]
-    return body
-
-
-def completion_body_fn(engine: str):
-    try:
-        return importlib.import_module(f"kvprobe.engines.{engine}").completion_body
-    except (ImportError, AttributeError):
-        return _fallback_completion_body
-
-
-def body_template(opts) -> list[bytes]:
-    """The request body split around the first two token ids, which are the only ones that vary.
-
-    Serialising a P-token list per request would cost ~P µs; splicing two ints costs ~1 µs.
-    """
-    p, base, rng = opts.kv_prompt_tokens, opts.kv_token_base, opts.kv_token_range
-    k = opts.kv_shared_prefix_tokens
-    ids = prompt_ids(p, _SENTINELS, shared_prefix_tokens=k, seed=opts.kv_seed, base=base, rng=rng)
-    make = completion_body_fn(opts.kv_engine)
-    body = make(ids, opts.kv_output_tokens, model=opts.kv_model or None, stream=bool(opts.kv_stream))
-    if getattr(opts, "kv_prompt_format", "ids") == "text":
-        body["prompt"] = ids_to_text(body["prompt"])  # the sentinels stay spliceable inside their words
-    text = json.dumps(body)
-    parts = [text]
-    for s in _SENTINELS[: min(p - k, 2)]:
-        head, sep, rest = parts[-1].partition(str(s))
-        if not sep:
-            raise RuntimeError("completion_body did not keep the prompt ids")
-        parts[-1:] = [head, rest]
-    return [x.encode() for x in parts]
-
-
-def first_tokens(k: int, base: int, rng: int) -> tuple[int, int]:
-    """Global request number k -> the first two ids: unique first token for k < rng, pair < rng²."""
-    return base + k % rng, base + (k // rng) % rng
-
-
-def make_body(k: int) -> bytes:
-    o = S.opts
-    a, b = first_tokens(k, o.kv_token_base, o.kv_token_range)
-    parts = S.body_parts
-    if len(parts) == 2:
-        return parts[0] + str(a).encode() + parts[1]
-    return parts[0] + str(a).encode() + parts[1] + str(b).encode() + parts[2]
-
-
 # --- process setup ------------------------------------------------------------------------------
 
 @events.init.add_listener
@@ -194,12 +136,13 @@ def _on_init(environment, **_kw) -> None:
         runner.register_message("kv_level", _on_level_message)
     gevent.spawn(_flusher)
     gevent.spawn(_lag_monitor)
-    # A full gen-2 collection stalls every greenlet for ~100 ms (locust.md §3); freeze what exists.
+    # A full gen-2 collection stalls every greenlet for ~100 ms; freeze what exists (Locust does only
+    # for --processes, locust/main.py).
     gc.collect()
     gc.freeze()
 
     def _on_term():
-        # Locust installs its own SIGTERM handler only after the shape ends (locust.md §2).
+        # Locust installs its own SIGTERM handler only after the shape ends (locust/main.py main()).
         environment.process_exit_code = 143
         _flush()
         environment.runner.quit()
@@ -307,7 +250,8 @@ def _flusher() -> None:
 
 
 def _lag_monitor() -> None:
-    """Oversleep of a 10 ms sleep, p99 per second, and this process's CPU in cores (locust.md §4)."""
+    """Oversleep of a 10 ms sleep, p99 per second, and this process's CPU in cores (the loop lag
+    tracks how far the client distorts first-token times: kvprobe.load.health)."""
     lags: list[float] = []
     t_last, cpu_last = time.monotonic(), time.process_time()
     while True:
@@ -338,6 +282,16 @@ def _label() -> str:
 
 # --- one request --------------------------------------------------------------------------------
 
+def make_body(k: int) -> bytes:
+    """The body of global request number k: the template with its two varying ids spliced in."""
+    o = S.opts
+    a, b = varying_ids(k, o.kv_token_base, o.kv_token_range)
+    parts = S.body_parts
+    if len(parts) == 2:
+        return parts[0] + str(a).encode() + parts[1]
+    return parts[0] + str(a).encode() + parts[1] + str(b).encode() + parts[2]
+
+
 def _next_k() -> tuple[int, int]:
     """(global request number, local sequence) — the number space is partitioned by worker index."""
     _label()
@@ -345,70 +299,6 @@ def _next_k() -> tuple[int, int]:
     o = S.opts
     idx = S.index or 0
     return o.kv_seed * 1_000_003 + seq * max(1, o.kv_workers) + idx, seq
-
-
-def _is_content(payload: bytes) -> bool | None:
-    """True for a chunk carrying a choice, None for an error object, False otherwise (usage-only)."""
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return False
-    if isinstance(obj, dict):
-        if obj.get("choices"):
-            return True
-        if "error" in obj:
-            return None
-    return False
-
-
-def _usage_from_tail(tail: bytes) -> dict | None:
-    matches = list(_USAGE_RE.finditer(tail))
-    if not matches:
-        return None
-    last = matches[-1]
-    start = tail.rfind(b"data:", 0, last.start())
-    end = tail.find(b"\n", last.start())
-    try:
-        obj = json.loads(tail[start + 5 if start >= 0 else 0: end if end >= 0 else len(tail)])
-        usage = obj.get("usage")
-        return usage if isinstance(usage, dict) else None
-    except ValueError:
-        return None
-
-
-def read_stream(stream, rec: Record | None = None) -> tuple[float | None, bytes]:
-    """Time the first content chunk, then drain the message in bulk; returns (t_first, tail).
-
-    The first-token time goes into `rec` the moment the chunk arrives, not when the stream ends:
-    a stream cut by a ramp-down or the end of the load (GreenletExit inside the bulk read) is
-    recorded as aborted *with* its first token, so it counts as running until it was cut.
-    """
-    t_first = None
-    tail = b""
-    while True:
-        line = stream.readline(b"\n")
-        if not line:
-            return None, tail
-        if line.startswith(b"data:"):
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                tail += line
-                break
-            c = _is_content(payload)
-            if c:
-                t_first = time.time()
-                if rec is not None:
-                    rec.t_first = t_first
-                tail = line
-                break
-            tail = (tail + line)[-TAIL:]
-            if c is None:
-                break
-    while True:
-        data = stream.read(BULK)
-        if not data:
-            return t_first, tail
-        tail = (tail + data)[-TAIL:]
 
 
 class ProbeUser(FastHttpUser):
@@ -434,7 +324,7 @@ class ProbeUser(FastHttpUser):
             rec.status, rec.t_end = ABORTED, time.time()
             _finish(rec)
             raise
-        except Exception as err:  # noqa: BLE001 — one record, no traceback storm (locust.md §2)
+        except Exception as err:  # noqa: BLE001 — one record, no traceback storm
             rec.status, rec.error, rec.t_end = EXCEPTION, f"{type(err).__name__}: {err}"[:ERROR_TEXT], time.time()
             ok = False
         _finish(rec)
@@ -463,7 +353,7 @@ class ProbeUser(FastHttpUser):
             try:
                 if stream:
                     rec.t_first, tail = read_stream(resp.stream, rec)
-                    usage = _usage_from_tail(tail)
+                    usage = usage_from_tail(tail)
                 else:
                     payload = json.loads(resp.content or b"{}")
                     usage = payload.get("usage") if isinstance(payload, dict) else None

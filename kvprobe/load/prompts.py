@@ -55,3 +55,11 @@ def ids_to_text(ids: Sequence[int]) -> str:
     word as one token (emulator/tokens.py), so P words stay exactly P tokens there, and distinct
     ids stay distinct words: the first word is as unique as the first id."""
     return " ".join(f"{TEXT_WORD_PREFIX}{i}" for i in ids)
+
+
+def as_prompt_format(body: dict, prompt_format: str) -> dict:
+    """A request body as a target takes it: with prompt_format "text" (behind sglang-router), the
+    token-id prompt as text."""
+    if prompt_format == "text" and isinstance(body.get("prompt"), list):
+        return {**body, "prompt": ids_to_text(body["prompt"])}
+    return body

@@ -1,6 +1,6 @@
 """LocustRun: the Locust subprocess (one process, or a master with N workers) driven by a control file.
 
-Locust runs as a subprocess so its gevent monkey-patching never reaches the caller (locust.md §1).
+Locust runs as a subprocess so its gevent monkey-patching (locust/__init__.py, on import) never reaches the caller.
 The parent writes the control file, Locust's shape follows it once a second, and every process
 writes its own JSONL records, read back with `records()`. Everything runs in one process group
 the parent owns; stop = control-file stop, then SIGTERM to the group, then SIGKILL — every wait
@@ -124,7 +124,7 @@ class LocustRun:
                     "--expect-workers-max-wait", str(int(self.workers_wait + 30)),
                     "--kv-expect-workers", str(self.expect_workers)]
         elif self.processes > 1:
-            # Fork mode binds *:5557 by default and two runs collide (locust.md §5): bind loopback on
+            # Fork mode binds *:5557 by default (locust/argument_parser.py) and two runs collide: bind loopback on
             # a port of our own and tell the children the same port.
             self.master_port = self.master_port or free_port()
             cmd += ["--processes", str(self.processes), "--master-bind-host", "127.0.0.1",

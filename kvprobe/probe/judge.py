@@ -1,19 +1,20 @@
 """The last two steps of a probe: `analyse` turns the series and records into levels, the
 rejection point, the diagnosis and the drain; `judge` runs every selected check against the
-prediction. Both read and fill a `kvprobe.probe.run.ProbeRun`."""
+prediction. Both read and fill a `kvprobe.probe.state.ProbeRun`; the target adds its own figures
+and checks (a fleet's per-replica ones) through its interface."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis import plateau
 from kvprobe.errors import KvprobeError
+from kvprobe.load.prompts import as_prompt_format
+from kvprobe.probe.state import ProbeRun
 from kvprobe.verdict import checks as verdict
+from kvprobe.verdict.fleet import scale
 
-if TYPE_CHECKING:
-    from kvprobe.probe.run import ProbeRun
 
 def analyse(pr: ProbeRun) -> None:
     """Per-level figures with every record flushed, reconciled with the engine's gauge; the
@@ -29,11 +30,8 @@ def analyse(pr: ProbeRun) -> None:
     result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
     result.rejection = plateau.find_rejection_point(result.levels)
     pool_units = _pool_units(result.ledger)
-    if exp.target.fleet:
-        from kvprobe.probe import fleet
-
-        fleet.analyse(pr, pool_units)  # per-replica figures; a policy that splits unevenly sets the plateau's prediction
-        pool_units = pool_units and pool_units * fleet.replicas(exp)  # the summed series' pool
+    pr.target.analyse(pr, pool_units)  # a fleet's per-replica figures; an uneven split sets the plateau's prediction
+    pool_units = pool_units and pool_units * pr.target.pools  # the summed series' pool
     tol = exp.tolerances
     limit = float(pr.prediction.limit)
     result.diagnosis = diagnose(
@@ -61,11 +59,8 @@ def judge(pr: ProbeRun) -> None:
     unit = "blocks" if exp.engine == "vllm" else "tokens"
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
-    implied = engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported)
-    if exp.target.fleet:
-        from kvprobe.probe import fleet
-
-        implied = fleet.scale(implied, exp)  # the reported pool x R replicas
+    # the reported pool, times the pools the series sums (a fleet's R replicas)
+    implied = scale(engine_implied(pr.ledger.scheduler_config, exp, result.facts.reported), pr.target.pools)
     judged = {"reported_agrees": agrees, "implied": implied, "diagnosis": result.diagnosis}
     weights = result.rejection.weights if result.rejection is not None else {}
     disagreeing = [lv for lv in result.levels if lv.disagrees and weights.get(lv.users, 0) > 0]
@@ -75,15 +70,15 @@ def judge(pr: ProbeRun) -> None:
                                                                  client_saturated=saturated, disagreeing=disagreeing,
                                                                  client_reason=result.client.reason if saturated else "",
                                                                  **judged),
-        "no_preemption": lambda: verdict.check_no_preemption(prediction, result.rejection, tol,
-                                                             unpredicted=_unpredicted_preemptions(pr), **judged),
+        "no_preemption": lambda: verdict.check_no_preemption(
+            prediction, result.rejection, tol, unpredicted=_unpredicted_preemptions(pr) if pr.target.one_engine else [],
+            **judged),
         "leak": lambda: verdict.check_leak(result.drain, _pool_units(result.ledger), unit),
         "usage_gap": lambda: verdict.check_usage_gap(prediction, result.rejection, tol.usage_gap, **judged),
         "exactness": lambda: verdict.check_exactness(pr.records, shape.prompt_tokens, shape.output_tokens),
         "length_limit": lambda: _length_limit(pr),
     }
-    if exp.target.fleet:
-        checks.update(fleet.checks(pr, _pool_units(result.ledger), unit))
+    checks.update(pr.target.checks(pr, _pool_units(result.ledger), unit))
     wanted = list(exp.checks)
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
@@ -97,11 +92,10 @@ MIN_UNPREDICTED_PREEMPTIONS = 3
 
 def _unpredicted_preemptions(pr: ProbeRun) -> list[tuple[int, float]]:
     """(N, preemptions) at the levels that preempted although the ledger's simulated steady state at
-    that N preempts nothing. One replica's ledger says nothing about a fleet's summed counter."""
+    that N preempts nothing (asked only when the series is one engine's: one replica's ledger says
+    nothing about a fleet's summed counter)."""
     from kvprobe.theory.ledger.build import build_ledger
 
-    if pr.exp.target.fleet:
-        return []
     out = []
     for lv in pr.result.levels:
         if lv.too_few_samples or lv.preemptions is None or lv.preemptions < MIN_UNPREDICTED_PREEMPTIONS:
@@ -151,8 +145,6 @@ def _length_limit(pr: ProbeRun):
     out = pr.exp.profile.request.output_tokens
     prompt = max(1, max_len - out + 1)
     body = dialect.completion_body(unique_prompt(prompt, 1), out, model=pr.model, stream=False)
-    from kvprobe.probe.fleet import as_target_prompt
-
-    body = as_target_prompt(body, target)
+    body = as_prompt_format(body, target.prompt_format)
     shot = post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=30)
     return verdict.check_length_limit(shot, expected_status, f"P+O = {prompt}+{out} > {max_len}")

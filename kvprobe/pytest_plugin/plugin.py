@@ -1,7 +1,7 @@
 """pytest plugin (entry point `pytest11: kvprobe`): options, collection of expectation files, hooks.
 
 Fixtures live in `kvprobe.pytest_plugin.fixtures`, run-level state in `kvprobe.pytest_plugin.session` (the pytest-benchmark
-split). `-p no:kvprobe` disables all of it. Option names are prefixed `--kvprobe-` because Locust's
+split), the options in `kvprobe.pytest_plugin.options`. `-p no:kvprobe` disables all of it. Option names are prefixed `--kvprobe-` because Locust's
 own auto-loaded pytest plugin already claims `--host`/`-H` and a `session` fixture.
 """
 
@@ -12,21 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import KvprobeError
-
-# (name, help, ini type, default); every option is also an ini key `kvprobe_<name>`.
-OPTIONS = [
-    ("expectations", "expectation files or directories to collect (default: expectations)", "paths", None),
-    ("url", "attach every probe to this engine URL instead of launching", "string", None),
-    ("engine-command", "the engine command to launch instead of the dialect default", "string", None),
-    ("artifacts", "directory for probe artifacts (default: artifacts/kvprobe)", "string", None),
-    ("tolerance", "tolerance override NAME=VALUE (repeatable), e.g. rejection_point=2", "linelist", None),
-    ("budget", "time budget per probe, seconds", "string", None),
-    ("profile", "load profile name or path replacing every expectation's", "string", None),
-]
-
-
-def _dest(name: str) -> str:
-    return "kvprobe_" + name.replace("-", "_")
+from kvprobe.pytest_plugin import fixtures
+from kvprobe.pytest_plugin.options import OPTIONS, _dest, get_option
+from kvprobe.pytest_plugin.session import ExpectationFile, KvprobeSession
 
 
 def pytest_addoption(parser) -> None:
@@ -43,23 +31,10 @@ def pytest_addoption(parser) -> None:
         parser.addini(_dest(name), help_text, type=ini_type, default=default)
 
 
-def get_option(config, name: str):
-    """The command-line value, else the ini value (so every option works from pyproject.toml)."""
-    if name == "kvprobe":
-        value = config.getoption("kvprobe")
-        return bool(config.getini("kvprobe")) if value is None else value
-    value = config.getoption(_dest(name))
-    if value is None:
-        value = config.getini(_dest(name))
-    return value or None
-
-
 def pytest_configure(config) -> None:
-    from kvprobe.pytest_plugin.session import KvprobeSession
-
     config.addinivalue_line("markers", "kvprobe: a test that needs a live engine (skipped without --kvprobe)")
     config._kvprobe = KvprobeSession(config)
-    config.pluginmanager.register(__import__("kvprobe.pytest_plugin.fixtures", fromlist=["*"]), "kvprobe-fixtures")
+    config.pluginmanager.register(fixtures, "kvprobe-fixtures")
     config._kvprobe.extend_args()
 
 
@@ -70,8 +45,6 @@ def pytest_report_header(config) -> list[str]:
 def pytest_collect_file(file_path: Path, parent):
     session = parent.config._kvprobe
     if file_path.suffix in (".yaml", ".yml") and session.is_expectation_file(file_path):
-        from kvprobe.pytest_plugin.session import ExpectationFile
-
         return ExpectationFile.from_parent(parent, path=file_path)
     return None
 

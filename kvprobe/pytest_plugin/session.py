@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import KvprobeError
+from kvprobe.pytest_plugin.options import get_option
 
 SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
 
@@ -34,8 +35,6 @@ def _positive_seconds(value) -> float | None:
 
 class KvprobeSession:
     def __init__(self, config):
-        from kvprobe.pytest_plugin.plugin import get_option
-
         self.config = config
         self.enabled = bool(get_option(config, "kvprobe"))
         root = Path(str(config.rootpath))
@@ -48,10 +47,10 @@ class KvprobeSession:
         self.profile = get_option(config, "profile")
         self.tolerances = get_option(config, "tolerance") or []
         if self.enabled:
-            from kvprobe.cli.probe import parse_tolerances
+            from kvprobe.spec.expectation import tolerance_overrides
 
             try:  # a bad option is a one-line usage error now, not a failure in every probe later
-                parse_tolerances(self.tolerances)
+                tolerance_overrides(self.tolerances)
             except KvprobeError as err:
                 raise pytest.UsageError(f"kvprobe: {err}") from None
         self.results: dict[str, object] = {}  # expectation name -> ProbeResult
@@ -75,8 +74,8 @@ class KvprobeSession:
     # --- probes -------------------------------------------------------------------------------
 
     def options(self, exp):
-        from kvprobe.cli.probe import parse_tolerances
         from kvprobe.probe.run import ProbeOptions
+        from kvprobe.spec.expectation import tolerance_overrides
         from kvprobe.spec.launch import split_command
 
         tw = self.config.get_terminal_writer() if hasattr(self.config, "get_terminal_writer") else None
@@ -84,7 +83,7 @@ class KvprobeSession:
             artifacts_dir=self.artifacts / exp.name,
             url=self.url,
             engine_command=split_command(self.engine_command) if self.engine_command else None,
-            tolerances=parse_tolerances(self.tolerances),
+            tolerances=tolerance_overrides(self.tolerances),
             budget_seconds=self.budget,
             profile=self.profile,
             log=(lambda line: tw.line(line)) if tw else (lambda line: None),

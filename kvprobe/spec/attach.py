@@ -14,16 +14,8 @@ import re
 from pathlib import Path
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec.schema import (
-    CHECKS,
-    NAME_RE,
-    Expectation,
-    Hardware,
-    RequestShape,
-    Target,
-    Tolerances,
-    did_you_mean,
-)
+from kvprobe.spec.node import NAME_RE, did_you_mean
+from kvprobe.spec.schema import CHECKS, Expectation, Hardware, RequestShape, Target, Tolerances
 
 DEFAULT_PROFILE = "attach"
 # Served ids of the same architecture as a preset: an instruction-tuned checkpoint keeps the base
@@ -59,7 +51,7 @@ def attached_expectation(*, url: str, engine: str, facts, prompt_tokens: int, ou
                          profile: str | None = None, log=lambda line: None) -> Expectation:
     """The Expectation of a no-YAML probe, from the console's arguments and what the engine said."""
     from kvprobe.engines import is_known_version, normalize_version, unknown_version_message
-    from kvprobe.spec.expectation import load_profile
+    from kvprobe.spec.profile import load_profile
 
     rep = facts.reported
     version = version or (normalize_version(rep.version) if rep.version else None)

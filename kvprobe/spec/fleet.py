@@ -15,7 +15,9 @@ behind sglang-router, launched or attached.
 
 from __future__ import annotations
 
-from kvprobe.spec.schema import Shown, Target
+from kvprobe.spec.launch import STARTUP_TIMEOUTS, parse_emulator, parse_env
+from kvprobe.spec.node import Shown
+from kvprobe.spec.schema import Target
 from kvprobe.targets.fleet import router as rt
 
 ROUTERS = (rt.NAME,)
@@ -33,9 +35,7 @@ def _url(node) -> str:
 
 
 def parse_fleet_target(node) -> Target:
-    from kvprobe.spec.expectation import _parse_emulator, parse_env
-    from kvprobe.spec.launch import STARTUP_TIMEOUTS
-
+    """`target: {fleet: ...}`: launched emulator replicas, or an attached router and its replicas."""
     keys = node.mapping(("fleet", "launch", "emulator", "startup_timeout", "env", "api_key_env"))
     fleet = keys["fleet"]
     attach = isinstance(fleet.value, dict) and "url" in fleet.value
@@ -59,7 +59,7 @@ def parse_fleet_target(node) -> Target:
     replicas = fk["replicas"].integer(lo=1, hi=MAX_REPLICAS, what="a number of replicas")
     timeout = (keys["startup_timeout"].number(lo=0, hi=7200, lo_open=True, what="seconds")
                if "startup_timeout" in keys else STARTUP_TIMEOUTS["emulator"])
-    emulator = _parse_emulator(keys["emulator"]) if "emulator" in keys else {}
+    emulator = parse_emulator(keys["emulator"]) if "emulator" in keys else {}
     env = parse_env(keys["env"], "emulator") if "env" in keys else {}
     return Target("emulator", startup_timeout=timeout, emulator=emulator, env=env,
                   fleet={"replicas": replicas, "router": router, "policy": policy})

@@ -19,7 +19,8 @@ import re
 import shlex
 from pathlib import Path
 
-from kvprobe.spec.schema import ENV_NAME_RE, Node, Shown
+from kvprobe.spec.node import ENV_NAME_RE, Node, Shown
+from kvprobe.spec.schema import EMULATOR_FAULTS
 
 LAUNCH_KINDS = ("emulator", "engine", "shadow")
 LAUNCH_KEYS = {"emulator": ("emulator",), "engine": ("command", "model"), "shadow": ("time_model", "engine_args")}
@@ -128,3 +129,22 @@ def check_shadow(exp, node: Node) -> None:
         raise node.child("hardware").child("gpu_memory").error(
             f"a declared GPU memory with target launch: shadow, or one of flags.{', flags.'.join(flags)} "
             "(the shadow target has no GPU to size its pool from)", Shown("nothing (missing)"))
+
+
+def parse_emulator(node: Node) -> dict:
+    """`target.emulator`: the emulator's time model, seed, faults and extra arguments."""
+    keys = node.mapping(("step_ms", "prefill_us_per_token", "decode_us_per_seq", "seed", "faults", "args"))
+    out: dict = {}
+    if "step_ms" in keys:
+        out["step_ms"] = keys["step_ms"].number(lo=0, hi=10_000, lo_open=True, what="milliseconds per step")
+    for key in ("prefill_us_per_token", "decode_us_per_seq"):
+        if key in keys:
+            out[key] = keys[key].number(lo=0, hi=1_000_000, what="microseconds")
+    if "seed" in keys:
+        out["seed"] = keys["seed"].integer(lo=0, what="a seed")
+    if "faults" in keys:
+        faults = [n.choice(EMULATOR_FAULTS, what="an emulator fault, one of") for n in keys["faults"].seq()]
+        out["faults"] = tuple(dict.fromkeys(faults))
+    if "args" in keys:
+        out["args"] = tuple(n.string(what="a command-line argument") for n in keys["args"].seq())
+    return out

@@ -4,13 +4,12 @@ A launched engine runs in its own process group (`start_new_session=True`), so t
 stops everything it spawned (vLLM's engine core, SGLang's scheduler/detokenizer processes) and
 nothing else: signals go to that group id, never to a process found by name.
 
-The API key of an attached target lives only in a `_Secret` and in request headers built on
-demand; `repr`, `str`, facts, logs and exceptions never contain it.
+The API key of an attached target lives only in a `_Secret` (kvprobe.targets.http) and in request
+headers built on demand; `repr`, `str`, facts, logs and exceptions never contain it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -18,15 +17,14 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import TargetError
+from kvprobe.observe.sampler import Sampler
 from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are part of this API
     free_port,
     group_members,
@@ -35,83 +33,18 @@ from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are 
     stop_group,
     wait_group_gone,
 )
+from kvprobe.targets.engine import emulator_argv, engine_argv
+from kvprobe.targets.facts import EngineFacts, merge_reports
+from kvprobe.targets.http import _read_key, _reason, _Secret, http_get, redact_url
+from kvprobe.targets.interface import OneEngine, OpenHow
+
+__all__ = ["EngineFacts", "Target", "TargetError", "free_port", "group_members", "http_get", "merge_reports",
+           "port_in_use", "redact_url"]
 
 DEFAULT_HEALTH_PATH = "/health"
 LOG_TAIL_LINES = 40
 _MAX_LOG_READ = 4 * 2**20  # bytes of the start-up log handed to the dialect's parser
 _TAIL_LINE_CHARS = 400
-
-
-@dataclass
-class EngineFacts:
-    """What the engine says about itself, each field with the place it was read from."""
-
-    engine: str
-    version: str | None
-    url: str
-    reported: ReportedCapacity
-    log_path: str | None
-    mode: str  # "launch" | "attach"
-    # field -> {source: value} where two sources disagree (the winner is in `reported`)
-    conflicts: dict[str, dict[str, object]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)  # sources that could not be read, one line each
-    # A shadow target: what kvprobe's worker/plugin inside the engine said at start-up (the scheduler
-    # it ran, async scheduling on or off, how the pool was sized); None for any other target.
-    shadow: dict | None = None
-
-
-class _Secret:
-    """Holds an API key; renders as *** everywhere a person or a log could see it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str):
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "_Secret('***')"
-
-    __str__ = __repr__
-
-
-# --------------------------------------------------------------------------- small HTTP helpers
-
-# No proxy: an engine is reached directly, and an http_proxy from the environment must neither
-# intercept 127.0.0.1 nor ever see the API key.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
-    """GET with an overall deadline: a server that drips bytes cannot hold us past ~2x `timeout`.
-
-    Returns (status, body) for any HTTP status; raises OSError/URLError when there is no answer.
-    """
-    deadline = time.monotonic() + timeout
-    req = urllib.request.Request(url, headers=dict(headers or {}), method="GET")
-    try:
-        resp = _OPENER.open(req, timeout=timeout)
-    except urllib.error.HTTPError as err:
-        with contextlib.closing(err):
-            return err.code, err.read() if err.fp is not None else b""
-    with contextlib.closing(resp):
-        chunks = []
-        while True:
-            if time.monotonic() > deadline:  # each recv is bounded by `timeout`, the total by 2x
-                raise TimeoutError(f"GET {url}: body not complete within {timeout:g} s")
-            chunk = resp.read1(65536)
-            if not chunk:
-                return resp.status, b"".join(chunks)
-            chunks.append(chunk)
-
-
-def _reason(err: BaseException) -> str:
-    """One line for a failed request, without headers (they may carry the API key)."""
-    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
-        return f"{type(err.reason).__name__}: {err.reason}"
-    return f"{type(err).__name__}: {err}"
 
 
 def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
@@ -140,45 +73,10 @@ def _alive_path(dialect) -> str:
     return getattr(dialect, "ALIVE_PATH", None) or _health_path(dialect)
 
 
-def _with_sources(rc: ReportedCapacity, where: str) -> ReportedCapacity:
-    """Every known field gets a source; ones the dialect did not label are labelled `where`."""
-    sources = {}
-    for name in rc.__dataclass_fields__:
-        if name not in ("sources", "flags") and getattr(rc, name) is not None:
-            sources[name] = rc.sources.get(name, where)
-    for flag in rc.flags:  # a published flag counts even as None ("not given")
-        sources[f"flags.{flag}"] = rc.sources.get(f"flags.{flag}", where)
-    values = {n: getattr(rc, n) for n in rc.__dataclass_fields__ if n != "sources"}
-    return ReportedCapacity(**values, sources=sources)
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1.0)
-    return a == b
-
-
-def merge_reports(reports: list[tuple[str, ReportedCapacity]]) -> tuple[ReportedCapacity, dict]:
-    """Merge in the given order (earlier wins) and list the fields on which sources disagree."""
-    merged = ReportedCapacity()
-    seen: dict[str, dict[str, object]] = {}
-    for where, rc in reports:
-        rc = _with_sources(rc, where)
-        merged = merged.merged(rc)
-        for name in rc.sources:
-            seen.setdefault(name, {})[rc.sources[name]] = rc.value(name)
-    conflicts = {}
-    for name, by_source in seen.items():
-        values = list(by_source.values())
-        if any(not _same(values[0], v) for v in values[1:]):
-            conflicts[name] = by_source
-    return merged, conflicts
-
-
 # --------------------------------------------------------------------------- Target
 
 
-class Target:
+class Target(OneEngine):
     """A launched or attached engine. Use as a context manager: leaving it always stops a launch."""
 
     def __init__(self, *, engine: str, url: str, mode: str, dialect=None, log_path: str | None = None,
@@ -241,6 +139,22 @@ class Target:
             target.stop(grace=3.0)  # a failed start must not leave the group behind
             raise
         return target
+
+    @classmethod
+    def open(cls, exp, how: OpenHow) -> Target:
+        """The engine an expectation names: attached at a URL (the caller's, else `target.url`), or
+        the emulator or the real engine launched on `target.port` (else a free one)."""
+        url = how.url or exp.target.url
+        if url:
+            return cls.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
+        dialect = _dialect(exp.engine)
+        port = exp.target.port or free_port()
+        if exp.target.mode == "emulator":
+            argv = emulator_argv(exp, dialect, port=port)
+        else:
+            argv = engine_argv(exp, dialect, port=port, command=how.engine_command)
+        return cls.launch(argv, engine=exp.engine, port=port, log_path=str(how.artifacts / "engine.log"),
+                          startup_timeout=exp.target.startup_timeout, env=exp.target.env or None)
 
     @classmethod
     def attach(cls, url: str, *, engine: str, api_key_env: str | None, timeout: float = 10.0) -> Target:
@@ -442,7 +356,14 @@ class Target:
         else:
             errors.append(f"GET {path}: expected a JSON object, got {type(body).__name__}")
 
+    def sampler(self, *, interval: float) -> Sampler:
+        """The engine's /metrics, read every `interval` seconds once started."""
+        return Sampler(self.url, self._dialect.METRICS, interval=interval, headers=self.headers)
+
     # ------------------------------------------------------------------ stop
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self, grace: float = 10) -> int | None:
         """SIGTERM the group, SIGKILL it after `grace` s, reap, verify nothing of it is left.
@@ -474,18 +395,3 @@ class Target:
         self.stop()
 
 
-def redact_url(url: str) -> str:
-    """The URL without user:password@ (a URL is a place people paste credentials into)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def _read_key(env_name: str, environ) -> _Secret:
-    value = environ.get(env_name)
-    if not value:
-        raise TargetError(f"API key environment variable {env_name!r} is not set or empty")
-    return _Secret(value)

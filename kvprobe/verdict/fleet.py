@@ -14,6 +14,7 @@ imbalance (max - min in flight) the router left, and the policy's prediction at 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from kvprobe.analysis import levels as analysis
@@ -208,3 +209,65 @@ def check_router_imbalance(figures: dict, tol, *, gauge_exact: bool = True) -> C
     if off:
         res.reason += " — outside the allowance at " + ", ".join(str(lv["users"]) for lv in off) + " users"
     return res
+
+
+# --- a fleet probe's own figures and checks (kvprobe.targets.fleet.target.FleetTarget hands them to the probe)
+
+
+def scale(prediction, replicas: int):
+    """One replica's Prediction as the fleet's (limits x R), e.g. the engine-implied one."""
+    if prediction is None or replicas == 1:
+        return prediction
+    return dataclasses.replace(prediction, limit=replicas * prediction.limit,
+                               no_preemption_limit=replicas * prediction.no_preemption_limit)
+
+
+def analyse_replicas(pr, pool_units: int | None) -> None:
+    """Per-replica level figures and drains of a probe run (`kvprobe.probe.run.ProbeRun`; the fleet's
+    own were read from the summed series). A policy that splits unevenly sets the plateau's
+    prediction."""
+    exp = pr.exp
+    series = pr.replica_series or []
+    per_replica = replica_levels(series, pr.windows, warmup_fraction=exp.profile.hold.warmup,
+                                 counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)
+    shape = exp.profile.request
+    steady = pr.hold * (1 - exp.profile.hold.warmup)
+    window = steady / pr.lifetime if pr.lifetime else None  # request lifetimes in one level's steady window
+    full_usage = [usage_when_waiting(s.arrays(), pr.windows, exp.profile.hold.warmup) for s in series]
+    figures = fleet_figures(pr.ledger, per_replica, prompt_tokens=shape.prompt_tokens,
+                            output_tokens=shape.output_tokens, window_lifetimes=window, full_usage=full_usage)
+    figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=exp.profile.drain_seconds,
+                                              pool_units=pool_units) for s in series] if pr.t_stop else []
+    pr.result.fleet = figures
+    rejection = pr.result.rejection
+    if not pr.ledger.even and rejection is not None and rejection.weights:
+        # A policy that splits unevenly: the fleet reaches R x L only once every replica is full; at
+        # the levels the plateau is measured on, it runs what the simulated router leaves.
+        plateau = plateau_prediction(figures, rejection.weights)
+        usage = plateau_prediction(figures, rejection.weights, "fleet_usage")
+        if plateau is not None:
+            a = pr.ledger.admission
+            pr.ledger.admission = dataclasses.replace(
+                a, limit=plateau, usage_at_limit=a.usage_at_limit if usage is None else usage,
+                how=f"{pr.ledger.policy} split simulated at the plateau's levels "
+                    f"({', '.join(map(str, rejection.weights))} users); R x L = {float(a.limit):g}")
+            pr.result.ledger = pr.ledger.to_dict()
+            pr.log(f"kvprobe: {pr.ledger.policy} routing: the fleet's plateau at the measured levels is predicted "
+                   f"at {plateau:.2f} (R x L = {float(a.limit):g} once every replica is full)")
+    for lv in figures["levels"]:
+        share = "  ".join(f"r{i} {r['running'] or 0:.1f}+{r['waiting'] or 0:.1f}" for i, r in enumerate(lv["replicas"]))
+        pred = lv["predicted"]
+        pr.log(f"  users {lv['users']:>4}: per replica running+waiting {share}; imbalance {lv['imbalance']:.1f}"
+               + (f" (predicted {pred['imbalance']:.1f}, {pred['binding']} binds)" if pred else ""))
+
+
+def probe_checks(pr, pool_units: int | None, unit: str) -> dict:
+    """The fleet's checks by name, each run on demand against the figures `analyse_replicas` left."""
+    figures = pr.result.fleet or {}
+    tol = pr.exp.tolerances
+    usage = float(pr.ledger.replica.admission.usage_at_limit)
+    return {
+        "replica_leak": lambda: check_replica_leak(figures.get("drains") or [], pool_units, unit),
+        "replica_usage": lambda: check_replica_usage(figures, usage, tol.usage_gap),
+        "router_imbalance": lambda: check_router_imbalance(figures, tol, gauge_exact=pr.dialect.RUNNING_GAUGE_EXACT),
+    }

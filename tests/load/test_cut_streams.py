@@ -1,5 +1,5 @@
-"""A stream cut by a ramp-down or by the end of the load keeps its first-token time (issue 11,
-finding 1): real Locust against the real SSE test server, streams slow enough to be cut."""
+"""A stream cut by a ramp-down or by the end of the load keeps its first-token time:
+real Locust against the real SSE test server, streams slow enough to be cut."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`pytest --kvprobe --kvprobe-url URL`: an attached engine's contradictions with the expectation are
-said in the run's output before its ramp (issue 13)."""
+said in the run's output before its ramp."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""pytest tells a broken probe from a broken engine (issue 11, finding 5): a probe that could not
+"""pytest tells a broken probe from a broken engine: a probe that could not
 measure is an *error* of its items, a check that disagrees a *failure*."""
 
 from __future__ import annotations

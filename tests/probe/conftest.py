@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.load.runner import LocustRun
-from kvprobe.spec.expectation import load_expectations, load_profile
+from kvprobe.spec.expectation import load_expectations
+from kvprobe.spec.profile import load_profile
 from kvprobe.targets.launch import Target
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Attach to an engine someone else started (issue 13), end to end against the emulator over real
+"""Attach to an engine someone else started, end to end against the emulator over real
 HTTP with a real Locust subprocess: through run_probe, the console (with and without a YAML file)
 and `pytest --kvprobe` (tests/plugin/test_plugin_attach.py)."""
 
@@ -52,7 +52,7 @@ STAGING_VLLM = {"served-model-name": "staging-llama", "num-gpu-blocks-override":
 
 
 def test_attached_vllm_with_max_num_seqs_16_against_a_file_that_says_256(expectation, running, tmp_path):
-    """The misdiagnosis of issue 13: the engine publishes 16 (dev mode /server_info); the probe says
+    """A misdiagnosis attach must not make: the engine publishes 16 (dev mode /server_info); the probe says
     so before the ramp and predicts from it, so the plateau of 16 is judged against 16."""
     engine = running("vllm", STAGING_VLLM, env={"VLLM_SERVER_DEV_MODE": "1"})
     exp = expectation("emulated-vllm.yaml")
@@ -66,7 +66,7 @@ def test_attached_vllm_with_max_num_seqs_16_against_a_file_that_says_256(expecta
                     "(/server_info)",
                     "kvprobe: CONTRADICTION served model name: the expectation says llama, the engine publishes "
                     "staging-llama (/v1/models)"]
-    alone = predict(exp).admission.limit  # 20.32 since issue 12's ledger (20.41 before)
+    alone = predict(exp).admission.limit  # 20.32 (20.41 before the ledger's last correction)
     assert any(f"admission limit 16 (max_num_seqs binds); the expectation alone gave {alone:g} (kv)" in line
                for line in lines[:first_level])
     rp = result.check("rejection_point")

@@ -12,8 +12,8 @@ from kvprobe.engines import get_dialect
 from kvprobe.load.ramps import around_prediction_levels
 from kvprobe.observe import oneshot
 from kvprobe.observe.oneshot import OneShot
-from kvprobe.probe import run as probe
-from kvprobe.spec.expectation import load_profile
+from kvprobe.probe import calibrate as probe
+from kvprobe.spec.profile import load_profile
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def long_exp(expectation):
 
 
 def test_one_slow_request_does_not_set_the_hold(long_exp, monkeypatch):
-    """Issue 13: one calibration request took 37.6 s on a loaded machine; three give the median."""
+    """One calibration request once took 37.6 s on a loaded machine; three give the median."""
     times = iter([37.6, 1.2, 1.0])
     sent = []
 

@@ -1,6 +1,6 @@
-"""Issue 11 end to end through the emulator: a request cap named as a request cap (finding 4), a
-probe that cannot measure reported as an error with only the artifacts it wrote (finding 5), an
-absent counter shown as absent (finding 6)."""
+"""The measurement end to end through the emulator: a request cap named as a request cap, a probe
+that cannot measure reported as an error with only the artifacts it wrote, an absent counter shown
+as absent."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def assert_cap_named(result, flag, *words):
 
 
 def test_a_request_cap_attached_is_named_with_the_expectations_value(expectation, tmp_path, groups):
-    """vLLM started with --max-num-seqs 16, probed with an expectation that says 256 (issue 11 §4)."""
+    """vLLM started with --max-num-seqs 16, probed with an expectation that says 256."""
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "emulate", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--port", str(port),
             "--num-gpu-blocks-override",
@@ -70,7 +70,7 @@ def test_a_request_cap_the_engine_logs_names_the_flag_that_differs(expectation, 
 
 
 def test_a_request_cap_sglang_publishes_is_predicted_and_binds_as_predicted(expectation, tmp_path, groups):
-    """SGLang publishes max_running_requests in /server_info: discovery (issue 13) says so before the
+    """SGLang publishes max_running_requests in /server_info: discovery says so before the
     ramp and the ledger predicts from it; the signature the levels leave confirms the cap."""
     exp = expectation("emulated-sglang.yaml")
     exp = replace(exp, checks=("rejection_point",),

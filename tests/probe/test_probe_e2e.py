@@ -56,7 +56,7 @@ def test_each_fault_fails_its_check_for_the_right_reason(expectation, tmp_path, 
     target = result.check(check)
     assert target is not None and not target.passed and not target.inconclusive, target
     assert words in target.reason
-    if limit is not None:  # the signature the measurement leaves names the limit (issue 11 §4)
+    if limit is not None:  # the signature the measurement leaves names the limit
         assert result.diagnosis.limit == limit, result.diagnosis
     assert result.passed and result.status == "passed"  # a fault expectation passes exactly when its check fails
     if fault == "underreported-pool.yaml":

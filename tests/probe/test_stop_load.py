@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe.probe import run as probe
+from kvprobe.probe import ramp as probe
 
 
 class _Sampler:

@@ -173,7 +173,7 @@ def test_every_hybrid_pool_flag_reaches_the_ledger_as_it_reaches_sglang():
     as written): --max-mamba-cache-size 40 caps max_running_requests at 40 with the radix cache off
     (resolve_max_num_reqs; sglang_pools is checked against SGLang's configurator in
     tests/shadow_env/test_hybrid_sglang.py)."""
-    from kvprobe.spec.schema import flag_ledger_kwargs
+    from kvprobe.spec.flags import flag_ledger_kwargs
     from kvprobe.targets.shadow.sglang.hybrid import options
 
     flags = {"max-mamba-cache-size": 40, "mamba-full-memory-ratio": 0.5, "disable-radix-cache": True,

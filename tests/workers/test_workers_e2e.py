@@ -15,7 +15,7 @@ import pytest
 from kvprobe.errors import ProbeError
 from kvprobe.load.runner import LocustRun
 from kvprobe.procgroup import free_port
-from kvprobe.spec.expectation import load_profile
+from kvprobe.spec.profile import load_profile
 from tests.load.conftest import start_server, stop_server
 from tests.workers.conftest import group_gone
 

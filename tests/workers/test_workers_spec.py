@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec.expectation import load_profile
+from kvprobe.spec.profile import load_profile
 from kvprobe.verdict.checks import check_rejection_point
 
 BASE = {"name": "w", "request": {"prompt_tokens": 128, "output_tokens": 32},

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from kvprobe.errors import KvprobeError
 from kvprobe.procgroup import free_port, port_in_use, stop_group
+from kvprobe.targets.http import http_get
 from kvprobe.targets.shadow.envs import Pip, Recipe, register
 
 NAME = "sglang-router"
@@ -84,8 +85,6 @@ def command(binary: str | Path, worker_urls: list[str], *, policy: str, port: in
 
 
 def _get_json(url: str, timeout: float = 2.0) -> tuple[int, object]:
-    from kvprobe.targets.launch import http_get
-
     status, body = http_get(url, timeout=timeout)
     try:
         return status, json.loads(body.decode("utf-8", "replace") or "null")

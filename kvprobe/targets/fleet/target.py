@@ -1,9 +1,11 @@
-"""A fleet as one probe target: R replicas (each a launcher.Target in its own process group, on a
+"""A fleet as one probe target: R replicas (each a launch.Target in its own process group, on a
 free port) and the real router in front of them; or an attached router URL with the replicas'
 URLs (their /metrics are scraped directly: the router's own /engine_metrics relabels them).
 
 The load goes to the router (`url`); the sampler reads every replica (`replica_urls`); the
 engine's facts (pool, limits, version) are one replica's — the replicas are one configuration.
+The fleet's prediction is its ledger (kvprobe.theory.ledger.fleet); its per-replica figures and
+checks are kvprobe.verdict.fleet's, its report table kvprobe.report.fleet's.
 """
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+from kvprobe.engines import get_dialect
+from kvprobe.errors import TargetError
+from kvprobe.procgroup import free_port
+from kvprobe.targets.engine import emulator_argv
 from kvprobe.targets.fleet import router as rt
-from kvprobe.targets.launch import Target, TargetError
+from kvprobe.targets.fleet.sampler import FleetSampler
+from kvprobe.targets.interface import OpenHow
+from kvprobe.targets.launch import Target
+from kvprobe.theory.ledger.fleet import fleet_ledger
+from kvprobe.verdict import fleet as fleet_verdict
 
 
 class FleetTarget:
     mode = "fleet"
+    prompt_format = rt.PROMPT_FORMAT  # the router refuses token-id prompts
+    one_engine = False  # the series sums R replicas: one replica's ledger says nothing of its counters
 
     def __init__(self, *, engine: str, dialect, url: str, replica_urls: list[str], policy: str,
                  replicas: list[Target] | None = None, router: rt.RouterProcess | None = None,
@@ -31,7 +43,6 @@ class FleetTarget:
         self.router = router
         self._headers = dict(headers or {})
         self._facts_target = facts_target or (self.replicas[0] if self.replicas else None)
-        self.prompt_format = rt.PROMPT_FORMAT
         self.stop_report: dict[str, object] = {}
 
     # ------------------------------------------------------------------ construction
@@ -58,6 +69,23 @@ class FleetTarget:
                    policy=policy, replicas=started, router=router, headers=started[0].headers)
 
     @classmethod
+    def open(cls, exp, how: OpenHow) -> FleetTarget:
+        """Launch `target.fleet`'s R emulated replicas and the router, or attach to a running fleet."""
+        fleet = exp.target.fleet
+        if exp.target.mode == "url":
+            return cls.attach(exp.target.url, fleet["replica_urls"], engine=exp.engine, policy=fleet["policy"],
+                              api_key_env=exp.target.api_key_env)
+
+        def launch_replica(i: int, log_path: Path) -> Target:
+            port = free_port()
+            argv = emulator_argv(exp, get_dialect(exp.engine), port=port)
+            return Target.launch(argv, engine=exp.engine, port=port, log_path=str(log_path),
+                                 startup_timeout=exp.target.startup_timeout, env=exp.target.env or None)
+
+        return cls.launch(engine=exp.engine, replicas=fleet["replicas"], policy=fleet["policy"],
+                          artifacts=how.artifacts, launch_replica=launch_replica)
+
+    @classmethod
     def attach(cls, url: str, replica_urls: list[str], *, engine: str, policy: str,
                api_key_env: str | None = None) -> FleetTarget:
         """A running router and its replicas: each replica must answer, and so must the router."""
@@ -80,8 +108,33 @@ class FleetTarget:
     def headers(self) -> dict[str, str]:
         return dict(self._headers)
 
+    @property
+    def pools(self) -> int:
+        """One KV pool per replica: the summed series' pool is R times one replica's."""
+        return len(self.replica_urls)
+
     def facts(self, **kw):
         return self._facts_target.facts(**kw)
+
+    def sampler(self, *, interval: float) -> FleetSampler:
+        """Every replica's /metrics on one tick; its `series` is the fleet's sum."""
+        return FleetSampler(self.replica_urls, self._dialect.METRICS, interval=interval, headers=self.headers)
+
+    # ------------------------------------------------------------------ the fleet's prediction and checks
+
+    @classmethod
+    def ledger(cls, exp, one_engine_ledger):
+        """The fleet's ledger: R replicas of one replica's, split by the router's policy."""
+        shape = exp.profile.request
+        return fleet_ledger(one_engine_ledger, replicas=int(exp.target.fleet["replicas"]),
+                            policy=exp.target.fleet["policy"], prompt_tokens=shape.prompt_tokens,
+                            output_tokens=shape.output_tokens)
+
+    def analyse(self, pr, pool_units: int | None) -> None:
+        fleet_verdict.analyse_replicas(pr, pool_units)
+
+    def checks(self, pr, pool_units: int | None, unit: str) -> dict:
+        return fleet_verdict.probe_checks(pr, pool_units, unit)
 
     def alive(self) -> bool:
         if self.router is not None and not self.router.alive():
@@ -113,6 +166,9 @@ class FleetTarget:
                 errors.append(str(err))
         if errors:
             raise TargetError("; ".join(errors))
+
+    def close(self) -> None:
+        self.stop()
 
     def __enter__(self) -> FleetTarget:
         return self

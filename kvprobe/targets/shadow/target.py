@@ -1,7 +1,7 @@
 """`target: {launch: shadow}`: an expectation's shadow start, through the launcher that starts every
 engine (its own process group, the health deadline, the log tail on a failed start).
 
-The engine-specific part is `kvprobe.targets.shadow.<engine>_target`: `command(req, env)` builds the real
+The engine-specific part is `kvprobe.targets.shadow.<engine>.target`: `command(req, env)` builds the real
 server's command line, and an optional `parse_worker_log(text) -> dict` reads what kvprobe's
 worker/plugin said at start-up, which the probe records in its engine facts.
 """
@@ -11,8 +11,13 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from kvprobe.targets.launch import EngineFacts, Target
+from kvprobe.procgroup import free_port
+from kvprobe.spec.expectation import served_name
+from kvprobe.targets.facts import EngineFacts
+from kvprobe.targets.interface import OpenHow
+from kvprobe.targets.launch import Target
 from kvprobe.targets.shadow import launch
+from kvprobe.theory.model.geometry import load_model_config
 from kvprobe.theory.sim.steptime import TimeModel
 
 _MAX_LOG_READ = 4 * 2**20
@@ -20,9 +25,6 @@ _MAX_LOG_READ = 4 * 2**20
 
 def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowLaunch:
     """The shadow start an expectation describes."""
-    from kvprobe.spec.expectation import served_name
-    from kvprobe.theory.model.geometry import load_model_config
-
     config, _ = load_model_config(exp.model_config or exp.model, base_dir=exp.model_base_dir)
     return launch.ShadowLaunch(
         engine=exp.engine, version=exp.version, model=exp.model, config=config,
@@ -34,6 +36,11 @@ def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowL
 class ShadowTarget(Target):
     """A launched shadow engine: its facts also carry what kvprobe's code inside the engine said."""
 
+    @classmethod
+    def open(cls, exp, how: OpenHow) -> ShadowTarget:
+        """The shadow server for `exp` on `target.port` (else a free one), logging to the artifacts."""
+        return open_shadow(exp, port=exp.target.port or free_port(), log_path=how.artifacts / "engine.log")
+
     def facts(self, *, refresh: bool = False, timeout: float = 5.0) -> EngineFacts:
         facts = super().facts(refresh=refresh, timeout=timeout)
         if facts.shadow is None:
@@ -42,7 +49,7 @@ class ShadowTarget(Target):
 
 
 def worker_report(engine: str, log_path: str | None) -> dict:
-    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}_target")
+    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}.target")
     parse = getattr(module, "parse_worker_log", None)
     if parse is None or not log_path:
         return {}
