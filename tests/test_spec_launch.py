@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.spec.expectation import launched_model, load_expectations, served_name
+from kvprobe.spec.expectation import load_expectations
 from kvprobe.spec.launch import split_command
 
 PROFILE = {"request": {"prompt_tokens": 128, "output_tokens": 32},
@@ -106,11 +106,11 @@ def test_launched_model_and_served_name_are_separate_from_the_theorys(tmp_path):
     (tmp_path / "exp" / "weights").mkdir(parents=True)
     exp = load(tmp_path, {"launch": "engine", "model": "./weights"}, served_model_name="llama")
     assert exp.model == "meta-llama/Llama-3.1-8B"  # the theory's model
-    assert launched_model(exp) == str(tmp_path / "exp" / "weights") and served_name(exp) == "llama"
+    assert exp.launched_model == str(tmp_path / "exp" / "weights") and exp.served_name == "llama"
     default = load(tmp_path, {"launch": "engine"})
-    assert launched_model(default) == served_name(default) == "meta-llama/Llama-3.1-8B"
+    assert default.launched_model == default.served_name == "meta-llama/Llama-3.1-8B"
     hub = load(tmp_path, {"launch": "engine", "model": "org/finetune"})
-    assert launched_model(hub) == "org/finetune" and served_name(hub) == "meta-llama/Llama-3.1-8B"
+    assert hub.launched_model == "org/finetune" and hub.served_name == "meta-llama/Llama-3.1-8B"
 
 
 def test_engine_launch_serves_the_name_clients_send(tmp_path, monkeypatch):

@@ -4,31 +4,17 @@ not a P-token list serialised again."""
 
 from __future__ import annotations
 
-import importlib
 import json
 
+from kvprobe.engines import get_dialect
 from kvprobe.load.prompts import ids_to_text, prompt_ids
 
 # Placeholders for the two varying ids while the template is serialised: never a real token id.
 SENTINELS = (-987654301, -987654302)
 
 
-def _fallback_completion_body(prompt_ids, output_tokens, *, model=None, stream=True) -> dict:
-    # For an engine whose dialect module has no completion_body (kvprobe/engines/<engine>.py).
-    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": output_tokens,
-            "min_tokens": output_tokens, "ignore_eos": True, "stream": bool(stream)}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    if model is None:
-        del body["model"]
-    return body
-
-
 def completion_body_fn(engine: str):
-    try:
-        return importlib.import_module(f"kvprobe.engines.{engine}").completion_body
-    except (ImportError, AttributeError):
-        return _fallback_completion_body
+    return get_dialect(engine).completion_body
 
 
 def body_template(opts) -> list[bytes]:

@@ -23,7 +23,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines.base import MetricMap
-from kvprobe.targets.http import http_get, redact_url
+from kvprobe.observe.http import http_get, redact_url
 
 FIELDS = ("running", "waiting", "waiting_capacity", "usage", "preemptions", "used_tokens")
 REQUIRED = ("running", "waiting")  # without these a sample says nothing about admission

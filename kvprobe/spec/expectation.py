@@ -39,6 +39,7 @@ from kvprobe.spec.schema import (
     Tolerances,
 )
 from kvprobe.spec.target import parse_target
+from kvprobe.theory.model.geometry import PRESETS
 
 # -- expectations -----------------------------------------------------------------------------
 
@@ -123,10 +124,6 @@ def parse_model(node: Node, config_node: Node | None, base_dir: Path) -> tuple[s
         return model, config
     if _looks_like_path(model, base_dir):
         _check_config_path(node, model, base_dir)
-        return model, None
-    try:
-        from kvprobe.theory.model.geometry import PRESETS
-    except ImportError:  # theory not installed yet: any id is accepted, the ledger will judge it
         return model, None
     if model not in PRESETS:
         raise node.error(f"a preset model ({', '.join(sorted(PRESETS))}){did_you_mean(model, PRESETS)}, "
@@ -301,16 +298,6 @@ def override_profile(exp: Expectation, path_or_name: str | Path, *, search_dirs=
     new = dataclasses.replace(exp, profile=profile)
     check_consistency(new, Node({}, exp.path))
     return new
-
-
-def served_name(exp: Expectation) -> str:
-    """The model name clients send (and the engine must serve): `served_model_name`, else `model`."""
-    return exp.served_model_name or exp.model
-
-
-def launched_model(exp: Expectation) -> str:
-    """What a launched engine loads: `target.model` when given, else the theory's `model`."""
-    return exp.target.model or exp.model
 
 
 def ledger_inputs(exp: Expectation, *, users: int | None = None):

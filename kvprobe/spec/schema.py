@@ -122,3 +122,13 @@ class Expectation:
     model_config: str | None = None  # config.json for the theory when `model` is not a preset
     estimates: dict = field(default_factory=dict)  # ledger overrides of non-KV terms, bytes
     policy: str | None = None  # an admission policy chosen explicitly (required for an unknown version)
+
+    @property
+    def served_name(self) -> str:
+        """The model name clients send (and the engine must serve): `served_model_name`, else `model`."""
+        return self.served_model_name or self.model
+
+    @property
+    def launched_model(self) -> str:
+        """What a launched engine loads: `target.model` when given, else the theory's `model`."""
+        return self.target.model or self.model

@@ -3,8 +3,6 @@ flags, or the real engine's binary with the model and flags as its dialect write
 
 from __future__ import annotations
 
-from kvprobe.spec.expectation import launched_model, served_name
-
 
 def emulator_args(options: dict) -> list[str]:
     """The emulator's own time-model and fault flags from `target.emulator` in the YAML."""
@@ -36,9 +34,9 @@ def emulator_argv(exp, dialect, *, port: int) -> list[str]:
 
 
 def engine_argv(exp, dialect, *, port: int, command: tuple[str, ...] | None = None) -> list[str]:
-    """The real engine: it loads `launched_model(exp)` and serves it as `served_name(exp)`. A command
+    """The real engine: it loads `exp.launched_model` and serves it as `exp.served_name`. A command
     replaces the engine's binary ("vllm serve", "python -m sglang.launch_server"); the model and
     flags follow as the dialect writes them."""
     binary = list(command or exp.target.command or ()) or None
-    return dialect.launch_command(launched_model(exp), exp.flags, host="127.0.0.1", port=port, binary=binary,
-                                  served_model_name=served_name(exp))
+    return dialect.launch_command(exp.launched_model, exp.flags, host="127.0.0.1", port=port, binary=binary,
+                                  served_model_name=exp.served_name)

@@ -4,7 +4,7 @@ A launched engine runs in its own process group (`start_new_session=True`), so t
 stops everything it spawned (vLLM's engine core, SGLang's scheduler/detokenizer processes) and
 nothing else: signals go to that group id, never to a process found by name.
 
-The API key of an attached target lives only in a `_Secret` (kvprobe.targets.http) and in request
+The API key of an attached target lives only in a `_Secret` (kvprobe.observe.http) and in request
 headers built on demand; `repr`, `str`, facts, logs and exceptions never contain it.
 """
 
@@ -22,8 +22,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvprobe.engines import get_dialect  # ConfigError for an unknown engine
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import TargetError
+from kvprobe.observe.http import _read_key, _reason, _Secret, http_get, redact_url
 from kvprobe.observe.sampler import Sampler
 from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are part of this API
     free_port,
@@ -35,7 +37,6 @@ from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are 
 )
 from kvprobe.targets.engine import emulator_argv, engine_argv
 from kvprobe.targets.facts import EngineFacts, merge_reports
-from kvprobe.targets.http import _read_key, _reason, _Secret, http_get, redact_url
 from kvprobe.targets.interface import OneEngine, OpenHow
 
 __all__ = ["EngineFacts", "Target", "TargetError", "free_port", "group_members", "http_get", "merge_reports",
@@ -54,15 +55,6 @@ def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
 
 
 # --------------------------------------------------------------------------- dialects
-
-
-def _dialect(engine: str):
-    """The engine's dialect module, or None while `kvprobe.engines.get_dialect` does not exist."""
-    try:
-        from kvprobe.engines import get_dialect
-    except ImportError:
-        return None
-    return get_dialect(engine)  # ConfigError for an unknown engine
 
 
 def _health_path(dialect) -> str:
@@ -113,7 +105,7 @@ class Target(OneEngine):
         (with the log tail, and with the group already stopped) when the binary is missing, the
         port is taken, the process exits during start-up, or it is not healthy by the deadline.
         """
-        dialect = _dialect(engine)
+        dialect = get_dialect(engine)
         if port is None:
             port = free_port(host)
         argv = [str(a).replace("{port}", str(port)) for a in argv]
@@ -147,7 +139,7 @@ class Target(OneEngine):
         url = how.url or exp.target.url
         if url:
             return cls.attach(url, engine=exp.engine, api_key_env=exp.target.api_key_env)
-        dialect = _dialect(exp.engine)
+        dialect = get_dialect(exp.engine)
         port = exp.target.port or free_port()
         if exp.target.mode == "emulator":
             argv = emulator_argv(exp, dialect, port=port)
@@ -159,7 +151,7 @@ class Target(OneEngine):
     @classmethod
     def attach(cls, url: str, *, engine: str, api_key_env: str | None, timeout: float = 10.0) -> Target:
         """Reach an engine at `url`; the API key is read from the environment variable `api_key_env`."""
-        dialect = _dialect(engine)
+        dialect = get_dialect(engine)
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TargetError(f"cannot attach to {redact_url(url)!r}: expected http(s)://host:port")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from kvprobe.engines import get_dialect
+from kvprobe.engines.sglang.hybrid_options import options
 from kvprobe.errors import ConfigError
 from kvprobe.targets.emulator.faults import Hooks, parse_faults, real_pool
 from kvprobe.targets.emulator.metrics import SglangMetrics, VllmMetrics
@@ -105,8 +106,6 @@ def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
     geom = geometry_from_config(cfg, model, source=source)
     if not geom.layers.hybrid:
         return None
-    from kvprobe.targets.shadow.sglang.hybrid import options
-
     opts = options(flags)
     layout = sglang_layout(cfg, geom, opts)
     if layout.pool == "mamba" and not opts.disable_radix_cache:

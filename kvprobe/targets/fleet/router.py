@@ -47,28 +47,16 @@ import weakref
 from pathlib import Path
 
 from kvprobe.errors import KvprobeError
+from kvprobe.observe.http import http_get
 from kvprobe.procgroup import free_port, port_in_use, stop_group
-from kvprobe.targets.http import http_get
-from kvprobe.targets.shadow.envs import Pip, Recipe, register
+from kvprobe.targets.shadow import envs
+from kvprobe.targets.shadow.router_env import NAME, VERSION
 
-NAME = "sglang-router"
-VERSION = "0.3.2"
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")  # router_args.py choices kvprobe models
 PROMPT_FORMAT = "text"  # token-id prompts are refused with 422 (module doc)
 READINESS_PATH = "/readiness"
 WORKERS_PATH = "/workers"
 STARTUP_TIMEOUT = 60.0
-
-
-
-def make_recipe():
-    """The environment's recipe (registered below, so that `envs.require(NAME, VERSION)` finds it)."""
-    return Recipe(engine=NAME, version=VERSION, module="sglang_router", steps=(Pip(pins=f"{NAME}-{VERSION}.txt"),),
-                  extra_checks=("sglang_router.sglang_router_rs", "sglang_router.launch_router"),
-                  notes="the router's Rust extension and its light Python dependencies (pins/sglang-router-0.3.2.txt)")
-
-
-register(make_recipe())  # the fleet's router: not an engine, installed the same way
 
 
 class RouterError(KvprobeError):
@@ -133,8 +121,6 @@ class RouterProcess:
         if policy not in POLICIES:
             raise RouterError(f"router policy {policy!r}: kvprobe drives {', '.join(POLICIES)}")
         if binary is None:
-            from kvprobe.targets.shadow import envs
-
             binary = envs.require(NAME, VERSION).bin("sglang-router")
         port, metrics_port = free_port(host), free_port(host)
         while metrics_port == port:

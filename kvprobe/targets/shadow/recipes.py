@@ -7,7 +7,7 @@ a shadow start, a test's engine environment) knows every recipe.
 
 from __future__ import annotations
 
-from kvprobe.targets.fleet import router
+from kvprobe.targets.shadow import router_env
 from kvprobe.targets.shadow.envs import (
     RECIPES,
     ensure,
@@ -23,7 +23,7 @@ from kvprobe.targets.shadow.envs import (
 from kvprobe.targets.shadow.sglang import env as sglang_env
 
 # The modules that register a recipe besides envs itself (its vLLM recipe is all pins).
-RECIPE_MODULES = (sglang_env, router)
+RECIPE_MODULES = (sglang_env, router_env)
 
 __all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "known_versions",
            "parse_spec", "recipe", "require"]

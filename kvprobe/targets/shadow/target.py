@@ -12,7 +12,6 @@ import importlib
 from pathlib import Path
 
 from kvprobe.procgroup import free_port
-from kvprobe.spec.expectation import served_name
 from kvprobe.targets.facts import EngineFacts
 from kvprobe.targets.interface import OpenHow
 from kvprobe.targets.launch import Target
@@ -28,7 +27,7 @@ def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowL
     config, _ = load_model_config(exp.model_config or exp.model, base_dir=exp.model_base_dir)
     return launch.ShadowLaunch(
         engine=exp.engine, version=exp.version, model=exp.model, config=config,
-        served_model_name=served_name(exp), flags=dict(exp.flags), host=host, port=port,
+        served_model_name=exp.served_name, flags=dict(exp.flags), host=host, port=port,
         gpu_memory_bytes=exp.hardware.gpu_memory_bytes, time_model=TimeModel(**exp.target.time_model),
         extra_env=dict(exp.target.env), estimates=dict(exp.estimates), engine_args=tuple(exp.target.engine_args))
 
