@@ -39,7 +39,8 @@ def _scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out = {}
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "kvprobe_emulator_lag_seconds_total",
-                 "kvprobe_emulator_model_seconds_total", "kvprobe_emulator_steps_total", "kvprobe_emulator_step_lag_seconds"):
+                 "kvprobe_emulator_model_seconds_total", "kvprobe_emulator_steps_total",
+                 "kvprobe_emulator_step_lag_seconds"):
         m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
         out[name] = float(m.group(1)) if m else 0.0
     return out

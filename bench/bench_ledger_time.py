@@ -55,13 +55,16 @@ def time_vs_output() -> list[str]:
             users = int(2.2 * POOL / (P + o)) + 4
             seconds, cpu, pred = _timed(cfg, P, o, users)
             worst = max(worst, seconds)
-            lines.append(f"  O={o:6,}  {name:16s} {seconds:6.2f} s (cpu {cpu:5.2f})   limit {pred.limit:>8}  running {pred.running:8.2f}"
+            lines.append(f"  O={o:6,}  {name:16s} {seconds:6.2f} s (cpu {cpu:5.2f})   limit {pred.limit:>8}"
+                         f"  running {pred.running:8.2f}"
                          f"  (N={users}; {pred.users_how})")
     for name, cfg in _configs(2048).items():  # 1,000 running: P + O = 1,024 tokens in the 1M pool
         seconds, cpu, pred = _timed(dataclasses.replace(cfg), 256, 768, 1200)
         worst = max(worst, seconds)
-        lines.append(f"  1,000 running  {name:16s} {seconds:6.2f} s (cpu {cpu:5.2f})   limit {pred.limit:>8}  running {pred.running:8.2f}")
-    lines.append(f"  slowest {worst:.2f} s (budget {BUDGET_S:g} s: {'within' if worst < BUDGET_S else 'OVER'}); {_load()}")
+        lines.append(f"  1,000 running  {name:16s} {seconds:6.2f} s (cpu {cpu:5.2f})   limit {pred.limit:>8}"
+                     f"  running {pred.running:8.2f}")
+    lines.append(f"  slowest {worst:.2f} s (budget {BUDGET_S:g} s: {'within' if worst < BUDGET_S else 'OVER'});"
+                 f" {_load()}")
     return lines
 
 

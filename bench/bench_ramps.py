@@ -39,7 +39,8 @@ def one(engine: str, profile_name: str, hold: float, workdir: Path) -> list:
     error = abs(measured - predicted) if measured is not None and predicted is not None else None
     return [engine, profile_name, f"{wall:.1f}", len(result.levels),
             "—" if measured is None else f"{measured:.2f}", "—" if predicted is None else f"{predicted:.2f}",
-            "—" if error is None else f"{error:.2f}", result.status.upper() + ("" if result.passed else f" {result.status_reason}")]
+            "—" if error is None else f"{error:.2f}",
+            result.status.upper() + ("" if result.passed else f" {result.status_reason}")]
 
 
 def main(argv: list[str] | None = None) -> None:

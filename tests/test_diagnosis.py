@@ -126,7 +126,8 @@ def test_admission_stopped_for_good_before_the_ramp_saw_a_plateau():
 
 def test_one_disturbed_last_level_is_not_stuck():
     levels = [level(n, 0.95 * n, 0.05, usage=0.9 * n / 24) for n in (6, 12, 18)] + \
-        [level(n, 24.1, n - 25.6, usage=0.955, preemptions=8) for n in (28, 30, 32)] + [level(36, 15.0, 20.0, usage=0.9)]
+        [level(n, 24.1, n - 25.6, usage=0.955, preemptions=8) for n in (28, 30, 32)] + \
+        [level(36, 15.0, 20.0, usage=0.9)]
     assert run(levels)[1].limit != "stuck"
 
 

@@ -78,7 +78,8 @@ def test_a_flag_the_engine_says_was_not_given(tmp_path):
     disc = discover(exp, facts([("metrics", no_override)]))
     shown = {c.key: c.line() for c in disc.contradictions}
     assert shown["num-gpu-blocks-override"] == ("num-gpu-blocks-override: the expectation says 2000, the engine "
-                                                "publishes not given (the engine's default) (metrics: vllm:cache_config_info)")
+                                                "publishes not given (the engine's default) "
+                                                "(metrics: vllm:cache_config_info)")
     assert "kv-cache-memory-bytes" in shown
     assert "num-gpu-blocks-override" not in disc.flags and "kv-cache-memory-bytes" not in disc.flags
 

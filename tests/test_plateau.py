@@ -90,7 +90,8 @@ def test_a_measurement_too_imprecise_for_the_tolerance_is_inconclusive_not_passe
 
 def test_weighted_plateau_scales_its_error_when_levels_disagree():
     est, half, scale = weighted_plateau([20.0, 20.1, 19.9], [1, 1, 1], [0.05, 0.05, 0.05])
-    assert est == pytest.approx(20.0) and scale == pytest.approx(2.0) and half == pytest.approx(1.96 * 0.0289 * 2, rel=0.02)
+    assert (est == pytest.approx(20.0) and scale == pytest.approx(2.0)
+            and half == pytest.approx(1.96 * 0.0289 * 2, rel=0.02))
     est, half, scale = weighted_plateau([20.0, 20.01], [1, 1], [0.1, 0.1])
     assert scale < 1 and half == pytest.approx(1.96 * 0.1 / 2**0.5, rel=0.01)
     # no per-level errors: the scatter alone

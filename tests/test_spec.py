@@ -66,7 +66,8 @@ def test_shipped_profiles_say_what_the_brief_says():
 
 def test_emulated_vllm_expectation():
     (exp,) = load_expectations(EXPECTATIONS / "emulated-vllm.yaml")
-    assert (exp.name, exp.engine, exp.version, exp.model) == ("emulated-vllm", "vllm", "0.33.0", "meta-llama/Llama-3.1-8B")
+    assert (exp.name, exp.engine, exp.version, exp.model) == (
+        "emulated-vllm", "vllm", "0.33.0", "meta-llama/Llama-3.1-8B")
     assert exp.flags == {"num-gpu-blocks-override": 201, "block-size": 16, "max-model-len": 2048,
                          "max-num-seqs": 256, "max-num-batched-tokens": 2048}
     assert exp.hardware.gpu_memory_bytes == 24 * 2**30 and exp.hardware.gpu_count == 1
@@ -132,8 +133,8 @@ BASE = {
 
 
 def test_a_file_can_hold_a_list_and_an_inline_profile(tmp_path):
-    inline = {"request": {"prompt_tokens": 100, "output_tokens": 10}, "ramp": {"strategy": "explicit", "levels": [1, 2]},
-              "hold": {"lifetimes": 2}}
+    inline = {"request": {"prompt_tokens": 100, "output_tokens": 10},
+              "ramp": {"strategy": "explicit", "levels": [1, 2]}, "hold": {"lifetimes": 2}}
     path = write(tmp_path / "many.yaml", {"expectations": [
         {**BASE, "name": "a"},
         {**BASE, "name": "b", "profile": inline, "target": {"url": "http://127.0.0.1:9/", "api_key_env": "MY_KEY"}},
@@ -179,7 +180,8 @@ def test_ledger_kwargs_map_the_flags():
     assert kw["gpu_memory_bytes"] == 24 * 2**30 and ledger_inputs(v).reserve_full_isl is True
     (s,) = load_expectations(EXPECTATIONS / "emulated-sglang.yaml")
     kw = ledger_kwargs(s)
-    assert (kw["max_total_tokens"], kw["context_length"], kw["chunked_prefill_size"], kw["page_size"]) == (3300, 2048, 2048, 1)
+    assert (kw["max_total_tokens"], kw["context_length"], kw["chunked_prefill_size"], kw["page_size"]) == (
+        3300, 2048, 2048, 1)
     inputs = ledger_inputs(s)  # flags left out keep LedgerInputs' defaults (the engines' own)
     assert inputs.disable_radix_cache is False and (inputs.tp, inputs.pp, inputs.dp) == (1, 1, 1)
 
@@ -199,12 +201,14 @@ def test_override_profile_rechecks_lengths(tmp_path):
     (exp,) = load_expectations(EXPECTATIONS / "emulated-vllm.yaml")
     swept = override_profile(exp, "sweep", search_dirs=[PROFILES])
     assert swept.profile.name == "sweep" and swept.name == exp.name
-    with pytest.raises(ConfigError, match=r"flags\.max-model-len: expected room for prompt_tokens \+ output_tokens = 2560"):
+    with pytest.raises(ConfigError,
+                       match=r"flags\.max-model-len: expected room for prompt_tokens \+ output_tokens = 2560"):
         override_profile(exp, "long", search_dirs=[PROFILES])
 
 
 def test_a_missing_profile_name_is_an_error():
-    with pytest.raises(ConfigError, match=r"^nosuch: \(file\): expected a profile name \(attach, bisect, long, short, sweep\)"):
+    with pytest.raises(ConfigError,
+                       match=r"^nosuch: \(file\): expected a profile name \(attach, bisect, long, short, sweep\)"):
         load_profile("nosuch", search_dirs=[PROFILES])
     with pytest.raises(ConfigError, match=r"did you mean 'short'"):
         load_profile("shrot")

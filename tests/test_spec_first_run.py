@@ -121,7 +121,8 @@ def test_a_profile_by_name_from_another_folder_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvprobe", "profiles"], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0 and "shipped" in proc.stdout
-    code = f"from kvprobe.spec.expectation import load_expectations; print(load_expectations({str(path)!r})[0].profile.name)"
+    code = ("from kvprobe.spec.expectation import load_expectations; "
+            f"print(load_expectations({str(path)!r})[0].profile.name)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=60)
     assert proc.stdout.strip() == "short", proc.stderr

@@ -94,8 +94,8 @@ def test_bad_launch_options_are_one_line(tmp_path, target, keys, key, expect):
 def test_command_paths_resolve_against_the_expectation_folder(tmp_path):
     exp = load(tmp_path, {"launch": "engine", "command": "./venv/bin/vllm serve --config ../conf.yaml 'a b' ~/x"})
     base = tmp_path / "exp"
-    assert exp.target.command == (str(base / "venv/bin/vllm"), "serve", "--config", str((base / "../conf.yaml").resolve()),
-                                  "a b", str(Path("~/x").expanduser()))
+    assert exp.target.command == (str(base / "venv/bin/vllm"), "serve", "--config",
+                                  str((base / "../conf.yaml").resolve()), "a b", str(Path("~/x").expanduser()))
     listed = load(tmp_path, {"launch": "engine", "command": ["bin/vllm", "serve"]})
     assert listed.target.command == (str(base / "bin/vllm"), "serve")
     plain = load(tmp_path, {"launch": "engine", "command": ["python", "-m", "sglang.launch_server"]})

@@ -67,7 +67,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     p.add_argument("--model", required=True,
                    help="a path to a config.json (or its dir), or a packaged preset: " + ", ".join(list_presets()))
-    p.add_argument("--engine-version", help=f"engine version (defaults: vLLM {VLLM_DEFAULT_VERSION}, SGLang {SGLANG_DEFAULT_VERSION})")
+    p.add_argument("--engine-version",
+                   help=f"engine version (defaults: vLLM {VLLM_DEFAULT_VERSION}, SGLang {SGLANG_DEFAULT_VERSION})")
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
     p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
@@ -81,7 +82,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", help=help_text)
     for short, names in PARALLEL.items():
         p.add_argument(f"--{short}", help=f"the parallel degree ({' / '.join(names)})")
-    fleet = p.add_argument_group("fleet", "replicas of this configuration behind sglang-router (kvprobe/theory/fleet.py)")
+    fleet = p.add_argument_group("fleet",
+                                 "replicas of this configuration behind sglang-router (kvprobe/theory/fleet.py)")
     fleet.add_argument("--replicas", type=int, help="number of replicas: adds the fleet's lines to the ledger")
     fleet.add_argument("--router-policy", default="round_robin",
                        help="sglang-router 0.3.2 policy: round_robin, random, power_of_two, cache_aware")
@@ -181,7 +183,8 @@ def inputs_from_args(args: argparse.Namespace):
     if args.policy is not None and args.policy not in POLICIES:
         raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
     if args.engine_version and args.policy is None and not is_known_version(args.engine, args.engine_version):
-        raise ConfigError(f"expected {unknown_version_message(args.engine, args.engine_version, policy_hint='--policy')}",
+        raise ConfigError("expected "
+                          f"{unknown_version_message(args.engine, args.engine_version, policy_hint='--policy')}",
                           key="--engine-version")
     request = {}
     for name, field, _ in REQUEST_OPTIONS:

@@ -29,7 +29,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--budget", type=float, help="time budget per probe in seconds")
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable)")
-    p.add_argument("--engine-command", help="the engine command to launch instead of the dialect's default (shell quoting rules)")
+    p.add_argument("--engine-command",
+                   help="the engine command to launch instead of the dialect's default (shell quoting rules)")
     bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
                                 "publishes; the model's geometry a preset matching its served id, or --model-config")
     bare.add_argument("--engine", choices=ENGINES, help="the engine's dialect")
@@ -124,7 +125,8 @@ def _run(args) -> int:
             log=lambda line: print(line, flush=True),
         )
         try:
-            print(render_ledger(predict(exp)) + "\n", flush=True)  # the theory first: a person reads it while the ramp runs
+            # the theory first: a person reads it while the ramp runs
+            print(render_ledger(predict(exp)) + "\n", flush=True)
         except KvprobeError:
             pass  # run_probe reports the same error as the probe's verdict
         result = run_probe(exp, options)

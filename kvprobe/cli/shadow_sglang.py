@@ -1,7 +1,8 @@
 """`kvprobe shadow sglang --model-path MODEL [SGLang flags]`: real SGLang on this machine, model-less.
 
-The server runs from kvprobe's engine environment with kvprobe's plugin (`kvprobe/targets/shadow/sglang/plugin.py`) until
-Ctrl-C or until it exits; it is started and stopped as one process group, like a probe's target.
+The server runs from kvprobe's engine environment with kvprobe's plugin
+(`kvprobe/targets/shadow/sglang/plugin.py`) until Ctrl-C or until it exits; it is started and stopped
+as one process group, like a probe's target.
 SGLang's own flags are accepted by their real names (the dialect's FLAGS and OTHER_FLAGS), so a
 command line written for a GPU runs here unchanged; kvprobe's own: --gpu-memory, --engine-version,
 the time model, --log.

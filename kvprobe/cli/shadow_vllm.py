@@ -24,7 +24,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("vllm", help="serve a model with the real vLLM and no model weights", allow_abbrev=False,
                        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("model", help="a preset id (e.g. meta-llama/Llama-3.1-8B) or a path to a config.json")
-    p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION, help="the vLLM version to run (its engine environment)")
+    p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION,
+                   help="the vLLM version to run (its engine environment)")
     p.add_argument("--gpu-memory", default=None, metavar="SIZE",
                    help="the GPU to size the pool for, e.g. 80GiB (else pass --num-gpu-blocks-override or "
                         "--kv-cache-memory-bytes)")
@@ -64,7 +65,8 @@ def flags_from_argv(argv: list[str]) -> dict[str, object]:
         i += 1
     for name, value in list(flags.items()):
         flag = dialect.FLAGS.get(name)
-        if flag is not None and flag.type in (int, float) and isinstance(value, str) and flag.value_kind in ("int", "float"):
+        if (flag is not None and flag.type in (int, float) and isinstance(value, str)
+                and flag.value_kind in ("int", "float")):
             try:
                 flags[name] = flag.type(value)
             except ValueError:

@@ -30,7 +30,8 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
         body = dialect.completion_body(oneshot.unique_prompt(shape.prompt_tokens, i), shape.output_tokens, model=model,
                                        stream=True)
         body = as_prompt_format(body, getattr(target, "prompt_format", "ids"))
-        shot = oneshot.post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers, timeout=120)
+        shot = oneshot.post_completion(target.url, body, path=dialect.COMPLETIONS_PATH, headers=target.headers,
+                                       timeout=120)
         if not shot.ok:
             raise ProbeError(f"calibration request failed: HTTP {shot.status} {shot.body[:300]}")
         if (shot.prompt_tokens, shot.completion_tokens) != (shape.prompt_tokens, shape.output_tokens):

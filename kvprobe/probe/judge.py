@@ -68,7 +68,8 @@ def judge(pr: ProbeRun) -> None:
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
                                                                  client_saturated=saturated, disagreeing=disagreeing,
-                                                                 client_reason=result.client.reason if saturated else "",
+                                                                 client_reason=(result.client.reason if saturated
+                                                                                else ""),
                                                                  **judged),
         "no_preemption": lambda: verdict.check_no_preemption(
             prediction, result.rejection, tol, unpredicted=_unpredicted_preemptions(pr) if pr.target.one_engine else [],

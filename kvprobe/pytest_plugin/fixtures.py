@@ -46,7 +46,8 @@ def kvprobe_target(request):
 
     def get(spec):
         exp = _expectation(request, spec)
-        key = (exp.engine, exp.version, exp.model, tuple(sorted(map(str, exp.flags.items()))), session.url or exp.target.url)
+        key = (exp.engine, exp.version, exp.model, tuple(sorted(map(str, exp.flags.items()))),
+               session.url or exp.target.url)
         if key not in session.targets:
             directory = session.artifacts / f"target-{len(session.targets)}"
             directory.mkdir(parents=True, exist_ok=True)

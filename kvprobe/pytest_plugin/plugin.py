@@ -1,8 +1,9 @@
 """pytest plugin (entry point `pytest11: kvprobe`): options, collection of expectation files, hooks.
 
-Fixtures live in `kvprobe.pytest_plugin.fixtures`, run-level state in `kvprobe.pytest_plugin.session` (the pytest-benchmark
-split), the options in `kvprobe.pytest_plugin.options`. `-p no:kvprobe` disables all of it. Option names are prefixed `--kvprobe-` because Locust's
-own auto-loaded pytest plugin already claims `--host`/`-H` and a `session` fixture.
+Fixtures live in `kvprobe.pytest_plugin.fixtures`, run-level state in `kvprobe.pytest_plugin.session` (the
+pytest-benchmark split), the options in `kvprobe.pytest_plugin.options`. `-p no:kvprobe` disables all of it. Option
+names are prefixed `--kvprobe-` because Locust's own auto-loaded pytest plugin already claims `--host`/`-H` and a
+`session` fixture.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class KvprobeSession:
         self.enabled = bool(get_option(config, "kvprobe"))
         root = Path(str(config.rootpath))
         paths = get_option(config, "expectations") or ["expectations"]
-        self.expectation_paths = [(root / p).resolve() if not Path(p).is_absolute() else Path(p) for p in map(str, paths)]
+        self.expectation_paths = [(root / p).resolve() if not Path(p).is_absolute() else Path(p)
+                                  for p in map(str, paths)]
         self.artifacts = Path(get_option(config, "artifacts") or root / "artifacts" / "kvprobe")
         self.url = get_option(config, "url")
         self.engine_command = get_option(config, "engine-command")
@@ -102,7 +103,8 @@ class KvprobeSession:
     def header_lines(self) -> list[str]:
         if not self.enabled:
             return ["kvprobe: probes collected but skipped (enable with --kvprobe)"]
-        lines = [f"kvprobe: artifacts {self.artifacts}; target {'attach ' + self.url if self.url else 'launch per expectation'}"]
+        lines = [f"kvprobe: artifacts {self.artifacts}; "
+                 f"target {'attach ' + self.url if self.url else 'launch per expectation'}"]
         from kvprobe.spec.expectation import load_expectations
 
         for base in self.expectation_paths:

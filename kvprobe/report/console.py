@@ -177,9 +177,11 @@ def plot(result, series, windows, path: Path) -> None:
         top.plot([mid, lv.t_end - t0], [lv.waiting_mean] * 2, color="tab:orange", lw=3,
                  label="waiting, steady" if i == 0 else None)
     if adm.get("limit") is not None:
-        top.axhline(adm["limit"], color="tab:red", lw=1.2, label=f"predicted limit {adm['limit']:g} ({adm.get('binding')})")
+        top.axhline(adm["limit"], color="tab:red", lw=1.2,
+                    label=f"predicted limit {adm['limit']:g} ({adm.get('binding')})")
     if adm.get("no_preemption_limit") is not None and adm["no_preemption_limit"] != adm.get("limit"):
-        top.axhline(adm["no_preemption_limit"], color="tab:red", lw=0.8, ls=":", label=f"no-preemption {adm['no_preemption_limit']}")
+        top.axhline(adm["no_preemption_limit"], color="tab:red", lw=0.8, ls=":",
+                    label=f"no-preemption {adm['no_preemption_limit']}")
     rp = result.check("rejection_point")
     if rp is not None and rp.measured is not None:
         shown = f"{rp.measured:g}" + ("" if rp.uncertainty is None else f" ± {rp.uncertainty:.2f}")
@@ -191,7 +193,8 @@ def plot(result, series, windows, path: Path) -> None:
     top.set_title(f"{exp.name} — {exp.engine} {exp.version} — {verdict}", fontsize=10)
     bottom.plot(t, a["usage"], color="tab:purple", lw=1.2, label="usage gauge")
     if adm.get("usage_at_limit") is not None:
-        bottom.axhline(adm["usage_at_limit"], color="tab:red", lw=0.9, ls="--", label=f"predicted at limit {adm['usage_at_limit']:.0%}")
+        bottom.axhline(adm["usage_at_limit"], color="tab:red", lw=0.9, ls="--",
+                       label=f"predicted at limit {adm['usage_at_limit']:.0%}")
     bottom.set_ylim(0, max(1.05, float(np.nanmax(a["usage"])) + 0.05 if np.isfinite(a["usage"]).any() else 1.05))
     bottom.set_ylabel("KV usage")
     bottom.set_xlabel("seconds")

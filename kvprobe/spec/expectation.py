@@ -225,7 +225,8 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
     hardware = parse_hardware(keys["hardware"]) if "hardware" in keys else Hardware()
     profile = resolve_profile(keys["profile"], exp_path, name, profile_dirs)
     tolerances = _parse_tolerances(keys["tolerances"]) if "tolerances" in keys else Tolerances()
-    checks = _parse_checks(keys["checks"]) if "checks" in keys else CHECKS + (_fleet_checks(engine) if target.fleet else ())
+    checks = (_parse_checks(keys["checks"]) if "checks" in keys
+              else CHECKS + (_fleet_checks(engine) if target.fleet else ()))
     if not target.fleet and "checks" in keys and (fleet_only := [c for c in checks if c in FLEET_CHECKS]):
         raise keys["checks"].error(f"checks of one engine here ({', '.join(fleet_only)}: a fleet target only)")
     expect_fail = None

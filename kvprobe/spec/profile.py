@@ -98,7 +98,8 @@ def _parse_profile(node: Node, *, name: str, path: str | None) -> Profile:
             interval = sampling["interval"].number(lo=0.005, hi=1.0, what="a sampling interval in seconds")
     budget = keys["budget_seconds"].number(lo=0, lo_open=True, what="seconds") if "budget_seconds" in keys else 120.0
     drain = keys["drain_seconds"].number(lo=0, lo_open=True, what="seconds") if "drain_seconds" in keys else 10.0
-    processes = keys["processes"].integer(lo=1, hi=256, what="a number of Locust processes") if "processes" in keys else 1
+    processes = (keys["processes"].integer(lo=1, hi=256, what="a number of Locust processes")
+                 if "processes" in keys else 1)
     if hold.seconds is not None and hold.seconds * (1 - hold.warmup) < MIN_STEADY_SAMPLES * interval:
         need = MIN_STEADY_SAMPLES * interval / (1 - hold.warmup)
         raise keys["hold"].child("seconds").error(

@@ -91,7 +91,8 @@ class Target:
     model: str | None = None  # what `launch: engine` loads, when not the theory's `model`
     time_model: dict = field(default_factory=dict)  # `launch: shadow`: step_ms, prefill_us_per_token, decode_us_per_seq
     engine_args: tuple[str, ...] = ()  # `launch: shadow`: appended to the engine's command, unseen by the theory
-    fleet: dict = field(default_factory=dict)  # `fleet:` replicas, router, policy (+ replica_urls attached); {}: one engine
+    # `fleet:` replicas, router, policy (+ replica_urls attached); {}: one engine
+    fleet: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def parse_target(node: Node) -> Target:
             env = keys["api_key_env"].value
             if not isinstance(env, str) or not ENV_NAME_RE.match(env):
                 raise keys["api_key_env"].error("the NAME of an environment variable holding the key, e.g. "
-                                                "KVPROBE_API_KEY", Shown("a value that is not a variable name (not shown)"))
+                                                "KVPROBE_API_KEY",
+                                                Shown("a value that is not a variable name (not shown)"))
         return Target("url", url=url.rstrip("/"), api_key_env=env)
     if "launch" not in v:
         raise node.error("`launch: emulator`, `launch: engine`, `launch: shadow` or `url: http://...`",

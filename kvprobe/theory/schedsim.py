@@ -4,9 +4,9 @@ One `step()` is one engine iteration. The emulator runs the same objects in real
 `add` for a new request, `abort` when a client disconnects, `step` in its loop, streams
 `StepResult.emitted` and exports `stats`. Rules and citations come from the engines' own code
 (file:line in each scheduler module: vllm/v1/core/sched/scheduler.py and kv_cache_manager.py;
-python/sglang/srt/managers/scheduler.py and schedule_policy.py), and are checked against the engines' own schedulers driven on a CPU: vLLM 0.33.0's Scheduler and
-AsyncScheduler (window means equal) and SGLang 0.5.23's Scheduler (equal after every step),
-tests/theory/test_real_vllm.py and test_real_sglang.py.
+python/sglang/srt/managers/scheduler.py and schedule_policy.py), and are checked against the engines' own
+schedulers driven on a CPU: vLLM 0.33.0's Scheduler and AsyncScheduler (window means equal) and SGLang
+0.5.23's Scheduler (equal after every step), tests/theory/test_real_vllm.py and test_real_sglang.py.
 
 Speed: running requests live in numpy columns (`Lanes`), so a decode step over 1,000 requests is
 a handful of vector operations; Python code runs only on events (admission, finish, preemption,

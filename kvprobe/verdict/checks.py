@@ -55,7 +55,8 @@ def fmt(value: object) -> str:
 def check_reported_capacity(ledger: dict, reported, tol: float) -> CheckResult:
     """The pool the engine says it built versus the ledger's pool (blocks for vLLM, tokens for SGLang)."""
     cap = ledger["capacity"]
-    pairs = [("num_blocks", cap.get("num_blocks"), reported.num_blocks), ("kv_tokens", cap.get("kv_tokens"), reported.kv_tokens)]
+    pairs = [("num_blocks", cap.get("num_blocks"), reported.num_blocks),
+             ("kv_tokens", cap.get("kv_tokens"), reported.kv_tokens)]
     judged = [(name, p, r) for name, p, r in pairs if p is not None and r is not None]
     res = CheckResult("reported_capacity", tolerance=f"±{tol:.1%}")
     if not judged:
@@ -112,7 +113,8 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
     if rejection.rejection_point is None:
         res.inconclusive = True
         top = max(rejection.levels_seen, default=None)
-        res.reason = "no level saturated the engine (waiting never persisted)" + (f"; highest level {top}" if top else "")
+        res.reason = ("no level saturated the engine (waiting never persisted)"
+                      + (f"; highest level {top}" if top else ""))
         return res
     res.measured = round(float(rejection.rejection_point), 2)
     half = rejection.uncertainty
@@ -264,7 +266,8 @@ def check_exactness(records, prompt_tokens: int, output_tokens: int) -> CheckRes
     res.measured = f"{len(done)} exact, {len(mismatched)} mismatched, {len(errors)} errors"
     if mismatched:
         r = mismatched[0]
-        res.reason = f"usage {r.prompt_tokens}/{r.completion_tokens} != {prompt_tokens}/{output_tokens} ({len(mismatched)} requests)"
+        res.reason = (f"usage {r.prompt_tokens}/{r.completion_tokens} != {prompt_tokens}/{output_tokens} "
+                      f"({len(mismatched)} requests)")
     elif not done:
         res.inconclusive = True
         res.reason = "no request completed"
@@ -285,5 +288,6 @@ def check_length_limit(shot, expected_status: int, limit_desc: str) -> CheckResu
         return res
     res.measured = shot.status
     res.passed = shot.status == expected_status
-    res.reason = f"{limit_desc}: engine answered {shot.status}" + ("" if res.passed else f", expected {expected_status}")
+    res.reason = (f"{limit_desc}: engine answered {shot.status}"
+                  + ("" if res.passed else f", expected {expected_status}"))
     return res

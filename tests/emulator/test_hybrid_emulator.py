@@ -59,5 +59,6 @@ def test_gpt_oss_admission_over_http_is_the_hybrid_simulation(serve):
 def test_a_hybrid_pool_too_small_is_vllms_refusal(serve):
     from kvprobe.targets.emulator.app import Emulator, Settings
 
-    emu = Emulator(Settings(engine="vllm", model="openai/gpt-oss-20b", flags={**GPT_OSS, "num-gpu-blocks-override": 300}))
+    emu = Emulator(Settings(engine="vllm", model="openai/gpt-oss-20b",
+                            flags={**GPT_OSS, "num-gpu-blocks-override": 300}))
     assert emu.refusal is not None and "the estimated maximum model length is 3616" in emu.refusal

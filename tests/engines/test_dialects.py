@@ -125,7 +125,8 @@ def test_sglang_reported_from_metrics_fixture():
 
 
 def test_sglang_length_checks():
-    assert sglang.check_tokenizer(1000, 256, 512, 131072) == "min_new_tokens must be in [0, max_new_tokens(256)], got 512."
+    assert sglang.check_tokenizer(1000, 256, 512, 131072) == (
+        "min_new_tokens must be in [0, max_new_tokens(256)], got 512.")
     assert sglang.check_scheduler(50000, sglang.max_req_input_len(131072, 46611)).startswith(
         "Input length (50000 tokens) exceeds the maximum allowed length (46605 tokens).")
     # page 1: output <= min(context_len, M) - input - 2

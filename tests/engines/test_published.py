@@ -53,9 +53,11 @@ def test_real_vllm_cache_config_info_gives_the_cache_flags():
 def test_real_vllm_dev_server_info_gives_the_scheduler_limits():
     body = json.loads((PUBLISHED / "vllm-0.33.0-server_info.json").read_text())
     rep = vllm.reported_from_info("/server_info?config_format=json", body)
-    assert (rep.max_running, rep.token_budget, rep.num_blocks, rep.served_model_name) == (16, 2048, 1000, "staging-llama")
+    assert (rep.max_running, rep.token_budget, rep.num_blocks, rep.served_model_name) == (
+        16, 2048, 1000, "staging-llama")
     want = {"max-num-seqs": 16, "max-num-batched-tokens": 2048, "enable-chunked-prefill": True, "watermark": 0.0,
-            "scheduler-reserve-full-isl": True, "async-scheduling": False, "block-size": 16, "num-gpu-blocks-override": 1000,
+            "scheduler-reserve-full-isl": True, "async-scheduling": False, "block-size": 16,
+            "num-gpu-blocks-override": 1000,
             "gpu-memory-utilization": 0.92, "kv-cache-dtype": "auto", "kv-cache-memory-bytes": None,
             "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
             "data-parallel-size": 1, "max-model-len": 4096, "dtype": "bfloat16"}
@@ -151,14 +153,18 @@ def test_vllm_pool_refusal_line():
 
 
 def test_vllm_other_refusals_name_the_engine_cores_exception_not_its_echo():
-    text = ("(EngineCore pid=7) WARNING 12-01 10:57:47 [cpu.py:670] Failed to import from vllm._C: ModuleNotFoundError(x)\n"
-            "(EngineCore pid=7) ERROR 12-01 10:57:47 [core.py:1584] kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: "
+    text = ("(EngineCore pid=7) WARNING 12-01 10:57:47 [cpu.py:670] Failed to import from vllm._C: "
+            "ModuleNotFoundError(x)\n"
+            "(EngineCore pid=7) ERROR 12-01 10:57:47 [core.py:1584] "
+            "kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: "
             "kvprobe's shadow worker cannot describe this model's KV cache\n"
             "Traceback (most recent call last):\n"
-            "kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: kvprobe's shadow worker cannot describe this model's KV cache\n"
+            "kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: "
+            "kvprobe's shadow worker cannot describe this model's KV cache\n"
             + vllm.STARTUP_FAILED.format("{'EngineCore': 1}") + "\n")
-    assert vllm.startup_refusal_line(text) == ("kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: kvprobe's shadow "
-                                               "worker cannot describe this model's KV cache")
+    assert vllm.startup_refusal_line(text) == (
+        "kvprobe.targets.shadow.vllm.kvspec.UnsupportedModelError: kvprobe's shadow "
+        "worker cannot describe this model's KV cache")
 
 
 def test_launch_with_a_served_name():

@@ -135,7 +135,8 @@ def test_attach_to_a_running_fleet_and_refuse_a_router_not_ready(make_fleet, tmp
         FleetTarget.attach(ft.replica_urls[0], ft.replica_urls, engine="vllm", policy="round_robin")
     path = tmp_path / "attach.yaml"
     text = (Path(__file__).resolve().parents[2] / "expectations" / "fleet" / "emulated-vllm-fleet.yaml").read_text()
-    path.write_text(text.replace("  fleet: {replicas: 2, router: sglang-router, policy: round_robin}\n  emulator: {seed: 0}\n",
+    path.write_text(text.replace("  fleet: {replicas: 2, router: sglang-router, policy: round_robin}\n"
+                                 "  emulator: {seed: 0}\n",
                                  f"  fleet: {{url: {ft.url}, replicas: [{', '.join(ft.replica_urls)}]}}\n"))
     (exp,) = load_expectations(path)
     assert exp.target.mode == "url" and exp.target.url == ft.url

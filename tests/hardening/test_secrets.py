@@ -77,7 +77,8 @@ def test_the_emulator_really_requires_the_key(secured, key):
     target, _ = secured
     body = get_dialect("vllm").completion_body(unique_prompt(16, 7), 4, model=None, stream=False)
     assert post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10).status == 401
-    wrong = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    wrong = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"},
+                            timeout=10)
     assert wrong.status == 401
     right = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert right.status == 200 and key not in right.body

@@ -29,7 +29,8 @@ def emulator(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kvprobe", "emulate", "vllm", "--port", str(port),
                              "--num-gpu-blocks-override", "2000", "--trace", str(tmp_path / "trace.jsonl")],
                             stdout=open(tmp_path / "emulator.log", "wb"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

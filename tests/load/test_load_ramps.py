@@ -125,7 +125,8 @@ def test_make_ramp_builds_each_strategy():
     assert make_ramp(Spec("bisect", max_users=10), 30.0).hi == 10
 
 
-@pytest.mark.parametrize("spec,pred", [(Spec("around-prediction"), None), (Spec("bisect"), None), (Spec("zigzag"), 3.0)])
+@pytest.mark.parametrize("spec,pred",
+                         [(Spec("around-prediction"), None), (Spec("bisect"), None), (Spec("zigzag"), 3.0)])
 def test_make_ramp_errors_are_config_errors(spec, pred):
     with pytest.raises(ConfigError):
         make_ramp(spec, pred)

@@ -32,7 +32,8 @@ def test_pytest_kvprobe_url_reports_contradictions(kvp, staging):
                checks=["reported_capacity", "exactness"])  # the contradiction is the point, not timing
     doc["flags"]["max-num-seqs"] = 256
     (kvp.path / "loadprofiles" / "tiny.yaml").write_text(
-        "name: tiny\nrequest: {prompt_tokens: 128, output_tokens: 32}\nramp: {strategy: explicit, levels: [10, 16, 20]}\n"
+        "name: tiny\nrequest: {prompt_tokens: 128, output_tokens: 32}\n"
+        "ramp: {strategy: explicit, levels: [10, 16, 20]}\n"
         "hold: {seconds: 2.5, warmup: 0.3}\nbudget_seconds: 60\ndrain_seconds: 5\n")
     (kvp.path / "expectations" / "staging.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     result = kvp.runpytest_subprocess("--kvprobe", f"--kvprobe-url={engine.url}", "-s", timeout=300)

@@ -116,7 +116,8 @@ def test_console_without_a_matching_preset_asks_for_model_config(running, tmp_pa
             "--prompt-tokens", "128", "--output-tokens", "32"]
     proc = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and "--model-config: expected a served model kvprobe has a preset for" in proc.stderr
+    assert (proc.stderr.count("\n") == 1
+            and "--model-config: expected a served model kvprobe has a preset for" in proc.stderr)
     assert "the engine serves 'acme/Private-13B'" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "kvprobe", "probe", "--engine", "vllm", "--prompt-tokens", "1"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)

@@ -41,8 +41,8 @@ def assert_cap_named(result, flag, *words):
 def test_a_request_cap_attached_is_named_with_the_expectations_value(expectation, tmp_path, groups):
     """vLLM started with --max-num-seqs 16, probed with an expectation that says 256."""
     port = free_port()
-    argv = [sys.executable, "-m", "kvprobe", "emulate", "vllm", "--model", "meta-llama/Llama-3.1-8B", "--port", str(port),
-            "--num-gpu-blocks-override",
+    argv = [sys.executable, "-m", "kvprobe", "emulate", "vllm", "--model", "meta-llama/Llama-3.1-8B",
+            "--port", str(port), "--num-gpu-blocks-override",
             "201", "--max-model-len", "2048", "--max-num-seqs", "16"]
     with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
                        startup_timeout=30) as target:
@@ -125,8 +125,9 @@ def test_the_token_budget_is_named_when_it_binds(expectation, tmp_path, groups):
     step can prefill and decode for about 64 x 32 / 160 = 12.8 running requests, KV stays free."""
     exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, checks=("rejection_point", "usage_gap"),
-                  target=replace(exp.target, emulator={**exp.target.emulator,
-                                                       "args": ["--max-num-batched-tokens", "64", "--max-num-seqs", "64"]}))
+                  target=replace(exp.target, emulator={
+                      **exp.target.emulator,
+                      "args": ["--max-num-batched-tokens", "64", "--max-num-seqs", "64"]}))
     result, _ = probe(exp, tmp_path)
     assert result.error is None and result.diagnosis.limit == "token_budget", result.diagnosis
     rp = result.check("rejection_point")

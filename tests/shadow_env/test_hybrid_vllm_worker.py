@@ -48,7 +48,8 @@ def vllm_env(pytestconfig):
 
 
 def _write(tmp_path: Path, name: str, model: str, keys: dict) -> Path:
-    doc = {"name": "".join(c if c.isalnum() or c in "._" else "-" for c in name), "engine": "vllm", "version": "0.33.0", "model": model,
+    doc = {"name": "".join(c if c.isalnum() or c in "._" else "-" for c in name), "engine": "vllm", "version": "0.33.0",
+           "model": model,
            "target": {"launch": "shadow"},
            "profile": {"request": {"prompt_tokens": 1000, "output_tokens": 200},
                        "ramp": {"strategy": "explicit", "levels": [1]}, "hold": {"seconds": 1}}, **keys}
@@ -64,7 +65,8 @@ def planned(vllm_env, tmp_path_factory):
     # a layer kind transformers accepts and kvprobe does not model (ViT-style windows): the worker
     # says so, naming the key (an unknown name is refused by transformers' own validator first)
     cfg, _ = load_model_config("meta-llama/Llama-3.1-8B")
-    (tmp / "mystery.json").write_text(json.dumps({**cfg, "layer_types": ["window_attention"] * cfg["num_hidden_layers"]}))
+    (tmp / "mystery.json").write_text(json.dumps({**cfg,
+                                                  "layer_types": ["window_attention"] * cfg["num_hidden_layers"]}))
     exps = {n: load_expectations(_write(tmp, n, m, k))[0] for n, (m, k) in cases.items()}
     mystery = load_expectations(_write(tmp, "mystery", "./mystery.json", {"flags": SMALL,
                                                                           "served_model_name": "mystery"}))[0]

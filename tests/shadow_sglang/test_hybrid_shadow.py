@@ -98,7 +98,8 @@ def _usage(url: str, model: str, i: int) -> tuple[int, int]:
         meta = _post(url + "/generate", {"input_ids": ids, "sampling_params": {
             "max_new_tokens": OUTPUT, "min_new_tokens": OUTPUT, "ignore_eos": True}})["meta_info"]
         return meta["prompt_tokens"], meta["completion_tokens"]
-    usage = _post(url + dialect.COMPLETIONS_PATH, dialect.completion_body(ids, OUTPUT, model=model, stream=False))["usage"]
+    usage = _post(url + dialect.COMPLETIONS_PATH,
+                  dialect.completion_body(ids, OUTPUT, model=model, stream=False))["usage"]
     return usage["prompt_tokens"], usage["completion_tokens"]
 
 

@@ -146,7 +146,8 @@ def test_mxfp4_is_left_out_of_the_config_sglang_loads_on_a_cpu():
 
 def test_worker_log_of_a_hybrid_model():
     text = "\n".join([
-        "[2026-12-01 18:05:12] kvprobe shadow: sliding window: 127 (GptOssForCausalLM.get_attention_sliding_window_size)",
+        "[2026-12-01 18:05:12] kvprobe shadow: sliding window: 127 "
+        "(GptOssForCausalLM.get_attention_sliding_window_size)",
         "[2026-12-01 18:06:30] kvprobe shadow: mamba state: 24 slots of 77266944 bytes",
     ])
     assert sglang_target.parse_worker_log(text) == {"sliding_window": 127, "mamba_slots": 24,

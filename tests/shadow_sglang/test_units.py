@@ -101,7 +101,8 @@ def test_a_pool_that_does_not_fit_is_one_clear_error():
     req = _req(flags={"max-total-tokens": 400_000, "context-length": 2048})
     bud, per_token = sglang_target.shadow_budget(req, req.flags)
     with pytest.raises(TargetError, match=r"does not fit in this machine's memory: its KV pool of 400000 "
-                                          r"tokens takes 48\.83 GiB .* available\. Give a smaller flags\.max-total-tokens"):
+                                          r"tokens takes 48\.83 GiB .* available\. "
+                                          r"Give a smaller flags\.max-total-tokens"):
         sglang_target.check_memory(sglang_target.memory_needed(bud, per_token), bud, available=8 * 2**30)
 
 

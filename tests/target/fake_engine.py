@@ -44,7 +44,8 @@ def main() -> int:
         # The child writes its pid only once it ignores SIGTERM, and we serve only after that:
         # otherwise a fast stop() could kill it before it ignores the signal.
         code = ("import os,signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); os.replace(sys.argv[1] + '.tmp', sys.argv[1]); "
+                "open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+                "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); "
                 "time.sleep(600)")
         subprocess.Popen([sys.executable, "-c", code, args.pidfile])
         deadline = time.monotonic() + 30

@@ -85,7 +85,8 @@ def _both(cfg, P, O, users, K, start):  # noqa: E741
     return closed_loop(cfg, P, O, users, fast=True, **kw), closed_loop(cfg, P, O, users, fast=False, **kw)
 
 
-@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(case=vllm_case(), users=st.integers(1, 30), k=st.floats(0, 0.99), start=st.sampled_from(["ramp", "burst"]))
 def test_vllm_fast_path_is_exact(case, users, k, start):
     cfg, P, O = case  # noqa: E741
@@ -104,7 +105,8 @@ def test_vllm_hybrid_fast_path_is_exact(case, users, start):
     assert fast == slow
 
 
-@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(__import__("os").environ.get("KVPROBE_HYPOTHESIS_EXAMPLES", "80")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(case=sglang_case(), users=st.integers(1, 30), k=st.floats(0, 0.99), start=st.sampled_from(["ramp", "burst"]))
 def test_sglang_fast_path_is_exact(case, users, k, start):
     cfg, P, O = case  # noqa: E741

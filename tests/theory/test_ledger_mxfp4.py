@@ -22,8 +22,8 @@ WEIGHTS_SM100 = 14_679_227_520  # + 24 layers x 32 experts x 1,195,264 B of Blac
 def test_vllm_on_an_80_gib_hopper():
     """requested = ceil(80 GiB x 0.92) = 79,027,398,247; minus the weights, the 512 MiB context,
     the activation peak and graph pool estimates (2,968,518,656 and 315,621,376 B,
-    budget.estimate_vllm_*_bytes, unchanged by this fix): 61,445,122,535 B, 156,263 blocks of 393,216 B (16 tokens x 12 layers x 2,048 B, one page per
-    group layer)."""
+    budget.estimate_vllm_*_bytes, unchanged by this fix): 61,445,122,535 B, 156,263 blocks of 393,216 B
+    (16 tokens x 12 layers x 2,048 B, one page per group layer)."""
     led = build_ledger(LedgerInputs(engine="vllm", model=GPT_OSS, gpu_memory_bytes=80 * GIB))
     b = led.budget
     assert b.requested_bytes == 79_027_398_247

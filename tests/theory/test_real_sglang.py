@@ -108,18 +108,22 @@ def real_spec(model_dir, cfg: SglangConfig, P, O, K, users, arrivals, steps, ign
 BASE = SglangConfig(max_total_num_tokens=16384, context_len=8192)
 SHAPES = {
     # issue 12: radix off runs 4 (mean 3.98), radix on 3
-    "radix off, P=512 O=4096": (dataclasses.replace(BASE, disable_radix_cache=True), 512, 4096, 0, 8, "ramp", True, 14000),
+    "radix off, P=512 O=4096": (dataclasses.replace(BASE, disable_radix_cache=True),
+                                512, 4096, 0, 8, "ramp", True, 14000),
     "radix on, P=512 O=4096": (BASE, 512, 4096, 0, 8, "ramp", True, 14000),
     # issue 12: the exact fit M = 30 (P + O) runs at most 30
-    "exact fit, ramp": (SglangConfig(max_total_num_tokens=30000, context_len=8192), 700, 300, 0, 40, "ramp", True, 4000),
-    "exact fit, burst": (SglangConfig(max_total_num_tokens=30000, context_len=8192), 700, 300, 0, 40, "burst", True, 4000),
+    "exact fit, ramp": (SglangConfig(max_total_num_tokens=30000, context_len=8192),
+                        700, 300, 0, 40, "ramp", True, 4000),
+    "exact fit, burst": (SglangConfig(max_total_num_tokens=30000, context_len=8192),
+                         700, 300, 0, 40, "burst", True, 4000),
     # without ignore_eos the reservation is scaled by new_token_ratio: the pool fills and decode retracts
     "retraction": (BASE, 512, 256, 0, 40, "ramp", False, 4000),
     "shared prefix 256": (BASE, 512, 256, 256, 40, "ramp", True, 3000),
     "shared prefix, pages of 4, chunks of 256": (dataclasses.replace(BASE, page_size=4, chunked_prefill_size=256),
                                                  512, 256, 202, 40, "ramp", False, 3000),
     "overlap off, retraction": (dataclasses.replace(BASE, overlap=False), 512, 256, 0, 40, "burst", False, 3000),
-    "max_running_requests 12": (dataclasses.replace(BASE, max_running_requests=12), 512, 256, 0, 40, "ramp", True, 2000),
+    "max_running_requests 12": (dataclasses.replace(BASE, max_running_requests=12),
+                                512, 256, 0, 40, "ramp", True, 2000),
     "radix off, retraction, chunks": (dataclasses.replace(BASE, disable_radix_cache=True, chunked_prefill_size=1000),
                                       900, 600, 0, 30, "ramp", False, 4000),
     # an EOS nobody knows in advance: reserved by new_token_ratio, finished early
@@ -168,7 +172,8 @@ LLAMA4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "ll
                           "interleave_moe_layer_step": 1, "no_rope_layers": [], "use_qk_norm": True,
                           "vocab_size": 202048, "rope_theta": 500000.0, "attention_bias": False,
                           "hidden_act": "silu", "pad_token_id": 0},
-          "vision_config": {"hidden_size": 64, "image_size": 336, "intermediate_size": 128, "model_type": "llama4_vision_model",
+          "vision_config": {"hidden_size": 64, "image_size": 336, "intermediate_size": 128,
+                            "model_type": "llama4_vision_model",
                             "num_attention_heads": 1, "num_channels": 3, "num_hidden_layers": 1, "patch_size": 14,
                             "pixel_shuffle_ratio": 0.5, "projector_input_dim": 64, "projector_output_dim": 64,
                             "vision_output_dim": 64, "norm_eps": 1e-5, "rope_theta": 10000,

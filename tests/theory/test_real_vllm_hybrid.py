@@ -4,9 +4,9 @@ The same closed loop — arrivals, prompts, the model's KV cache groups — runs
 simulation and through vLLM's scheduler classes with a fake KV layout of the engine's own spec
 classes (tests/theory/real/vllm_driver.py); the running and waiting counts and the free blocks
 of the one pool must be equal after every step. The shapes are each preset's group structure
-(window, chunk and Mamba groups, with their copies; Mamba with prefill checkpoint blocks) in pools small enough that requests wait and
-are preempted, with prefix caching on (sparse retention, hits on resume, Mamba "align" mode) and
-off (Mamba "none" mode), sync and async.
+(window, chunk and Mamba groups, with their copies; Mamba with prefill checkpoint blocks) in pools
+small enough that requests wait and are preempted, with prefix caching on (sparse retention, hits on
+resume, Mamba "align" mode) and off (Mamba "none" mode), sync and async.
 """
 
 from __future__ import annotations

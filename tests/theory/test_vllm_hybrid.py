@@ -1,5 +1,5 @@
-"""The hybrid vLLM scheduler (vllm/hybrid/scheduler.py over vllm/hybrid/kv_cache_manager.py): the rules of each group kind
-on small cases worked by hand from vLLM 0.33.0's source, and, as a property, that its explicit
+"""The hybrid vLLM scheduler (vllm/hybrid/scheduler.py over vllm/hybrid/kv_cache_manager.py): the rules of each
+group kind on small cases worked by hand from vLLM 0.33.0's source, and, as a property, that its explicit
 block pool run with one full-attention group is the count-based full-attention scheduler."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def test_a_window_group_frees_what_left_the_window():
     """SlidingWindowManager.get_num_skipped_tokens: after c computed tokens the first c - W + 1
     are out of the window; their whole blocks are freed before the next allocation (sync: on
     the processed basis, which is all computed tokens)."""
-    cfg = VllmConfig(num_gpu_blocks=100, block_size=16, max_model_len=2048, groups=(KVGroup("sliding", window=128), FULL))
+    cfg = VllmConfig(num_gpu_blocks=100, block_size=16, max_model_len=2048,
+                     groups=(KVGroup("sliding", window=128), FULL))
     sched = decode_alone(cfg, 300, 500)
     sched.step()  # the prompt: 19 blocks in both groups (nothing skipped yet at allocation)
     assert held(sched, "r") == [19, 19]
@@ -65,7 +66,8 @@ def test_admission_is_capped_per_window_group():
 
 
 def test_a_chunk_group_frees_a_whole_chunk_at_its_boundary():
-    cfg = VllmConfig(num_gpu_blocks=200, block_size=16, max_model_len=4096, groups=(KVGroup("chunked", window=256), FULL))
+    cfg = VllmConfig(num_gpu_blocks=200, block_size=16, max_model_len=4096,
+                     groups=(KVGroup("chunked", window=256), FULL))
     sched = decode_alone(cfg, 250, 100)
     sched.step()
     assert held(sched, "r") == [16, 16]

@@ -11,10 +11,11 @@ from kvprobe.engines.sglang.metrics import DECODE_LOG_INTERVAL
 from kvprobe.engines.sglang.versions import NAME
 from kvprobe.errors import ConfigError
 
-# --- running the real server on a CPU with kvprobe's plugin (verified with 0.5.23): no hub, no telemetry. When a member of the group dies (a stop sends SIGTERM
-# to all of them), the tokenizer manager sleeps 5 s "to let GPU activity settle" before py-spy and
-# CUDA coredump diagnostics (managers/tokenizer_manager.py L3395-3486; environ.py L401-402): there is
-# no GPU and no py-spy here, so both are off and a stop takes ~1 s instead of ~7.
+# --- running the real server on a CPU with kvprobe's plugin (verified with 0.5.23): no hub, no telemetry.
+# When a member of the group dies (a stop sends SIGTERM to all of them), the tokenizer manager sleeps
+# 5 s "to let GPU activity settle" before py-spy and CUDA coredump diagnostics
+# (managers/tokenizer_manager.py L3395-3486; environ.py L401-402): there is no GPU and no py-spy here,
+# so both are off and a stop takes ~1 s instead of ~7.
 SHADOW_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -37,7 +38,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("context-length", int, 8192, "context_len (model.py L110-116)", lo=1, ledger="context_length"),
     Flag("max-running-requests", int, None, "running cap; None -> resolve_max_num_reqs", lo=1,
          ledger="max_running_requests"),
-    Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)", ledger="chunked_prefill_size"),
+    Flag("chunked-prefill-size", int, 8192, "per-pass prefill chunk; -1 disables (L52-55)",
+         ledger="chunked_prefill_size"),
     Flag("max-prefill-tokens", int, 16384, "per-pass prefill token budget (L71-81)", lo=1),
     Flag("page-size", int, 1, "tokens per page (L143-145)", lo=1, ledger="page_size"),
     Flag("schedule-conservativeness", float, 1.0, "scales new_token_ratio (L139-142)", lo=0),

@@ -60,7 +60,8 @@ OTHER_FLAGS = (
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
 
-# --- running the real server on a CPU with a model-less worker (verified with 0.33.0). VLLM_TARGET_DEVICE: DeviceConfig cannot infer a device otherwise;
+# --- running the real server on a CPU with a model-less worker (verified with 0.33.0).
+# VLLM_TARGET_DEVICE: DeviceConfig cannot infer a device otherwise;
 # VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the `uni` executor (platforms/cpu.py rewrites it to `mp`
 # and spawns an extra worker process otherwise); the rest keeps the engine off the network.
 SHADOW_ENV = {

@@ -61,9 +61,11 @@ class _Base:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.lag_gauge = Gauge("kvprobe_emulator_step_lag_seconds",
-                               "How far the engine loop is behind the emulator's time model (after the last step).", registry=r)
+                               "How far the engine loop is behind the emulator's time model (after the last step).",
+                               registry=r)
         self.lag_total = Counter("kvprobe_emulator_lag_seconds",
-                                 "Real time given up behind the time model (lag = (d this + d step_lag_seconds) / d model_seconds).",
+                                 "Real time given up behind the time model "
+                                 "(lag = (d this + d step_lag_seconds) / d model_seconds).",
                                  registry=r)
         self.model_total = Counter("kvprobe_emulator_model_seconds", "Modelled engine-step time.", registry=r)
         self.steps_total = Counter("kvprobe_emulator_steps", "Engine steps run.", registry=r)
@@ -211,7 +213,8 @@ class SglangMetrics(_Base):
         self.e2e = Histogram(sm.extra["e2e"], h[sm.extra["e2e"]], tl,
                              buckets=sg.E2E_BUCKETS, registry=r)
         self.prompt_tokens = Counter(sm.extra["prompt_tokens"], h[sm.extra["prompt_tokens"]], tl, registry=r)
-        self.generation_tokens = Counter(sm.extra["generation_tokens"], h[sm.extra["generation_tokens"]], tl, registry=r)
+        self.generation_tokens = Counter(sm.extra["generation_tokens"], h[sm.extra["generation_tokens"]], tl,
+                                         registry=r)
         self.requests = Counter(sm.success, h[sm.success], tl, registry=r)
         self.interval = decode_log_interval
         self._decode_steps = 0

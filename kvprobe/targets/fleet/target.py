@@ -177,4 +177,5 @@ class FleetTarget:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"FleetTarget({self.engine!r}, router={self.url!r}, replicas={len(self.replica_urls)}, policy={self.policy!r})"
+        return (f"FleetTarget({self.engine!r}, router={self.url!r}, replicas={len(self.replica_urls)}, "
+                f"policy={self.policy!r})")

@@ -35,7 +35,8 @@ WORKER_LINE_PREFIX = "kvprobe shadow worker: "
 _RE_SCHED = re.compile(WORKER_LINE_PREFIX + r"scheduler (\w+) \(async_scheduling=(True|False)\), num_blocks=(\d+), "
                        r"block_size=(\d+)")
 _RE_MEMORY = re.compile(WORKER_LINE_PREFIX + r"KV memory from ([\w ]+): (-?\d+) bytes")
-_RE_RESTORED = re.compile(WORKER_LINE_PREFIX + r"restored what the CPU platform changed and a CUDA GPU keeps: (.*)$", re.M)
+_RE_RESTORED = re.compile(WORKER_LINE_PREFIX + r"restored what the CPU platform changed and a CUDA GPU keeps: (.*)$",
+                          re.M)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class WorkerSettings:
 
 
 def scheduler_line(scheduler: str, async_scheduling: bool, num_blocks: int, block_size: int, time_model: str) -> str:
-    return (f"{WORKER_LINE_PREFIX}scheduler {scheduler} (async_scheduling={async_scheduling}), num_blocks={num_blocks}, "
-            f"block_size={block_size}, time model {time_model}")
+    return (f"{WORKER_LINE_PREFIX}scheduler {scheduler} (async_scheduling={async_scheduling}), "
+            f"num_blocks={num_blocks}, block_size={block_size}, time model {time_model}")
 
 
 def restored_line(changes: list[str]) -> str:

@@ -139,7 +139,8 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
                                   mamba_radix_cache_strategy=inputs.mamba_radix_cache_strategy or "extra_buffer",
                                   disable_hybrid_swa_memory=inputs.disable_hybrid_swa_memory,
                                   max_mamba_cache_size=inputs.max_mamba_cache_size,
-                                  mamba_full_memory_ratio=inputs.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+                                  mamba_full_memory_ratio=(inputs.mamba_full_memory_ratio
+                                                           or DEFAULT_MAMBA_FULL_MEMORY_RATIO),
                                   mamba_ssm_dtype=inputs.mamba_ssm_dtype))
     m, page = bud.max_total_num_tokens, bud.page_size
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,

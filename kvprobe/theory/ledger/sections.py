@@ -65,7 +65,8 @@ class Ledger:
     admission: Prediction | None
     scheduler_config: VllmConfig | SglangConfig | None
     engine_version: str = ""
-    refusal: str | None = None  # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
+    # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
+    refusal: str | None = None
     not_predicted: str | None = None  # why admission is not predicted although the request is given
 
     @property

@@ -34,7 +34,8 @@ def sglang_published_usage(running: int, P: int, O: int, M: int, decode_log_inte
     running × (P + O − 1) / M, is what the dashboard never shows.)"""
     held = P - shared + (O - 1) / 2
     prefill_reports, decode_reports = running, O / decode_log_interval
-    mean_requests = (prefill_reports * max(running - 1, 0) + decode_reports * running) / (prefill_reports + decode_reports)
+    mean_requests = ((prefill_reports * max(running - 1, 0) + decode_reports * running)
+                     / (prefill_reports + decode_reports))
     return round((mean_requests * held + (shared if running else 0)) / M, 2)
 
 

@@ -178,7 +178,8 @@ class SglangPrefillAdder:
         if self._req_states is None:
             out, maxn, ign, plen = self.run("out", "maxn", "ign", "plen")
             states = [mine] + [self._req_state(bool(g), int(m), int(o), int(p))
-                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist(), strict=True)]
+                               for g, m, o, p in zip(ign.tolist(), maxn.tolist(), out.tolist(), plen.tolist(),
+                                                     strict=True)]
             self._req_states = sorted((x for x in states if x is not None), key=lambda x: x[0])
         elif mine is not None:
             states, i = self._req_states, 0

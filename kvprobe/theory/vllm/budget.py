@@ -163,7 +163,8 @@ class VllmBudget:
     # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
     refusal: str | None = None
     largest_max_model_len: int = 0
-    plan: VllmKVPlan | None = None  # a hybrid model's groups (vllm/hybrid/kv_cache_planning.vllm_kv_plan); None: one uniform pool
+    # a hybrid model's groups (vllm/hybrid/kv_cache_planning.vllm_kv_plan); None: one uniform pool
+    plan: VllmKVPlan | None = None
 
     @property
     def usable_blocks(self) -> int:

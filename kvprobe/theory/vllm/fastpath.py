@@ -247,7 +247,8 @@ class VllmFastPath:
             if self._horizon is not None:  # with the new requests' own
                 stop, cap = (a[n:] for a in L("stop", "cap"))
                 hz = self._horizon
-                hz[:] = min(hz[0], int((stop - ntok).min())), min(hz[1], int((cap - comp).min())), max(hz[2], int(comp.max()))
+                hz[:] = (min(hz[0], int((stop - ntok).min())), min(hz[1], int((cap - comp).min())),
+                         max(hz[2], int(comp.max())))
             sampled = np.concatenate([np.ones(n, bool) if self.async_ else stepped, complete & (not self.async_)])
             self._plain = bool(complete.all())
         else:

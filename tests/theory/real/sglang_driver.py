@@ -4,7 +4,8 @@ Run by tests/theory/test_real_sglang.py with the python of an SGLang 0.5.23 envi
 kvprobe's): argv[1] is a JSON list of cases, each with the model folder, the scheduler's flags, the
 shape (optionally an `eos_after`: every request samples EOS as that output), the arrival steps and
 the number of steps. SGLang is imported once; each case runs in a forked child of its own, so every
-Scheduler starts from a fresh process state (its distributed and runtime context are per process). The real `Scheduler` is built as `run_scheduler_process` builds it
+Scheduler starts from a fresh process state (its distributed and runtime context are per process).
+The real `Scheduler` is built as `run_scheduler_process` builds it
 (scheduler.py L6310-6345: publish, then `Scheduler(server_args, port_args)`), with the five pieces
 that need a GPU replaced — the same five the shadow target replaces (kvprobe/targets/shadow/sglang/):
 the weights, GPU memory profiling (so --max-total-tokens sizes the pool),
@@ -16,12 +17,13 @@ The loop is `event_loop_overlap` (or `event_loop_normal` without overlap), L2026
 requests handed to `handle_generate_request` instead of arriving over ZMQ, and finished requests
 read from what `stream_output` sends to the detokenizer; their users resubmit before the next step.
 
-Prints one line per case, `TRACE {"trace": ..., "seconds": ...}` (or `{"error": ...}`): per step, after it, [running (admitted, not finished, not waiting: the
-chunked request included), waiting, used tokens (max_total - available - evictable, as
-pool_stats_observer.py L235-245 counts them; a hybrid sliding-window model: the full pool's, then the
-window pool's), retractions so far, new_token_ratio], the pool sizes and max_running_requests. A case
-may add `server_args` (they win over those derived from its config) and use a hybrid model folder:
-the model stand-in answers `get_attention_sliding_window_size()` as the real model class would.
+Prints one line per case, `TRACE {"trace": ..., "seconds": ...}` (or `{"error": ...}`): per step,
+after it, [running (admitted, not finished, not waiting: the chunked request included), waiting, used
+tokens (max_total - available - evictable, as pool_stats_observer.py L235-245 counts them; a hybrid
+sliding-window model: the full pool's, then the window pool's), retractions so far, new_token_ratio],
+the pool sizes and max_running_requests. A case may add `server_args` (they win over those derived from
+its config) and use a hybrid model folder: the model stand-in answers
+`get_attention_sliding_window_size()` as the real model class would.
 """
 import json
 import os

@@ -2,10 +2,11 @@
 
 Run by tests/theory/test_real_vllm.py (and test_real_vllm_hybrid.py) with the python of a vLLM
 0.33.0 environment (not kvprobe's): argv[1] is JSON with the pool, the shape, the arrival steps and
-the window (or a list of such objects: one JSON line with a list of answers). The recipe is vLLM's tests/v1/core/utils.py: a fake KV layout —
-one full-attention group, or the hybrid groups given (`groups`: kind, copies, window, block_size
-and checkpoint as kvprobe.theory.vllm.hybrid.kv_cache_manager.KVGroup), each a one-layer group of the engine's own spec class —
-`schedule()`, a ModelRunnerOutput with one token per request that completes its sequence,
+the window (or a list of such objects: one JSON line with a list of answers). The recipe is vLLM's
+tests/v1/core/utils.py: a fake KV layout — one full-attention group, or the hybrid groups given
+(`groups`: kind, copies, window, block_size and checkpoint as
+kvprobe.theory.vllm.hybrid.kv_cache_manager.KVGroup), each a one-layer group of the engine's own spec
+class — `schedule()`, a ModelRunnerOutput with one token per request that completes its sequence,
 `update_from_output`; async keeps a queue of two outputs as EngineCore.step_with_batch_queue does.
 Counts are read after update_from_output, where Prometheus samples them; finished users resubmit
 before the next step. Prints one JSON line: the window's means of running, waiting and the usage
@@ -49,8 +50,8 @@ def run(args: dict) -> dict:
     arrivals, t0, t_end = args["arrivals"], args["t0"], args["t_end"]
     mc = ModelConfig(model=args["model_dir"], dtype="float16", skip_tokenizer_init=True, max_model_len=mml)
     sc = SchedulerConfig(max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
-                         max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True, async_scheduling=asyn,
-                         watermark=args.get("watermark", 0.0))
+                         max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True,
+                         async_scheduling=asyn, watermark=args.get("watermark", 0.0))
     cc = CacheConfig(block_size=B, enable_prefix_caching=args["caching"])
     groups = args.get("groups") or [{"kind": "full"}]
     if any(g["kind"] == "mamba" for g in groups):

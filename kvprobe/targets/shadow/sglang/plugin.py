@@ -15,11 +15,13 @@ real buffers, the detokenizer, HTTP and metrics — stays SGLang's own code:
 | target | stands in for |
 |---|---|
 | ModelRunner.load_model | weights: an empty module with the metadata the runner reads |
-| KVCacheConfigurator._profile_available_bytes | GPU profiling: a declared GPU's budget, or one no pool reaches so `--max-total-tokens` sizes it |
+| KVCacheConfigurator._profile_available_bytes | GPU profiling: a declared GPU's budget, or one no pool reaches (*) |
 | ModelRunner.init_attention_backends | kernels: no backend |
 | ModelRunner.init_cuda_graphs | graph capture: nothing captured |
 | TpModelWorker.forward_batch_generation | the forward: one pseudo token per request after the modelled step time |
 | SamplingBatchInfo.update_penalties | the penalizers' (batch x vocabulary) logit bias: no logits, no bias |
+
+(*) so that `--max-total-tokens` sizes the pool.
 
 This module is imported in every SGLang process: standard library only (with `settings` and
 `hook_targets`, which are too); the hooks themselves (`hooks.py`, torch and SGLang) are imported only

@@ -27,8 +27,9 @@ def request_pool_tokens(cfg: SglangConfig, P: int, O: int, layers: tuple[int, in
     large enough for it. Keys as vLLM's groups
     (kvprobe.theory.vllm.hybrid.groups.GroupBlocks), in tokens; `layers`: the pools' model layers (full, window)."""
     big = 4 * (P + O) + 4 * cfg.page_size
-    solo = (SglangSwaScheduler if cfg.disable_radix_cache else SglangSwaRadixScheduler)(dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
-                                                  max_running_requests=1, context_len=max(cfg.context_len, big)))
+    solo = (SglangSwaScheduler if cfg.disable_radix_cache else SglangSwaRadixScheduler)(
+        dataclasses.replace(cfg, max_total_num_tokens=big, swa_pool_tokens=big,
+                            max_running_requests=1, context_len=max(cfg.context_len, big)))
     solo.add(SimRequest("solo", list(range(1, P + 1)), O))
     full, window = [], []
     while solo.has_work():

@@ -139,7 +139,8 @@ class HybridKVManager:
         processed = max(0, total - req.num_in_flight_tokens)
         for m in managers:
             m.remove_skipped(req, processed)
-        need = sum(m.blocks_to_allocate(req, slots, h, local, prefill_end=end) for m, h in zip(managers, hits, strict=True))
+        need = sum(m.blocks_to_allocate(req, slots, h, local, prefill_end=end)
+                   for m, h in zip(managers, hits, strict=True))
         if need + wm > pool.num_free:
             return False
         if any(hits):
