@@ -90,7 +90,7 @@ class Flag:
     #                 bytes ("10G"), frac (0 < x <= 1), float, bool, str; "" derives it from `type`
     lo: float | None = None  # the smallest value the engine accepts
     # The `kvprobe.theory.ledger.build.LedgerInputs` field this flag sets, when the ledger reads it: the one
-    # mapping used by expectations (spec_schema.flag_ledger_kwargs) and `kvprobe ledger`'s options.
+    # mapping used by expectations (spec/flags.py `flag_ledger_kwargs`) and `kvprobe ledger`'s options.
     ledger: str | None = None
 
     @property

@@ -64,7 +64,7 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          kind="frac", ledger="swa_full_tokens_ratio"),
     # The other hybrid-pool flags (arg_groups/fields/schedule.py L182-186, L211-227; exec_.py
     # L490-530): hybrid SWA memory off, the recurrent-state slots and their share of the budget, how
-    # the radix cache keeps Mamba states, the state dtype. theory/sglang_pools.py models their effect.
+    # the radix cache keeps Mamba states, the state dtype. theory/sglang/pools.py models their effect.
     Flag("disable-hybrid-swa-memory", None, False, "hybrid SWA models: one full pool over every layer",
          ledger="disable_hybrid_swa_memory"),
     Flag("max-mamba-cache-size", int, None, "recurrent-state slots (None -> from the budget)", lo=1,

@@ -75,7 +75,7 @@ class Settings:
 
 
 def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) -> VllmKVPlan | None:
-    """vLLM's plan of a hybrid model's pool (theory.vllm_kv) when `model` is one kvprobe has a
+    """vLLM's plan of a hybrid model's pool (theory/vllm/hybrid) when `model` is one kvprobe has a
     config.json for (a preset id or a path) and its layers are not all full attention; None otherwise:
     the uniform pool the flags describe, as before. Unknown layer kinds are an error naming the key."""
     try:
@@ -93,7 +93,7 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) ->
 
 
 def sglang_hybrid_pools(model: str, flags: dict) -> SglangPools | None:
-    """SGLang 0.5.23's pools for a hybrid model (theory.sglang_pools) when `model` is one kvprobe has a
+    """SGLang 0.5.23's pools for a hybrid model (theory/sglang/pools.py) when `model` is one kvprobe has a
     config.json for and SGLang splits its layers: a full pool of --max-total-tokens and a window pool
     beside it (gpt-oss), or a full pool over the full layers and recurrent-state slots (Qwen3-Next,
     with the radix cache off: one slot per running request, --max-running-requests of them; with it

@@ -11,7 +11,7 @@ the reported capacity say. `--fault NAME` or `--fault NAME=VALUE`, repeatable:
   (default 1.0): the dashboard reads low and late while requests queue (seed 000's "26%").
 - `stuck-admission`: once the pool was full (a request had to wait while the running cap had room
   and nothing was admitted, or a preemption/retraction happened) admission stops for good: waiting
-  requests are never admitted again, running drains to 0, waiting stays up (vllm issue 53130 shape).
+  requests are never admitted again, running drains to 0, waiting stays up (the shape of vllm-project/vllm#53130).
 - `underreported-pool[=FACTOR]`: the scheduler's real pool is FACTOR (default 0.75) of what the
   startup log, `vllm:cache_config_info` / `sglang:max_total_num_tokens` and /server_info report.
 - `metrics-garbage`: /metrics answers 200 (with the engine's content type) but the body is not

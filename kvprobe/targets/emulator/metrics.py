@@ -229,7 +229,7 @@ class SglangMetrics(_Base):
         self.queue.set(s.waiting)
         swa_usage = s.swa_used_tokens / s.swa_pool_tokens if s.swa_pool_tokens else 0.0
         # PoolStats: token_usage rounded to 2 places (a hybrid's is the larger pool usage, which the
-        # scheduler's own usage already is: sched_sglang_swa); num_used_tokens the larger used count;
+        # scheduler's own usage already is: theory/sglang/swa/scheduler.py); num_used_tokens the larger used count;
         # kv_* the full pool's (pool_stats_observer.py L84-92, L150-163)
         self.usage.set(round(s.usage, 2))
         self.used.set(max(s.used_tokens, s.swa_used_tokens))

@@ -46,7 +46,7 @@ class LedgerInputs:
     swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
     mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
     disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
-    # SGLang's hybrid-pool flags (theory/sglang_pools.SglangOptions; None: SGLang's default)
+    # SGLang's hybrid-pool flags (theory/sglang/pools.py SglangOptions; None: SGLang's default)
     disable_hybrid_swa_memory: bool = False
     max_mamba_cache_size: int | None = None
     mamba_full_memory_ratio: float | None = None

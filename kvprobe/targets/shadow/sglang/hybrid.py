@@ -2,7 +2,7 @@
 pool flags set, the memory the pools take on this machine, and the config.json the engine can load
 on a CPU.
 
-SGLang 0.5.23 keeps separate pools for these models (theory/sglang_pools.py says how and where):
+SGLang 0.5.23 keeps separate pools for these models (theory/sglang/pools.py says how and where):
 a full-attention token pool, a sliding-window token pool (gpt-oss, Llama 4) or a pool of
 recurrent-state slots (Qwen3-Next). The shadow lets SGLang's own configurator size them — the plugin
 hands it a budget (`sglang_hooks.profile_available_bytes`, which also applies SGLang's own

@@ -1,14 +1,14 @@
 """vLLM's own KV planner run on kvprobe's per-layer KV specs — inside a vLLM environment (imports
 vllm and torch; run with that environment's python and kvprobe on PYTHONPATH).
 
-The specs become vLLM's `KVCacheSpec` objects through `vllm_kvspec.to_vllm_specs`, the very
+The specs become vLLM's `KVCacheSpec` objects through `kvspec.to_vllm_specs`, the very
 function the model-less worker's `get_kv_cache_spec` uses for a hybrid model; `plan` runs vLLM
 0.33.0's `get_global_kv_cache_groups` + `get_kv_cache_configs` + `get_kv_cache_capacity`
 (v1/core/kv_cache_planning.py, kv_cache_utils.py) with no server and no model, so
 `kvprobe.theory.vllm.hybrid.kv_cache_spec` can be compared with the engine's arithmetic.
 
 As a program: `python -m kvprobe.targets.shadow.vllm.kvplan < request.json` prints the plan as JSON.
-The request holds `specs` (dicts of `theory.vllm_kv.VllmLayerSpec` fields), `available_bytes`,
+The request holds `specs` (dicts of `theory.vllm.hybrid.kv_cache_spec.VllmLayerSpec` fields), `available_bytes`,
 `max_model_len`, `max_num_batched_tokens`, `async_scheduling`, `hybrid_kv_cache_manager`,
 `mamba_cache_mode`, and optionally `num_gpu_blocks_override` and `auto_fit`.
 """

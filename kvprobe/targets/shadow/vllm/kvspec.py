@@ -1,9 +1,9 @@
 """What vLLM's GPU model runner would register and what its GPU worker would measure, without a GPU.
 
-Runs inside vLLM's EngineCore process (imported by `vllm_worker`): stdlib, vllm, torch and
+Runs inside vLLM's EngineCore process (imported by `worker.py`): stdlib, vllm, torch and
 `kvprobe.theory` only.
 
-Two answers, each a copy of the real code path it replaces (vLLM 0.33.0, `/work/scratch/src`):
+Two answers, each a copy of the real code path it replaces (vLLM 0.33.0):
 
 * `kv_cache_spec` — one `KVCacheSpec` per attention layer, as the layers' own `get_kv_cache_spec`
   return them on a CUDA GPU: `Attention` (model_executor/layers/attention/attention.py L611-680)
@@ -12,7 +12,7 @@ Two answers, each a copy of the real code path it replaces (vLLM 0.33.0, `/work/
   indexer. A hybrid model (sliding-window, chunked-local, Gated DeltaNet layers) registers the
   specs `kvprobe.theory.vllm.hybrid.kv_cache_spec.vllm_layer_specs` computes, turned into vLLM's objects by
   `to_vllm_spec` — the one place kvprobe's layer specs become vLLM spec objects (the planner
-  program `vllm_kvplan` uses it too). vLLM's own planner then groups them, sizes the pool and
+  program `kvplan.py` uses it too). vLLM's own planner then groups them, sizes the pool and
   prints the capacity line.
 * `available_kv_bytes` — `Worker.determine_available_memory` (v1/worker/gpu_worker.py L641-820):
   `--kv-cache-memory-bytes` exactly when given, else requested (ceil(total x
@@ -74,7 +74,7 @@ _MAMBA_TYPES = {"gdn_attn": MambaAttentionBackendEnum.GDN_ATTN}
 
 
 def to_vllm_spec(d: dict) -> KVCacheSpec:
-    """One `theory.vllm_kv.VllmLayerSpec` (as a dict: its fields are the spec classes' own) -> the
+    """One `theory.vllm.hybrid.kv_cache_spec.VllmLayerSpec` (as a dict: its fields are the spec classes' own) -> the
     vLLM spec object (kv_cache_interface.py; Gated DeltaNet: layers/mamba/abstract.py L72-91)."""
     if d["spec"] == "MambaSpec":
         return MambaSpec(
@@ -189,7 +189,7 @@ def gpu_block_size(vllm_config: VllmConfig, asked: int | None) -> int:
         return GPU_MLA_BLOCK_SIZE
     if vllm_config.model_config.is_hybrid:
         # the CPU platform aligned it to its own backend's page (cpu.py L546-570); the GPU starts
-        # from FlashAttention's 16 and the hybrid specs align from there (vllm_kv.hybrid_block_size)
+        # from FlashAttention's 16 and the hybrid specs align from there (theory/vllm/hybrid `hybrid_block_size`)
         return budget.VLLM_DEFAULT_BLOCK_SIZE
     return vllm_config.cache_config.block_size
 
@@ -251,7 +251,7 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
-    """A hybrid model's layers as a CUDA GPU's runner registers them (vllm_kv.vllm_layer_specs);
+    """A hybrid model's layers as a CUDA GPU's runner registers them (theory/vllm/hybrid/kv_cache_spec.py `vllm_layer_specs`);
     vLLM's planner groups them (and promotes the window layers itself when the hybrid manager is off)."""
     try:
         specs = vllm_layer_specs(geom, hybrid_options(vllm_config, block_size),

@@ -7,7 +7,7 @@ resolution, the OpenAI server, AsyncLLM and the detokenizer, EngineCore, the V1 
 cache manager and block pool, preemption, the KV planner with its capacity line, the metrics.
 This worker answers only what the GPU worker would answer:
 
-* the KV cache spec and the KV bytes (`vllm_kvspec`), so vLLM's planner sizes the pool;
+* the KV cache spec and the KV bytes (`kvspec.py`), so vLLM's planner sizes the pool;
 * for each step, one pseudo token per request whose scheduled tokens reach the end of its
   sequence — the last prefill chunk, every decode, the last chunk of a recomputation — never EOS,
   after a step time from kvprobe's time model (the emulator's), overlapped with scheduling when

@@ -76,7 +76,7 @@ class SglangSwaScheduler(SglangScheduler):
     def __init__(self, config: SglangConfig):
         if not config.disable_radix_cache and not self._radix_modelled:
             raise ConfigError("SglangSwaScheduler models the radix cache off; with it on, use "
-                              "SglangSwaRadixScheduler (sched_sglang_swa_radix.py)", key="disable_radix_cache")
+                              "SglangSwaRadixScheduler (theory/sglang/swa/radix.py)", key="disable_radix_cache")
         if not config.swa_pool_tokens or config.sliding_window_size <= 0:
             raise ConfigError("a hybrid sliding-window SGLang config needs the window pool's size and the "
                               "window", key="swa_pool_tokens")
