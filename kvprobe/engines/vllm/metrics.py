@@ -62,7 +62,8 @@ def cache_config_labels(*, num_gpu_blocks: int, block_size: int, max_model_len: 
     """Labels of `vllm:cache_config_info` (loggers.py `log_metrics_info` L1114-1136): one per
     CacheConfig.__dict__ key, values as Python str(); no model_name label. Key set from the 0.33.0 fixture;
     user_specified_block_size is True when --block-size was given (config/cache.py L455-466). `capacity`:
-    (kv tokens, max concurrency) of a hybrid model's groups (theory/vllm/hybrid/kv_cache_planning.py `vllm_kv_plan`), else one group's."""
+    (kv tokens, max concurrency) of a hybrid model's groups (`vllm_kv_plan`,
+    theory/vllm/hybrid/kv_cache_planning.py), else one group's."""
     tokens, concurrency = capacity or capacity_numbers(num_gpu_blocks, block_size, max_model_len)
     labels = {
         "_block_size_resolved": "True", "block_size": str(block_size), "cache_dtype": "auto",

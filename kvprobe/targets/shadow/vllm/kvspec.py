@@ -251,8 +251,9 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
-    """A hybrid model's layers as a CUDA GPU's runner registers them (theory/vllm/hybrid/kv_cache_spec.py `vllm_layer_specs`);
-    vLLM's planner groups them (and promotes the window layers itself when the hybrid manager is off)."""
+    """A hybrid model's layers as a CUDA GPU's runner registers them (`vllm_layer_specs`,
+    theory/vllm/hybrid/kv_cache_spec.py); vLLM's planner groups them (and promotes the window layers itself when
+    the hybrid manager is off)."""
     try:
         specs = vllm_layer_specs(geom, hybrid_options(vllm_config, block_size),
                                  max_model_len=vllm_config.model_config.max_model_len)
