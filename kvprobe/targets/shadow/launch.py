@@ -62,7 +62,7 @@ def kvprobe_pythonpath() -> Path:
 def command(req: ShadowLaunch) -> tuple[list[str], dict[str, str]]:
     """(argv, environment additions) for the shadow server; raises EnvError/ConfigError with one line."""
     env = envs.require(req.engine, req.version)
-    module = importlib.import_module(f"kvprobe.targets.shadow.{req.engine}_target")
+    module = importlib.import_module(f"kvprobe.targets.shadow.{req.engine}.target")
     argv, environ = module.command(req, env)
     argv += list(req.engine_args)  # last: the engine's own parser has the final word on them
     base = {ENV_ACTIVE: "1", ENV_TIME_MODEL: req.time_model.encode(), **envs.shadow_import_env(req.engine)}

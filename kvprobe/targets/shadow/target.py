@@ -42,7 +42,7 @@ class ShadowTarget(Target):
 
 
 def worker_report(engine: str, log_path: str | None) -> dict:
-    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}_target")
+    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}.target")
     parse = getattr(module, "parse_worker_log", None)
     if parse is None or not log_path:
         return {}
