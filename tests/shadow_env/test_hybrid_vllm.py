@@ -100,19 +100,34 @@ def test_vllm_reads_the_layer_kinds_kvprobe_does(facts):
                                  "linear_value_head_dim", "linear_conv_kernel_dim"))
 
 
-@pytest.mark.parametrize("name,allow,hma,window", [
+RESOLUTION = [  # (name, VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, hybrid manager, window)
     ("mistralai/Mistral-7B-v0.1", "1", True, 4096),  # every layer windowed through CacheConfig
     # Llama 4's text model as a text-only folder: the multimodal class needs torchvision to be
     # inspected here ("Model architectures ['Llama4ForConditionalGeneration'] failed to be inspected")
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "1", True, None),
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "0", False, None),
-])
-def test_vllm_serve_config_resolution(vllm_env, tmp_path, name, allow, hma, window):
-    cfg, g = geom(name)
-    if "text_config" in cfg:
-        cfg = {**cfg["text_config"], "architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False}
-    facts = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], {"engine": model_folder(tmp_path, name, cfg)},
-                     {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": allow})
+]
+
+
+@pytest.fixture(scope="module")
+def resolved(vllm_env, tmp_path_factory):
+    """`vllm serve`'s config resolution of each RESOLUTION case (a folder of its own, the variable
+    set for it), one after another in one run of vllm_hybrid_facts.py: {case: facts}."""
+    engines = []
+    for i, (name, allow, _, _) in enumerate(RESOLUTION):
+        cfg, _ = geom(name)
+        if "text_config" in cfg:
+            cfg = {**cfg["text_config"], "architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False}
+        folder = model_folder(tmp_path_factory.mktemp(f"resolution{i}"), name, cfg)
+        engines.append({"folder": folder, "env": {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": allow}})
+    answers = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], {"engines": engines})
+    return dict(zip(RESOLUTION, answers, strict=True))
+
+
+@pytest.mark.parametrize("name,allow,hma,window", RESOLUTION)
+def test_vllm_serve_config_resolution(resolved, name, allow, hma, window):
+    _, g = geom(name)
+    facts = resolved[(name, allow, hma, window)]
     ours, _ = hybrid_kv_cache_manager(g, VllmOptions(allow_chunked_local_attn_with_hybrid_kv_cache=allow == "1"))
     assert facts["hybrid_kv_cache_manager"] == ours == hma
     assert facts["cache_sliding_window"] == window
