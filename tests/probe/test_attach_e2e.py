@@ -131,7 +131,7 @@ def test_model_config_gives_the_geometry(running, tmp_path, monkeypatch):
     engine = running("vllm", {"num-gpu-blocks-override": 201, "max-model-len": 2048}, model="acme/Private-13B")
     config = tmp_path / "private" / "config.json"
     config.parent.mkdir()
-    config.write_text((REPO / "kvprobe" / "theory" / "presets" / "llama-3.1-8b.json").read_text())
+    config.write_text((REPO / "kvprobe" / "theory" / "model" / "configs" / "llama-3.1-8b.json").read_text())
     args = Namespace(url=engine.url, engine="vllm", prompt_tokens=128, output_tokens=32, model=None,
                      model_config=str(config.parent), engine_version=None, policy=None, gpu_memory=None,
                      api_key_env=None, profile=None)
