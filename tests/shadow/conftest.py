@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvprobe.targets.shadow import envs
+from tests.conftest import add_figure
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.33.0"
@@ -32,12 +33,14 @@ def vllm_env(pytestconfig):
 
 
 @pytest.fixture
-def say(capsys):
-    """Print the measured figures to the terminal as the test ends, pass or fail (not captured)."""
+def say(capsys, request):
+    """Print the measured figures to the terminal as the test ends, pass or fail (not captured),
+    and keep them for the run's summary, which collects them from every worker (tests/conftest.py)."""
 
     def write(text: str) -> None:
         with capsys.disabled():
             print(text.rstrip(), flush=True)
+        add_figure(request.node, text)
     return write
 
 

@@ -59,13 +59,30 @@ def _write(tmp_path: Path, name: str, keys: dict) -> Path:
     return path
 
 
+# Planned in the same vLLM process as the sizings (one import of vLLM for the module): the sync
+# scheduler's command line, and a model whose layer kind the worker cannot describe (a layer kind
+# transformers accepts — its validator refuses made-up names before the worker runs — and kvprobe
+# does not model), planned last.
+SYNC = {"flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096, "async-scheduling": False}}
+ODD = {"model": "./odd.json", "served_model_name": "odd/Llama",
+       "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096}}
+
+
+def _odd_config(folder: Path) -> None:
+    config = json.loads((Path(__file__).parents[2] / "kvprobe/theory/model/configs/llama-3.1-8b.json").read_text())
+    config["layer_types"] = ["window_attention"] * config["num_hidden_layers"]
+    (folder / "odd.json").write_text(json.dumps(config))
+
+
 @pytest.fixture(scope="module")
 def planned(vllm_env, tmp_path_factory):
+    """Every case's plan (or refusal) from one planner run: {name: (expectation, plan)}."""
     tmp = tmp_path_factory.mktemp("planner")
-    names = list(CASES) + list(REFUSED)
-    exps = [load_expectations(_write(tmp, n, {**CASES, **REFUSED}[n]))[0] for n in names]
+    _odd_config(tmp)
+    keys = {**CASES, "sync": SYNC, **REFUSED, "odd": ODD}
+    exps = [load_expectations(_write(tmp, n, k))[0] for n, k in keys.items()]
     plans = plan_all(vllm_env, [serve_case(e) for e in exps])
-    return dict(zip(names, zip(exps, plans, strict=True), strict=True))
+    return dict(zip(keys, zip(exps, plans, strict=True), strict=True))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -89,10 +106,8 @@ def test_vllm_planner_builds_the_ledgers_pool(planned, name, say):
     assert plan["async_scheduling"] is True
 
 
-def test_no_async_scheduling_keeps_vllms_sync_scheduler(vllm_env, tmp_path):
-    exp = load_expectations(_write(tmp_path, "sync", {
-        "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096, "async-scheduling": False}}))[0]
-    (plan,) = plan_all(vllm_env, [serve_case(exp)])
+def test_no_async_scheduling_keeps_vllms_sync_scheduler(planned):
+    _, plan = planned["sync"]
     assert plan["scheduler"] == "Scheduler" and plan["num_blocks"] == 1000, plan
 
 
@@ -113,15 +128,7 @@ def test_vllm_refuses_where_the_ledger_refuses(planned, name, say):
     assert plan["error"] == f"ValueError: {ledger_refusal.value}"
 
 
-def test_a_layer_kind_the_worker_cannot_describe_is_one_clear_error(vllm_env, tmp_path):
-    # a layer kind transformers accepts (its validator refuses made-up names before the worker runs)
-    # and kvprobe does not model
-    config = json.loads((Path(__file__).parents[2] / "kvprobe/theory/model/configs/llama-3.1-8b.json").read_text())
-    config["layer_types"] = ["window_attention"] * config["num_hidden_layers"]
-    (tmp_path / "odd.json").write_text(json.dumps(config))
-    exp = load_expectations(_write(tmp_path, "odd", {
-        "model": "./odd.json", "served_model_name": "odd/Llama",
-        "flags": {"num-gpu-blocks-override": 1000, "max-model-len": 4096}}))[0]
-    (plan,) = plan_all(vllm_env, [serve_case(exp)])
+def test_a_layer_kind_the_worker_cannot_describe_is_one_clear_error(planned):
+    _, plan = planned["odd"]
     error = plan.get("error", "")
     assert "cannot describe this model's KV cache" in error and "layer_types" in error, plan

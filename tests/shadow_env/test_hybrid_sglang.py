@@ -66,10 +66,25 @@ def _ours(name, rest_gb, args):
                                               max_total_tokens=args.get("max_total_tokens"), opts=opts)
 
 
-def test_kvprobes_pools_are_sglangs_pools(sglang_env, tmp_path):
-    folders = {name: _folder(tmp_path, name) for name, _, _ in CASES}
+# Qwen3-Next with SGLang's defaults (no args): asked last, in the same run as CASES
+DEFAULT_MAMBA = ("Qwen/Qwen3-Next-80B-A3B-Instruct", 40)
+
+
+@pytest.fixture(scope="module")
+def answered(sglang_env, tmp_path_factory):
+    """SGLang's answers for every CASES entry, then for DEFAULT_MAMBA: one run of
+    sglang_hybrid_facts.py (one import of SGLang)."""
+    tmp = tmp_path_factory.mktemp("hybrid-sglang")
+    folders = {name: _folder(tmp, name) for name, _, _ in CASES}
     answers = run_json(sglang_env, [str(HERE / "sglang_hybrid_facts.py")],
-                       [{"model": folders[n], "rest_gb": r, "args": a} for n, r, a in CASES])
+                       [{"model": folders[n], "rest_gb": r, "args": a} for n, r, a in CASES]
+                       + [{"model": folders[DEFAULT_MAMBA[0]], "rest_gb": DEFAULT_MAMBA[1]}])
+    assert len(answers) == len(CASES) + 1
+    return answers[:-1], answers[-1]
+
+
+def test_kvprobes_pools_are_sglangs_pools(answered):
+    answers, _ = answered
     compared = refused = 0
     for (name, rest_gb, args), got in zip(CASES, answers, strict=True):
         what = f"{name} rest={rest_gb} GiB {args}"
@@ -96,13 +111,12 @@ def test_kvprobes_pools_are_sglangs_pools(sglang_env, tmp_path):
     assert (compared, refused) == (13, 1)
 
 
-def test_sglangs_default_mamba_strategy_cannot_run_on_this_cpu(sglang_env, tmp_path):
+def test_sglangs_default_mamba_strategy_cannot_run_on_this_cpu(answered):
     """On a GPU Qwen3-Next defaults to the extra_buffer strategy (3 + 2 state slots per request,
     kvprobe's default); SGLang's CPU platform refuses it at argument resolution, so the shadow
     target must run `--mamba-radix-cache-strategy no_buffer --disable-overlap-schedule` (or
     without the radix cache)."""
-    got = run_json(sglang_env, [str(HERE / "sglang_hybrid_facts.py")],
-                   [{"model": _folder(tmp_path, "Qwen/Qwen3-Next-80B-A3B-Instruct"), "rest_gb": 40}])[0]
+    _, got = answered
     assert got == {"error": "extra_buffer requires platform support for Mamba cache state snapshots."}
     cfg, g, _, _ = _ours("Qwen/Qwen3-Next-80B-A3B-Instruct", 40, {})
     assert sglang_layout(cfg, g).pool == "mamba"

@@ -48,9 +48,37 @@ def geom(name):
     return cfg, geometry_from_config(cfg, name)
 
 
-def test_vllm_reads_the_layer_kinds_kvprobe_does(vllm_env, tmp_path):
-    folders = {m: model_folder(tmp_path, m, load_model_config(m)[0]) for m in HYBRID}
-    facts = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], {"models": list(folders.values())})
+def _gdn_cases():
+    """Qwen3-Next's Gated DeltaNet layer under each option: (options, GDN checkpoint alignment the
+    layers register), and the request for vLLM's own spec functions."""
+    _, g = geom("Qwen/Qwen3-Next-80B-A3B-Instruct")
+    lin = g.layers.linear
+    base = {"linear_num_key_heads": lin.num_k_heads, "linear_num_value_heads": lin.num_v_heads,
+            "linear_key_head_dim": lin.head_k_dim, "linear_value_head_dim": lin.head_v_dim,
+            "linear_conv_kernel_dim": lin.conv_kernel, "num_key_value_heads": g.num_kv_heads,
+            "head_dim": g.head_dim, "mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto"}
+    cases = [
+        (VllmOptions(), 64), (VllmOptions(gdn_prefill_backend="triton"), None),
+        (VllmOptions(tp=2), 64), (VllmOptions(block_size=1024), 64),
+        (VllmOptions(mamba_ssm_cache_dtype="float32", gdn_prefill_backend="triton"), None)]
+    req = [{**base, "tp": o.tp, "block_size": o.block_size, "mamba_cache_mode": o.mamba_cache_mode,
+            "mamba_ssm_cache_dtype": o.mamba_ssm_cache_dtype, "checkpoint_alignment": a} for o, a in cases]
+    return cases, req
+
+
+@pytest.fixture(scope="module")
+def facts(vllm_env, tmp_path_factory):
+    """One run of vllm_hybrid_facts.py (one import of vLLM) for the layer kinds of every HYBRID
+    model's folder and the spec choices of every GDN case: (folders, facts)."""
+    tmp = tmp_path_factory.mktemp("hybrid-vllm")
+    folders = {m: model_folder(tmp, m, load_model_config(m)[0]) for m in HYBRID}
+    answer = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")],
+                      {"models": list(folders.values()), "gdn": _gdn_cases()[1]})
+    return folders, answer
+
+
+def test_vllm_reads_the_layer_kinds_kvprobe_does(facts):
+    folders, facts = facts
     for name, folder in folders.items():
         got = facts["configs"][folder]
         ours = geom(name)[1].layers
@@ -72,40 +100,44 @@ def test_vllm_reads_the_layer_kinds_kvprobe_does(vllm_env, tmp_path):
                                  "linear_value_head_dim", "linear_conv_kernel_dim"))
 
 
-@pytest.mark.parametrize("name,allow,hma,window", [
+RESOLUTION = [  # (name, VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, hybrid manager, window)
     ("mistralai/Mistral-7B-v0.1", "1", True, 4096),  # every layer windowed through CacheConfig
     # Llama 4's text model as a text-only folder: the multimodal class needs torchvision to be
     # inspected here ("Model architectures ['Llama4ForConditionalGeneration'] failed to be inspected")
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "1", True, None),
     ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "0", False, None),
-])
-def test_vllm_serve_config_resolution(vllm_env, tmp_path, name, allow, hma, window):
-    cfg, g = geom(name)
-    if "text_config" in cfg:
-        cfg = {**cfg["text_config"], "architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False}
-    facts = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], {"engine": model_folder(tmp_path, name, cfg)},
-                     {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": allow})
+]
+
+
+@pytest.fixture(scope="module")
+def resolved(vllm_env, tmp_path_factory):
+    """`vllm serve`'s config resolution of each RESOLUTION case (a folder of its own, the variable
+    set for it), one after another in one run of vllm_hybrid_facts.py: {case: facts}."""
+    engines = []
+    for i, (name, allow, _, _) in enumerate(RESOLUTION):
+        cfg, _ = geom(name)
+        if "text_config" in cfg:
+            cfg = {**cfg["text_config"], "architectures": ["Llama4ForCausalLM"], "tie_word_embeddings": False}
+        folder = model_folder(tmp_path_factory.mktemp(f"resolution{i}"), name, cfg)
+        engines.append({"folder": folder, "env": {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": allow}})
+    answers = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], {"engines": engines})
+    return dict(zip(RESOLUTION, answers, strict=True))
+
+
+@pytest.mark.parametrize("name,allow,hma,window", RESOLUTION)
+def test_vllm_serve_config_resolution(resolved, name, allow, hma, window):
+    _, g = geom(name)
+    facts = resolved[(name, allow, hma, window)]
     ours, _ = hybrid_kv_cache_manager(g, VllmOptions(allow_chunked_local_attn_with_hybrid_kv_cache=allow == "1"))
     assert facts["hybrid_kv_cache_manager"] == ours == hma
     assert facts["cache_sliding_window"] == window
     assert facts["attention_chunk_size"] == g.layers.attention_chunk_size
 
 
-def test_spec_choices_come_from_vllms_own_functions(vllm_env):
+def test_spec_choices_come_from_vllms_own_functions(facts):
+    _, facts = facts
     _, g = geom("Qwen/Qwen3-Next-80B-A3B-Instruct")
-    lin = g.layers.linear
-    base = {"linear_num_key_heads": lin.num_k_heads, "linear_num_value_heads": lin.num_v_heads,
-            "linear_key_head_dim": lin.head_k_dim, "linear_value_head_dim": lin.head_v_dim,
-            "linear_conv_kernel_dim": lin.conv_kernel, "num_key_value_heads": g.num_kv_heads,
-            "head_dim": g.head_dim, "mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto"}
-    cases = [  # (options, GDN checkpoint alignment the layers register)
-        (VllmOptions(), 64), (VllmOptions(gdn_prefill_backend="triton"), None),
-        (VllmOptions(tp=2), 64), (VllmOptions(block_size=1024), 64),
-        (VllmOptions(mamba_ssm_cache_dtype="float32", gdn_prefill_backend="triton"), None)]
-    req = {"gdn": [{**base, "tp": o.tp, "block_size": o.block_size, "mamba_cache_mode": o.mamba_cache_mode,
-                    "mamba_ssm_cache_dtype": o.mamba_ssm_cache_dtype, "checkpoint_alignment": a}
-                   for o, a in cases]}
-    facts = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")], req)
+    cases, _ = _gdn_cases()
     assert facts["backend"] == {"flash_attn_block_sizes": ["MultipleOf(16)"], "sliding_block_for_16": 16}
     for (opts, _), got in zip(cases, facts["gdn"], strict=True):
         state = next(s for s in vllm_layer_specs(g, opts) if s.spec == "MambaSpec")

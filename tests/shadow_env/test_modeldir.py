@@ -14,15 +14,17 @@ from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 
+MODELS = ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"]
+# one process loads every folder given (one import of transformers): one JSON line per folder
 _LOAD = r"""
 import json, sys
 from transformers import AutoConfig, AutoTokenizer
-folder = sys.argv[1]
-tok = AutoTokenizer.from_pretrained(folder)
-cfg = AutoConfig.from_pretrained(folder)
-print(json.dumps({"len": len(tok), "eos": tok.eos_token_id, "bos": tok.bos_token_id,
-                  "text": tok.decode([5, 6, 7]), "ids": tok("t5 t9", add_special_tokens=False)["input_ids"],
-                  "model_type": cfg.model_type}))
+for folder in sys.argv[1:]:
+    tok = AutoTokenizer.from_pretrained(folder)
+    cfg = AutoConfig.from_pretrained(folder)
+    print(json.dumps({"len": len(tok), "eos": tok.eos_token_id, "bos": tok.bos_token_id,
+                      "text": tok.decode([5, 6, 7]), "ids": tok("t5 t9", add_special_tokens=False)["input_ids"],
+                      "model_type": cfg.model_type}))
 """
 
 
@@ -31,14 +33,22 @@ def vllm_env(pytestconfig):
     return engine_env("vllm", "0.33.0", pytestconfig)  # installs when missing (~1 min warm)
 
 
-@pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"])
-def test_engine_transformers_loads_the_folder(vllm_env, model):
-    config, _ = load_model_config(model)
-    folder = modeldir.model_folder(model, config, vllm_env)
-    out = subprocess.run([str(vllm_env.python), "-c", _LOAD, str(folder)], capture_output=True, text=True,
+@pytest.fixture(scope="module")
+def loaded(vllm_env):
+    """{model: (its folder, what the engine's transformers read from it)}, all in one process."""
+    folders = [modeldir.model_folder(m, load_model_config(m)[0], vllm_env) for m in MODELS]
+    out = subprocess.run([str(vllm_env.python), "-c", _LOAD, *map(str, folders)], capture_output=True, text=True,
                          timeout=300, env={**os.environ, **envs.shadow_import_env("vllm")})
     assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    answers = [json.loads(line) for line in out.stdout.strip().splitlines() if line.startswith("{")]
+    assert len(answers) == len(MODELS), out.stdout[-2000:]
+    return dict(zip(MODELS, zip(folders, answers, strict=True), strict=True))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_engine_transformers_loads_the_folder(vllm_env, loaded, model):
+    config, _ = load_model_config(model)
+    folder, got = loaded[model]
     assert got["len"] == config["vocab_size"]
     eos = config["eos_token_id"]
     assert got["eos"] == (eos[0] if isinstance(eos, list) else eos)

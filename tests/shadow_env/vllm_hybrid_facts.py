@@ -147,8 +147,12 @@ def engine_facts(folder: str) -> dict:
 
 def main() -> int:
     req = json.load(sys.stdin)
-    if "engine" in req:
-        json.dump(engine_facts(req["engine"]), sys.stdout)
+    if "engines" in req:  # each folder under its own environment variables, in order, in this process
+        answers = []
+        for case in req["engines"]:
+            os.environ.update(case["env"])  # vllm.envs reads them when the config asks, not at import
+            answers.append(engine_facts(case["folder"]))
+        json.dump(answers, sys.stdout)
         return 0
     out = {"configs": {m: config_facts(m) for m in req.get("models", [])},
            "backend": backend_facts(),

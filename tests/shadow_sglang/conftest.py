@@ -18,27 +18,21 @@ from kvprobe.procgroup import free_port, group_members
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.targets.shadow import envs, launch
 from kvprobe.targets.shadow.target import ShadowTarget, launch_request
+from tests.conftest import add_figure
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTATIONS = REPO / "expectations" / "shadow-sglang.yaml"
 ENGINE, VERSION = "sglang", "0.5.23"
 STARTUP_TIMEOUT = 300.0  # SGLang starts in 20-60 s here; more on a busy machine
-_FIGURES: list[str] = []
 
 
-def pytest_terminal_summary(terminalreporter):
-    if _FIGURES:
-        terminalreporter.write_sep("=", "SGLang shadow: measured figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)
-
-
-@pytest.fixture(scope="session")
-def figures():
-    """`figures(line)`: printed now (visible with -s) and in the run's terminal summary."""
+@pytest.fixture
+def figures(request):
+    """`figures(line)`: printed now (visible with -s) and in the run's terminal summary, which
+    collects them from every worker (tests/conftest.py)."""
     def add(line: str) -> None:
         print(line, flush=True)
-        _FIGURES.append(line)
+        add_figure(request.node, line)
     return add
 
 

@@ -35,8 +35,8 @@ class ShadowLaunch:
     gpu_memory_bytes: int | None = None  # a declared GPU: sizes the pool when no pool flag is given
     time_model: TimeModel = field(default_factory=TimeModel)
     extra_env: dict[str, str] = field(default_factory=dict)  # target.env
-    estimates: dict[str, int] = field(default_factory=dict)  # the expectation's ledger estimates (bytes):
-    #                                                          a shadow sizing the pool from a declared GPU uses the same
+    # the expectation's ledger estimates (bytes): a shadow sizing the pool from a declared GPU uses the same
+    estimates: dict[str, int] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()  # target.engine_args: appended as they are, unseen by the theory
 
 

@@ -8,7 +8,6 @@ worker/plugin said at start-up, which the probe records in its engine facts.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from kvprobe.procgroup import free_port
@@ -48,7 +47,7 @@ class ShadowTarget(Target):
 
 
 def worker_report(engine: str, log_path: str | None) -> dict:
-    module = importlib.import_module(f"kvprobe.targets.shadow.{engine}.target")
+    module = launch.ENGINE_TARGETS[engine]
     parse = getattr(module, "parse_worker_log", None)
     if parse is None or not log_path:
         return {}
