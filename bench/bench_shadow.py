@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench.bench_emulator import _client, _scrape, _wait
 from kvprobe.engines import vllm as dialect
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.procgroup import free_port
+from kvprobe.targets.launch import Target
 from kvprobe.targets.shadow import launch
 from kvprobe.theory.model.geometry import load_model_config
 from kvprobe.theory.sim.steptime import TimeModel

@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_emulator import _client, _wait
 from kvprobe.engines import sglang as dialect
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.procgroup import free_port
+from kvprobe.targets.launch import Target
 from kvprobe.targets.shadow import launch
 from kvprobe.theory.model.geometry import load_model_config
 from kvprobe.theory.sim.steptime import TimeModel

@@ -23,11 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect
 from kvprobe.load.records import ABORTED
+from kvprobe.observe.http import http_get
 from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.procgroup import free_port
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.spec.profile import load_profile
 from kvprobe.tables import render_table
-from kvprobe.targets.launch import Target, free_port, http_get
+from kvprobe.targets.launch import Target
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = 3001

@@ -15,7 +15,7 @@ from kvprobe.observe.discovery import discover, same_value
 from kvprobe.probe.run import predict
 from kvprobe.spec.attach import preset_for
 from kvprobe.spec.expectation import load_expectations
-from kvprobe.targets.launch import EngineFacts, merge_reports
+from kvprobe.targets.facts import EngineFacts, merge_reports
 from tests.engines.test_published import real_vllm_reports
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Reaching an engine over HTTP: a GET with an overall deadline, a one-line reason for a failed
 request, and the two ways a credential stays hidden (a URL's user:password@, an API key).
 
-The API key of an attached target lives only in a `_Secret` and in request headers built on
+The API key of an attached target lives only in a `Secret` and in request headers built on
 demand; `repr`, `str`, facts, logs and exceptions never contain it.
 """
 
@@ -16,7 +16,7 @@ import urllib.request
 from kvprobe.errors import TargetError
 
 
-class _Secret:
+class Secret:
     """Holds an API key; renders as *** everywhere a person or a log could see it."""
 
     __slots__ = ("_value",)
@@ -33,11 +33,11 @@ class _Secret:
     __str__ = __repr__
 
 
-def _read_key(env_name: str, environ) -> _Secret:
+def read_key(env_name: str, environ) -> Secret:
     value = environ.get(env_name)
     if not value:
         raise TargetError(f"API key environment variable {env_name!r} is not set or empty")
-    return _Secret(value)
+    return Secret(value)
 
 
 # No proxy: an engine is reached directly, and an http_proxy from the environment must neither
@@ -68,7 +68,7 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
             chunks.append(chunk)
 
 
-def _reason(err: BaseException) -> str:
+def error_reason(err: BaseException) -> str:
     """One line for a failed request, without headers (they may carry the API key)."""
     if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
         return f"{type(err.reason).__name__}: {err.reason}"

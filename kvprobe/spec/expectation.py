@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 
 from kvprobe.errors import ConfigError, spec_error  # noqa: F401 - re-exported
+from kvprobe.releases import ENGINES
 from kvprobe.spec.flags import ledger_kwargs, length_limits, parallel_sizes, parse_flags, parse_units
 from kvprobe.spec.launch import check_shadow
 from kvprobe.spec.node import NAME_RE, Node, Shown, did_you_mean, read_yaml, show
@@ -25,7 +26,6 @@ from kvprobe.spec.profile import load_profile, profile_search_dirs, resolve_prof
 from kvprobe.spec.schema import (
     CHECKS,
     EMULATOR_FAULTS,
-    ENGINES,
     ESTIMATE_KEYS,
     FLEET_CHECKS,
     RAMP_STRATEGIES,

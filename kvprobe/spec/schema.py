@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvprobe.releases import ENGINES  # noqa: F401 — the engines an expectation may name
 from kvprobe.targets.emulator.faults import FAULTS
 
 CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usage_gap", "length_limit", "exactness")

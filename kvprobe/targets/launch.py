@@ -4,7 +4,7 @@ A launched engine runs in its own process group (`start_new_session=True`), so t
 stops everything it spawned (vLLM's engine core, SGLang's scheduler/detokenizer processes) and
 nothing else: signals go to that group id, never to a process found by name.
 
-The API key of an attached target lives only in a `_Secret` (kvprobe.observe.http) and in request
+The API key of an attached target lives only in a `Secret` (kvprobe.observe.http) and in request
 headers built on demand; `repr`, `str`, facts, logs and exceptions never contain it.
 """
 
@@ -25,22 +25,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvprobe.engines import get_dialect  # ConfigError for an unknown engine
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import TargetError
-from kvprobe.observe.http import _read_key, _reason, _Secret, http_get, redact_url
+from kvprobe.observe.http import Secret, error_reason, http_get, read_key, redact_url
 from kvprobe.observe.sampler import Sampler
-from kvprobe.procgroup import (  # noqa: F401 — free_port and port_in_use are part of this API
+from kvprobe.procgroup import (
     free_port,
     group_members,
     port_in_use,
-    signal_group,
     stop_group,
-    wait_group_gone,
 )
 from kvprobe.targets.engine import emulator_argv, engine_argv
 from kvprobe.targets.facts import EngineFacts, merge_reports
 from kvprobe.targets.interface import OneEngine, OpenHow
 
-__all__ = ["EngineFacts", "Target", "TargetError", "free_port", "group_members", "http_get", "merge_reports",
-           "port_in_use", "redact_url"]
+__all__ = ["Target"]
 
 DEFAULT_HEALTH_PATH = "/health"
 LOG_TAIL_LINES = 40
@@ -72,7 +69,7 @@ class Target(OneEngine):
     """A launched or attached engine. Use as a context manager: leaving it always stops a launch."""
 
     def __init__(self, *, engine: str, url: str, mode: str, dialect=None, log_path: str | None = None,
-                 proc: subprocess.Popen | None = None, api_key: _Secret | None = None,
+                 proc: subprocess.Popen | None = None, api_key: Secret | None = None,
                  api_key_env: str | None = None):
         self.engine = engine
         self.url = url.rstrip("/")
@@ -114,7 +111,7 @@ class Target(OneEngine):
         log = Path(log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        api_key = _read_key(api_key_env, child_env) if api_key_env else None
+        api_key = read_key(api_key_env, child_env) if api_key_env else None
         with open(log, "wb") as log_file:
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
@@ -155,7 +152,7 @@ class Target(OneEngine):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise TargetError(f"cannot attach to {redact_url(url)!r}: expected http(s)://host:port")
-        api_key = _read_key(api_key_env, os.environ) if api_key_env else None
+        api_key = read_key(api_key_env, os.environ) if api_key_env else None
         target = cls(engine=engine, url=url, mode="attach", dialect=dialect, api_key=api_key,
                      api_key_env=api_key_env)
         target._wait_healthy(timeout)
@@ -251,7 +248,7 @@ class Target(OneEngine):
             status, _ = http_get(self.url + (path or self.health_path), headers=self.headers, timeout=timeout)
             return status, f"HTTP {status}"
         except (OSError, urllib.error.URLError, ValueError) as err:
-            return None, _reason(err)
+            return None, error_reason(err)
 
     def _wait_healthy(self, timeout: float) -> None:
         start = time.monotonic()
@@ -328,7 +325,7 @@ class Target(OneEngine):
             text = self._get("/metrics", timeout).decode("utf-8", "replace")
             families = {fam.name: fam for fam in text_string_to_metric_families(text)}
         except (OSError, urllib.error.URLError, ValueError) as err:
-            errors.append(f"GET /metrics: {_reason(err)}")
+            errors.append(f"GET /metrics: {error_reason(err)}")
             return
         reports.append(("metrics", d.reported_from_metrics(families)))
 
@@ -341,7 +338,7 @@ class Target(OneEngine):
                 raise ValueError(f"HTTP {status}")
             body = json.loads(raw)
         except (OSError, urllib.error.URLError, ValueError) as err:
-            errors.append(f"GET {path}: {_reason(err)}")
+            errors.append(f"GET {path}: {error_reason(err)}")
             return
         if isinstance(body, dict):
             reports.append((f"GET {path}", d.reported_from_info(path, body)))

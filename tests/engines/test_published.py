@@ -11,7 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect, sglang, vllm
-from kvprobe.targets.launch import Target, free_port, http_get, merge_reports
+from kvprobe.observe.http import http_get
+from kvprobe.procgroup import free_port
+from kvprobe.targets.facts import merge_reports
+from kvprobe.targets.launch import Target
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
 # The flags the real server was started with (README.md in published/).

@@ -122,9 +122,9 @@ sys.stdout.write((parts[0] + b"1007" + parts[1] + b"1000" + parts[2]).decode())
 def test_attach_to_a_running_fleet_and_refuse_a_router_not_ready(make_fleet, tmp_path):
     """The attach form (`target: {fleet: {url, replicas: [...]}}`): the router and every replica must
     answer; the facts are the first replica's; the spec names the replicas' URLs."""
+    from kvprobe.errors import TargetError
     from kvprobe.spec.expectation import load_expectations
     from kvprobe.targets.fleet.target import FleetTarget
-    from kvprobe.targets.launch import TargetError
 
     ft = make_fleet(2, "round_robin")
     attached = FleetTarget.attach(ft.url, ft.replica_urls, engine="vllm", policy="round_robin")

@@ -17,7 +17,8 @@ import yaml
 from kvprobe.engines import get_dialect
 from kvprobe.observe.oneshot import post_completion, unique_prompt
 from kvprobe.probe.run import ProbeOptions, run_probe
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.procgroup import free_port
+from kvprobe.targets.launch import Target
 from tests.probe.conftest import TINY
 
 pytestmark = pytest.mark.slow

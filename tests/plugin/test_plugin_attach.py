@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from kvprobe.engines import vllm
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.procgroup import free_port
+from kvprobe.targets.launch import Target
 from tests.plugin.conftest import REPO
 
 pytestmark = pytest.mark.slow

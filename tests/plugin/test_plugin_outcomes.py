@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kvprobe.targets.launch import free_port
+from kvprobe.procgroup import free_port
 from tests.plugin.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,9 @@ import yaml
 
 from kvprobe.engines import get_dialect
 from kvprobe.probe.run import ProbeOptions, open_target, predict, run_probe
+from kvprobe.procgroup import free_port
 from kvprobe.spec.expectation import load_expectations
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.targets.launch import Target
 from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow

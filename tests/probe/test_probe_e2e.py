@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvprobe.probe.run import ProbeOptions, run_probe
-from kvprobe.targets.launch import Target, free_port
+from kvprobe.procgroup import free_port
+from kvprobe.targets.launch import Target
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent

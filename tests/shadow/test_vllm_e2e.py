@@ -165,7 +165,8 @@ def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_
 def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
     """`kvprobe shadow vllm MODEL [vllm serve flags]`: the real server under the preset's name, its pool
     from the passed-through flag, stopped with its process group."""
-    from kvprobe.targets.launch import Target, http_get
+    from kvprobe.observe.http import http_get
+    from kvprobe.targets.launch import Target
 
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),

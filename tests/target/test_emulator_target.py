@@ -7,7 +7,8 @@ import importlib.util
 import pytest
 
 from kvprobe.observe.sampler import Sampler
-from kvprobe.targets.launch import Target, free_port, group_members
+from kvprobe.procgroup import free_port, group_members
+from kvprobe.targets.launch import Target
 
 from .conftest import gone
 

@@ -14,7 +14,10 @@ import pytest
 
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import ConfigError, TargetError
-from kvprobe.targets.launch import Target, free_port, group_members, http_get, merge_reports, redact_url
+from kvprobe.observe.http import http_get, redact_url
+from kvprobe.procgroup import free_port, group_members
+from kvprobe.targets.facts import merge_reports
+from kvprobe.targets.launch import Target
 
 from .conftest import FIXTURES, REPO, fake_argv, gone, wait_until
 
