@@ -52,7 +52,12 @@ def test_a_leak_on_the_replicas_fails_replica_leak_naming_them(tmp_path, router_
     result, _ = probe(exp, tmp_path)
     check = result.check("replica_leak")
     assert not check.passed and not check.inconclusive, check.reason
-    assert "replica 0" in check.reason and "replica 1" in check.reason
+    # a replica leaks only if the client's disconnect at the stop reached it while a request of its
+    # held blocks, which the router's timing decides: the check must name exactly the ones that did
+    leaked = [i for i, usage in enumerate(check.measured) if usage > 0]
+    assert leaked, check.measured
+    for i in range(len(check.measured)):
+        assert (f"replica {i}" in check.reason) == (i in leaked), (i, check.measured, check.reason)
 
 
 def test_fleet_spec_errors_name_the_key(tmp_path):
