@@ -14,6 +14,7 @@ import json
 import sys
 import textwrap
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
@@ -71,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"engine version (defaults: vLLM {VLLM_DEFAULT_VERSION}, SGLang {SGLANG_DEFAULT_VERSION})")
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
-    p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
+    add_gpu_arguments(p)
     p.add_argument("--gpu-arch", choices=GPU_ARCHS,
                    help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
                         "sm100 Blackwell")
@@ -174,7 +175,7 @@ def _typed(raw: str, kind: str) -> object:
     return text
 
 
-def inputs_from_args(args: argparse.Namespace):
+def inputs_from_args(args: argparse.Namespace, gpu=None):
     from kvprobe.engines import is_known_version, unknown_version_message
     from kvprobe.spec.flags import flag_ledger_kwargs
     from kvprobe.theory.admission import POLICIES
@@ -199,7 +200,7 @@ def inputs_from_args(args: argparse.Namespace):
         estimates[name.strip()] = parse_bytes(size, key=f"--estimate {name.strip()}")
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
-        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
+        gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         gpu_arch=args.gpu_arch, estimates=estimates, **request,
         **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 
@@ -224,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from kvprobe.theory.ledger.build import build_ledger
     from kvprobe.theory.ledger.text import render_ledger
 
-    ledger = build_ledger(inputs_from_args(args), explain_refusal=True)
+    gpu = gpu_from_args(args)
+    ledger = build_ledger(inputs_from_args(args, gpu), explain_refusal=True)
     if getattr(args, "replicas", None) is not None:
         ledger = _fleet(ledger, args)
     unread = unread_flags(args)
@@ -234,5 +236,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(ledger.to_dict(), indent=2))
     else:
+        if gpu is not None:
+            print(f"{gpu.said}\n")
         print(render_ledger(ledger))
     return 1 if ledger.startup["refused"] else 0

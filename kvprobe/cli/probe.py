@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES
 
@@ -40,21 +41,21 @@ def add_parser(subparsers) -> None:
     bare.add_argument("--model-config", metavar="PATH", help="the model's config.json (when no preset matches)")
     bare.add_argument("--engine-version", help="when the engine does not publish its version")
     bare.add_argument("--policy", help="the admission policy, for a version kvprobe has no facts for")
-    bare.add_argument("--gpu-memory", help="memory of one GPU (e.g. 80GiB): the ledger then sizes the pool itself "
-                      "and reported_capacity compares; without it the engine's own pool is taken")
+    add_gpu_arguments(bare, memory_help="the memory of one GPU, with its unit (79.2GiB, 85GB): the ledger then "
+                      "sizes the pool itself and reported_capacity compares; without it (or --gpu) the engine's own "
+                      "pool is taken")
     bare.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the engine's API key")
     p.set_defaults(func=run)
 
 
 _BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_config", "engine_version", "policy",
-                 "gpu_memory", "api_key_env")
+                 "gpu", "gpu_memory", "api_key_env")
 
 
 def expectation_from_engine(args):
     """The no-YAML probe: attach, read what the engine publishes, build the Expectation from it."""
     from kvprobe.spec.attach import attached_expectation
     from kvprobe.targets.launch import Target
-    from kvprobe.units import parse_bytes
 
     missing = [f"--{n}" for n in ("url", "engine", "prompt_tokens", "output_tokens") if getattr(args, n) is None]
     if missing:
@@ -67,13 +68,16 @@ def expectation_from_engine(args):
             raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
     from kvprobe.observe.discovery import discover
 
+    gpu = gpu_from_args(args)
+    if gpu is not None:
+        print(gpu.said, flush=True)
     target = Target.attach(args.url, engine=args.engine, api_key_env=args.api_key_env)
     facts = target.facts()
     exp = attached_expectation(
         url=args.url, engine=args.engine, facts=facts, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, model=args.model, model_config=args.model_config,
         version=args.engine_version, policy=args.policy, api_key_env=args.api_key_env, profile=args.profile,
-        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
+        gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         log=lambda line: print(line, flush=True))
     # The configuration is the engine's: its flags (and its pool, without a declared GPU) make the
     # ledger printed before the probe; the probe reads them again and reports any change.
