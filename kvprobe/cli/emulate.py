@@ -45,8 +45,9 @@ def _add_engine(sub, engine: str) -> None:
             shown = "" if flag.default is None else f" (default {flag.default})"
             p.add_argument(opt, dest=flag.dest, type=flag.type, default=None, help=flag.help + shown)
     p.add_argument("--engine-version", default=d.DEFAULT_VERSION,
-                   help="version-keyed behaviour (vLLM 0.11: first-chunk admission, two-line capacity log, "
-                        "400 for P+max_tokens>max_model_len; SGLang <=0.5.21: new_token_ratio reservation)")
+                   help="the release to behave as (vLLM 0.11 admits on a prompt's first chunk and refuses "
+                        "P + max_tokens over max-model-len with a 400; SGLang up to 0.5.21 reserves output room "
+                        "by a ratio)")
     tm = p.add_argument_group("emulator time model (one step = step-ms + prefill + decode terms)")
     tm.add_argument("--step-ms", type=float, default=_TM.step_ms, help="fixed cost per engine step (ms)")
     tm.add_argument("--prefill-us-per-token", type=float, default=_TM.prefill_us_per_token)

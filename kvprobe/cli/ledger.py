@@ -20,17 +20,25 @@ from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSI
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
 from kvprobe.units import parse_bytes, parse_count
 
+DESCRIPTION = """\
+Print the capacity ledger of one engine configuration: the KV pool the engine would build and,
+with --prompt-tokens and --output-tokens, how many requests it admits at once (theory only, no GPU).
+
+The engine's own flags are options under their real names, with the same values and meaning as
+the `flags:` of an expectation. When the engine would refuse to start, every table is still
+printed, then the refusal as a finding, and the exit code is 1 (bad input: 2)."""
 # Flags an expectation may not set either: the launcher owns them (kvprobe.spec.flags.MANAGED_FLAGS).
 _NOT_OPTIONS = ("served-model-name", "api-key")
 # The workload: not engine flags. (name, LedgerInputs field, help)
 REQUEST_OPTIONS = (
     ("prompt-tokens", "prompt_tokens", "P: prompt tokens of every request"),
     ("output-tokens", "output_tokens", "O: output tokens of every request"),
-    ("users", "users", "closed-loop users N: steady state at N (schedsim)"),
+    ("users", "users", "N users, each sending its next request when one ends: the steady state at N"),
     ("shared-prefix-tokens", "shared_prefix_tokens",
      "K: the first K prompt tokens are the same in every request (a system prompt)"),
 )
 # kvprobe's short spellings of the parallel flags, one per engine's real name.
+_DEGREE = {"tp": "tensor", "pp": "pipeline", "dp": "data"}
 PARALLEL = {"tp": ("tensor-parallel-size", "tp-size"), "pp": ("pipeline-parallel-size", "pp-size"),
             "dp": ("data-parallel-size", "dp-size")}
 
@@ -62,7 +70,7 @@ def _help(flag, engines: tuple[str, ...]) -> str:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "ledger", help="predict the KV pool and admission limit from config.json, GPU memory and flags",
-        description=__doc__, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=DESCRIPTION, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", required=True, choices=ENGINES)
     from kvprobe.theory.model.geometry import list_presets
 
@@ -82,9 +90,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for name, _, help_text in REQUEST_OPTIONS:
         p.add_argument(f"--{name}", help=help_text)
     for short, names in PARALLEL.items():
-        p.add_argument(f"--{short}", help=f"the parallel degree ({' / '.join(names)})")
+        p.add_argument(f"--{short}", help=f"the {_DEGREE[short]} parallel degree ({' / '.join(names)})")
     fleet = p.add_argument_group("fleet",
-                                 "replicas of this configuration behind sglang-router (kvprobe/theory/fleet.py)")
+                                 "replicas of this configuration behind sglang-router")
     fleet.add_argument("--replicas", type=int, help="number of replicas: adds the fleet's lines to the ledger")
     fleet.add_argument("--router-policy", default="round_robin",
                        help="sglang-router 0.3.2 policy: round_robin, random, power_of_two, cache_aware")

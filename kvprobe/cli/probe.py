@@ -31,10 +31,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable)")
     p.add_argument("--engine-command",
-                   help="the engine command to launch instead of the dialect's default (shell quoting rules)")
+                   help="the engine command to launch instead of `vllm serve` / `python -m sglang.launch_server` "
+                   "(shell quoting rules)")
     bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
                                 "publishes; the model's geometry a preset matching its served id, or --model-config")
-    bare.add_argument("--engine", choices=ENGINES, help="the engine's dialect")
+    bare.add_argument("--engine", choices=ENGINES, help="the engine serving at --url")
     bare.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens of every request")
     bare.add_argument("--output-tokens", type=int, metavar="O", help="output tokens of every request")
     bare.add_argument("--model", metavar="ID", help="the served model id to send (default: the one it serves)")
@@ -68,6 +69,8 @@ def expectation_from_engine(args):
             raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
     from kvprobe.observe.discovery import discover
 
+    check_url(args.url)
+    check_api_key_env(args.api_key_env)
     gpu = gpu_from_args(args)
     if gpu is not None:
         print(gpu.said, flush=True)
@@ -82,6 +85,30 @@ def expectation_from_engine(args):
     # The configuration is the engine's: its flags (and its pool, without a declared GPU) make the
     # ledger printed before the probe; the probe reads them again and reports any change.
     return discover(exp, facts).expectation(exp)
+
+
+def check_url(url: str | None) -> None:
+    """An engine's URL names its scheme: `localhost:8000` is refused here (exit 2), not at attach."""
+    import urllib.parse
+
+    if url is None:
+        return
+    parts = urllib.parse.urlsplit(url if "://" in url else "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        from kvprobe.observe.http import redact_url
+
+        shown = redact_url(url) if "://" in url else url
+        hint = f": write http://{url}" if "://" not in url and "@" not in url else ""
+        raise ConfigError(f"expected an http:// or https:// URL with a host, got {shown!r}{hint}", key="--url")
+
+
+def check_api_key_env(name: str | None) -> None:
+    if name is not None:
+        import os
+
+        from kvprobe.observe.http import read_key
+
+        read_key(name, os.environ, key="--api-key-env")
 
 
 def _check_bare_options(args) -> None:
@@ -110,6 +137,8 @@ def _run(args) -> int:
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     _check_bare_options(args)
+    if args.expectation is not None:
+        check_url(args.url)  # without a file, expectation_from_engine checks it with the other options
     tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
     if args.name:

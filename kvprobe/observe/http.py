@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from kvprobe.errors import TargetError
+from kvprobe.errors import ConfigError
 
 
 class Secret:
@@ -33,10 +33,12 @@ class Secret:
     __str__ = __repr__
 
 
-def read_key(env_name: str, environ) -> Secret:
+def read_key(env_name: str, environ, *, key: str = "api_key_env") -> Secret:
+    """The API key in `environ[env_name]`; unset or empty is bad input (exit 2), named by `key`."""
     value = environ.get(env_name)
     if not value:
-        raise TargetError(f"API key environment variable {env_name!r} is not set or empty")
+        raise ConfigError(f"the environment variable {env_name!r} that should hold the engine's API key is not set "
+                          f"or empty (export {env_name}=... before running kvprobe)", key=key)
     return Secret(value)
 
 
