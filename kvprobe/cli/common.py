@@ -31,4 +31,4 @@ def gpu_from_args(args):
     """The GpuMemory `--gpu` / `--gpu-memory` say (None when neither is given)."""
     from kvprobe.spec.gpus import gpu_memory
 
-    return gpu_memory(gpu=args.gpu, memory=args.gpu_memory)
+    return gpu_memory(gpu=getattr(args, "gpu", None), memory=getattr(args, "gpu_memory", None))

@@ -70,8 +70,8 @@ def expectation_from_engine(args):
     from kvprobe.observe.discovery import discover
 
     check_url(args.url)
-    check_api_key_env(args.api_key_env)
     gpu = gpu_from_args(args)
+    check_access(args.url, args.engine, args.api_key_env, key="--api-key-env")
     if gpu is not None:
         print(gpu.said, flush=True)
     target = Target.attach(args.url, engine=args.engine, api_key_env=args.api_key_env)
@@ -102,13 +102,21 @@ def check_url(url: str | None) -> None:
         raise ConfigError(f"expected an http:// or https:// URL with a host, got {shown!r}{hint}", key="--url")
 
 
-def check_api_key_env(name: str | None) -> None:
-    if name is not None:
-        import os
+def check_access(url: str, engine: str, api_key_env: str | None, *, key: str, file: str | None = None) -> None:
+    """Before anything reads the engine: the API key's variable is set, and the engine takes the key
+    (a 401/403 names the key and `key`, not a missing model or a start-up refusal later)."""
+    import os
 
-        from kvprobe.observe.http import read_key
+    from kvprobe.engines import get_dialect
+    from kvprobe.errors import ConfigError
+    from kvprobe.observe.http import check_access as check
+    from kvprobe.observe.http import read_key
 
-        read_key(name, os.environ, key="--api-key-env")
+    try:
+        api_key = read_key(api_key_env, os.environ, key=key) if api_key_env else None
+    except ConfigError as err:
+        raise ConfigError(str(err), file=file) if file else err from None
+    check(url, path=get_dialect(engine).MODELS_PATH, api_key=api_key, api_key_env=api_key_env, key=key, file=file)
 
 
 def _check_bare_options(args) -> None:
@@ -141,6 +149,10 @@ def _run(args) -> int:
         check_url(args.url)  # without a file, expectation_from_engine checks it with the other options
     tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
+    for exp in expectations if args.expectation is not None else ():
+        url = args.url or (exp.target.url if not exp.target.fleet else None)
+        if url:  # an attached engine: its API key before the ledger and the probe
+            check_access(url, exp.engine, exp.target.api_key_env, key="target.api_key_env", file=exp.path)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
         if not expectations:

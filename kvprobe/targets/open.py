@@ -22,5 +22,23 @@ def target_kind(exp, *, url: str | None = None) -> type:
 
 
 def open_target(exp, how: OpenHow) -> ProbeTarget:
-    """Start or reach the engine `exp` names (the caller closes it)."""
-    return target_kind(exp, url=how.url).open(exp, how)
+    """Start or reach the engine `exp` names (the caller closes it). An engine attached at a URL is
+    asked first whether it takes the API key: a 401/403 is said as that, before any other read."""
+    kind = target_kind(exp, url=how.url)
+    if kind is Target:
+        url = how.url or exp.target.url
+        if url:
+            _check_api_key(url, exp)
+    return kind.open(exp, how)
+
+
+def _check_api_key(url: str, exp) -> None:
+    import os
+
+    from kvprobe.engines import get_dialect
+    from kvprobe.observe.http import check_access, read_key
+
+    env = exp.target.api_key_env
+    api_key = read_key(env, os.environ, key="target.api_key_env") if env else None
+    check_access(url, path=get_dialect(exp.engine).MODELS_PATH, api_key=api_key, api_key_env=env,
+                 key="target.api_key_env", file=exp.path)
