@@ -103,8 +103,9 @@ def check_url(url: str | None) -> None:
 
 
 def check_access(url: str, engine: str, api_key_env: str | None, *, key: str, file: str | None = None) -> None:
-    """Before anything reads the engine: the API key's variable is set, and the engine takes the key
-    (a 401/403 names the key and `key`, not a missing model or a start-up refusal later)."""
+    """Before anything reads the engine: the API key's variable is set, the engine takes the key
+    (a 401/403 names the key and `key`, not a missing model or a start-up refusal later), and the
+    server is the engine named (else which one it looks like)."""
     import os
 
     from kvprobe.engines import get_dialect
@@ -117,6 +118,10 @@ def check_access(url: str, engine: str, api_key_env: str | None, *, key: str, fi
     except ConfigError as err:
         raise ConfigError(str(err), file=file) if file else err from None
     check(url, path=get_dialect(engine).MODELS_PATH, api_key=api_key, api_key_env=api_key_env, key=key, file=file)
+    from kvprobe.observe.discovery import check_engine
+
+    headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else None
+    check_engine(url, engine, headers, key="engine" if file else "--engine", file=file)
 
 
 def _check_bare_options(args) -> None:

@@ -23,16 +23,17 @@ def target_kind(exp, *, url: str | None = None) -> type:
 
 def open_target(exp, how: OpenHow) -> ProbeTarget:
     """Start or reach the engine `exp` names (the caller closes it). An engine attached at a URL is
-    asked first whether it takes the API key: a 401/403 is said as that, before any other read."""
+    asked first whether it takes the API key (a 401/403 is said as that) and whether it is the engine
+    named (else which one it looks like), before any other read."""
     kind = target_kind(exp, url=how.url)
     if kind is Target:
         url = how.url or exp.target.url
         if url:
-            _check_api_key(url, exp)
+            _check_attached(url, exp)
     return kind.open(exp, how)
 
 
-def _check_api_key(url: str, exp) -> None:
+def _check_attached(url: str, exp) -> None:
     import os
 
     from kvprobe.engines import get_dialect
@@ -42,3 +43,7 @@ def _check_api_key(url: str, exp) -> None:
     api_key = read_key(env, os.environ, key="target.api_key_env") if env else None
     check_access(url, path=get_dialect(exp.engine).MODELS_PATH, api_key=api_key, api_key_env=env,
                  key="target.api_key_env", file=exp.path)
+    from kvprobe.observe.discovery import check_engine
+
+    check_engine(url, exp.engine, {"Authorization": f"Bearer {api_key.reveal()}"} if api_key else None,
+                 key="engine", file=exp.path)
