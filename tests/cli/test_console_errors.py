@@ -84,3 +84,14 @@ def test_shadow_list_is_aligned(capsys):
     assert header.split() == ["environment", "state"]
     column = header.index("state")
     assert rows and all(row[column - 2:column] == "  " and row[column] != " " for row in rows), out
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_emulator_serves_a_model_probe_url_knows(engine):
+    """`kvprobe emulate ENGINE` then `kvprobe probe --url ... --engine ENGINE` (README, docs/emulator.md):
+    the emulator's default served name is a packaged preset, so the probe finds the model's geometry."""
+    from kvprobe.cli.main import build_parser
+    from kvprobe.spec.attach import preset_for
+
+    args = build_parser(["emulate", engine]).parse_args(["emulate", engine])
+    assert preset_for(args.model) == (args.model, args.model)
