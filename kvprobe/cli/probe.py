@@ -68,10 +68,11 @@ def expectation_from_engine(args):
         if args.policy not in POLICIES:
             raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
     from kvprobe.observe.discovery import discover
+    from kvprobe.targets.open import check_attached
 
     check_url(args.url)
     gpu = gpu_from_args(args)
-    check_access(args.url, args.engine, args.api_key_env, key="--api-key-env")
+    check_attached(args.url, args.engine, args.api_key_env, key_option="--api-key-env", engine_option="--engine")
     if gpu is not None:
         print(gpu.said, flush=True)
     target = Target.attach(args.url, engine=args.engine, api_key_env=args.api_key_env)
@@ -100,28 +101,6 @@ def check_url(url: str | None) -> None:
         shown = redact_url(url) if "://" in url else url
         hint = f": write http://{url}" if "://" not in url and "@" not in url else ""
         raise ConfigError(f"expected an http:// or https:// URL with a host, got {shown!r}{hint}", key="--url")
-
-
-def check_access(url: str, engine: str, api_key_env: str | None, *, key: str, file: str | None = None) -> None:
-    """Before anything reads the engine: the API key's variable is set, the engine takes the key
-    (a 401/403 names the key and `key`, not a missing model or a start-up refusal later), and the
-    server is the engine named (else which one it looks like)."""
-    import os
-
-    from kvprobe.engines import get_dialect
-    from kvprobe.errors import ConfigError
-    from kvprobe.observe.http import check_access as check
-    from kvprobe.observe.http import read_key
-
-    try:
-        api_key = read_key(api_key_env, os.environ, key=key) if api_key_env else None
-    except ConfigError as err:
-        raise ConfigError(str(err), file=file) if file else err from None
-    check(url, path=get_dialect(engine).MODELS_PATH, api_key=api_key, api_key_env=api_key_env, key=key, file=file)
-    from kvprobe.observe.discovery import check_engine
-
-    headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else None
-    check_engine(url, engine, headers, key="engine" if file else "--engine", file=file)
 
 
 def _check_bare_options(args) -> None:
@@ -156,8 +135,10 @@ def _run(args) -> int:
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
     for exp in expectations if args.expectation is not None else ():
         url = args.url or (exp.target.url if not exp.target.fleet else None)
-        if url:  # an attached engine: its API key before the ledger and the probe
-            check_access(url, exp.engine, exp.target.api_key_env, key="target.api_key_env", file=exp.path)
+        if url:  # an attached engine: its API key and its engine before the ledger and the probe
+            from kvprobe.targets.open import check_attached
+
+            check_attached(url, exp.engine, exp.target.api_key_env, file=exp.path)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
         if not expectations:

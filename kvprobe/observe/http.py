@@ -71,17 +71,18 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
 
 
 def check_access(url: str, *, path: str, api_key: Secret | None, api_key_env: str | None, key: str,
-                 file: str | None = None) -> None:
+                 file: str | None = None) -> bool:
     """One GET of a guarded path (`/v1/models`, which both engines guard with `--api-key`): a 401 or
     403 is bad input naming the API key and `key` (`--api-key-env`, `target.api_key_env`), said
-    before anything else reads the engine. No answer or any other status: the caller's reads say it."""
+    before anything else reads the engine. Any other status: True (the server answered); no answer:
+    False, and the caller's own reads say why."""
     headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else {}
     try:
         status, _ = http_get(url.rstrip("/") + path, headers=headers, timeout=5.0)
     except (OSError, urllib.error.URLError, ValueError):
-        return
+        return False
     if status not in (401, 403):
-        return
+        return True
     where = f"the engine at {redact_url(url)} answered HTTP {status} to GET {path}"
     if api_key is None:
         raise ConfigError(f"{where}: it was started with an API key (--api-key) and kvprobe sent none; put the key "
