@@ -133,16 +133,16 @@ def _run(args) -> int:
         check_url(args.url)  # without a file, expectation_from_engine checks it with the other options
     tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
-    for exp in expectations if args.expectation is not None else ():
-        url = args.url or (exp.target.url if not exp.target.fleet else None)
-        if url:  # an attached engine: its API key and its engine before the ledger and the probe
-            from kvprobe.targets.open import check_attached
-
-            check_attached(url, exp.engine, exp.target.api_key_env, file=exp.path)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
         if not expectations:
             raise ConfigError(f"no expectation named {args.name!r}", file=args.expectation, key="name")
+    for exp in expectations if args.expectation is not None else ():
+        url = None if exp.target.fleet else args.url or exp.target.url
+        if url:  # an attached engine: its API key and its engine before the ledger and the probe
+            from kvprobe.targets.open import check_attached
+
+            check_attached(url, exp.engine, exp.target.api_key_env, file=exp.path)
     root = Path(args.artifacts)
     results = []
     for exp in expectations:

@@ -86,3 +86,20 @@ def test_every_card_names_where_its_figure_was_read():
     for gpu in GPUS:
         assert gpu.source.startswith("https://github.com/"), gpu
         assert find_gpu(gpu.smi_name, key="--gpu") is gpu
+
+
+@pytest.mark.parametrize("written", ["L40S", "NVIDIA L40S", "l40s"])
+def test_an_expectation_names_its_gpu(tmp_path, written):
+    from pathlib import Path
+
+    import yaml
+
+    from kvprobe.spec.expectation import load_expectations
+
+    repo = Path(__file__).resolve().parents[2]
+    exp = yaml.safe_load((repo / "expectations" / "emulated-vllm.yaml").read_text())
+    exp["hardware"] = {"gpu": written, "count": 1}
+    path = tmp_path / "l40s.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    (loaded,) = load_expectations(path)
+    assert (loaded.hardware.gpu_memory_bytes, loaded.hardware.name) == (47803596800, "L40S")
