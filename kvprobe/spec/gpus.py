@@ -52,6 +52,9 @@ GPUS = (
     Gpu("A40", "NVIDIA A40", 47608692736, _DQ + "A40x10_deviceQuery.py"),
     # L4, driver 550.90.07: 22478 MBytes (23570219008 bytes)
     Gpu("L4", "NVIDIA L4", 23570219008, _DQ + "L4_deviceQuery.py"),
+    # A10, CUDA 12.2: 21.99 GBytes (23609475072 bytes), a device query in the README
+    Gpu("A10", "NVIDIA A10", 23609475072,
+        "https://github.com/aalanwyr/face2cuda/blob/9ad81566c5da19bc4950596a37d3820a595b280a/step2cuda/README.md"),
     # RTX 6000 Ada, CUDA 12.4: 48640 MBytes (51002867712 bytes)
     Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py"),
     # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes)
