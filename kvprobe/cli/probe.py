@@ -61,7 +61,7 @@ def expectation_from_engine(args):
     missing = [f"--{n}" for n in ("url", "engine", "prompt_tokens", "output_tokens") if getattr(args, n) is None]
     if missing:
         raise ConfigError(f"expected an expectation file, or {', '.join(missing).replace('_', '-')} to probe a "
-                          "running engine", key="kvprobe probe")
+                          "running engine")  # the console prefixes "kvprobe probe: error:"
     if args.policy is not None:
         from kvprobe.theory.admission import POLICIES
 
@@ -107,7 +107,7 @@ def _check_bare_options(args) -> None:
     given = [f"--{n.replace('_', '-')}" for n in _BARE_OPTIONS if getattr(args, n) is not None]
     if args.expectation is not None and given:
         raise ConfigError(f"expected these options only without an expectation file (the file says them): "
-                          f"{', '.join(given)}", key="kvprobe probe")
+                          f"{', '.join(given)}")
 
 
 def run(args) -> int:

@@ -95,3 +95,10 @@ def test_the_emulator_serves_a_model_probe_url_knows(engine):
 
     args = build_parser(["emulate", engine]).parse_args(["emulate", engine])
     assert preset_for(args.model) == (args.model, args.model)
+
+
+def test_probe_without_its_inputs_says_it_once(capsys):
+    rc, _, err = run(capsys, "probe")
+    assert rc == 2
+    assert err.splitlines() == ["kvprobe probe: error: expected an expectation file, or --url, --engine, "
+                                "--prompt-tokens, --output-tokens to probe a running engine"]
