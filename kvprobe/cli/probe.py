@@ -98,7 +98,7 @@ def check_url(url: str | None) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         from kvprobe.observe.http import redact_url
 
-        shown = redact_url(url) if "://" in url else url
+        shown = redact_url(url) if "://" in url else "***@" + url.rsplit("@", 1)[1] if "@" in url else url
         hint = f": write http://{url}" if "://" not in url and "@" not in url else ""
         raise ConfigError(f"expected an http:// or https:// URL with a host, got {shown!r}{hint}", key="--url")
 

@@ -102,3 +102,9 @@ def test_probe_without_its_inputs_says_it_once(capsys):
     assert rc == 2
     assert err.splitlines() == ["kvprobe probe: error: expected an expectation file, or --url, --engine, "
                                 "--prompt-tokens, --output-tokens to probe a running engine"]
+
+
+@pytest.mark.parametrize("url", ["bob:s3cret@host:8000", "ftp://bob:s3cret@host:8000"])
+def test_a_bad_url_is_never_echoed_with_its_credentials(capsys, url):
+    rc, _, err = run(capsys, *BARE, "--url", url)
+    assert rc == 2 and "s3cret" not in err and "***@host:8000" in err, err
