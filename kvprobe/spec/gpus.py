@@ -3,8 +3,9 @@
 
 The figure is CUDA's total for the card, not its marketing size and not nvidia-smi's memory.total:
 vLLM 0.33.0 requests `ceil(total_device_memory * gpu_memory_utilization)`
-(`vllm/v1/worker/utils.py::request_memory`), the total of `torch.cuda.mem_get_info()` (the call
-vllm-project/vllm#10511 shows: `free_memory_pre_profile, total_gpu_memory = torch.cuda.mem_get_info()`),
+(`vllm/v1/worker/utils.py::request_memory`), the total of `torch.cuda.mem_get_info()` (as in
+https://github.com/vllm-project/vllm/pull/10511: `free_memory_pre_profile, total_gpu_memory =
+torch.cuda.mem_get_info()`),
 which is the device's `totalGlobalMem` that torch prints as `total_memory` and CUDA's deviceQuery
 prints in bytes. nvidia-smi's memory.total is larger by the driver's reserved memory, 350-760 MiB
 on the cards below and different per card and driver (H100 SXM 81559 MiB vs 81106 MiB, A100 80GB
