@@ -4,6 +4,8 @@ Two conventions meet here and must not be confused:
 
 * Memory sizes: ``GiB``/``MiB``/``KiB``/``TiB`` are binary, ``GB``/``MB``/``KB``/``TB`` are decimal
   (``80GB`` is 80e9, which is how a card's marketing size is written, not its ``memory.total``).
+  ``parse_memory_size`` takes only these (a GPU's memory: ``--gpu-memory``, ``hardware.gpu_memory``):
+  a bare number or a single letter (``24``, ``24G``, ``24g``) is refused rather than guessed.
 * vLLM's "human units" for integer flags (``vllm/engine/arg_utils.py::human_readable_int``, 0.33.0):
   a single *lower-case* suffix is decimal (``1k`` = 1000), a single *upper-case* suffix is binary
   (``1K`` = 1024, ``10G`` = 10 * 2**30). ``parse_bytes`` follows the same rule for single letters.
@@ -70,6 +72,53 @@ def parse_bytes(text: str | int, *, key: str = "") -> int:
     if factor is None:
         raise ConfigError(f"expected {what}, got {text!r} (unknown unit {unit!r})", key=key or None)
     return _to_int(number * factor, text, key, what)
+
+
+_MEMORY_UNIT = re.compile(r"^([KMGTkmgt]?)(i?)B$", re.IGNORECASE)
+
+
+def memory_unit_error(text: object, key: str) -> ConfigError:
+    """What was read and the two accepted forms, e.g. `'24' has no unit: write 24GiB (binary) or 24GB (decimal)`."""
+    shown = str(text).strip()
+    match = _NUMBER_UNIT.match(shown)
+    number, unit = (match.group(1), match.group(2)) if match else ("24", None)
+    letter = (unit[:1] or "G").upper() if unit and unit[:1].lower() in _BINARY else "G"
+    forms = f"write {number}{letter}iB (binary) or {number}{letter}B (decimal)"
+    if unit == "" and Decimal(number) >= 2**20:  # a count of bytes, as torch prints it
+        forms = f"write {number}B for bytes, or a size such as 24GiB (binary) or 24GB (decimal)"
+    if unit is None:
+        return ConfigError(f"{shown!r} is not a memory size: {forms}", key=key or None)
+    if unit == "":
+        return ConfigError(f"{shown!r} has no unit: {forms}", key=key or None)
+    if len(unit) == 1 and unit.lower() in _BINARY:
+        return ConfigError(f"{shown!r} has a one-letter unit, binary or decimal is not clear: {forms}", key=key or None)
+    return ConfigError(f"{shown!r} has an unknown unit {unit!r}: {forms}", key=key or None)
+
+
+def parse_memory_size(text: str | int, *, key: str = "") -> int:
+    """A memory size with an explicit unit, meant as written: '24GiB' = 24 * 2**30, '80GB' = 80e9,
+    '79.19GiB' (rounded to the byte), '85045477376B', in any case ('24gib', '80gb'); a bare
+    number or a one-letter unit ('24G', '24g': vLLM's human units) is an error."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise memory_unit_error(text, key)
+    match = _NUMBER_UNIT.match(str(text))
+    unit = _MEMORY_UNIT.match(match.group(2)) if match else None
+    if isinstance(text, (int, float)) or unit is None:
+        raise memory_unit_error(text, key)
+    letter, binary = unit.group(1).lower(), bool(unit.group(2))
+    if not letter and binary:  # "24iB"
+        raise memory_unit_error(text, key)
+    factor = (_BINARY if binary else _DECIMAL)[letter] if letter else 1
+    return int((Decimal(match.group(1)) * factor).to_integral_value())
+
+
+def describe_memory_size(text: str, size: int) -> str:
+    """'80GB' -> '80 GB = 74.51 GiB as written' (a decimal size shown in GiB too)."""
+    match = _NUMBER_UNIT.match(str(text))
+    written = f"{match.group(1)} {match.group(2)}" if match else str(text)
+    if match and match.group(2)[1:2].lower() == "i":
+        return f"{written} as written"
+    return f"{written} = {format_bytes(size)} as written"
 
 
 def parse_count(text: str | int, *, key: str = "") -> int:

@@ -51,7 +51,7 @@ def test_an_expectations_flags_on_the_console_give_its_ledger(capsys, name):
             "--output-tokens", str(exp.profile.request.output_tokens), "--json",
             *render_flags(exp.flags, d.FLAGS)]
     if exp.hardware.gpu_memory_bytes:
-        argv += ["--gpu-memory", str(exp.hardware.gpu_memory_bytes)]
+        argv += ["--gpu-memory", f"{exp.hardware.gpu_memory_bytes}B"]
     rc, out, err = run(capsys, *argv)
     assert rc == 0, err
     console = json.loads(out)
@@ -63,7 +63,8 @@ def test_an_expectations_flags_on_the_console_give_its_ledger(capsys, name):
 def test_seed_001_first_command_prints_every_table_then_the_refusal(capsys):
     rc, out, err = run(capsys, *SEED_001)
     assert rc == 1 and err == ""
-    positions = [out.index(h) for h in ("capacity ledger: vllm 0.33.0", "\nbudget ", "\ncapacity ",
+    assert out.startswith("GPU memory 24 GiB as written\n\n")  # what --gpu-memory was read as, first
+    positions = [out.index(h) for h in ("capacity ledger: vllm 0.33.0", "\nbudget ", "\ncapacity  ",
                                         "admission: not predicted", "finding: vllm 0.33.0 would refuse")]
     assert positions == sorted(positions)
     # vLLM's own text (theory/vllm/budget.py vllm_check_fits, checked against the fixture), then the fix
@@ -92,7 +93,7 @@ def test_pool_labelled_by_its_true_source(capsys):
     assert "1.95 GiB" in pool and "num-gpu-blocks-override: 1000 blocks x 2.00 MiB" in pool
     assert "profiled pool" in out  # the memory-derived figure is still shown, named for what it is
     rc, out, _ = run(capsys, *SEED_001, "--max-model-len", "4096", "--kv-cache-memory-bytes", "4GiB")
-    budget = out.split("\n\n")[1]
+    budget = next(block for block in out.split("\n\n") if block.startswith("budget"))
     assert "= KV pool    4.00 GiB  kv-cache-memory-bytes" in budget
     assert "0.92" not in budget and "requested" not in budget.replace("(given: no memory", "")
     rc, out, _ = run(capsys, *SEED_001, "--max-model-len", "4096")
@@ -136,7 +137,7 @@ def test_sglang_refusal_is_a_finding_after_every_table(capsys):
     argv = ("--engine", "sglang", "--model", "meta-llama/Llama-3.1-8B", "--gpu-memory", "16GiB")
     rc, out, err = run(capsys, *argv)
     assert rc == 1 and err == ""
-    positions = [out.index(h) for h in ("capacity ledger: sglang 0.5.23", "\nbudget ", "\ncapacity ",
+    positions = [out.index(h) for h in ("capacity ledger: sglang 0.5.23", "\nbudget ", "\ncapacity  ",
                                         "admission: not predicted", "finding: sglang 0.5.23 would refuse")]
     assert positions == sorted(positions)
     assert "Raise --mem-fraction-static above 0.935 (weights 14.96 GiB per rank)" in out

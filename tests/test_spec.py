@@ -103,7 +103,8 @@ def test_examples_are_valid_but_off_by_default():
         (exp,) = load_expectations(EXPECTATIONS / "examples" / f"{name}.yaml")
         assert exp.enabled is False
         assert exp.target.mode == "launch" and exp.target.startup_timeout == 900
-        assert exp.hardware.gpu_memory_bytes == 80 * 2**30 and exp.hardware.name == "H100-80GB"
+        # `gpu: H100-80GB`: the card's memory as CUDA reports it (kvprobe.spec.gpus), not 80 GiB
+        assert exp.hardware.gpu_memory_bytes == 85045477376 and exp.hardware.name == "H100-80GB"
 
 
 def test_a_directory_is_its_top_level_files_only():

@@ -77,7 +77,8 @@ def test_shadow_engine_args_reach_the_launch_and_not_the_theory(tmp_path):
     ({"launch": "shadow", "time_model": {"step_ms": 0}}, {}, "target.time_model.step_ms", "milliseconds per step"),
     ({"launch": "shadow", "time_model": {"steps": 1}}, {}, "target.time_model.steps", "did you mean 'step_ms'"),
     ({"launch": "shadow"}, {"flags": {}}, "hardware.gpu_memory",
-     "a declared GPU memory with target launch: shadow, or one of flags.num-gpu-blocks-override"),
+     "a declared GPU (hardware.gpu NAME or hardware.gpu_memory SIZE) with target launch: shadow, or one of "
+     "flags.num-gpu-blocks-override"),
     ({"launch": "shadow"}, {"version": "0.11.0"}, "version", "no pinned install list for vllm 0.11.0"),
     ({"launch": "engine", "env": {"HF_TOKEN": "hf_abc"}}, {}, "target.env.HF_TOKEN", "value not shown"),
     ({"launch": "shadow", "env": {"PYTHONPATH": "/x"}}, {}, "target.env.PYTHONPATH", "kvprobe does not set itself"),

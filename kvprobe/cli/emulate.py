@@ -15,6 +15,9 @@ from kvprobe.targets.emulator.faults import FAULTS
 from kvprobe.theory.sim.steptime import TimeModel
 
 _TM = TimeModel()
+# A packaged preset: `kvprobe probe --url` against the emulator finds the model's geometry by its
+# served name, as it would for a real engine serving that model.
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
 
 
 def _add_engine(sub, engine: str) -> None:
@@ -25,9 +28,11 @@ def _add_engine(sub, engine: str) -> None:
         # `vllm serve MODEL` takes the model positionally; accepting it too makes the emulator a
         # drop-in for the real command line built by the launcher.
         p.add_argument("model_tag", nargs="?", default=None, help="model name, as `vllm serve MODEL`")
-        p.add_argument("--model", default="emulated/model", help="model name (vllm serve's model_tag)")
+        p.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"model name (vllm serve's model_tag; default {DEFAULT_MODEL})")
     else:
-        p.add_argument("--model-path", dest="model", default="emulated/model", help="model path / name")
+        p.add_argument("--model-path", dest="model", default=DEFAULT_MODEL,
+                       help=f"model path / name (default {DEFAULT_MODEL})")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=d.DEFAULT_PORT)
     for flag in d.FLAGS.values():
@@ -45,8 +50,9 @@ def _add_engine(sub, engine: str) -> None:
             shown = "" if flag.default is None else f" (default {flag.default})"
             p.add_argument(opt, dest=flag.dest, type=flag.type, default=None, help=flag.help + shown)
     p.add_argument("--engine-version", default=d.DEFAULT_VERSION,
-                   help="version-keyed behaviour (vLLM 0.11: first-chunk admission, two-line capacity log, "
-                        "400 for P+max_tokens>max_model_len; SGLang <=0.5.21: new_token_ratio reservation)")
+                   help="the release to behave as (vLLM 0.11 admits on a prompt's first chunk and refuses "
+                        "P + max_tokens over max-model-len with a 400; SGLang up to 0.5.21 reserves output room "
+                        "by a ratio)")
     tm = p.add_argument_group("emulator time model (one step = step-ms + prefill + decode terms)")
     tm.add_argument("--step-ms", type=float, default=_TM.step_ms, help="fixed cost per engine step (ms)")
     tm.add_argument("--prefill-us-per-token", type=float, default=_TM.prefill_us_per_token)

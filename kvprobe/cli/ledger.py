@@ -14,22 +14,31 @@ import json
 import sys
 import textwrap
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
 from kvprobe.units import parse_bytes, parse_count
 
+DESCRIPTION = """\
+Print the capacity ledger of one engine configuration: the KV pool the engine would build and,
+with --prompt-tokens and --output-tokens, how many requests it admits at once (theory only, no GPU).
+
+The engine's own flags are options under their real names, with the same values and meaning as
+the `flags:` of an expectation. When the engine would refuse to start, every table is still
+printed, then the refusal as a finding, and the exit code is 1 (bad input: 2)."""
 # Flags an expectation may not set either: the launcher owns them (kvprobe.spec.flags.MANAGED_FLAGS).
 _NOT_OPTIONS = ("served-model-name", "api-key")
 # The workload: not engine flags. (name, LedgerInputs field, help)
 REQUEST_OPTIONS = (
     ("prompt-tokens", "prompt_tokens", "P: prompt tokens of every request"),
     ("output-tokens", "output_tokens", "O: output tokens of every request"),
-    ("users", "users", "closed-loop users N: steady state at N (schedsim)"),
+    ("users", "users", "N users, each sending its next request when one ends: the steady state at N"),
     ("shared-prefix-tokens", "shared_prefix_tokens",
      "K: the first K prompt tokens are the same in every request (a system prompt)"),
 )
 # kvprobe's short spellings of the parallel flags, one per engine's real name.
+_DEGREE = {"tp": "tensor", "pp": "pipeline", "dp": "data"}
 PARALLEL = {"tp": ("tensor-parallel-size", "tp-size"), "pp": ("pipeline-parallel-size", "pp-size"),
             "dp": ("data-parallel-size", "dp-size")}
 
@@ -61,7 +70,7 @@ def _help(flag, engines: tuple[str, ...]) -> str:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "ledger", help="predict the KV pool and admission limit from config.json, GPU memory and flags",
-        description=__doc__, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=DESCRIPTION, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", required=True, choices=ENGINES)
     from kvprobe.theory.model.geometry import list_presets
 
@@ -71,7 +80,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"engine version (defaults: vLLM {VLLM_DEFAULT_VERSION}, SGLang {SGLANG_DEFAULT_VERSION})")
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
-    p.add_argument("--gpu-memory", help="memory of one GPU: 24GiB, 81559MiB, 80GB")
+    add_gpu_arguments(p)
     p.add_argument("--gpu-arch", choices=GPU_ARCHS,
                    help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
                         "sm100 Blackwell")
@@ -81,9 +90,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for name, _, help_text in REQUEST_OPTIONS:
         p.add_argument(f"--{name}", help=help_text)
     for short, names in PARALLEL.items():
-        p.add_argument(f"--{short}", help=f"the parallel degree ({' / '.join(names)})")
+        p.add_argument(f"--{short}", help=f"the {_DEGREE[short]} parallel degree ({' / '.join(names)})")
     fleet = p.add_argument_group("fleet",
-                                 "replicas of this configuration behind sglang-router (kvprobe/theory/fleet.py)")
+                                 "replicas of this configuration behind sglang-router")
     fleet.add_argument("--replicas", type=int, help="number of replicas: adds the fleet's lines to the ledger")
     fleet.add_argument("--router-policy", default="round_robin",
                        help="sglang-router 0.3.2 policy: round_robin, random, power_of_two, cache_aware")
@@ -174,7 +183,7 @@ def _typed(raw: str, kind: str) -> object:
     return text
 
 
-def inputs_from_args(args: argparse.Namespace):
+def inputs_from_args(args: argparse.Namespace, gpu=None):
     from kvprobe.engines import is_known_version, unknown_version_message
     from kvprobe.spec.flags import flag_ledger_kwargs
     from kvprobe.theory.admission import POLICIES
@@ -199,7 +208,7 @@ def inputs_from_args(args: argparse.Namespace):
         estimates[name.strip()] = parse_bytes(size, key=f"--estimate {name.strip()}")
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
-        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
+        gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         gpu_arch=args.gpu_arch, estimates=estimates, **request,
         **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 
@@ -224,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     from kvprobe.theory.ledger.build import build_ledger
     from kvprobe.theory.ledger.text import render_ledger
 
-    ledger = build_ledger(inputs_from_args(args), explain_refusal=True)
+    gpu = gpu_from_args(args)
+    ledger = build_ledger(inputs_from_args(args, gpu), explain_refusal=True)
     if getattr(args, "replicas", None) is not None:
         ledger = _fleet(ledger, args)
     unread = unread_flags(args)
@@ -234,5 +244,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(ledger.to_dict(), indent=2))
     else:
+        if gpu is not None:
+            print(f"{gpu.said}\n")
         print(render_ledger(ledger))
     return 1 if ledger.startup["refused"] else 0

@@ -24,7 +24,9 @@ SUBCOMMANDS = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from kvprobe.cli.common import Parser
+
+    parser = Parser(
         prog="kvprobe",
         description="Predict how many concurrent requests vLLM or SGLang admits, and check it against the engine.")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")

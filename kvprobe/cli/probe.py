@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES
 
@@ -30,61 +31,83 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable)")
     p.add_argument("--engine-command",
-                   help="the engine command to launch instead of the dialect's default (shell quoting rules)")
+                   help="the engine command to launch instead of `vllm serve` / `python -m sglang.launch_server` "
+                   "(shell quoting rules)")
     bare = p.add_argument_group("without an expectation file (--url)", "the engine's configuration is what it "
                                 "publishes; the model's geometry a preset matching its served id, or --model-config")
-    bare.add_argument("--engine", choices=ENGINES, help="the engine's dialect")
+    bare.add_argument("--engine", choices=ENGINES, help="the engine serving at --url")
     bare.add_argument("--prompt-tokens", type=int, metavar="P", help="prompt tokens of every request")
     bare.add_argument("--output-tokens", type=int, metavar="O", help="output tokens of every request")
     bare.add_argument("--model", metavar="ID", help="the served model id to send (default: the one it serves)")
     bare.add_argument("--model-config", metavar="PATH", help="the model's config.json (when no preset matches)")
     bare.add_argument("--engine-version", help="when the engine does not publish its version")
     bare.add_argument("--policy", help="the admission policy, for a version kvprobe has no facts for")
-    bare.add_argument("--gpu-memory", help="memory of one GPU (e.g. 80GiB): the ledger then sizes the pool itself "
-                      "and reported_capacity compares; without it the engine's own pool is taken")
+    add_gpu_arguments(bare, memory_help="the memory of one GPU, with its unit (79.2GiB, 85GB): the ledger then "
+                      "sizes the pool itself and reported_capacity compares; without it (or --gpu) the engine's own "
+                      "pool is taken")
     bare.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the engine's API key")
     p.set_defaults(func=run)
 
 
 _BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_config", "engine_version", "policy",
-                 "gpu_memory", "api_key_env")
+                 "gpu", "gpu_memory", "api_key_env")
 
 
 def expectation_from_engine(args):
     """The no-YAML probe: attach, read what the engine publishes, build the Expectation from it."""
     from kvprobe.spec.attach import attached_expectation
     from kvprobe.targets.launch import Target
-    from kvprobe.units import parse_bytes
 
     missing = [f"--{n}" for n in ("url", "engine", "prompt_tokens", "output_tokens") if getattr(args, n) is None]
     if missing:
         raise ConfigError(f"expected an expectation file, or {', '.join(missing).replace('_', '-')} to probe a "
-                          "running engine", key="kvprobe probe")
+                          "running engine")  # the console prefixes "kvprobe probe: error:"
     if args.policy is not None:
         from kvprobe.theory.admission import POLICIES
 
         if args.policy not in POLICIES:
             raise ConfigError(f"expected one of {', '.join(POLICIES)}, got {args.policy!r}", key="--policy")
     from kvprobe.observe.discovery import discover
+    from kvprobe.targets.open import check_attached
 
+    check_url(args.url)
+    gpu = gpu_from_args(args)
+    check_attached(args.url, args.engine, args.api_key_env, key_option="--api-key-env", engine_option="--engine")
+    if gpu is not None:
+        print(gpu.said, flush=True)
     target = Target.attach(args.url, engine=args.engine, api_key_env=args.api_key_env)
     facts = target.facts()
     exp = attached_expectation(
         url=args.url, engine=args.engine, facts=facts, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, model=args.model, model_config=args.model_config,
         version=args.engine_version, policy=args.policy, api_key_env=args.api_key_env, profile=args.profile,
-        gpu_memory_bytes=None if args.gpu_memory is None else parse_bytes(args.gpu_memory, key="--gpu-memory"),
+        gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         log=lambda line: print(line, flush=True))
     # The configuration is the engine's: its flags (and its pool, without a declared GPU) make the
     # ledger printed before the probe; the probe reads them again and reports any change.
     return discover(exp, facts).expectation(exp)
 
 
+def check_url(url: str | None) -> None:
+    """An engine's URL names its scheme: `localhost:8000` is refused here (exit 2), not at attach."""
+    import urllib.parse
+
+    if url is None:
+        return
+    parts = urllib.parse.urlsplit(url if "://" in url else "")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        from kvprobe.observe.http import redact_url
+
+        shown = redact_url(url) if "://" in url else "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+        hint = f": write http://{url}" if "://" not in url and "@" not in url else ""
+        raise ConfigError(f"expected an http:// or https:// URL with a host, got {shown!r}{hint}", key="--url")
+
+
 def _check_bare_options(args) -> None:
     given = [f"--{n.replace('_', '-')}" for n in _BARE_OPTIONS if getattr(args, n) is not None]
     if args.expectation is not None and given:
         raise ConfigError(f"expected these options only without an expectation file (the file says them): "
-                          f"{', '.join(given)}", key="kvprobe probe")
+                          f"{', '.join(given)}")
 
 
 def run(args) -> int:
@@ -106,12 +129,20 @@ def _run(args) -> int:
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     _check_bare_options(args)
+    if args.expectation is not None:
+        check_url(args.url)  # without a file, expectation_from_engine checks it with the other options
     tolerances = tolerance_overrides(args.tolerance)
     expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
         if not expectations:
             raise ConfigError(f"no expectation named {args.name!r}", file=args.expectation, key="name")
+    for exp in expectations if args.expectation is not None else ():
+        url = None if exp.target.fleet else args.url or exp.target.url
+        if url:  # an attached engine: its API key and its engine before the ledger and the probe
+            from kvprobe.targets.open import check_attached
+
+            check_attached(url, exp.engine, exp.target.api_key_env, file=exp.path)
     root = Path(args.artifacts)
     results = []
     for exp in expectations:

@@ -47,8 +47,10 @@ def _install(args) -> int:
 
 
 def _list(args) -> int:
-    print(f"engine environments under {envs.cache_root() / 'envs'}", file=sys.stdout)
-    for engine, version in sorted(recipes.RECIPES, key=lambda k: (k[0], version_tuple(k[1]))):
-        state = "installed" if recipes.find(engine, version) else "not installed"
-        print(f"  {engine}=={version:<10} {state}")
+    from kvprobe.tables import render_table
+
+    rows = [[f"{engine}=={version}", "installed" if recipes.find(engine, version) else "not installed"]
+            for engine, version in sorted(recipes.RECIPES, key=lambda k: (k[0], version_tuple(k[1])))]
+    print(render_table(["environment", "state"], rows, title=f"engine environments under {envs.cache_root() / 'envs'}",
+                       align="ll"), file=sys.stdout)
     return 0

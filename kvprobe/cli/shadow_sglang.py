@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.engines import sglang as dialect
 from kvprobe.theory.sim.steptime import TimeModel
 
@@ -38,8 +39,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=dialect.DEFAULT_PORT)
     p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION, help="the engine environment's version")
-    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
-                   help="size the pool as a GPU of this memory would (e.g. 80GiB); else --max-total-tokens")
+    add_gpu_arguments(p, memory_help="size the pool as a GPU of this memory would, with its unit: 79.2GiB (binary) "
+                      "or 85GB (decimal); else --max-total-tokens")
     p.add_argument("--log", default=None, metavar="FILE", help="engine log (default: a file in the cache folder)")
     tm = p.add_argument_group("time model (one step = step-ms + prefill + decode terms)")
     tm.add_argument("--step-ms", type=float, default=_TM.step_ms)
@@ -91,14 +92,16 @@ def _run(args) -> int:
     from kvprobe.targets.shadow.envs import cache_root
     from kvprobe.targets.shadow.target import ShadowTarget
     from kvprobe.theory.model.geometry import load_model_config
-    from kvprobe.units import parse_bytes
 
+    gpu = gpu_from_args(args)
+    if gpu is not None:
+        print(f"kvprobe shadow: {gpu.said}", flush=True)
     config, _ = load_model_config(args.model)
     flags = engine_flags(args)
     req = launch.ShadowLaunch(
         engine="sglang", version=args.engine_version, model=args.model, config=config,
         served_model_name=str(flags.get("served-model-name") or args.model), flags=flags, host=args.host,
-        port=args.port, gpu_memory_bytes=parse_bytes(args.gpu_memory, key="--gpu-memory") if args.gpu_memory else None,
+        port=args.port, gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         time_model=TimeModel(args.step_ms, args.prefill_us_per_token, args.decode_us_per_seq))
     argv, environ = launch.command(req)
     log = args.log or str(cache_root() / "logs" / f"shadow-sglang-{args.port}.log")

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
 from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
 from kvprobe.theory.sim.steptime import TimeModel
@@ -26,9 +27,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("model", help="a preset id (e.g. meta-llama/Llama-3.1-8B) or a path to a config.json")
     p.add_argument("--engine-version", default=dialect.DEFAULT_VERSION,
                    help="the vLLM version to run (its engine environment)")
-    p.add_argument("--gpu-memory", default=None, metavar="SIZE",
-                   help="the GPU to size the pool for, e.g. 80GiB (else pass --num-gpu-blocks-override or "
-                        "--kv-cache-memory-bytes)")
+    add_gpu_arguments(p, memory_help="size the pool as a GPU of this memory would, with its unit: 79.2GiB (binary) "
+                      "or 85GB (decimal); else --num-gpu-blocks-override or --kv-cache-memory-bytes")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=dialect.DEFAULT_PORT)
     tm = p.add_argument_group("step time model (one step = step-ms + prefill + decode terms; the emulator's)")
@@ -79,19 +79,21 @@ def flags_from_argv(argv: list[str]) -> dict[str, object]:
 
 
 def run(args) -> int:
-    from kvprobe import units
     from kvprobe.targets.shadow import launch
     from kvprobe.theory.model.geometry import load_model_config
 
     flags = flags_from_argv(list(args.extra))
     served = str(flags.pop("served-model-name", args.model))
     config, _ = load_model_config(args.model, base_dir=os.getcwd())
-    gpu = units.parse_bytes(args.gpu_memory, key="--gpu-memory") if args.gpu_memory else None
+    gpu_said = gpu_from_args(args)
+    gpu = None if gpu_said is None else gpu_said.total_bytes
     req = launch.ShadowLaunch(
         engine="vllm", version=args.engine_version, model=args.model, config=config, served_model_name=served,
         flags=flags, host=args.host, port=args.port, gpu_memory_bytes=gpu,
         time_model=TimeModel(args.step_ms, args.prefill_us_per_token, args.decode_us_per_seq))
     argv, environ = launch.command(req)
+    if gpu_said is not None:
+        print(f"kvprobe shadow: {gpu_said.said}", file=sys.stderr, flush=True)
     print("kvprobe shadow: " + " ".join(argv), file=sys.stderr, flush=True)
     os.execve(argv[0], argv, {**os.environ, "PYTHONUNBUFFERED": "1", **environ})
     return 0  # not reached

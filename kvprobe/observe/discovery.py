@@ -175,3 +175,72 @@ def _check_version(disc: Discovery, exp, facts) -> None:
     if disc.version and exp.policy is None and not is_known_version(disc.engine, disc.version):
         raise ConfigError(f"the engine at {facts.url} reports {disc.engine} {disc.version}: expected "
                           + unknown_version_message(disc.engine, disc.version), key="version")
+
+
+def _json(url: str, path: str, headers: dict[str, str]) -> object:
+    import json
+
+    from kvprobe.observe.http import http_get
+
+    try:
+        status, body = http_get(url + path, headers=headers, timeout=5.0)
+        return json.loads(body) if status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+def engine_signs(url: str, headers: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """What the server at `url` says about which engine it is: engine -> the signs, each one line.
+
+    The signs are the engines' own: the metric families' prefix (`vllm:` / `sglang:`, from each
+    dialect's metric names), SGLang's /server_info (/get_server_info) and vLLM's dev-mode
+    /server_info (its `vllm_config`), vLLM's /version, and /v1/models' `owned_by`."""
+    from kvprobe.observe.http import http_get
+    from kvprobe.releases import ENGINES
+
+    url, headers = url.rstrip("/"), headers or {}
+    dialects = {name: get_dialect(name) for name in ENGINES}
+    signs: dict[str, list[str]] = {name: [] for name in ENGINES}
+    try:
+        status, body = http_get(url + "/metrics", headers=headers, timeout=5.0)
+        text = body.decode("utf-8", "replace") if status == 200 else ""
+    except OSError:
+        text = ""
+    for name, d in dialects.items():
+        prefix = d.METRICS.running.split(":", 1)[0] + ":"
+        if any(line.startswith(prefix) for line in text.splitlines()):
+            signs[name].append(f"/metrics has {prefix} families")
+    models = _json(url, dialects["vllm"].MODELS_PATH, headers)
+    owners = {m.get("owned_by") for m in models.get("data") or [] if isinstance(m, dict)} \
+        if isinstance(models, dict) else set()
+    for name in ENGINES:
+        if name in owners:
+            signs[name].append(f"/v1/models says owned_by {name!r}")
+    for path in dialects["sglang"].SERVER_INFO_PATHS:
+        info = _json(url, path, headers)
+        if isinstance(info, dict) and "vllm_config" in info:
+            signs["vllm"].append(f"{path} has vllm_config")
+            break
+        if isinstance(info, dict) and info:
+            signs["sglang"].append(f"{path} answers (SGLang's server info)")
+            break
+    version = _json(url, dialects["vllm"].VERSION_PATH, headers)
+    if isinstance(version, dict) and "version" in version and not signs["sglang"]:
+        signs["vllm"].append(f"{dialects['vllm'].VERSION_PATH} answers (vLLM's)")
+    return signs
+
+
+def check_engine(url: str, engine: str, headers: dict[str, str] | None = None, *, key: str = "--engine",
+                 file: str | None = None) -> None:
+    """Stop (bad input) when the server at `url` looks like the other engine than `engine`: which
+    one, and the signs. A server with no sign either way, or signs of both, is left to discovery."""
+    from kvprobe.observe.http import redact_url
+
+    signs = engine_signs(url, headers)
+    seen = [name for name, found in signs.items() if found]
+    if engine in seen or len(seen) != 1:
+        return
+    other = seen[0]
+    fix = f"probe it with {key} {other}" if key.startswith("--") else f"write `engine: {other}`"
+    raise ConfigError(f"the server at {redact_url(url)} looks like {other}, not {engine} "
+                      f"({'; '.join(signs[other])}): {fix}", file=file, key=key)

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from kvprobe.errors import TargetError
+from kvprobe.errors import ConfigError
 
 
 class Secret:
@@ -33,10 +33,12 @@ class Secret:
     __str__ = __repr__
 
 
-def read_key(env_name: str, environ) -> Secret:
+def read_key(env_name: str, environ, *, key: str = "api_key_env") -> Secret:
+    """The API key in `environ[env_name]`; unset or empty is bad input (exit 2), named by `key`."""
     value = environ.get(env_name)
     if not value:
-        raise TargetError(f"API key environment variable {env_name!r} is not set or empty")
+        raise ConfigError(f"the environment variable {env_name!r} that should hold the engine's API key is not set "
+                          f"or empty (export {env_name}=... before running kvprobe)", key=key)
     return Secret(value)
 
 
@@ -66,6 +68,27 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
             if not chunk:
                 return resp.status, b"".join(chunks)
             chunks.append(chunk)
+
+
+def check_access(url: str, *, path: str, api_key: Secret | None, api_key_env: str | None, key: str,
+                 file: str | None = None) -> bool:
+    """One GET of a guarded path (`/v1/models`, which both engines guard with `--api-key`): a 401 or
+    403 is bad input naming the API key and `key` (`--api-key-env`, `target.api_key_env`), said
+    before anything else reads the engine. Any other status: True (the server answered); no answer:
+    False, and the caller's own reads say why."""
+    headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else {}
+    try:
+        status, _ = http_get(url.rstrip("/") + path, headers=headers, timeout=5.0)
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+    if status not in (401, 403):
+        return True
+    where = f"the engine at {redact_url(url)} answered HTTP {status} to GET {path}"
+    if api_key is None:
+        raise ConfigError(f"{where}: it was started with an API key (--api-key) and kvprobe sent none; put the key "
+                          f"in an environment variable and name that variable in {key}", file=file, key=key)
+    raise ConfigError(f"{where}: it refused the API key in ${api_key_env}; {key} must name the variable holding the "
+                      "key the engine was started with (--api-key)", file=file, key=key)
 
 
 def error_reason(err: BaseException) -> str:

@@ -132,15 +132,18 @@ def parse_model(node: Node, config_node: Node | None, base_dir: Path) -> tuple[s
 
 
 def parse_hardware(node: Node) -> Hardware:
+    """`gpu: NAME` (a known card: its memory as CUDA reports it) or `gpu_memory: SIZE` with its unit
+    (GiB binary, GB decimal: kvprobe.spec.gpus), and `count`."""
+    from kvprobe.spec.gpus import gpu_memory
+
     keys = node.mapping(("gpu", "gpu_memory", "count"))
     name = keys["gpu"].string(what='a GPU name, e.g. "H100-80GB"') if "gpu" in keys else None
-    memory = None
-    if "gpu_memory" in keys:
-        memory = parse_units(keys["gpu_memory"], "bytes")
-        if memory < 2**30:  # a bare number is bytes; 80 means 80 bytes, never 80 GiB
-            raise keys["gpu_memory"].error("a memory size per GPU with units, e.g. 80GiB (at least 1 GiB)")
+    memory = keys["gpu_memory"].value if "gpu_memory" in keys else None
+    prefix = f"{node.path}." if node.path else ""
+    said = gpu_memory(gpu=name, memory=memory, gpu_key=f"{prefix}gpu", memory_key=f"{prefix}gpu_memory",
+                      file=node.file)
     count = keys["count"].integer(lo=1, hi=4096, what="a number of GPUs") if "count" in keys else 1
-    return Hardware(memory, count, name)
+    return Hardware(None if said is None else said.total_bytes, count, said.gpu.name if said and said.gpu else name)
 
 
 def check_consistency(exp: Expectation, node: Node) -> None:

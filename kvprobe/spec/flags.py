@@ -47,7 +47,7 @@ def parse_units(node: Node, kind: str) -> int:
         return units.parse_bytes(v, key=node.path) if kind == "bytes" else units.parse_count(v, key=node.path)
     except (ConfigError, ValueError):
         raise node.error("a size like '24GiB', '80GB' or '10G'" if kind == "bytes"
-                         else "a count like 2048, '2k' (1000) or '2K' (1024)") from None
+                         else "a count like 2048, '2k' (2000) or '2K' (2048)") from None
 
 
 def parse_flag(node: Node, kind: str, lo: int | None) -> object:

@@ -127,7 +127,8 @@ def check_shadow(exp, node: Node) -> None:
     flags = pool_flags.get(exp.engine, ())
     if exp.hardware.gpu_memory_bytes is None and not any(exp.flags.get(f) is not None for f in flags):
         raise node.child("hardware").child("gpu_memory").error(
-            f"a declared GPU memory with target launch: shadow, or one of flags.{', flags.'.join(flags)} "
+            f"a declared GPU (hardware.gpu NAME or hardware.gpu_memory SIZE) with target launch: shadow, or one of "
+            f"flags.{', flags.'.join(flags)} "
             "(the shadow target has no GPU to size its pool from)", Shown("nothing (missing)"))
 
 

@@ -3,6 +3,7 @@ at a URL, a shadow engine, or a launched emulator or engine (kvprobe.targets.int
 
 from __future__ import annotations
 
+from kvprobe.errors import ConfigError
 from kvprobe.targets.fleet.target import FleetTarget
 from kvprobe.targets.interface import OpenHow, ProbeTarget
 from kvprobe.targets.launch import Target
@@ -22,5 +23,34 @@ def target_kind(exp, *, url: str | None = None) -> type:
 
 
 def open_target(exp, how: OpenHow) -> ProbeTarget:
-    """Start or reach the engine `exp` names (the caller closes it)."""
-    return target_kind(exp, url=how.url).open(exp, how)
+    """Start or reach the engine `exp` names (the caller closes it). An engine attached at a URL is
+    asked first whether it takes the API key (a 401/403 is said as that) and whether it is the engine
+    named (else which one it looks like), before any other read."""
+    kind = target_kind(exp, url=how.url)
+    if kind is Target:
+        url = how.url or exp.target.url
+        if url:
+            check_attached(url, exp.engine, exp.target.api_key_env, file=exp.path)
+    return kind.open(exp, how)
+
+
+def check_attached(url: str, engine: str, api_key_env: str | None, *, file: str | None = None,
+                   key_option: str = "target.api_key_env", engine_option: str = "engine") -> None:
+    """Before anything reads an attached engine: the API key's variable is set, the engine takes the
+    key (a 401/403 names the key and `key_option`, not a missing model or a start-up refusal later),
+    and the server is `engine` (else which one it looks like, `engine_option` to change). Bad input,
+    exit 2; a server that does not answer is left to the attach, which says why."""
+    import os
+
+    from kvprobe.engines import get_dialect
+    from kvprobe.observe.discovery import check_engine
+    from kvprobe.observe.http import check_access, read_key
+
+    try:
+        api_key = read_key(api_key_env, os.environ, key=key_option) if api_key_env else None
+    except ConfigError as err:
+        raise (ConfigError(str(err), file=file) if file else err) from None
+    if check_access(url, path=get_dialect(engine).MODELS_PATH, api_key=api_key, api_key_env=api_key_env,
+                    key=key_option, file=file):
+        check_engine(url, engine, {"Authorization": f"Bearer {api_key.reveal()}"} if api_key else None,
+                     key=engine_option, file=file)

@@ -177,4 +177,14 @@ def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
         assert status == 200 and json.loads(body)["data"][0]["id"] == "meta-llama/Llama-3.1-8B"
         facts = target.facts()
         assert facts.reported.num_blocks == 300 and facts.reported.max_model_len == 2048
+        # an attached probe naming the other engine is stopped by vLLM's own signs (tests/cli/test_wrong_engine.py)
+        from kvprobe.errors import ConfigError
+        from kvprobe.observe.discovery import check_engine, engine_signs
+
+        signs = engine_signs(target.url)
+        assert signs == {"vllm": ["/metrics has vllm: families", "/v1/models says owned_by 'vllm'",
+                                  "/version answers (vLLM's)"], "sglang": []}
+        with pytest.raises(ConfigError, match=r"looks like vllm, not sglang .*: probe it with --engine vllm$"):
+            check_engine(target.url, "sglang")
+        check_engine(target.url, "vllm")
     assert_engine_gone(tmp_path)

@@ -222,7 +222,7 @@ def test_attach_sends_the_key_and_never_shows_it(tmp_path, monkeypatch):
 
 def test_attach_unset_key_and_unreachable_url(monkeypatch):
     monkeypatch.delenv("KVPROBE_UNSET_KEY", raising=False)
-    with pytest.raises(TargetError, match="KVPROBE_UNSET_KEY"):
+    with pytest.raises(ConfigError, match="KVPROBE_UNSET_KEY"):  # bad input (exit 2), before any request
         Target.attach("http://127.0.0.1:9", engine="vllm", api_key_env="KVPROBE_UNSET_KEY")
     monkeypatch.setenv("KVPROBE_TEST_KEY", SECRET)
     t0 = time.monotonic()

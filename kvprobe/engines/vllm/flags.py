@@ -12,24 +12,26 @@ from kvprobe.errors import ConfigError
 # --- flags (engine/arg_utils.py::add_cli_args, 0.33.0). Defaults are the emulator's where the real one
 # depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
 FLAGS: dict[str, Flag] = {f.name: f for f in (
-    Flag("served-model-name", str, None, "name reported in /v1/models and the model_name label (L1031)"),
-    Flag("num-gpu-blocks-override", int, None, "KV pool size in blocks, incl. the null block (L1398)", lo=1,
+    Flag("served-model-name", str, None, "the model name clients send: /v1/models and the model_name metric label"),
+    Flag("num-gpu-blocks-override", int, None, "the KV pool in blocks (the null block included), instead of profiling "
+         "memory", lo=1,
          ledger="num_gpu_blocks_override"),
-    Flag("block-size", int, 16, "tokens per KV block (L1387)", lo=1, ledger="block_size"),
-    Flag("max-model-len", int, 8192, "longest sequence (prompt + output); also -1/auto (L991)", kind="len", lo=1,
+    Flag("block-size", int, 16, "tokens per KV cache block", lo=1, ledger="block_size"),
+    Flag("max-model-len", int, 8192, "the longest sequence, prompt + output tokens (-1 or auto: the longest that "
+         "fits the pool)", kind="len", lo=1,
          ledger="max_model_len"),
-    Flag("max-num-seqs", int, 256, "running-request cap (L1754)", lo=1, ledger="max_num_seqs"),
-    Flag("max-num-batched-tokens", int, 2048, "per-step token budget, human units (L1740)", kind="count", lo=1,
+    Flag("max-num-seqs", int, 256, "the most requests running at once", lo=1, ledger="max_num_seqs"),
+    Flag("max-num-batched-tokens", int, 2048, "tokens scheduled per step (8k = 8000, 8K = 8192)", kind="count", lo=1,
          ledger="max_num_batched_tokens"),
-    Flag("enable-prefix-caching", None, True, "hash full blocks for reuse (L1401-1407)", negatable=True,
+    Flag("enable-prefix-caching", None, True, "reuse the cached blocks of a shared prompt prefix", negatable=True,
          ledger="enable_prefix_caching"),
     Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True, ledger="reserve_full_isl"),
     Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
     # None = the engine's default for the version and platform: async_scheduling_default() below.
-    Flag("async-scheduling", None, None, "AsyncScheduler + batch queue of 2: allocate one step earlier, "
-         "free one step later (config/scheduler.py L211; default: config/vllm.py L1685-1719)", negatable=True,
+    Flag("async-scheduling", None, None, "schedule the next step while one runs: blocks are taken one step earlier and "
+         "freed one step later (default: on where the engine supports it)", negatable=True,
          ledger="async_scheduling"),
     # entrypoints/common/cli_args.py L335 (list[str], nargs "+"; the emulator takes one key per flag).
     # Secret: never printed by the emulator; prefer the VLLM_API_KEY environment variable, which keeps
@@ -37,13 +39,16 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("api-key", str, None, "require `Authorization: Bearer KEY` on /v1/* (or env VLLM_API_KEY)"),
     # engine/arg_utils.py L630/L1920: no stat loggers -> no vllm:* families on /metrics (see below)
     Flag("disable-log-stats", None, False, "disable engine statistics (the vllm:* metric families)"),
-    Flag("gpu-memory-utilization", float, 0.92, "fraction of GPU memory for vLLM (L1388)", emulated=False,
+    Flag("gpu-memory-utilization", float, 0.92, "the fraction of GPU memory vLLM may use (weights, activations, KV)",
+         emulated=False,
          kind="frac", ledger="gpu_memory_utilization"),
-    Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
+    Flag("kv-cache-memory-bytes", str, None, "the KV pool in bytes (10G = 10 GiB, 10g = 10^10), instead of profiling "
+         "memory", emulated=False,
          kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
-    Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False, ledger="kv_cache_dtype"),
+    Flag("kv-cache-dtype", str, "auto", "the KV cache dtype (auto: the model's)", emulated=False,
+         ledger="kv_cache_dtype"),
     Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
-    Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1, ledger="tp"),
+    Flag("tensor-parallel-size", int, 1, "tensor parallel GPUs", emulated=False, lo=1, ledger="tp"),
     Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
     Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1, ledger="dp"),
 )}
