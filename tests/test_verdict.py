@@ -16,6 +16,7 @@ from kvprobe.verdict.checks import (
     check_rejection_point,
     check_reported_capacity,
     check_usage_gap,
+    unjudged_if_starved,
 )
 
 TOL = Tolerances()
@@ -30,35 +31,37 @@ def rejection(point, *, spread=0.3, usage=0.95, uncertainty=0.2, deep=(22, 24)):
 
 
 def test_rejection_point_within_and_outside_with_a_diagnosis():
-    ok = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=False, reported_agrees=True)
+    ok = check_rejection_point(PRED, rejection(20.1), TOL, reported_agrees=True)
     assert ok.passed and "within" in ok.reason
-    low = check_rejection_point(PRED, rejection(15.0), TOL, client_saturated=False, reported_agrees=True)
+    low = check_rejection_point(PRED, rejection(15.0), TOL, reported_agrees=True)
     assert not low.passed and "admits fewer requests" in low.reason
-    stuck = check_rejection_point(PRED, rejection(6.0, spread=12), TOL, client_saturated=False, reported_agrees=True)
+    stuck = check_rejection_point(PRED, rejection(6.0, spread=12), TOL, reported_agrees=True)
     assert "admission stopped for good" in stuck.reason
-    sized = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False)
+    sized = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=False)
     assert not sized.passed and "sized its pool differently" in sized.reason
 
 
 def test_with_a_differently_sized_pool_admission_is_judged_against_the_engines_own_pool():
     """A real GPU profiles its memory: the ledger's pool can be off while admission is right."""
     implied = SimpleNamespace(limit=25.2, no_preemption_limit=24, binding="kv", usage_at_limit=0.95)
-    res = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False,
+    res = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=False,
                                 implied=implied)
     assert res.passed and res.predicted == 20.41 and res.reported == 25.2 and "engine's reported pool" in res.reason
-    wrong = check_rejection_point(PRED, rejection(18.0), TOL, client_saturated=False, reported_agrees=False,
+    wrong = check_rejection_point(PRED, rejection(18.0), TOL, reported_agrees=False,
                                   implied=implied)
     assert not wrong.passed and "admits fewer requests than the pool it reports" in wrong.reason
-    agree = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=True,
+    agree = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=True,
                                   implied=PRED)
     assert not agree.passed and "the ledger predicts" in agree.reason
 
 
 def test_rejection_point_is_inconclusive_when_unsaturated_or_client_bound():
-    never = check_rejection_point(PRED, rejection(None), TOL, client_saturated=False)
+    never = check_rejection_point(PRED, rejection(None), TOL)
     assert never.inconclusive and not never.passed and "no level saturated" in never.reason
-    client = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=True)
-    assert client.inconclusive and "load generator" in client.reason
+    starved = SimpleNamespace(reason="at N=22, 24: loop lag p99 up to 41.0 ms > 15 ms")
+    client = unjudged_if_starved(check_rejection_point(PRED, rejection(20.1), TOL), starved)
+    assert client.inconclusive and not client.passed and "load generator" in client.reason
+    assert "N=22, 24" in client.reason and client.measured == 20.1  # the figure stays for the record
 
 
 def test_reported_capacity_relative_tolerance():

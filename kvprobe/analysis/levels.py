@@ -11,7 +11,7 @@ engine does not export stays absent (NaN, None), never zero. Records are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class LevelStats:
     client_running_se: float | None = None
     disagreement: float | None = None  # client − engine gauge mean, where the gauge is a sample
     disagrees: bool = False  # the client count lies outside what the sampled gauge allows (see reconcile)
+    client_lag_p99_ms: float | None = None  # the load processes' loop lag over the steady window (analysis.client)
+    client_cpu: float | None = None  # ... and the busiest one's CPU (cores)
+    client_saturated: bool = False  # the load generator, not the engine, set this level's timing
+    client_saturated_by: list[str] = field(default_factory=list)  # which load processes, when there are several
 
 
 @dataclass

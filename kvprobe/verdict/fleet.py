@@ -19,7 +19,7 @@ import math
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.theory import fleet as theory
-from kvprobe.verdict.checks import CheckResult, fmt
+from kvprobe.verdict.checks import CheckResult, check, fmt
 
 QUEUED = 0.5  # predicted fleet waiting from which an uneven split is judged at a level
 FULL_FRACTION = 0.5  # a replica with someone waiting in this share of a level's samples sat at its limit then
@@ -116,6 +116,7 @@ def plateau_prediction(figures: dict, weights: dict[int, float], key: str = "fle
     return sum(w * x for w, x in pairs) / total if total > 0 else None
 
 
+@check("replica_leak", reads_load=False)
 def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> CheckResult:
     res = CheckResult("replica_leak", predicted=0, tolerance="0 on every replica")
     if not drains or any(d is None or not d.samples for d in drains):
@@ -138,6 +139,7 @@ def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> Check
     return res
 
 
+@check("replica_usage", reads_load=True)
 def check_replica_usage(figures: dict, usage_at_limit: float, tol: float) -> CheckResult:
     """At the deepest level, each replica that had someone waiting most of the time: its usage gauge
     while someone waited, against one replica's ledger at its limit."""
@@ -171,6 +173,7 @@ def imbalance_allowance(users: int, tol, spread: float = 0.0) -> float:
     return max(tol.rejection_point, tol.rejection_point_relative * users, 2 * spread)
 
 
+@check("router_imbalance", reads_load=True)
 def check_router_imbalance(figures: dict, tol, *, gauge_exact: bool = True) -> CheckResult:
     """An even split: the measured max - min in flight per replica against the prediction (about 0:
     a sharp test of the router). A random split fluctuates too slowly for a few seconds' mean of
