@@ -18,6 +18,7 @@ from kvprobe.verdict.checks import (
     check_usage_gap,
     unjudged_if_starved,
 )
+from kvprobe.verdict.fleet import check_replica_leak
 
 TOL = Tolerances()
 PRED = SimpleNamespace(limit=20.41, no_preemption_limit=20, binding="kv", usage_at_limit=0.96)
@@ -108,3 +109,17 @@ def test_no_preemption_fails_where_the_policy_preempts_nothing_but_the_engine_do
     bad = check_no_preemption(pred, clean, TOL, unpredicted=[(14, 37.0), (20, 52.0)])
     assert not bad.passed and not bad.inconclusive and bad.measured == 10
     assert "preempted at N=14 (37), N=20 (52), where the ledger's policy (vllm-0.33) preempts nothing" in bad.reason
+
+
+def test_a_drain_that_ended_before_the_engines_idle_report_is_inconclusive():
+    stale = DrainResult(False, None, 0.31, 0.0, 0.0, 62, samples=100, watched=10.0, idle_report_seconds=30.0,
+                        covered=False)
+    res = check_leak(stale, 201, "tokens")
+    assert res.inconclusive and not res.passed
+    assert "republishes its gauges only every 30s when idle" in res.reason and "watched 10.0s" in res.reason
+    seen = DrainResult(False, None, 0.05, 0.0, 0.0, 10, samples=400, watched=39.9, idle_report_seconds=30.0)
+    assert not check_leak(seen, 201, "tokens").passed and not check_leak(seen, 201, "tokens").inconclusive
+    drained = DrainResult(True, 29.5, 0.0, 0.0, 0.0, 0, samples=400, watched=35.0, idle_report_seconds=30.0)
+    replicas = check_replica_leak([drained, stale], 201, "tokens")
+    assert replicas.inconclusive and replicas.reason.startswith("replica 1 still read usage"), replicas.reason
+    assert check_replica_leak([drained, seen], 201, "tokens").reason.startswith("replica 1: usage 0.050")

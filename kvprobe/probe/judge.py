@@ -42,8 +42,10 @@ def analyse(pr: ProbeRun) -> None:
         client=pr.starvation, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         reported_agrees=_reported_agrees(pr))
-    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                        pool_units=pool_units)
+    idle = dialect.IDLE_REPORT_SECONDS
+    window = analysis.drain_window(exp.profile.drain_seconds, idle)
+    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=window, pool_units=pool_units,
+                                        idle_report_seconds=idle)
 
 
 def _reported_agrees(pr: ProbeRun) -> bool | None:

@@ -230,9 +230,16 @@ def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | N
     return res
 
 
+def stale_gauges(drain) -> str:
+    """Why an undrained reading is no leak yet: the engine's idle report was not watched for."""
+    return (f"the engine republishes its gauges only every {drain.idle_report_seconds:g}s when idle and the drain "
+            f"was watched {drain.watched or 0:.1f}s: no report after it went idle was seen")
+
+
 @check("leak", reads_load=False)
 def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
-    """After the load stops, running, waiting and usage must return to zero."""
+    """After the load stops, running, waiting and usage must return to zero — as the engine's idle
+    report shows them: a reading older than that report (SGLang's idle gauges) is inconclusive."""
     res = CheckResult("leak", predicted=0, tolerance="0")
     if drain is None or not drain.samples:
         res.inconclusive = True
@@ -242,6 +249,10 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     res.passed = bool(drain.drained)
     if res.passed:
         res.reason = f"drained to zero in {drain.time_to_zero:.1f}s"
+    elif drain.stale:
+        res.inconclusive = True
+        res.reason = (f"usage still read {fmt(drain.residual_usage)} {drain.watched:.1f}s after the load stopped, "
+                      f"but {stale_gauges(drain)}")
     else:
         leaked = drain.leaked_blocks_estimate
         res.reason = (

@@ -19,7 +19,7 @@ import math
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.theory import fleet as theory
-from kvprobe.verdict.checks import CheckResult, check, fmt
+from kvprobe.verdict.checks import CheckResult, check, fmt, stale_gauges
 
 QUEUED = 0.5  # predicted fleet waiting from which an uneven split is judged at a level
 FULL_FRACTION = 0.5  # a replica with someone waiting in this share of a level's samples sat at its limit then
@@ -126,7 +126,12 @@ def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> Check
     res.measured = [_f(d.residual_usage) for d in drains]
     bad = [i for i, d in enumerate(drains) if not d.drained]
     res.passed = not bad
-    if res.passed:
+    stale = [i for i in bad if drains[i].stale]
+    if stale:
+        res.inconclusive = True
+        res.reason = (", ".join(f"replica {i}" for i in stale) + " still read usage after the load stopped, but "
+                      + stale_gauges(drains[stale[0]]))
+    elif res.passed:
         res.reason = f"every replica drained to zero (slowest {max(d.time_to_zero for d in drains):.1f}s)"
     else:
         parts = []
@@ -239,8 +244,10 @@ def analyse_replicas(pr, pool_units: int | None) -> None:
     full_usage = [usage_when_waiting(s.arrays(), pr.windows, exp.profile.hold.warmup) for s in series]
     figures = fleet_figures(pr.ledger, per_replica, prompt_tokens=shape.prompt_tokens,
                             output_tokens=shape.output_tokens, window_lifetimes=window, full_usage=full_usage)
-    figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                              pool_units=pool_units) for s in series] if pr.t_stop else []
+    idle = pr.dialect.IDLE_REPORT_SECONDS
+    window = analysis.drain_window(exp.profile.drain_seconds, idle)
+    figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=window, pool_units=pool_units,
+                                              idle_report_seconds=idle) for s in series] if pr.t_stop else []
     pr.result.fleet = figures
     rejection = pr.result.rejection
     if not pr.ledger.even and rejection is not None and rejection.weights:
