@@ -52,11 +52,15 @@ def _mostly_saturated(lag_records) -> bool:
     return 2 * bad > len(lag_records)
 
 
-def starvation(levels, client) -> Starvation | None:
-    """The levels a starved client served, or the whole run when its client health saturated
-    although no level shows it for most of its seconds (levels too short for lag records); None: the
-    load generator kept up."""
-    starved = [lv for lv in levels if lv.client_saturated]
+def starvation(levels, client, *, judged=None) -> Starvation | None:
+    """The levels a starved client served, or the whole run when its client health saturated.
+
+    `judged`: the users of the levels the verdict reads at saturation (the plateau's levels). A
+    level below them starved alone — a burst on a shared machine while a few users ran — changes
+    no figure a check is judged on; the run's own health still counts. None: every level counts.
+    Returns None when the load generator kept up."""
+    whole = client is not None and client.saturated
+    starved = [lv for lv in levels if lv.client_saturated and (whole or judged is None or lv.users in judged)]
     if starved:
         lag = max((lv.client_lag_p99_ms or 0.0) for lv in starved)
         cpu = max((lv.client_cpu or 0.0) for lv in starved)
@@ -71,7 +75,7 @@ def starvation(levels, client) -> Starvation | None:
             causes.append("saturated: " + ", ".join(names))
         causes = causes or [f"most seconds saturated (loop lag p99 up to {lag:.1f} ms, CPU up to {cpu:.2f} cores)"]
         return Starvation([lv.users for lv in starved], lag, cpu, f"at {where}: " + "; ".join(causes))
-    if client is not None and client.saturated:
+    if whole:
         return Starvation([lv.users for lv in levels], client.lag_p99_ms, client.cpu,
                           f"over the whole run: {client.reason}")
     return None

@@ -28,9 +28,10 @@ def analyse(pr: ProbeRun) -> None:
                                   lead_steps=dialect.FIRST_TOKEN_LEAD_STEPS,
                                   counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
     result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
-    client.mark_levels(result.levels, pr.records, warmup_fraction=exp.profile.hold.warmup)
-    pr.starvation = client.starvation(result.levels, result.client)
     result.rejection = plateau.find_rejection_point(result.levels)
+    client.mark_levels(result.levels, pr.records, warmup_fraction=exp.profile.hold.warmup)
+    # a level on the plateau a starved client served, or a starved run, leaves the load's checks unjudged
+    pr.starvation = client.starvation(result.levels, result.client, judged=set(result.rejection.saturated_levels))
     pool_units = _pool_units(result.ledger)
     pr.target.analyse(pr, pool_units)  # a fleet's per-replica figures; an uneven split sets the plateau's prediction
     pool_units = pool_units and pool_units * pr.target.pools  # the summed series' pool

@@ -185,3 +185,12 @@ def test_one_second_spike_does_not_starve_a_level_most_seconds_do():
     assert not level_with([4.0, 40.0, 5.0]).client_saturated
     assert level_with([40.0, 4.0, 38.0]).client_saturated
     assert level_with([40.0, 35.0]).client_saturated
+
+
+def test_a_starved_level_below_the_plateau_leaves_the_checks_judged(tmp_path):
+    # a burst on a shared machine while 10 users ran: no figure a check is judged on came from it
+    result = probe_run(tmp_path, starved_levels=(10,)).result
+    assert [lv.users for lv in result.levels if lv.client_saturated] == [10]
+    gap = result.check("usage_gap")
+    assert not gap.passed and not gap.inconclusive, gap
+    assert result.check("rejection_point").passed and result.status == "failed"
