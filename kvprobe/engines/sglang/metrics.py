@@ -4,6 +4,7 @@ help texts, when the scheduler writes its gauges, and the hybrid pools' gauges."
 from __future__ import annotations
 
 from kvprobe.engines.base import MetricMap, ReportedCapacity
+from kvprobe.theory.sglang import reports
 
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
 TOKENIZER_LABELS = ("model_name", "engine_type")  # L1804-1819 (+ is_streaming on request histograms)
@@ -36,7 +37,7 @@ METRICS = MetricMap(
 
 # Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle
 # (metrics_reporter.py L719-1140, L1476-1520).
-DECODE_LOG_INTERVAL = 40
+DECODE_LOG_INTERVAL = reports.DECODE_LOG_INTERVAL  # the engine's default (written once, in the theory)
 # SGLang 0.5.23, srt/managers/scheduler_components/metrics_reporter.py `_maybe_log_idle_metrics`
 # (called from every idle pass, scheduler.py `on_idle`): an idle scheduler republishes its gauges at
 # once only when the running gauge disagrees with its running batch (`num_running_reqs.total !=
