@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from kvprobe.analysis.levels import (
+    IDLE_REPORT_SLACK,
     LevelWindow,
     client_side_running,
     counter_increase,
     drain_check,
+    drain_window,
     level_stats,
     time_grid,
 )
@@ -269,3 +271,33 @@ def test_a_level_where_nothing_waits_never_starts_the_plateau():
     rp = find_rejection_point(stats)
     assert 19.9 <= rp.rejection_point <= 20.3
     assert 20 not in rp.saturated_levels and 19 not in rp.saturated_levels
+
+
+def stale_series(*, report_at: float | None, residual_usage: float = 0.0, seconds: float = 40.0):
+    """SGLang after the load: running 0 at once, usage holding the last busy report (0.31) until the
+    idle report at `report_at` s (None: none in the series), then `residual_usage`."""
+    t = 200.0 + np.arange(int(seconds * HZ)) / HZ
+    usage = np.full(t.size, 0.31)
+    if report_at is not None:
+        usage[t >= 200.0 + report_at] = residual_usage
+    return {"t": t, "running": np.zeros(t.size), "waiting": np.zeros(t.size), "usage": usage,
+            "ok": np.ones(t.size, dtype=bool)}
+
+
+def test_an_idle_report_after_the_drain_window_is_waited_for():
+    window = drain_window(10.0, 30.0)
+    assert window == 30.0 + IDLE_REPORT_SLACK and drain_window(10.0, None) == 10.0 and drain_window(60.0, 30.0) == 60
+    late = stale_series(report_at=29.5)
+    res = drain_check(late, 200.0, deadline_s=window, pool_units=POOL, idle_report_seconds=30.0)
+    assert res.drained and res.covered and res.time_to_zero == pytest.approx(29.5, abs=0.11)
+    # watched only the profile's 10 s: the last busy report is still on the gauge, no verdict either way
+    short = drain_check(late, 200.0, deadline_s=10.0, pool_units=POOL, idle_report_seconds=30.0)
+    assert short.stale and not short.drained and short.watched == pytest.approx(10.0, abs=0.11)
+    # the engine's interval unknown (vLLM: every step), the same reading is a leak
+    assert not drain_check(late, 200.0, deadline_s=10.0, pool_units=POOL).stale
+
+
+def test_a_leak_the_idle_report_shows_is_a_leak():
+    leak = stale_series(report_at=29.5, residual_usage=0.05)
+    res = drain_check(leak, 200.0, deadline_s=drain_window(10.0, 30.0), pool_units=POOL, idle_report_seconds=30.0)
+    assert not res.drained and not res.stale and res.leaked_blocks_estimate == 10

@@ -14,7 +14,7 @@ from kvprobe.engines import get_dialect
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.spec.expectation import Tolerances
 from kvprobe.theory.sim.core import SglangConfig, VllmConfig
-from kvprobe.verdict.checks import check_no_preemption, check_rejection_point, check_usage_gap
+from kvprobe.verdict.checks import check_no_preemption, check_rejection_point, check_usage_gap, unjudged_if_starved
 
 TOL = Tolerances()
 # Real vLLM 0.33.0, P=512 O=256, the pool of the issue: the ledger's 24.21, KV binds, the gauge at 96%.
@@ -51,7 +51,7 @@ def test_finding_4_a_request_cap_is_named_not_blamed_on_the_pool():
     assert "a request cap binds at 16" in d.reason and "KV 64% used" in d.reason and "no preemption" in d.reason
     assert "never above 16" in d.reason
     assert "max_num_seqs=256" in d.reason  # the expectation's value, beside the 16 measured
-    checks = [check_rejection_point(PRED, rejection, TOL, client_saturated=False, reported_agrees=True, diagnosis=d),
+    checks = [check_rejection_point(PRED, rejection, TOL, reported_agrees=True, diagnosis=d),
               check_usage_gap(PRED, rejection, TOL.usage_gap, reported_agrees=True, diagnosis=d),
               check_no_preemption(PRED, rejection, TOL, reported_agrees=True, diagnosis=d)]
     for c in checks:
@@ -136,7 +136,7 @@ def test_admission_stopped_for_good():
               preemptions=3), level(28, 9.0, 18.0, usage=0.95), level(32, 2.0, 29.0, usage=0.95)]
     rejection, d = run(levels)
     assert d.limit == "stuck" and "admission stopped for good" in d.reason and "N=32" in d.reason
-    res = check_rejection_point(PRED, rejection, TOL, client_saturated=False, reported_agrees=True, diagnosis=d)
+    res = check_rejection_point(PRED, rejection, TOL, reported_agrees=True, diagnosis=d)
     assert not res.passed and not res.inconclusive and "admission stopped for good" in res.reason
 
 
@@ -145,7 +145,7 @@ def test_a_saturated_client_is_said_first():
     rejection, d = run(capped(), client=client)
     assert d.client_saturated and d.reason.startswith("the load generator saturated (loop lag p99 41.0 ms")
     assert "a request cap binds at 16" in d.reason  # what the levels show, as a caveat
-    res = check_rejection_point(PRED, rejection, TOL, client_saturated=True, reported_agrees=True, diagnosis=d)
+    res = unjudged_if_starved(check_rejection_point(PRED, rejection, TOL, reported_agrees=True, diagnosis=d), client)
     assert res.inconclusive and "load generator" in res.reason  # the probe could not measure: an error
 
 

@@ -58,7 +58,7 @@ def test_finding_3_the_plateau_is_the_deep_one_not_the_edge_average():
     assert rp.uncertainty < 0.25
     # ... so the ledger's 24.21 passes at ±0.5, where the edge average (23.79) would not
     tight = Tolerances(rejection_point=0.5, rejection_point_relative=0.0)
-    res = check_rejection_point(PRED, rp, tight, client_saturated=False, reported_agrees=True)
+    res = check_rejection_point(PRED, rp, tight, reported_agrees=True)
     assert res.passed, res.reason
     assert res.uncertainty == pytest.approx(rp.uncertainty, abs=0.01) and "±" in res.reason
     assert abs(23.79 - LEDGER) > 0.4
@@ -71,7 +71,7 @@ def test_an_undercounted_last_level_is_not_a_one_level_plateau():
                                              (25, 16.69, 8.3)]]
     rp = find_rejection_point(levels)
     assert rp.saturated_levels == [25] and not rp.confirmed
-    res = check_rejection_point(PRED, rp, Tolerances(), client_saturated=False, reported_agrees=True)
+    res = check_rejection_point(PRED, rp, Tolerances(), reported_agrees=True)
     assert res.inconclusive and not res.passed and "rests on 1 deep level" in res.reason
 
 
@@ -80,12 +80,12 @@ def test_a_measurement_too_imprecise_for_the_tolerance_is_inconclusive_not_passe
              [(10, 9.5, 0), (18, 17.0, 0.1), (28, 23.6, 4.5), (30, 24.7, 6.0), (32, 24.2, 8.0)]]
     rp = find_rejection_point(noisy)
     tight = Tolerances(rejection_point=0.5, rejection_point_relative=0.0)
-    res = check_rejection_point(PRED, rp, tight, client_saturated=False, reported_agrees=True)
+    res = check_rejection_point(PRED, rp, tight, reported_agrees=True)
     assert abs(res.measured - LEDGER) <= 0.5 and rp.uncertainty > 0.5
     assert res.inconclusive and "straddles" in res.reason
     # ... while a prediction outside the tolerance even allowing for the uncertainty fails
     far = type("P", (), {**PRED.__dict__, "limit": 27.0})
-    assert not check_rejection_point(far, rp, tight, client_saturated=False, reported_agrees=True).inconclusive
+    assert not check_rejection_point(far, rp, tight, reported_agrees=True).inconclusive
 
 
 def test_weighted_plateau_scales_its_error_when_levels_disagree():

@@ -144,5 +144,5 @@ def test_a_disagreement_on_a_plateau_level_is_named_in_the_verdict():
     rejection = RejectionPoint(20.1, 20, 20.1, [24, 25, 28], 0.9, levels_seen=[20, 24, 25, 28], uncertainty=0.2,
                                deep_levels=[25, 28], deep_waiting=2.2, confirmed=True, weights={25: 1.0, 28: 1.0})
     pred = SimpleNamespace(limit=20, no_preemption_limit=20, binding="kv", usage_at_limit=0.83)
-    res = check_rejection_point(pred, rejection, Tolerances(), client_saturated=False, disagreeing=[lv])
+    res = check_rejection_point(pred, rejection, Tolerances(), disagreeing=[lv])
     assert "disagree at N=25 (16.69 vs 20.18)" in res.reason

@@ -16,7 +16,9 @@ from kvprobe.verdict.checks import (
     check_rejection_point,
     check_reported_capacity,
     check_usage_gap,
+    unjudged_if_starved,
 )
+from kvprobe.verdict.fleet import check_replica_leak
 
 TOL = Tolerances()
 PRED = SimpleNamespace(limit=20.41, no_preemption_limit=20, binding="kv", usage_at_limit=0.96)
@@ -30,35 +32,37 @@ def rejection(point, *, spread=0.3, usage=0.95, uncertainty=0.2, deep=(22, 24)):
 
 
 def test_rejection_point_within_and_outside_with_a_diagnosis():
-    ok = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=False, reported_agrees=True)
+    ok = check_rejection_point(PRED, rejection(20.1), TOL, reported_agrees=True)
     assert ok.passed and "within" in ok.reason
-    low = check_rejection_point(PRED, rejection(15.0), TOL, client_saturated=False, reported_agrees=True)
+    low = check_rejection_point(PRED, rejection(15.0), TOL, reported_agrees=True)
     assert not low.passed and "admits fewer requests" in low.reason
-    stuck = check_rejection_point(PRED, rejection(6.0, spread=12), TOL, client_saturated=False, reported_agrees=True)
+    stuck = check_rejection_point(PRED, rejection(6.0, spread=12), TOL, reported_agrees=True)
     assert "admission stopped for good" in stuck.reason
-    sized = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False)
+    sized = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=False)
     assert not sized.passed and "sized its pool differently" in sized.reason
 
 
 def test_with_a_differently_sized_pool_admission_is_judged_against_the_engines_own_pool():
     """A real GPU profiles its memory: the ledger's pool can be off while admission is right."""
     implied = SimpleNamespace(limit=25.2, no_preemption_limit=24, binding="kv", usage_at_limit=0.95)
-    res = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=False,
+    res = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=False,
                                 implied=implied)
     assert res.passed and res.predicted == 20.41 and res.reported == 25.2 and "engine's reported pool" in res.reason
-    wrong = check_rejection_point(PRED, rejection(18.0), TOL, client_saturated=False, reported_agrees=False,
+    wrong = check_rejection_point(PRED, rejection(18.0), TOL, reported_agrees=False,
                                   implied=implied)
     assert not wrong.passed and "admits fewer requests than the pool it reports" in wrong.reason
-    agree = check_rejection_point(PRED, rejection(25.0), TOL, client_saturated=False, reported_agrees=True,
+    agree = check_rejection_point(PRED, rejection(25.0), TOL, reported_agrees=True,
                                   implied=PRED)
     assert not agree.passed and "the ledger predicts" in agree.reason
 
 
 def test_rejection_point_is_inconclusive_when_unsaturated_or_client_bound():
-    never = check_rejection_point(PRED, rejection(None), TOL, client_saturated=False)
+    never = check_rejection_point(PRED, rejection(None), TOL)
     assert never.inconclusive and not never.passed and "no level saturated" in never.reason
-    client = check_rejection_point(PRED, rejection(20.1), TOL, client_saturated=True)
-    assert client.inconclusive and "load generator" in client.reason
+    starved = SimpleNamespace(reason="at N=22, 24: loop lag p99 up to 41.0 ms > 15 ms")
+    client = unjudged_if_starved(check_rejection_point(PRED, rejection(20.1), TOL), starved)
+    assert client.inconclusive and not client.passed and "load generator" in client.reason
+    assert "N=22, 24" in client.reason and client.measured == 20.1  # the figure stays for the record
 
 
 def test_reported_capacity_relative_tolerance():
@@ -105,3 +109,17 @@ def test_no_preemption_fails_where_the_policy_preempts_nothing_but_the_engine_do
     bad = check_no_preemption(pred, clean, TOL, unpredicted=[(14, 37.0), (20, 52.0)])
     assert not bad.passed and not bad.inconclusive and bad.measured == 10
     assert "preempted at N=14 (37), N=20 (52), where the ledger's policy (vllm-0.33) preempts nothing" in bad.reason
+
+
+def test_a_drain_that_ended_before_the_engines_idle_report_is_inconclusive():
+    stale = DrainResult(False, None, 0.31, 0.0, 0.0, 62, samples=100, watched=10.0, idle_report_seconds=30.0,
+                        covered=False)
+    res = check_leak(stale, 201, "tokens")
+    assert res.inconclusive and not res.passed
+    assert "republishes its gauges only every 30s when idle" in res.reason and "watched 10.0s" in res.reason
+    seen = DrainResult(False, None, 0.05, 0.0, 0.0, 10, samples=400, watched=39.9, idle_report_seconds=30.0)
+    assert not check_leak(seen, 201, "tokens").passed and not check_leak(seen, 201, "tokens").inconclusive
+    drained = DrainResult(True, 29.5, 0.0, 0.0, 0.0, 0, samples=400, watched=35.0, idle_report_seconds=30.0)
+    replicas = check_replica_leak([drained, stale], 201, "tokens")
+    assert replicas.inconclusive and replicas.reason.startswith("replica 1 still read usage"), replicas.reason
+    assert check_replica_leak([drained, seen], 201, "tokens").reason.startswith("replica 1: usage 0.050")

@@ -11,7 +11,7 @@ engine does not export stays absent (NaN, None), never zero. Records are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +55,10 @@ class LevelStats:
     client_running_se: float | None = None
     disagreement: float | None = None  # client − engine gauge mean, where the gauge is a sample
     disagrees: bool = False  # the client count lies outside what the sampled gauge allows (see reconcile)
+    client_lag_p99_ms: float | None = None  # the load processes' loop lag over the steady window (analysis.client)
+    client_cpu: float | None = None  # ... and the busiest one's CPU (cores)
+    client_saturated: bool = False  # the load generator, not the engine, set this level's timing
+    client_saturated_by: list[str] = field(default_factory=list)  # which load processes, when there are several
 
 
 @dataclass
@@ -66,6 +70,15 @@ class DrainResult:
     residual_waiting: float | None
     leaked_blocks_estimate: int | None  # residual usage x pool size (None without a pool size)
     samples: int = 0
+    watched: float | None = None  # seconds from t_from to the last usable sample
+    idle_report_seconds: float | None = None  # the engine republishes idle gauges this often (None: every step)
+    covered: bool = True  # watched long enough for an idle engine to have republished its gauges
+
+    @property
+    def stale(self) -> bool:
+        """Not drained, but the gauges may still hold the last busy report: the engine's idle report
+        was not watched for. Neither a leak nor a drain can be read."""
+        return not self.drained and not self.covered
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -297,11 +310,28 @@ def reconcile(levels: list[LevelStats], *, gauge_exact: bool, metrics_ok: bool) 
 # -- after the load ---------------------------------------------------------------------------
 
 
+# Seconds past an engine's idle report interval by which its idle report must have been scraped: the
+# client's disconnects reach the engine, its next idle pass runs, the sampler reads the result.
+IDLE_REPORT_SLACK = 5.0
+SAMPLE_GAP = 1.0  # the last sample of a watch may fall this much short of its end
+
+
+def drain_window(drain_seconds: float, idle_report_seconds: float | None) -> float:
+    """How long the drain is watched after the load stops: the profile's `drain_seconds`, or, for an
+    engine that republishes its gauges only every `idle_report_seconds` when idle (SGLang: 30 s), long
+    enough for that report to come — a shorter window would read its last busy report as a leak."""
+    if idle_report_seconds is None:
+        return drain_seconds
+    return max(drain_seconds, idle_report_seconds + IDLE_REPORT_SLACK)
+
+
 def drain_check(series_arrays: dict, t_from: float, *, deadline_s: float, pool_units: int | None = None,
-                usage_tolerance: float | None = None) -> DrainResult:
+                usage_tolerance: float | None = None, idle_report_seconds: float | None = None) -> DrainResult:
     """With no load after `t_from`, running, waiting and usage must reach zero and stay there before
     `t_from + deadline_s`. Usage still above zero at the end is a leak of `usage x pool_units`
-    blocks (vLLM) or tokens (SGLang)."""
+    blocks (vLLM) or tokens (SGLang) — when the samples reach past the engine's idle report
+    (`idle_report_seconds` after the stop, plus slack); before that the gauges may be the last busy
+    report's, and the result is `stale`."""
     cols = _columns(series_arrays)
     t = cols["t"]
     sel = (t >= t_from) & (t <= t_from + deadline_s)
@@ -310,7 +340,10 @@ def drain_check(series_arrays: dict, t_from: float, *, deadline_s: float, pool_u
     have = np.isfinite(running) | np.isfinite(waiting) | np.isfinite(usage)
     ts, running, waiting, usage = ts[have], running[have], waiting[have], usage[have]
     if ts.size == 0:
-        return DrainResult(False, None, None, None, None, None, samples=0)
+        return DrainResult(False, None, None, None, None, None, samples=0, idle_report_seconds=idle_report_seconds,
+                           covered=False)
+    watched = float(ts[-1] - t_from)
+    covered = idle_report_seconds is None or watched >= idle_report_seconds + IDLE_REPORT_SLACK - SAMPLE_GAP
     tol = usage_tolerance if usage_tolerance is not None else (0.5 / pool_units if pool_units else 1e-6)
     # A metric the engine does not export (all NaN) does not block the verdict; a NaN gap does not count as zero.
     zero = np.ones(ts.size, dtype=bool)
@@ -331,4 +364,4 @@ def drain_check(series_arrays: dict, t_from: float, *, deadline_s: float, pool_u
     if pool_units and residual_usage is not None:
         leaked = int(round(max(residual_usage, 0.0) * pool_units))
     return DrainResult(drained, time_to_zero, residual_usage, last(running), last(waiting), leaked,
-                       samples=int(ts.size))
+                       samples=int(ts.size), watched=watched, idle_report_seconds=idle_report_seconds, covered=covered)

@@ -158,6 +158,9 @@ class OptionalFacts:
     RUNNING_GAUGE_EXACT: bool = True
     # Engine steps between admission and the first streamed token (the client cannot see admission).
     FIRST_TOKEN_LEAD_STEPS: float = 1
+    # When idle, the scheduler's gauges are republished only this often (seconds), so after the load
+    # stops they may hold the last busy reading that long; None: they are written after every step.
+    IDLE_REPORT_SECONDS: float | None = None
     # The preemption/retraction counter appears only at the first event (a labelled counter whose
     # child is created then): absent from a good scrape before that means "none yet".
     PREEMPTION_COUNTER_LAZY: bool = False

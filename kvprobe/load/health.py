@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 LAG_SATURATED_MS = 15.0
 CPU_SATURATED = 0.9  # cores: a gevent process cannot use more than one
 
+# Tests only: a load process that starves on purpose. With this variable set (milliseconds), each
+# Locust process blocks its whole loop that long every STALL_PERIOD seconds (kvprobe.load.locustfile),
+# so its loop lag reads saturated, deterministically, whatever else the machine does.
+STALL_ENV = "KVPROBE_TEST_CLIENT_STALL_MS"
+STALL_PERIOD = 0.05
+
 
 @dataclass
 class WorkerHealth:

@@ -35,6 +35,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from kvprobe.load.body import body_template
+from kvprobe.load.health import STALL_ENV, STALL_PERIOD
 from kvprobe.load.prompts import varying_ids
 from kvprobe.load.records import (
     ABORTED,
@@ -136,6 +137,9 @@ def _on_init(environment, **_kw) -> None:
         runner.register_message("kv_level", _on_level_message)
     gevent.spawn(_flusher)
     gevent.spawn(_lag_monitor)
+    stall_ms = float(os.environ.get(STALL_ENV) or 0)
+    if stall_ms > 0:
+        gevent.spawn(_stall, stall_ms / 1000.0)
     # A full gen-2 collection stalls every greenlet for ~100 ms; freeze what exists (Locust does only
     # for --processes, locust/main.py).
     gc.collect()
@@ -269,6 +273,18 @@ def _lag_monitor() -> None:
                                       host=_HOST))
             lags = []
             t_last, cpu_last = now, cpu_now
+
+
+def _stall(seconds: float) -> None:
+    """Tests only (kvprobe.load.health.STALL_ENV): block the whole loop for `seconds` every
+    STALL_PERIOD s, with a real sleep (nothing else runs meanwhile, and no CPU is burnt on a shared
+    machine), so this process's loop lag p99 reads about that long, every second."""
+    from gevent import monkey
+
+    blocking_sleep = monkey.get_original("time", "sleep")
+    while True:
+        gevent.sleep(STALL_PERIOD)
+        blocking_sleep(seconds)
 
 
 def _label() -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvprobe.analysis import client, plateau
 from kvprobe.analysis import levels as analysis
-from kvprobe.analysis import plateau
 from kvprobe.errors import KvprobeError
 from kvprobe.load.prompts import as_prompt_format
 from kvprobe.probe.state import ProbeRun
@@ -29,6 +29,9 @@ def analyse(pr: ProbeRun) -> None:
                                   counter_lazy=dialect.PREEMPTION_COUNTER_LAZY)
     result.levels = analysis.reconcile(levels, gauge_exact=dialect.RUNNING_GAUGE_EXACT, metrics_ok=metrics_ok)
     result.rejection = plateau.find_rejection_point(result.levels)
+    client.mark_levels(result.levels, pr.records, warmup_fraction=exp.profile.hold.warmup)
+    # a level on the plateau a starved client served, or a starved run, leaves the load's checks unjudged
+    pr.starvation = client.starvation(result.levels, result.client, judged=set(result.rejection.saturated_levels))
     pool_units = _pool_units(result.ledger)
     pr.target.analyse(pr, pool_units)  # a fleet's per-replica figures; an uneven split sets the plateau's prediction
     pool_units = pool_units and pool_units * pr.target.pools  # the summed series' pool
@@ -37,11 +40,13 @@ def analyse(pr: ProbeRun) -> None:
     result.diagnosis = diagnose(
         prediction=pr.prediction, rejection=result.rejection, levels=result.levels,
         allowance=max(tol.rejection_point, tol.rejection_point_relative * limit), usage_tol=tol.usage_gap,
-        client=result.client, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
+        client=pr.starvation, reported=result.facts.reported, config=pr.ledger.scheduler_config, dialect=dialect,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         reported_agrees=_reported_agrees(pr))
-    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                        pool_units=pool_units)
+    idle = dialect.IDLE_REPORT_SECONDS
+    window = analysis.drain_window(exp.profile.drain_seconds, idle)
+    result.drain = analysis.drain_check(arrays, pr.t_stop, deadline_s=window, pool_units=pool_units,
+                                        idle_report_seconds=idle)
 
 
 def _reported_agrees(pr: ProbeRun) -> bool | None:
@@ -51,11 +56,11 @@ def _reported_agrees(pr: ProbeRun) -> bool | None:
 
 
 def judge(pr: ProbeRun) -> None:
-    """Every selected check (and the expected failure) against the prediction."""
+    """Every selected check (and the expected failure) against the prediction; those that read the
+    load are left unjudged when the load generator was the bottleneck (`analyse` found it)."""
     result, exp, prediction = pr.result, pr.exp, pr.prediction
     tol = exp.tolerances
     shape = exp.profile.request
-    saturated = result.client is not None and result.client.saturated
     unit = "blocks" if exp.engine == "vllm" else "tokens"
     reported = verdict.check_reported_capacity(result.ledger, result.facts.reported, tol.reported_capacity)
     agrees = None if reported.inconclusive else reported.passed
@@ -67,10 +72,7 @@ def judge(pr: ProbeRun) -> None:
     checks = {
         "reported_capacity": lambda: reported,
         "rejection_point": lambda: verdict.check_rejection_point(prediction, result.rejection, tol,
-                                                                 client_saturated=saturated, disagreeing=disagreeing,
-                                                                 client_reason=(result.client.reason if saturated
-                                                                                else ""),
-                                                                 **judged),
+                                                                 disagreeing=disagreeing, **judged),
         "no_preemption": lambda: verdict.check_no_preemption(
             prediction, result.rejection, tol, unpredicted=_unpredicted_preemptions(pr) if pr.target.one_engine else [],
             **judged),
@@ -83,7 +85,8 @@ def judge(pr: ProbeRun) -> None:
     wanted = list(exp.checks)
     if exp.expect_fail and exp.expect_fail not in wanted:
         wanted.append(exp.expect_fail)
-    result.checks = [checks[name]() for name in wanted]
+    # a starved load generator leaves every check that reads the load unjudged, with one reason
+    result.checks = [verdict.unjudged_if_starved(checks[name](), pr.starvation) for name in wanted]
 
 
 # Preemptions a level must show before they count against a policy that predicts none: one or two

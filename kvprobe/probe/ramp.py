@@ -141,7 +141,9 @@ def stop_load(pr: ProbeRun) -> None:
     pr.load.stop()
     pr.result.client = pr.load.client_health()
     if set(DRAIN_CHECKS) & {*pr.exp.checks, pr.exp.expect_fail}:
-        wait_drained(pr.sampler, seconds=pr.exp.profile.drain_seconds)
+        # long enough for an engine's idle report (SGLang's 30 s), unless it reads zero sooner
+        wait_drained(pr.sampler, seconds=analysis.drain_window(pr.exp.profile.drain_seconds,
+                                                               pr.dialect.IDLE_REPORT_SECONDS))
     pr.series = pr.sampler.stop()
     pr.replica_series = getattr(pr.sampler, "replica_series", None)
     pr.sampler = None

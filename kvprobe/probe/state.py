@@ -31,6 +31,7 @@ class ProbeRun:
     records: list = field(default_factory=list)  # load.records.Record, once Locust stopped
     replica_series: list | None = None  # a fleet: each replica's observe.TimeSeries, once the sampler stopped
     t_stop: float | None = None  # when the load stopped (the drain is watched from here)
+    starvation: object = None  # analysis.client.Starvation: the levels a saturated load generator served
 
     @property
     def prediction(self):

@@ -4,6 +4,12 @@ Each check function takes what the probe gathered and returns a `CheckResult`. A
 cannot be judged (no /metrics, the client was the bottleneck, the binding limit is not KV) says
 so in `reason` and is marked `inconclusive`, which fails the check: a probe must never pass
 by not measuring.
+
+Each check function is declared with `@check(name, reads_load=...)`: whether it judges figures
+the load produced (the levels' running, queue, usage, preemptions). When the load generator was
+the bottleneck those figures are the client's, not the engine's, and `unjudged_if_starved` leaves
+every such check inconclusive with one reason; a check that reads only the engine's own report,
+the drain after the load, or each response's content is judged as usual.
 """
 
 from __future__ import annotations
@@ -35,6 +41,28 @@ class CheckResult:
         return "PASS" if self.passed else "FAIL"
 
 
+READS_LOAD: dict[str, bool] = {}  # check name -> judged on the load's figures (filled by @check)
+
+
+def check(name: str, *, reads_load: bool):
+    """Declare a check function: the name of the check it returns, and whether it reads the load."""
+    def declare(fn):
+        READS_LOAD[name] = reads_load
+        return fn
+    return declare
+
+
+def unjudged_if_starved(res: CheckResult, starvation) -> CheckResult:
+    """A check that reads the load, when the load generator was the bottleneck
+    (`kvprobe.analysis.client.Starvation`): inconclusive, whatever it measured — a starved client
+    shows its own limit, which must neither pass nor fail the engine. Its figures stay for the record."""
+    if starvation is None or not READS_LOAD[res.name]:
+        return res
+    res.passed, res.inconclusive = False, True
+    res.reason = f"the load generator was the bottleneck, not the engine ({starvation.reason})"
+    return res
+
+
 def within(measured: float, predicted: float, *, absolute: float, relative: float) -> tuple[bool, float]:
     """True when |measured − predicted| ≤ max(absolute, relative × predicted); returns the allowance."""
     allowance = max(absolute, relative * abs(predicted))
@@ -52,6 +80,7 @@ def fmt(value: object) -> str:
 # --- the checks -----------------------------------------------------------------------------
 
 
+@check("reported_capacity", reads_load=False)
 def check_reported_capacity(ledger: dict, reported, tol: float) -> CheckResult:
     """The pool the engine says it built versus the ledger's pool (blocks for vLLM, tokens for SGLang)."""
     cap = ledger["capacity"]
@@ -85,9 +114,9 @@ def _judged_against(prediction, implied, reported_agrees):
     return prediction, "the ledger"
 
 
-def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool, client_reason: str = "",
-                          reported_agrees: bool | None = None, implied=None, diagnosis=None,
-                          disagreeing=()) -> CheckResult:
+@check("rejection_point", reads_load=True)
+def check_rejection_point(prediction, rejection, tol, *, reported_agrees: bool | None = None, implied=None,
+                          diagnosis=None, disagreeing=()) -> CheckResult:
     """The measured running plateau where waiting starts versus the predicted admission limit.
 
     The plateau comes with an uncertainty (a ~95% half-width, `rejection.uncertainty`); the check
@@ -105,11 +134,6 @@ def check_rejection_point(prediction, rejection, tol, *, client_saturated: bool,
         binding=target.binding,
         tolerance=f"±max({tol.rejection_point:g}, {tol.rejection_point_relative:.0%})",
     )
-    if client_saturated:
-        res.inconclusive = True
-        res.reason = "the load generator was the bottleneck (loop lag / CPU), not the engine" + (
-            f": {client_reason}" if client_reason else "")
-        return res
     if rejection.rejection_point is None:
         res.inconclusive = True
         top = max(rejection.levels_seen, default=None)
@@ -168,6 +192,7 @@ def _diagnose(measured: float, predicted: float, rejection, reported_agrees: boo
         "the engine admits fewer than its pool and policy allow"
 
 
+@check("no_preemption", reads_load=True)
 def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | None = None,
                         implied=None, diagnosis=None, unpredicted=()) -> CheckResult:
     """The largest N served with no waiting and no preemption versus the predicted bound, and no
@@ -205,8 +230,16 @@ def check_no_preemption(prediction, rejection, tol, *, reported_agrees: bool | N
     return res
 
 
+def stale_gauges(drain) -> str:
+    """Why an undrained reading is no leak yet: the engine's idle report was not watched for."""
+    return (f"the engine republishes its gauges only every {drain.idle_report_seconds:g}s when idle and the drain "
+            f"was watched {drain.watched or 0:.1f}s: no report after it went idle was seen")
+
+
+@check("leak", reads_load=False)
 def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
-    """After the load stops, running, waiting and usage must return to zero."""
+    """After the load stops, running, waiting and usage must return to zero — as the engine's idle
+    report shows them: a reading older than that report (SGLang's idle gauges) is inconclusive."""
     res = CheckResult("leak", predicted=0, tolerance="0")
     if drain is None or not drain.samples:
         res.inconclusive = True
@@ -216,6 +249,10 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     res.passed = bool(drain.drained)
     if res.passed:
         res.reason = f"drained to zero in {drain.time_to_zero:.1f}s"
+    elif drain.stale:
+        res.inconclusive = True
+        res.reason = (f"usage still read {fmt(drain.residual_usage)} {drain.watched:.1f}s after the load stopped, "
+                      f"but {stale_gauges(drain)}")
     else:
         leaked = drain.leaked_blocks_estimate
         res.reason = (
@@ -226,6 +263,7 @@ def check_leak(drain, pool_units: int | None, unit: str) -> CheckResult:
     return res
 
 
+@check("usage_gap", reads_load=True)
 def check_usage_gap(prediction, rejection, tol: float, *, reported_agrees: bool | None = None,
                     implied=None, diagnosis=None) -> CheckResult:
     """What the dashboard gauge read at the moment admission stopped, next to the predicted value.
@@ -254,6 +292,7 @@ def check_usage_gap(prediction, rejection, tol: float, *, reported_agrees: bool 
     return res
 
 
+@check("exactness", reads_load=False)
 def check_exactness(records, prompt_tokens: int, output_tokens: int) -> CheckResult:
     """Every response's usage equals P and O exactly; one mismatch fails the probe."""
     from kvprobe.load.records import ABORTED, USAGE_MISMATCH
@@ -279,6 +318,7 @@ def check_exactness(records, prompt_tokens: int, output_tokens: int) -> CheckRes
     return res
 
 
+@check("length_limit", reads_load=False)
 def check_length_limit(shot, expected_status: int, limit_desc: str) -> CheckResult:
     """A request one token past the length limit is refused as the engine documents it."""
     res = CheckResult("length_limit", predicted=expected_status, binding="length")

@@ -19,7 +19,7 @@ import math
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.theory import fleet as theory
-from kvprobe.verdict.checks import CheckResult, fmt
+from kvprobe.verdict.checks import CheckResult, check, fmt, stale_gauges
 
 QUEUED = 0.5  # predicted fleet waiting from which an uneven split is judged at a level
 FULL_FRACTION = 0.5  # a replica with someone waiting in this share of a level's samples sat at its limit then
@@ -116,6 +116,7 @@ def plateau_prediction(figures: dict, weights: dict[int, float], key: str = "fle
     return sum(w * x for w, x in pairs) / total if total > 0 else None
 
 
+@check("replica_leak", reads_load=False)
 def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> CheckResult:
     res = CheckResult("replica_leak", predicted=0, tolerance="0 on every replica")
     if not drains or any(d is None or not d.samples for d in drains):
@@ -125,7 +126,12 @@ def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> Check
     res.measured = [_f(d.residual_usage) for d in drains]
     bad = [i for i, d in enumerate(drains) if not d.drained]
     res.passed = not bad
-    if res.passed:
+    stale = [i for i in bad if drains[i].stale]
+    if stale:
+        res.inconclusive = True
+        res.reason = (", ".join(f"replica {i}" for i in stale) + " still read usage after the load stopped, but "
+                      + stale_gauges(drains[stale[0]]))
+    elif res.passed:
         res.reason = f"every replica drained to zero (slowest {max(d.time_to_zero for d in drains):.1f}s)"
     else:
         parts = []
@@ -138,6 +144,7 @@ def check_replica_leak(drains: list, pool_units: int | None, unit: str) -> Check
     return res
 
 
+@check("replica_usage", reads_load=True)
 def check_replica_usage(figures: dict, usage_at_limit: float, tol: float) -> CheckResult:
     """At the deepest level, each replica that had someone waiting most of the time: its usage gauge
     while someone waited, against one replica's ledger at its limit."""
@@ -171,6 +178,7 @@ def imbalance_allowance(users: int, tol, spread: float = 0.0) -> float:
     return max(tol.rejection_point, tol.rejection_point_relative * users, 2 * spread)
 
 
+@check("router_imbalance", reads_load=True)
 def check_router_imbalance(figures: dict, tol, *, gauge_exact: bool = True) -> CheckResult:
     """An even split: the measured max - min in flight per replica against the prediction (about 0:
     a sharp test of the router). A random split fluctuates too slowly for a few seconds' mean of
@@ -236,8 +244,10 @@ def analyse_replicas(pr, pool_units: int | None) -> None:
     full_usage = [usage_when_waiting(s.arrays(), pr.windows, exp.profile.hold.warmup) for s in series]
     figures = fleet_figures(pr.ledger, per_replica, prompt_tokens=shape.prompt_tokens,
                             output_tokens=shape.output_tokens, window_lifetimes=window, full_usage=full_usage)
-    figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=exp.profile.drain_seconds,
-                                              pool_units=pool_units) for s in series] if pr.t_stop else []
+    idle = pr.dialect.IDLE_REPORT_SECONDS
+    window = analysis.drain_window(exp.profile.drain_seconds, idle)
+    figures["drains"] = [analysis.drain_check(s.arrays(), pr.t_stop, deadline_s=window, pool_units=pool_units,
+                                              idle_report_seconds=idle) for s in series] if pr.t_stop else []
     pr.result.fleet = figures
     rejection = pr.result.rejection
     if not pr.ledger.even and rejection is not None and rejection.weights:

@@ -66,8 +66,9 @@ def test_worst_case_policy_reserves_prompt_plus_output():
 def test_sglang_example_a():
     p = predict(EX_A, 512, 256)
     assert (p.limit, p.no_preemption_limit, p.binding, p.method) == (21, 21, "kv", "schedsim")
-    # the reference's 0.98 is the peak physical usage; the published gauge averages 0.79
-    assert p.blocks_admission == 769 and p.usage_at_limit == pytest.approx(0.79, abs=0.01)
+    # the reference's 0.98 is the peak physical usage; the published gauge averages 0.81 (real SGLang
+    # 0.5.23's shadow, M=16384 P=512 O=256, read 80.5-80.7% on its saturated levels)
+    assert p.blocks_admission == 769 and p.usage_at_limit == pytest.approx(0.81, abs=0.01)
 
 
 def test_sglang_example_b():

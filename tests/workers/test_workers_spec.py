@@ -7,7 +7,7 @@ import yaml
 
 from kvprobe.errors import ConfigError
 from kvprobe.spec.profile import load_profile
-from kvprobe.verdict.checks import check_rejection_point
+from kvprobe.verdict.checks import check_rejection_point, unjudged_if_starved
 
 BASE = {"name": "w", "request": {"prompt_tokens": 128, "output_tokens": 32},
         "ramp": {"strategy": "explicit", "levels": [4, 8]}, "hold": {"seconds": 3}}
@@ -49,15 +49,18 @@ def test_broken_workers_is_one_clear_line(tmp_path, workers, extra, key, expecte
 def test_a_saturated_worker_makes_the_rejection_point_inconclusive_naming_it():
     from types import SimpleNamespace
 
+    from kvprobe.analysis.client import starvation
+    from kvprobe.analysis.plateau import RejectionPoint
     from kvprobe.load.health import client_health
     from kvprobe.load.records import Record
     from kvprobe.spec.schema import Tolerances
 
     lag = [Record(kind="lag", worker=w, host=h, lag_ms=ms, cpu=0.4, t=float(t))
            for w, h, ms in (("w0", "loadA", 3.0), ("w1", "loadB", 37.0)) for t in range(5)]
-    client = client_health(lag)
-    check = check_rejection_point(SimpleNamespace(limit=20.0, binding="kv"), None, Tolerances(),
-                                  client_saturated=client.saturated, client_reason=client.reason)
+    starved = starvation([], client_health(lag))
+    nothing = RejectionPoint(None, None, None, [], None)
+    check = unjudged_if_starved(check_rejection_point(SimpleNamespace(limit=20.0, binding="kv"), nothing,
+                                                      Tolerances()), starved)
     assert check.inconclusive and not check.passed
     assert "worker w1 on loadB: loop lag p99 37.0 ms > 15 ms" in check.reason, check.reason
 

@@ -4,6 +4,7 @@ help texts, when the scheduler writes its gauges, and the hybrid pools' gauges."
 from __future__ import annotations
 
 from kvprobe.engines.base import MetricMap, ReportedCapacity
+from kvprobe.theory.sglang import reports
 
 LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")  # L1382-1394
 TOKENIZER_LABELS = ("model_name", "engine_type")  # L1804-1819 (+ is_streaming on request histograms)
@@ -36,7 +37,13 @@ METRICS = MetricMap(
 
 # Scheduler gauges are written at prefill batches, every decode_log_interval decode batches and on idle
 # (metrics_reporter.py L719-1140, L1476-1520).
-DECODE_LOG_INTERVAL = 40
+DECODE_LOG_INTERVAL = reports.DECODE_LOG_INTERVAL  # the engine's default (written once, in the theory)
+# SGLang 0.5.23, srt/managers/scheduler_components/metrics_reporter.py `_maybe_log_idle_metrics`
+# (called from every idle pass, scheduler.py `on_idle`): an idle scheduler republishes its gauges at
+# once only when the running gauge disagrees with its running batch (`num_running_reqs.total !=
+# len(running_batch.reqs)`); otherwise not before `last_log_time + 30` s. So when the last report
+# before the load stopped already read 0 running (a prefill report counts the batch *before* its
+# admissions), usage and the queue keep that report's values for up to 30 s after the engine is idle.
 IDLE_REPORT_SECONDS = 30.0
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
                 400.0)  # L1965-1985

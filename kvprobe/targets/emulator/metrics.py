@@ -1,9 +1,10 @@
 """/metrics of the emulator, through prometheus_client, in each engine's exact names, types and labels.
 
 Gauges are written when the real engine writes them: vLLM after every step's update_from_output;
-SGLang at prefill batches, every decode_log_interval decode batches and on idle (when stale or every
-30 s). Counters and histograms move when their event happens. Names, labels and buckets come from the
-dialect module. The emulator adds its own `kvprobe_emulator_*` families (step lag, true pool usage).
+SGLang at prefill batches, every decode_log_interval decode batches and on idle (at once when the
+running gauge is stale, else every 30 s: the loop wakes for it). Counters and histograms move when
+their event happens. Names, labels and buckets come from the dialect module. The emulator adds its
+own `kvprobe_emulator_*` families (step lag, true pool usage).
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ class VllmMetrics(_Base):
         self.publish(s)
         self.true_running.set(s.running)
 
+    def idle_report_due(self, now: float) -> float | None:
+        return None  # the last step's record already shows the idle engine
+
     def on_first_token(self, ttft: float, stream: bool) -> None:
         self.ttft.observe(ttft)
 
@@ -219,7 +223,7 @@ class SglangMetrics(_Base):
         self.interval = decode_log_interval
         self._decode_steps = 0
         self._prev_running = 0
-        self._reported: tuple[int, int] | None = None
+        self._reported_running: int | None = None
         self._reported_at = 0.0
         self._pending_tokens = (0, 0)
 
@@ -252,7 +256,7 @@ class SglangMetrics(_Base):
         self.retracted_gauge.set(retracted)  # "number retracted since the last report"
         if retracted:
             self._retracted_family.labels(**self._labels_sched).inc(retracted)
-        self._reported = (running, s.waiting)  # what the gauge shows, so on_idle sees a stale one
+        self._reported_running = running  # what the gauge shows, so on_idle sees a stale one
         self._reported_at = now
 
     def on_step(self, s: Snapshot, *, prefill_tokens: int, decode_seqs: int, emitted: int, now: float) -> None:
@@ -267,10 +271,16 @@ class SglangMetrics(_Base):
         self.true_running.set(s.running)
 
     def on_idle(self, s: Snapshot, now: float) -> None:
-        if self._reported != (s.running, s.waiting) or now - self._reported_at >= sg.IDLE_REPORT_SECONDS:
+        # `_maybe_log_idle_metrics` (engines/sglang/metrics.py IDLE_REPORT_SECONDS): at once only when the
+        # running gauge is stale; usage and the queue may wait out the interval
+        if self._reported_running != s.running or now - self._reported_at >= sg.IDLE_REPORT_SECONDS:
             self.publish(s, now=now)
         self._prev_running = s.running
         self.true_running.set(s.running)
+
+    def idle_report_due(self, now: float) -> float | None:
+        """Seconds until an idle engine republishes its gauges (the loop wakes for it)."""
+        return max(0.0, self._reported_at + sg.IDLE_REPORT_SECONDS - now)
 
     def _labels(self, stream: bool) -> dict[str, str]:
         return {**self._tok, "is_streaming": "true" if stream else "false"}

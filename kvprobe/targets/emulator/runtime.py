@@ -21,6 +21,7 @@ from kvprobe.targets.emulator.tokens import pseudo_eos
 from kvprobe.theory.sim.steptime import TimeModel
 
 MAX_BEHIND = 0.25  # seconds behind the timeline before the time is given up (counted as lost)
+IDLE_EPSILON = 0.01  # seconds past an idle report's due time at which the loop wakes for it
 
 
 class Stream:
@@ -132,7 +133,7 @@ class Runtime:
                 self.metrics.on_idle(self.hooks.snapshot(), self.clock())
                 self._wake.clear()
                 if not self.scheduler.has_work() and not self._intake:
-                    await self._wake.wait()
+                    await self._idle()
                 t_virtual = self.clock()
                 continue
             now = self.clock()
@@ -150,6 +151,18 @@ class Runtime:
             self._deliver(result)
             self.metrics.on_lag(max(0.0, self.clock() - t_virtual), lost, duration)
         self.close()
+
+    async def _idle(self) -> None:
+        """Sleep until a request arrives, or until the engine's next idle report is due (SGLang
+        republishes its gauges while idle: engines/sglang/metrics.py IDLE_REPORT_SECONDS)."""
+        due = self.metrics.idle_report_due(self.clock())
+        if due is None:
+            await self._wake.wait()
+            return
+        try:  # a timer may fire a hair early: the idle pass that follows must find the interval passed
+            await asyncio.wait_for(self._wake.wait(), timeout=due + IDLE_EPSILON)
+        except TimeoutError:
+            pass
 
     def _admit_intake(self) -> None:
         if self._intake:

@@ -15,28 +15,10 @@ from kvprobe.theory.prediction import (
     with_policy,
 )
 from kvprobe.theory.schedsim import SglangConfig, closed_loop
+from kvprobe.theory.sglang.reports import sglang_published_usage
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, request_pool_tokens, window_pool_label
 from kvprobe.theory.sglang.swa.scheduler import is_hybrid_swa
-
-
-def sglang_published_usage(running: int, P: int, O: int, M: int, decode_log_interval: int = 40,  # noqa: E741
-                           shared: int = 0) -> float:
-    """The time average of sglang:token_usage as published with `running` requests admitted.
-
-    The gauge is written only at prefill batches and every `decode_log_interval` decode steps
-    (observability/metrics_reporter.py L719–899, L901–1140, 0.5.23) and holds its value between.
-    In a closed loop, per request lifetime of O steps there are `running` prefill reports — each
-    taken just after a request finished, whose tokens are evictable and so count as free, before
-    its replacement is allocated: running − 1 requests held — and O / interval decode reports
-    with all of them held. A held request averages its prompt and half its output; `shared`
-    prompt tokens (a cached prefix) are held once for all. (The peak physical usage,
-    running × (P + O − 1) / M, is what the dashboard never shows.)"""
-    held = P - shared + (O - 1) / 2
-    prefill_reports, decode_reports = running, O / decode_log_interval
-    mean_requests = ((prefill_reports * max(running - 1, 0) + decode_reports * running)
-                     / (prefill_reports + decode_reports))
-    return round((mean_requests * held + (shared if running else 0)) / M, 2)
 
 
 def sglang_shared_tokens(cfg: SglangConfig, K: int) -> int:
@@ -95,7 +77,7 @@ def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layer
     if hybrid and binding == "kv":  # the pool that refused most admissions in the measured window
         common["binding_group"] = window_pool_label(cfg.sliding_window_size) if stats.window_blocked > 0.5 \
             else FULL_POOL
-    usage = sglang_published_usage(stats.running_max, P, O, M, shared=shared) if reservation \
+    usage = sglang_published_usage(stats.running_max, P, O, M, shared=shared, overlap=cfg.overlap) if reservation \
         else round(stats.usage_mean, 2)
     if hybrid:  # sglang:token_usage is the larger pool's usage at each sample: the larger mean, about
         usage = round(max(stats.usage_mean, stats.swa_usage_mean), 2)

@@ -1,0 +1,81 @@
+"""Was the load generator starved while a level was held? Per level, from the load processes' lag
+records (`kvprobe.load.health`: the p99 oversleep of a 10 ms gevent sleep, and CPU, once a second).
+
+A level whose steady window the client set the timing of says nothing about the engine: its
+running, queue, usage and preemption figures are what a slow client let through. `starvation`
+names those levels (and the run's own figure when the run as a whole saturated), so the verdict
+leaves every check that reads the load's figures unjudged, with one reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvprobe.load.health import CPU_SATURATED, LAG_SATURATED_MS, worker_health
+
+
+@dataclass
+class Starvation:
+    """The load generator was the bottleneck: at which levels, and how badly."""
+
+    levels: list[int]  # the levels whose steady window a saturated load process served
+    lag_p99_ms: float | None  # the worst loop-lag p99 (median over a level's seconds) among them
+    cpu: float | None  # the busiest load process's CPU (cores) among them
+    reason: str  # e.g. "at N=22, 26: loop lag p99 up to 77.0 ms > 15 ms"
+    saturated: bool = True  # read as a client health (kvprobe.analysis.diagnosis reads .saturated, .reason)
+
+
+def mark_levels(levels, records, *, warmup_fraction: float) -> None:
+    """Each level's client figures over its steady window (the part its figures are read from):
+    `client_lag_p99_ms`, `client_cpu`, `client_saturated` (`client_saturated_by`: which of several load
+    processes). A process starved a level when most of its seconds there were saturated: one
+    second's spike (another process scheduled over it) does not decide a level of two or three
+    seconds. A level without lag records keeps None."""
+    for lv in levels:
+        start = lv.t_start + warmup_fraction * (lv.t_end - lv.t_start)
+        by_worker: dict[str, list] = {}
+        for r in records:
+            if r.kind == "lag" and r.worker != "master" and r.t is not None and start <= r.t <= lv.t_end:
+                by_worker.setdefault(r.worker or "?", []).append(r)
+        if not by_worker:
+            continue
+        workers = [(worker_health(w, rs), _mostly_saturated(rs)) for w, rs in sorted(by_worker.items())]
+        lv.client_lag_p99_ms = max(h.lag_p99_ms for h, _ in workers)
+        lv.client_cpu = max(h.cpu for h, _ in workers)
+        lv.client_saturated = any(bad for _, bad in workers)
+        if len(workers) > 1:  # name the load processes that saturated
+            lv.client_saturated_by = [h.name for h, bad in workers if bad]
+
+
+def _mostly_saturated(lag_records) -> bool:
+    bad = sum(1 for r in lag_records if (r.lag_ms or 0.0) > LAG_SATURATED_MS or (r.cpu or 0.0) > CPU_SATURATED)
+    return 2 * bad > len(lag_records)
+
+
+def starvation(levels, client, *, judged=None) -> Starvation | None:
+    """The levels a starved client served, or the whole run when its client health saturated.
+
+    `judged`: the users of the levels the verdict reads at saturation (the plateau's levels). A
+    level below them starved alone — a burst on a shared machine while a few users ran — changes
+    no figure a check is judged on; the run's own health still counts. None: every level counts.
+    Returns None when the load generator kept up."""
+    whole = client is not None and client.saturated
+    starved = [lv for lv in levels if lv.client_saturated and (whole or judged is None or lv.users in judged)]
+    if starved:
+        lag = max((lv.client_lag_p99_ms or 0.0) for lv in starved)
+        cpu = max((lv.client_cpu or 0.0) for lv in starved)
+        causes = []
+        if lag > LAG_SATURATED_MS:
+            causes.append(f"loop lag p99 up to {lag:.1f} ms > {LAG_SATURATED_MS:g} ms")
+        if cpu > CPU_SATURATED:
+            causes.append(f"a load process used up to {cpu:.2f} cores (> {CPU_SATURATED:g})")
+        where = "N=" + ", ".join(str(lv.users) for lv in starved)
+        names = sorted({name for lv in starved for name in lv.client_saturated_by})
+        if names:
+            causes.append("saturated: " + ", ".join(names))
+        causes = causes or [f"most seconds saturated (loop lag p99 up to {lag:.1f} ms, CPU up to {cpu:.2f} cores)"]
+        return Starvation([lv.users for lv in starved], lag, cpu, f"at {where}: " + "; ".join(causes))
+    if whole:
+        return Starvation([lv.users for lv in levels], client.lag_p99_ms, client.cpu,
+                          f"over the whole run: {client.reason}")
+    return None
