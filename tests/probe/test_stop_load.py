@@ -34,13 +34,16 @@ class _Load:
     (("rejection_point",), "leak", True),
     (("rejection_point", "exactness"), None, False),
 ])
-def test_the_drain_is_watched_for_the_checks_that_read_it(monkeypatch, checks, expect_fail, watched):
+@pytest.mark.parametrize("idle_report, window", [(None, 7.0), (30.0, 35.0)])
+def test_the_drain_is_watched_for_the_checks_that_read_it(monkeypatch, checks, expect_fail, watched, idle_report,
+                                                          window):
     seen = []
     monkeypatch.setattr(probe, "wait_drained", lambda sampler, *, seconds: seen.append(seconds))
     exp = SimpleNamespace(checks=checks, expect_fail=expect_fail, profile=SimpleNamespace(drain_seconds=7.0),
                           name="x")
+    # an engine that republishes idle gauges every 30 s (SGLang) is watched until that report
     pr = SimpleNamespace(exp=exp, load=_Load(), sampler=_Sampler(), result=SimpleNamespace(client=None),
-                         log=lambda line: None)
+                         log=lambda line: None, dialect=SimpleNamespace(IDLE_REPORT_SECONDS=idle_report))
     probe.stop_load(pr)
-    assert seen == ([7.0] if watched else [])
+    assert seen == ([window] if watched else [])
     assert pr.series == "series" and pr.sampler is None
