@@ -66,7 +66,7 @@ def test_case_is_well_formed(stem):
         assert isinstance(case[key], kind), f"{stem}.yaml: {key!r} is {type(case[key]).__name__}, expected {kind}"
     assert case["engine"] in ENGINES, f"{stem}.yaml: engine {case['engine']!r} not in {ENGINES}"
     assert stem.startswith(case["engine"] + "-"), f"{stem}.yaml: the file name starts with its engine"
-    assert re.fullmatch(r"\d+\.\d+(\.\d+)?(\.post\d+|rc\d+)?", case["version"]), f"{stem}.yaml: version {case['version']!r}"
+    assert re.fullmatch(r"\d+\.\d+(\.\d+){0,2}(\.post\d+|rc\d+|\.dev\d+)?(\+\w+)?", case["version"]), f"{stem}.yaml: version {case['version']!r}"
     assert case["source"].startswith("https://"), f"{stem}.yaml: source must be a public URL"
     assert case["gpu_count"] == case["tensor_parallel"] * case["pipeline_parallel"], \
         f"{stem}.yaml: gpu_count is TP x PP"
