@@ -23,6 +23,8 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "flags": dict, "log": str, "logged": dict, "notes": str,
 }
 ENGINES = ("vllm", "sglang")
+# A release or a build of one as the engine prints it: 0.19.0, 0.10.1.1, 0.4.3.post2, 0.20.2rc1.dev9+g01d4d1ad3
+_VERSION = re.compile(r"\d+\.\d+(\.\d+){0,2}((\.post|rc|\.dev)\d+)*(\+[\w.]+)?")
 # What the corpus reaches today (the README's table); each floor is what was collected, not a wish.
 FLOORS = {"cases": 30, "vllm": 20, "sglang": 8, "gpu_types": 6, "vllm_releases": 6, "sglang_releases": 3,
           "quantised": 3, "tp_gt_1": 3, "refusals": 2}
@@ -66,7 +68,7 @@ def test_case_is_well_formed(stem):
         assert isinstance(case[key], kind), f"{stem}.yaml: {key!r} is {type(case[key]).__name__}, expected {kind}"
     assert case["engine"] in ENGINES, f"{stem}.yaml: engine {case['engine']!r} not in {ENGINES}"
     assert stem.startswith(case["engine"] + "-"), f"{stem}.yaml: the file name starts with its engine"
-    assert re.fullmatch(r"\d+\.\d+(\.\d+){0,2}(\.post\d+|rc\d+|\.dev\d+)?(\+\w+)?", case["version"]), f"{stem}.yaml: version {case['version']!r}"
+    assert _VERSION.fullmatch(case["version"]), f"{stem}.yaml: version {case['version']!r} is not a release string"
     assert case["source"].startswith("https://"), f"{stem}.yaml: source must be a public URL"
     assert case["gpu_count"] == case["tensor_parallel"] * case["pipeline_parallel"], \
         f"{stem}.yaml: gpu_count is TP x PP"
