@@ -25,9 +25,12 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
 ENGINES = ("vllm", "sglang")
 # A release or a build of one as the engine prints it: 0.19.0, 0.10.1.1, 0.4.3.post2, 0.20.2rc1.dev9+g01d4d1ad3
 _VERSION = re.compile(r"\d+\.\d+(\.\d+){0,2}((\.post|rc|\.dev)\d+)*(\+[\w.]+)?")
-# What the corpus reaches today (the README's table); each floor is what was collected, not a wish.
-FLOORS = {"cases": 30, "vllm": 20, "sglang": 8, "gpu_types": 6, "vllm_releases": 6, "sglang_releases": 3,
-          "quantised": 3, "tp_gt_1": 3, "refusals": 2}
+# What the corpus reaches today (README.md there has the table). Issue 20 asked for >= 30 cases, >= 20 vLLM and
+# >= 8 SGLang, >= 6 GPU types, >= 6 vLLM and >= 3 SGLang releases: no SGLang start-up log with its release and GPU
+# stated was found (README: "Not reached"), so the SGLang floors are 0; the vLLM release lines count dev/rc
+# builds under the release they lead to (0.10.1.dev101 -> 0.10.1), final releases are counted apart.
+FLOORS = {"cases": 31, "vllm": 31, "sglang": 0, "gpu_types": 6, "vllm_releases": 6, "vllm_final_releases": 4,
+          "sglang_releases": 0, "quantised": 15, "tp_gt_1": 15, "pp_gt_1": 1, "refusals": 4}
 
 # (case file stem, field) pairs where kvprobe's parser reads a real line differently from what the
 # engine printed: listed, not fixed here (a later step fixes the parsers). strict xfail: a fixed
@@ -144,14 +147,26 @@ def test_corpus_spans_what_it_claims():
         "vllm": len(by["vllm"]),
         "sglang": len(by["sglang"]),
         "gpu_types": len({gpu_family(c["gpu"]) for c in cases}),
-        "vllm_releases": len({c["version"] for c in by["vllm"]}),
-        "sglang_releases": len({c["version"] for c in by["sglang"]}),
+        "vllm_releases": len({release_of(c["version"]) for c in by["vllm"]}),
+        "vllm_final_releases": len({c["version"] for c in by["vllm"] if release_of(c["version"]) == c["version"]}),
+        "sglang_releases": len({release_of(c["version"]) for c in by["sglang"]}),
         "quantised": sum(c["quantization"] is not None for c in cases),
         "tp_gt_1": sum(c["tensor_parallel"] > 1 for c in cases),
+        "pp_gt_1": sum(c["pipeline_parallel"] > 1 for c in cases),
         "refusals": sum(c["logged"].get("refused") is not None for c in cases),
     }
     short = {k: (reached[k], floor) for k, floor in FLOORS.items() if reached[k] < floor}
     assert not short, f"the corpus fell below its floors (reached, floor): {short}"
+
+
+def release_of(version: str) -> str:
+    """The release a version string is or leads to: 0.20.2rc1.dev9+g01d4d1ad3 -> 0.20.2, 0.10.1.1 -> 0.10.1.1."""
+    return re.match(r"\d+\.\d+(\.\d+){0,2}", version).group(0)
+
+
+def test_release_of():
+    assert [release_of(v) for v in ("0.19.0", "0.10.1.1", "0.10.1.dev101+gbda9d0535", "0.20.2rc1.dev9+g01d4d1ad3",
+                                    "0.4.3.post2")] == ["0.19.0", "0.10.1.1", "0.10.1", "0.20.2", "0.4.3"]
 
 
 _GPU_FAMILIES = ("H100", "H200", "H20", "A100", "A10G", "A10", "L40S", "L40", "L4", "A6000", "RTX 3090",
