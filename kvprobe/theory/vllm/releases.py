@@ -8,6 +8,7 @@ from __future__ import annotations
 from kvprobe.releases import VLLM_DEFAULT_VERSION, version_tuple
 from kvprobe.theory.vllm.memory_profile import profile_rules
 
+
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
     """The admission policy (schedsim's name) of a vLLM version. 0.11 and older admit a prompt by
     its first chunk; later releases make the whole prompt fit before admitting it
