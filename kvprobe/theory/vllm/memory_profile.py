@@ -43,10 +43,9 @@ class ProfileRules:
     def describe(self) -> str:
         graph = {"none": "no CUDA-graph estimate", "logged": "CUDA-graph estimate logged, not subtracted",
                  "subtracted": "CUDA-graph estimate subtracted"}[self.cudagraph]
-        if self.legacy:
-            return f"vLLM {self.release} rules: kvprobe's estimates, {graph}"
-        return (f"vLLM {self.release} rules: requested = {'ceil(' if self.requested_ceil else ''}total x util"
-                f"{')' if self.requested_ceil else ''}; {graph}; sampler warm-up via {self.sampler}")
+        requested = "ceil(total x util)" if self.requested_ceil else "total x util"
+        terms = "kvprobe's estimates" if self.legacy else f"sampler warm-up via {self.sampler}"
+        return f"vLLM {self.release} rules: requested = {requested}; {graph}; {terms}"
 
 
 RULES: tuple[ProfileRules, ...] = (
