@@ -42,6 +42,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("kv-cache-memory-bytes", str, None, "KV pool in bytes, human units (L1394)", emulated=False,
          kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
     Flag("kv-cache-dtype", str, "auto", "KV cache dtype (L1397)", emulated=False, ledger="kv_cache_dtype"),
+    Flag("quantization", str, None, "weight quantisation (L992); the ledger counts fp8 (online FP8 of a 16-bit "
+         "checkpoint) and the checkpoint's own", emulated=False, ledger="quantization"),
     Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
     Flag("tensor-parallel-size", int, 1, "TP degree (L1209)", emulated=False, lo=1, ledger="tp"),
     Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
@@ -53,7 +55,7 @@ OTHER_FLAGS = (
     "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
     "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
     "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
-    "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
+    "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
     "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)
 )
