@@ -245,3 +245,35 @@ def test_quantization_flag_that_contradicts_the_checkpoint_is_refused():
         with_quantization({"quantization_config": {"quant_method": "mxfp4"}}, "fp8", "c.json")
     with pytest.raises(ConfigError, match="expected fp8"):
         with_quantization({}, "awq", "c.json")
+
+
+def test_activation_peak_where_logged(table):
+    """The sampler warm-up rule against the torch peak the logs print: within 5% for the dense text
+    models; the multimodal ones (Gemma-3, Llama-4-Scout: their encoder's profile is not modelled) lower."""
+    rows, _ = table
+    close = [r["case"] for r in rows if "activation" in r and abs(r["activation"][1] / r["activation"][0] - 1) <= 0.05]
+    assert len(close) >= 8, close
+    for r in rows:
+        if "activation" in r and r["case"] not in close:
+            assert "gemma3" in r["case"] or "llama4" in r["case"], (r["case"], r["activation"])
+
+
+@pytest.mark.parametrize(("version", "release", "util", "graph"), [
+    ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
+    ("0.19.0", "0.19.0", 0.9, "logged"), ("0.19.1", "0.19.0", 0.9, "logged"), ("0.20.1", "0.20.0", 0.92, "subtracted"),
+    ("0.24.0", "0.20.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
+def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
+    from kvprobe.theory.vllm.memory_profile import profile_rules
+    from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+
+    rules = profile_rules(version)
+    assert (rules.release, rules.gpu_memory_utilization, rules.cudagraph) == (release, util, graph)
+    assert vllm_default_gpu_memory_utilization(version) == util
+
+
+def test_the_ledger_prints_the_rule_it_applied():
+    from kvprobe.theory.ledger.text import render_ledger
+
+    text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
+    assert "memory profile          vLLM 0.19.0" in text
+    assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text

@@ -103,7 +103,7 @@ def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: 
 
 
 def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_batched_tokens: int,
-                                       max_num_seqs: int, tp: int = 1, gpu_arch: str = "sm90") -> int:
+                                       max_num_seqs: int, tp: int = 1, pp: int = 1, gpu_arch: str = "sm90") -> int:
     """The torch peak increase of profile_run as the release computes it: the forward, then the
     sampler warm-up (memory_profile.sampler_warmup_bytes), whichever is larger; 0.33.0: kvprobe's sum."""
     if rules.legacy:
@@ -111,7 +111,8 @@ def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules,
                                               max_num_seqs=max_num_seqs, tp=tp)
     forward = estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp)
     return max(forward, sampler_warmup_bytes(geom, rules, max_num_seqs=max_num_seqs,
-                                             max_num_batched_tokens=max_num_batched_tokens, gpu_arch=gpu_arch))
+                                             max_num_batched_tokens=max_num_batched_tokens, gpu_arch=gpu_arch,
+                                             pp=pp))
 
 
 def _n_experts(geom: ModelGeometry) -> int:
@@ -241,7 +242,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     act = estimates.get("activation_bytes")
     if act is None:
         act = used["activation_bytes"] = estimate_profiled_activation_bytes(
-            geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp,
+            geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
             gpu_arch=gpu_arch)
     graph = estimates.get("cudagraph_bytes")
     if graph is None:

@@ -60,14 +60,16 @@ RULES: tuple[ProfileRules, ...] = (
                  "init_worker_distributed_environment (L192): NCCL init is counted as non-torch",
                  "v1/worker/gpu_worker.py L240-258: available = requested - non_kv_cache_memory; no graph term",
                  "v1/sample/ops/topk_topp_sampler.py L33-50: FlashInfer top-k/top-p on CUDA "
-                 "(VLLM_USE_FLASHINFER_SAMPLER None = on in V1)")),
+                 "(VLLM_USE_FLASHINFER_SAMPLER None = on in V1) when installed: the `flashinfer` extra "
+                 "(METADATA), in the official image; without it torch's sort path peaks higher (not modelled)")),
     ProfileRules(
         "0.11.0", 0.9, requested_ceil=False, cudagraph="none", sampler="flashinfer",
         snapshot_after_distributed=True,
         sources=("config/cache.py L43: gpu_memory_utilization = 0.9",
                  "v1/worker/gpu_worker.py L169-184: init_worker_distributed_environment, then the snapshot "
                  "and requested = total x util (no ceil); no graph term",
-                 "v1/sample/ops/topk_topp_sampler.py L46: FlashInfer top-k/top-p on CUDA")),
+                 "v1/sample/ops/topk_topp_sampler.py L46: FlashInfer top-k/top-p on CUDA (the `flashinfer` "
+                 "extra, as 0.10.1.1)")),
     ProfileRules(
         "0.19.0", 0.9, requested_ceil=True, cudagraph="logged", sampler="triton",
         snapshot_after_distributed=True,
@@ -101,7 +103,7 @@ def profile_rules(version: str) -> ProfileRules:
 
 
 def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_seqs: int,
-                         max_num_batched_tokens: int, gpu_arch: str = "sm90") -> int:
+                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1) -> int:
     """Torch peak of profile_run's sampler warm-up (`_dummy_sampler_run`), the activation peak of most
     models at max_num_seqs 1024: one row per dummy request (`_dummy_run`: min(tokens, max_num_seqs)).
 
@@ -110,7 +112,10 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     path: triton (0.19+) softmax probs + random_sample's exponential `q = torch.empty_like(probs)`
     (v1/sample/ops/topk_topp_sampler.py); FlashInfer (0.10) top_k_mask_logits + softmax. The triton
     path adds its cached per-program rows; the forward's hidden states (max_num_batched_tokens rows,
-    profile_run keeps them until the sampler returns) are live throughout."""
+    profile_run keeps them until the sampler returns) are live throughout. With PP the sampler runs on
+    the last rank, which also holds the received hidden states and residual of max_num_batched_tokens
+    (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
+    the ranks (the executor takes the minimum), so this rank's peak is the one that counts."""
     rows = min(max_num_seqs, max_num_batched_tokens)
     per_element = geom.dtype_bytes + 4 + 4 + 4
     peak = rows * geom.vocab_size * per_element
@@ -118,7 +123,8 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
         sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
         programs = min(sms, rows)
         peak += min(1 << (programs - 1).bit_length(), sms) * geom.vocab_size * 4
-    return peak + max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
+    hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
+    return peak + hidden + (2 * hidden if pp > 1 else 0)
 
 
 # Non-torch memory counted by releases whose init snapshot follows CUDA and NCCL init: not the CUDA
