@@ -45,10 +45,10 @@ RUNNABLE = 11
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
-    "vllm-0.19.0-h100-gemma3-27b": "weights: the ledger counts 1.48 GiB more than vLLM loads (52.93 vs 51.45 GiB; "
-                                   "kvprobe/theory/model/weights.py)",
-    "vllm-0.19.0-h100-llama4-scout-tp4": "weights: the ledger counts 5.7 GiB less per rank than vLLM loads (47.38 vs "
-                                         "53.12 GiB at TP4; kvprobe/theory/model/weights.py)",
+    "vllm-0.19.0-h100-gemma3-27b": "weights: 52.93 vs 51.45 GiB; the ledger counts lm_head apart (Gemma-3 ties it "
+                                   "to the embeddings by default: +2.63 GiB) and not the vision tower",
+    "vllm-0.19.0-h100-llama4-scout-tp4": "weights: 47.38 vs 53.12 GiB per rank at TP4; the ledger misses Llama-4's "
+                                         "shared expert (48 x 3 x 5120 x 8192 = 6.0 B parameters) and the vision tower",
 }
 # Refusals the ledger does not predict, with the reason.
 UNPREDICTED_REFUSALS = {
