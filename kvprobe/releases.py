@@ -21,9 +21,12 @@ VLLM_DEFAULT_VERSION = DEFAULT_VERSIONS[VLLM]
 SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
 
 # Releases whose facts kvprobe holds: vLLM 0.33.0 throughout, 0.11.0 and 0.9.2 where they differ
-# (two-line capacity log, first-chunk admission, error bodies, gauge names); SGLang 0.5.23, and
-# 0.5.21/0.5.22 where the ignore_eos reservation differs.
-KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.11.0", "0.33.0"), SGLANG: ("0.5.21", "0.5.22", "0.5.23")}
+# (two-line capacity log, first-chunk admission, error bodies, gauge names); the memory profile of
+# 0.10.1.1, 0.11.0, 0.19.0, 0.20.0/0.20.1 and 0.24.0 (kvprobe/theory/vllm/memory_profile.py; their
+# other facts are those of the nearest release above); SGLang 0.5.23, and 0.5.21/0.5.22 where the
+# ignore_eos reservation differs.
+KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.1.1", "0.11.0", "0.19.0", "0.20.0", "0.20.1", "0.24.0", "0.33.0"),
+                  SGLANG: ("0.5.21", "0.5.22", "0.5.23")}
 
 
 def normalize_version(version: str) -> str:

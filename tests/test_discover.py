@@ -98,7 +98,8 @@ def test_versions_the_engine_reports(tmp_path):
     exp = staging(tmp_path, served_model_name="staging-llama")
     reports = [*real_vllm_reports()[:2], ("GET /version", ReportedCapacity(version="0.34.0"))]
     with pytest.raises(ConfigError, match=r"reports vllm 0.34.0: expected a vllm version kvprobe has facts for "
-                                          r"\(0.9.2, 0.11.0, 0.33.0\), or name the admission policy with `policy:`"):
+                                          r"\(0.9.2, 0.10.1.1, 0.11.0, 0.19.0, 0.20.0, 0.20.1, 0.24.0, 0.33.0\), "
+                                          r"or name the admission policy with `policy:`"):
         discover(exp, facts(reports))
     chosen = staging(tmp_path, served_model_name="staging-llama", version="0.33.0", policy="vllm-0.33")
     disc = discover(chosen, facts(reports))

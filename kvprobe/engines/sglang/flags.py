@@ -55,6 +55,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("mem-fraction-static", float, None, "fraction of GPU memory for weights + KV", emulated=False,
          kind="frac", ledger="mem_fraction_static"),
     Flag("kv-cache-dtype", str, "auto", "KV cache dtype", emulated=False, ledger="kv_cache_dtype"),
+    Flag("quantization", str, None, "weight quantisation; the ledger counts fp8 (online FP8 of a 16-bit "
+         "checkpoint) and the checkpoint's own", emulated=False, ledger="quantization"),
     Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
     Flag("tp-size", int, 1, "tensor parallel GPUs", emulated=False, lo=1, ledger="tp"),
     Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
@@ -88,7 +90,7 @@ CPU_UNREGISTERED_QUANTIZATION = ("mxfp4",)
 OTHER_FLAGS = (
     "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
-    "extra-metric-labels", "trust-remote-code", "quantization", "random-seed", "disable-cuda-graph",
+    "extra-metric-labels", "trust-remote-code", "random-seed", "disable-cuda-graph",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
     "stream-interval", "sleep-on-idle", "device",
 )

@@ -47,6 +47,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
     Flag("kv-cache-dtype", str, "auto", "the KV cache dtype (auto: the model's)", emulated=False,
          ledger="kv_cache_dtype"),
+    Flag("quantization", str, None, "the weights' quantisation method (fp8: online FP8 of a 16-bit checkpoint)",
+         emulated=False, ledger="quantization"),
     Flag("dtype", str, "auto", "model dtype", emulated=False, ledger="dtype"),
     Flag("tensor-parallel-size", int, 1, "tensor parallel GPUs", emulated=False, lo=1, ledger="tp"),
     Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
@@ -58,7 +60,7 @@ OTHER_FLAGS = (
     "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
     "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
     "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
-    "performance-mode", "trust-remote-code", "quantization", "seed", "swap-space", "cpu-offload-gb",
+    "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
     "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)
 )

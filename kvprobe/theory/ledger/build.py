@@ -44,6 +44,7 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     inputs = normalized(inputs)
     validate(inputs)
     cfg, source = load_model_config(inputs.model, base_dir=inputs.base_dir)
+    cfg = with_quantization(cfg, inputs.quantization, source)
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
     model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp, engine=inputs.engine,
@@ -51,6 +52,26 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
+
+
+def with_quantization(cfg: dict, method: str | None, source: str) -> dict:
+    """The checkpoint as `--quantization` has the engine load it. `fp8` on a 16-bit checkpoint quantises
+    its linear layers online to FP8 with one scale per tensor (vllm model_executor/layers/quantization/
+    fp8.py Fp8LinearMethod, `is_checkpoint_fp8_serialized` False): counted as a per-tensor FP8 checkpoint.
+    A method that names the checkpoint's own is a no-op; another is refused, as vLLM refuses it."""
+    if method is None:
+        return cfg
+    own = str(((cfg.get("quantization_config") or {}) if isinstance(cfg.get("quantization_config"), dict)
+               else {}).get("quant_method", "")).lower()
+    if own:
+        if own != method.lower():
+            raise ConfigError(f"the checkpoint is quantised with {own!r} ({source}: quantization_config."
+                              f"quant_method); --quantization {method} does not match it", key="quantization")
+        return cfg
+    if method.lower() != "fp8":
+        raise ConfigError(f"expected fp8 (online FP8) for a checkpoint without quantization_config, got "
+                          f"{method!r}: kvprobe does not count that method's weights", key="quantization")
+    return {**cfg, "quantization_config": {"quant_method": "fp8"}}
 
 
 def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, key: str) -> int:
@@ -85,7 +106,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         block_size=inputs.block_size, max_num_seqs=seqs, max_num_batched_tokens=tokens, tp=inputs.tp,
         pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
-        auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts)
+        auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts,
+        gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH)
     groups, not_modelled = (), None
     if bud.plan is not None:
         try:

@@ -23,6 +23,7 @@ class LedgerInputs:
     mem_fraction_static: float | None = None
     dtype: str | None = None
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None  # --quantization: fp8 quantises a 16-bit checkpoint's linear layers online
     block_size: int | None = None
     page_size: int | None = None
     max_model_len: int | None = None  # -1 = vLLM's `auto` (fit the pool)

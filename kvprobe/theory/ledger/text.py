@@ -139,14 +139,19 @@ def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
     if b.source == "num_gpu_blocks_override" and b.requested_bytes is None:  # no GPU memory: no split
         return rows + [["= KV pool", format_bytes(b.num_blocks * b.bytes_per_block),
                         f"num-gpu-blocks-override: {b.num_blocks} blocks x {format_bytes(b.bytes_per_block)}"]]
+    graph_how = how("cudagraph_bytes", "graph pool") if b.cudagraph_subtracted else \
+        f"not subtracted by this release (estimate {format_bytes(b.cudagraph)} logged only)"
     rows += [
-        ["gpu_memory_utilization", b.fraction, "requested = ceil(total x fraction)"],
+        ["memory profile", b.rules.split(" rules: ")[0], b.rules.split(" rules: ")[-1]] if b.rules else None,
+        ["gpu_memory_utilization", b.fraction, "requested = ceil(total x fraction)"
+         if "ceil(" in b.rules or not b.rules else "requested = total x fraction"],
         ["requested", None if b.requested_bytes is None else format_bytes(b.requested_bytes), "-"],
         ["- weights", format_bytes(b.weights), "from config.json"],
         ["- other", format_bytes(b.other), how("other_bytes", "CUDA context, NCCL")],
         ["- activation peak", format_bytes(b.activation), how("activation_bytes", "profile run")],
-        ["- CUDA graphs", format_bytes(b.cudagraph), how("cudagraph_bytes", "graph pool")],
+        ["- CUDA graphs", format_bytes(b.cudagraph if b.cudagraph_subtracted else 0), graph_how],
     ]
+    rows = [r for r in rows if r is not None]
     if b.source == "num_gpu_blocks_override":
         rows.append(["(profiled pool)", profiled, "what profiling gives; replaced by the override"
                      if profiled else "no GPU memory given: not profiled"])

@@ -108,6 +108,23 @@ def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
     return True, (tuple(block) if block else None)
 
 
+# The checkpoint quantisations whose weights kvprobe counts as the engine allocates them (weights.py).
+KNOWN_QUANT_METHODS = ("fp8", "mxfp4")
+
+
+def _check_quant_method(cfg: dict, source: str) -> None:
+    """A quantised checkpoint kvprobe cannot count is an error, never weights silently counted at bf16."""
+    q = cfg.get("quantization_config")
+    if not q:
+        return
+    method = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
+    if method not in KNOWN_QUANT_METHODS:
+        raise ConfigError(f"expected a quantisation kvprobe counts ({', '.join(KNOWN_QUANT_METHODS)}), got "
+                          f"{method or q!r} (counting its weights at the model dtype would misstate "
+                          "the pool)",
+                          file=source, key="quantization_config.quant_method")
+
+
 def _is_mxfp4_checkpoint(cfg: dict) -> bool:
     q = cfg.get("quantization_config") or {}
     return str(q.get("quant_method", "")).lower() == "mxfp4"
@@ -152,6 +169,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
                           file=source, key="qk_rope_head_dim")
     dtype_name = _dtype_of(cfg, dtype, source)
     dbytes = DTYPE_BYTES[dtype_name]
+    _check_quant_method(cfg, source)
     fp8, block = _is_fp8_checkpoint(cfg)
     vocab = _get(cfg, "vocab_size", source, default=32000)
     tied = bool(cfg.get("tie_word_embeddings", False))

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB, cdiv
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
@@ -29,6 +30,7 @@ from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
     vllm_kv_plan,
 )
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
+from kvprobe.theory.vllm.memory_profile import ProfileRules, non_torch_bytes, profile_rules, sampler_warmup_bytes
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
@@ -74,12 +76,20 @@ def estimate_vllm_other_bytes(*, tp: int = 1, pp: int = 1) -> int:
 
 def estimate_vllm_activation_bytes(geom: ModelGeometry, *, max_num_batched_tokens: int,
                                    max_num_seqs: int, tp: int = 1) -> int:
-    """Peak of the profile run (a forward of max_num_batched_tokens tokens + a sampler run).
+    """Peak of the profile run (a forward of max_num_batched_tokens tokens + a sampler run), as
+    kvprobe estimates it for 0.33.0 (the releases read in memory_profile.py take the larger of the
+    forward and the sampler warm-up instead: they run one after the other).
 
     Forward: the widest live intermediates of one layer (gate_up output, its activation and the
     residual stream, in the model dtype). Sampler: fp32 logits of max_num_seqs rows, with one copy
     for the softmax. Override with estimates["activation_bytes"].
     """
+    sampler = max_num_seqs * geom.vocab_size * 4 * 2
+    return estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp) + sampler
+
+
+def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: int, tp: int = 1) -> int:
+    """The forward of the profile run: the widest live intermediates of one layer."""
     parts = {p.name: p for p in geom.weight_parts}
     widest = geom.hidden_size * 4
     for name in ("mlp.gate_up_proj", "shared_experts.gate_up_proj"):
@@ -89,9 +99,20 @@ def estimate_vllm_activation_bytes(geom: ModelGeometry, *, max_num_batched_token
         gate_up = parts["experts.gate_up_proj"]  # MXFP4 parts count their biases: use the width itself
         per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if gate_up.dims else gate_up.params // geom.hidden_size
         widest = max(widest, per_expert // max(1, _n_experts(geom)) * 8 // tp)
-    forward = max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
-    sampler = max_num_seqs * geom.vocab_size * 4 * 2
-    return forward + sampler
+    return max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
+
+
+def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_batched_tokens: int,
+                                       max_num_seqs: int, tp: int = 1, pp: int = 1, gpu_arch: str = "sm90") -> int:
+    """The torch peak increase of profile_run as the release computes it: the forward, then the
+    sampler warm-up (memory_profile.sampler_warmup_bytes), whichever is larger; 0.33.0: kvprobe's sum."""
+    if rules.legacy:
+        return estimate_vllm_activation_bytes(geom, max_num_batched_tokens=max_num_batched_tokens,
+                                              max_num_seqs=max_num_seqs, tp=tp)
+    forward = estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp)
+    return max(forward, sampler_warmup_bytes(geom, rules, max_num_seqs=max_num_seqs,
+                                             max_num_batched_tokens=max_num_batched_tokens, gpu_arch=gpu_arch,
+                                             pp=pp))
 
 
 def _n_experts(geom: ModelGeometry) -> int:
@@ -165,6 +186,10 @@ class VllmBudget:
     largest_max_model_len: int = 0
     # a hybrid model's groups (vllm/hybrid/kv_cache_planning.vllm_kv_plan); None: one uniform pool
     plan: VllmKVPlan | None = None
+    # the release's memory-profile rules (memory_profile.py), and whether its CUDA-graph estimate
+    # (`cudagraph` above) is subtracted or only logged
+    rules: str = ""
+    cudagraph_subtracted: bool = True
 
     @property
     def usable_blocks(self) -> int:
@@ -177,7 +202,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, tp: int = 1, pp: int = 1,
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False,
-                refuse: bool = True, plan_opts: VllmOptions | None = None) -> VllmBudget:
+                refuse: bool = True, plan_opts: VllmOptions | None = None, gpu_arch: str = "sm90") -> VllmBudget:
     """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
 
     Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
@@ -187,7 +212,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     A hybrid model (window, chunked-local or linear layers) is planned by `vllm/hybrid/kv_cache_planning.vllm_kv_plan`
     with `plan_opts` (the engine settings its layout depends on): its groups share one pool whose
     block is the largest group's page, and the capacity line divides by the sum over groups
-    (`VllmBudget.plan`)."""
+    (`VllmBudget.plan`). The terms of the split follow the release's own memory profile
+    (`memory_profile.profile_rules(version)`)."""
     if geom.layers.hybrid and plan_opts is None:
         raise ConfigError(f"{geom.name} has {geom.layers.describe()} layers: its vLLM pool needs the "
                           "hybrid plan's options (vllm_budget(plan_opts=...))", key=geom.layers.key or "layer_types")
@@ -207,22 +233,27 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if not 0 < fraction <= 1:
         raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
                           key="gpu_memory_utilization")
+    rules = profile_rules(version or VLLM_DEFAULT_VERSION)
     used: dict[str, int] = {}
     other = estimates.get("other_bytes")
     if other is None:
-        other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp)
+        other = non_torch_bytes(rules, tp=tp, pp=pp)
+        other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp) if other is None else other
     act = estimates.get("activation_bytes")
     if act is None:
-        act = used["activation_bytes"] = estimate_vllm_activation_bytes(
-            geom, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp)
+        act = used["activation_bytes"] = estimate_profiled_activation_bytes(
+            geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
+            gpu_arch=gpu_arch)
     graph = estimates.get("cudagraph_bytes")
     if graph is None:
         graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
+    graph_applied = graph if rules.cudagraph == "subtracted" else 0
 
     requested = upper = upper_blocks = upper_tokens = None
     # --kv-cache-memory-bytes replaces the memory split: no fraction is requested, nothing profiled.
     if gpu_memory_bytes is not None and kv_cache_memory_bytes is None:
-        requested = math.ceil(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
+        requested = math.ceil(gpu_memory_bytes * fraction) if rules.requested_ceil \
+            else int(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
         upper = requested - weights
         upper_blocks = max(0, upper // bytes_per_block)
         upper_tokens = max(0, upper // kv.total)
@@ -231,7 +262,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if kv_cache_memory_bytes is not None:
         kv_pool, source = kv_cache_memory_bytes, "kv_cache_memory_bytes"
     elif requested is not None:
-        kv_pool, source = requested - weights - other - act - graph, "profiled"
+        kv_pool, source = requested - weights - other - act - graph_applied, "profiled"
     else:
         kv_pool, source = None, "num_gpu_blocks_override"
     if num_gpu_blocks_override is not None:
@@ -247,7 +278,9 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                               kv_pool, VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None
                                                   else None, requested, weights, other, act, graph, kv_pool,
                                                   upper, bytes_per_block, num_blocks, upper_blocks, block, 0,
-                                                  upper_tokens, max_model_len, 0.0, True, source, used))
+                                                  upper_tokens, max_model_len, 0.0, True, source, used,
+                                                  rules=rules.describe(),
+                                                  cudagraph_subtracted=rules.cudagraph == "subtracted"))
     refusal = None
     try:
         if auto_fit:
@@ -265,7 +298,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
-                      source, used, refusal, max(0, (num_blocks - 1) * block))
+                      source, used, refusal, max(0, (num_blocks - 1) * block), rules=rules.describe(),
+                      cudagraph_subtracted=rules.cudagraph == "subtracted")
 
 
 def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,

@@ -5,11 +5,8 @@ here, so a version runs the same policy in the emulator and in the ledger."""
 
 from __future__ import annotations
 
-from kvprobe.errors import ConfigError
 from kvprobe.releases import VLLM_DEFAULT_VERSION, version_tuple
-
-# `config/cache.py` gpu_memory_utilization default: 0.92 in 0.33.0 (L215), 0.9 in 0.11.0 and 0.9.2.
-VLLM_GPU_MEMORY_UTILIZATION = {"0.33": 0.92, "0.11": 0.9, "0.9": 0.9}
+from kvprobe.theory.vllm.memory_profile import profile_rules
 
 
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
@@ -21,23 +18,6 @@ def policy(version: str, *, reserve_full_isl: bool = True) -> str:
     return "vllm-0.11" if version_tuple(version) < (0, 12) or not reserve_full_isl else "vllm-0.33"
 
 
-def version_key(version: str | None, known: dict) -> str:
-    v = (version or VLLM_DEFAULT_VERSION).lstrip("v")
-    parts = v.split(".")
-    for n in (2, 1):
-        key = ".".join(parts[:n])
-        if key in known:
-            return key
-    # Unknown versions: the newest rule we know for newer ones, the oldest for older ones.
-    newest = max(known, key=lambda k: tuple(int(x) for x in k.split(".")))
-    oldest = min(known, key=lambda k: tuple(int(x) for x in k.split(".")))
-    try:
-        mine = tuple(int(x) for x in parts[:2])
-    except ValueError as err:
-        raise ConfigError(f"expected an engine version like 0.33.0, got {version!r}",
-                          key="engine_version") from err
-    return newest if mine >= tuple(int(x) for x in newest.split(".")) else oldest
-
-
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
-    return VLLM_GPU_MEMORY_UTILIZATION[version_key(version, VLLM_GPU_MEMORY_UTILIZATION)]
+    """`config/cache.py`'s default: 0.9 up to 0.19.0, 0.92 from 0.20.0 (memory_profile.RULES names the lines)."""
+    return profile_rules(version or VLLM_DEFAULT_VERSION).gpu_memory_utilization

@@ -1,0 +1,144 @@
+"""vLLM's memory profile, release by release: how `Worker.determine_available_memory` turns the GPU's
+total memory into the KV pool in each release kvprobe has read, and which term moved when.
+
+    available = requested - (weights + torch peak increase + non-torch increase) [- CUDA-graph estimate]
+
+Every release measures the same terms on the GPU; what changed between releases is what is counted
+and what is subtracted. Each rule names the release it was read in and the engine file it comes
+from (docs/ledger.md has the table). A version between two read releases takes the rules of the
+newest read release at or below it (the rules are keyed by the release that changed them).
+
+0.33.0 keeps kvprobe's own estimates (`legacy=True`: `vllm.budget.estimate_vllm_*`), on which the
+expectations and shadow checks rest; the sampler warm-up below is in its source too (see
+docs/ledger.md, "what remains").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvprobe.releases import version_tuple
+from kvprobe.theory.model.geometry import ModelGeometry
+from kvprobe.theory.model.sizes import MIB
+
+# Streaming multiprocessors of the GPU family (`--gpu-arch`): the triton top-k/top-p kernel keeps one
+# vocab-wide fp32 row per program, min(next_pow2(min(SMs, rows)), SMs) of them (v1/sample/ops/
+# topk_topp_triton.py apply_top_k_top_p_triton, 0.19.0 L1013-1019). H100 SXM 132, B200 148.
+SMS_BY_ARCH = {"sm90": 132, "sm100": 148}
+
+
+@dataclass(frozen=True)
+class ProfileRules:
+    """What one vLLM release counts and subtracts when it sizes the KV pool."""
+
+    release: str  # the release these rules were read in
+    gpu_memory_utilization: float  # CacheConfig default
+    requested_ceil: bool  # requested = ceil(total x util) (v1/worker/utils.py request_memory); else total x util
+    cudagraph: str  # "none": not profiled; "logged": estimated and printed, not subtracted; "subtracted"
+    sampler: str  # the dummy sampler's top-k/top-p path: "flashinfer" | "triton"
+    snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
+    legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
+    sources: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        graph = {"none": "no CUDA-graph estimate", "logged": "CUDA-graph estimate logged, not subtracted",
+                 "subtracted": "CUDA-graph estimate subtracted"}[self.cudagraph]
+        requested = "ceil(total x util)" if self.requested_ceil else "total x util"
+        terms = "kvprobe's estimates" if self.legacy else f"sampler warm-up via {self.sampler}"
+        return f"vLLM {self.release} rules: requested = {requested}; {graph}; {terms}"
+
+
+RULES: tuple[ProfileRules, ...] = (
+    ProfileRules(  # known for its logs and admission; its memory profile not read: kvprobe's estimates
+        "0.9.2", 0.9, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
+        snapshot_after_distributed=False, legacy=True, sources=("config/cache.py: gpu_memory_utilization = 0.9",)),
+    ProfileRules(
+        "0.10.1.1", 0.9, requested_ceil=False, cudagraph="none", sampler="flashinfer",
+        snapshot_after_distributed=False,
+        sources=("config/cache.py L43: gpu_memory_utilization = 0.9",
+                 "v1/worker/gpu_worker.py L174-176: init snapshot, requested = total x util, then "
+                 "init_worker_distributed_environment (L192): NCCL init is counted as non-torch",
+                 "v1/worker/gpu_worker.py L240-258: available = requested - non_kv_cache_memory; no graph term",
+                 "v1/sample/ops/topk_topp_sampler.py L33-50: FlashInfer top-k/top-p on CUDA "
+                 "(VLLM_USE_FLASHINFER_SAMPLER None = on in V1) when installed: the `flashinfer` extra "
+                 "(METADATA), in the official image; without it torch's sort path peaks higher (not modelled)")),
+    ProfileRules(
+        "0.11.0", 0.9, requested_ceil=False, cudagraph="none", sampler="flashinfer",
+        snapshot_after_distributed=True,
+        sources=("config/cache.py L43: gpu_memory_utilization = 0.9",
+                 "v1/worker/gpu_worker.py L169-184: init_worker_distributed_environment, then the snapshot "
+                 "and requested = total x util (no ceil); no graph term",
+                 "v1/sample/ops/topk_topp_sampler.py L46: FlashInfer top-k/top-p on CUDA (the `flashinfer` "
+                 "extra, as 0.10.1.1)")),
+    ProfileRules(
+        "0.19.0", 0.9, requested_ceil=True, cudagraph="logged", sampler="triton",
+        snapshot_after_distributed=True,
+        sources=("config/cache.py L41: gpu_memory_utilization = 0.9",
+                 "v1/worker/gpu_worker.py L263-283: init_worker_distributed_environment, then the snapshot "
+                 "and request_memory (v1/worker/utils.py L408: ceil)",
+                 "v1/worker/gpu_worker.py L376-421: profile_cudagraph_memory() estimated and logged; "
+                 "subtracted only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (envs.py L1654, default 0)",
+                 "v1/worker/gpu_model_runner.py L5721-5795 profile_run -> _dummy_sampler_run (L5556): "
+                 "max_num_seqs rows, top-k and top-p -> topk_topp_triton.py")),
+    ProfileRules(
+        "0.20.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="triton",
+        snapshot_after_distributed=True,
+        sources=("config/cache.py L66: gpu_memory_utilization = 0.92",
+                 "envs.py L1724: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default 1: the estimate is "
+                 "subtracted (v1/worker/gpu_worker.py determine_available_memory); same in 0.20.1 and 0.24.0 "
+                 "(config/cache.py L67, envs.py L1894)")),
+    ProfileRules(
+        "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="triton",
+        snapshot_after_distributed=True, legacy=True,
+        sources=("config/cache.py L215: gpu_memory_utilization = 0.92",
+                 "v1/worker/gpu_worker.py L702-757, envs.py L2219-2221: graph estimate subtracted by default")),
+)
+
+
+def profile_rules(version: str) -> ProfileRules:
+    """The rules of the newest read release at or below `version`; older than all: the oldest."""
+    mine = version_tuple(version)
+    below = [r for r in RULES if version_tuple(r.release) <= mine]
+    return below[-1] if below else RULES[0]
+
+
+def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_seqs: int,
+                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1) -> int:
+    """Torch peak of profile_run's sampler warm-up (`_dummy_sampler_run`), the activation peak of most
+    models at max_num_seqs 1024: one row per dummy request (`_dummy_run`: min(tokens, max_num_seqs)).
+
+    Live at the peak, per row x vocab element: the model-dtype logits (compute_logits), their fp32
+    copy (v1/sample/sampler.py `logits.to(torch.float32)`), and two fp32 temporaries of the sampling
+    path: triton (0.19+) softmax probs + random_sample's exponential `q = torch.empty_like(probs)`
+    (v1/sample/ops/topk_topp_sampler.py); FlashInfer (0.10) top_k_mask_logits + softmax. The triton
+    path adds its cached per-program rows; the forward's hidden states (max_num_batched_tokens rows,
+    profile_run keeps them until the sampler returns) are live throughout. With PP the sampler runs on
+    the last rank, which also holds the received hidden states and residual of max_num_batched_tokens
+    (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
+    the ranks (the executor takes the minimum), so this rank's peak is the one that counts."""
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    per_element = geom.dtype_bytes + 4 + 4 + 4
+    peak = rows * geom.vocab_size * per_element
+    if rules.sampler == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
+        sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
+        programs = min(sms, rows)
+        peak += min(1 << (programs - 1).bit_length(), sms) * geom.vocab_size * 4
+    hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
+    return peak + hidden + (2 * hidden if pp > 1 else 0)
+
+
+# Non-torch memory counted by releases whose init snapshot follows CUDA and NCCL init: not the CUDA
+# context (it is in the snapshot), only what the driver, NCCL and the kernels' modules add during
+# load and profiling. Not in vLLM's source (driver and NCCL allocations): the corpus of real H100
+# start-up logs (tests/data/gpu_logs/, vLLM 0.19.0) logs 0.24-0.27 GiB with one rank per model copy
+# (9 runs) and 2.07-2.21 GiB at TP 2 and 4 (7 runs: NCCL's NVLink-switch buffers). Override with
+# estimates["other_bytes"].
+NON_TORCH_ONE_RANK = 256 * MIB
+NON_TORCH_TP = 2112 * MIB  # 2.06 GiB
+
+
+def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int) -> int | None:
+    """The non-torch increase these rules count, or None where kvprobe's own estimate stands."""
+    if not rules.snapshot_after_distributed or rules.legacy:
+        return None
+    return NON_TORCH_TP if tp > 1 else NON_TORCH_ONE_RANK

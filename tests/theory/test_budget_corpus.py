@@ -1,0 +1,279 @@
+"""The vLLM memory budget against real GPUs: the ledger, run as `kvprobe ledger` runs it with exactly the
+flags each start-up log of tests/data/gpu_logs/ states (release, parallel layout, utilisation, lengths,
+dtypes; the GPU's total memory as the engine printed it), against the KV pool and the weights the engine
+logged. Prints the whole table (logged vs ledger, error, and for a miss the budget term that differs);
+asserts the accuracy reached as a floor, and that every case it cannot run says why."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvprobe.cli.ledger import inputs_from_args
+from kvprobe.cli.main import build_parser
+from kvprobe.engines import is_known_version
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.model.sizes import GIB
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tests" / "data" / "gpu_logs"
+CONFIGS = ROOT / "kvprobe" / "theory" / "model" / "configs"
+# The corpus README's map of the models to the configs kvprobe ships (an -Instruct model has its base's geometry).
+SHIPPED = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b.json",
+    "Qwen/Qwen3-8B": "qwen3-8b.json",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b.json",
+    "openai/gpt-oss-20b": "gpt-oss-20b.json",
+    "openai/gpt-oss-120b": "gpt-oss-120b.json",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama-4-scout-17b-16e-instruct.json",
+    "google/gemma-3-27b-it": "gemma-3-27b-it.json",
+}
+WITHIN = 0.05  # the issue's bar for the KV pool
+TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
+TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
+
+# The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
+FLOOR_WITHIN_5 = 9  # of the runnable cases, KV pool within 5% of the log
+WORST_ALLOWED = 0.37  # no runnable case beyond this error (Llama-4-Scout's weights: +36.8% today)
+MEDIAN_ALLOWED = 0.005  # 0.2% today (2.1% with 0.33.0's rules and no --quantization)
+RUNNABLE = 11
+# Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
+# breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
+KNOWN_MISSES = {
+    "vllm-0.19.0-h100-gemma3-27b": "weights: 52.93 vs 51.45 GiB; the ledger counts lm_head apart (Gemma-3 ties it "
+                                   "to the embeddings by default: +2.63 GiB) and not the vision tower",
+    "vllm-0.19.0-h100-llama4-scout-tp4": "weights: 47.38 vs 53.12 GiB per rank at TP4; the ledger misses Llama-4's "
+                                         "shared expert (48 x 3 x 5120 x 8192 = 6.0 B parameters) and the vision tower",
+}
+# Refusals the ledger does not predict, with the reason.
+UNPREDICTED_REFUSALS = {
+    "vllm-0.19.0-h100-gpt-oss-20b-oom": "CUDA OOM in the sampler warm-up after the KV pool was allocated "
+                                        "(gpu_model_runner.py _dummy_sampler_run in compile_or_warm_up_model): "
+                                        "the ledger sizes the pool, it does not model memory after it",
+}
+
+
+def load_cases() -> dict[str, dict]:
+    return {p.stem: yaml.safe_load(p.read_text()) for p in sorted(CORPUS.glob("*.yaml"))}
+
+
+CASES = load_cases()
+
+
+def why_not_runnable(case: dict) -> str | None:
+    """None when the ledger can be run on the case as its log states it; else the reason."""
+    logged = case["logged"]
+    if case["engine"] != "vllm":
+        return f"engine {case['engine']}: no SGLang case in the corpus"
+    if case["model"] not in SHIPPED:
+        return f"no config.json shipped for {case['model']}"
+    if not is_known_version("vllm", case["version"]):
+        return f"release {case['version']} not read (a build between releases)"
+    if "kv_cache_gib" not in logged:
+        return "the log prints no KV pool (refused before sizing it)"
+    if "total_gpu_gib" not in logged:
+        return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line), and "
+                "the ledger has no GPU name for vLLM's A100 batch defaults (256 seqs / 2048 tokens)")
+    return None
+
+
+def ledger_argv(case: dict) -> list[str]:
+    """`kvprobe ledger` as a person would type it for this log: its flags, its release, its GPU memory."""
+    total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
+    argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
+            "--engine-version", case["version"], "--gpu-memory", str(total)]
+    for key, value in case["flags"].items():
+        name = key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{name}" if value else f"--no-{name}")
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
+
+
+def run_ledger(case: dict):
+    argv = ledger_argv(case)
+    args, extra = build_parser(argv).parse_known_args(argv)
+    assert not extra, f"flags the ledger does not take: {extra}"
+    return build_ledger(inputs_from_args(args), explain_refusal=True)
+
+
+def compare(stem: str, case: dict) -> dict:
+    led = run_ledger(case)
+    b, logged = led.budget, case["logged"]
+    row = {"case": stem, "logged_gib": logged["kv_cache_gib"], "ledger_gib": b.kv_pool_bytes / GIB,
+           "logged_tokens": logged.get("kv_tokens"), "ledger_tokens": b.kv_tokens}
+    row["error"] = row["ledger_gib"] / row["logged_gib"] - 1
+    diffs = []
+    for key, attr in TERMS:
+        if key in logged:
+            ours = getattr(b, attr) / GIB
+            row[attr] = (logged[key], ours)
+            diffs.append((abs(ours - logged[key]), TERM_NAMES[attr], logged[key], ours))
+    if "cuda_graph_gib" in logged and b.cudagraph_subtracted:
+        ours = b.cudagraph / GIB
+        diffs.append((abs(ours - logged["cuda_graph_gib"]), "CUDA graph", logged["cuda_graph_gib"], ours))
+    big = max(diffs, default=None)
+    row["reason"] = "" if big is None else f"{big[1]} {big[3]:.2f} vs {big[2]:.2f} GiB logged"
+    row["refused"] = led.refusal is not None
+    return row
+
+
+@pytest.fixture(scope="module")
+def table() -> tuple[list[dict], dict[str, str]]:
+    rows, skipped = [], {}
+    for stem, case in CASES.items():
+        reason = why_not_runnable(case)
+        if reason is None:
+            rows.append(compare(stem, case))
+        else:
+            skipped[stem] = reason
+    lines = [f"{'case':48} {'KV logged':>9} {'ledger':>7} {'error':>7} {'tokens':>9} {'ledger':>9}  largest term gap"]
+    for r in rows:
+        lines.append(f"{r['case'][:48]:48} {r['logged_gib']:9.2f} {r['ledger_gib']:7.2f} {r['error']:+7.1%} "
+                     f"{r['logged_tokens'] or 0:9d} {r['ledger_tokens']:9d}  {r['reason']}")
+    lines += ["", "not run:"] + [f"  {s}: {why}" for s, why in skipped.items()]
+    print("\n" + "\n".join(lines))
+    return rows, skipped
+
+
+def test_every_case_is_run_or_says_why(table):
+    rows, skipped = table
+    assert len(rows) + len(skipped) == len(CASES)
+    assert len(rows) >= RUNNABLE, f"{len(rows)} cases run, {RUNNABLE} before: {sorted(skipped)}"
+    for stem, why in skipped.items():
+        assert why, stem
+
+
+def test_kv_pool_accuracy_ratchet(table):
+    rows, _ = table
+    errors = [abs(r["error"]) for r in rows]
+    within = [r["case"] for r in rows if abs(r["error"]) <= WITHIN]
+    assert len(within) >= FLOOR_WITHIN_5, f"{len(within)} of {len(rows)} within 5% (floor {FLOOR_WITHIN_5})"
+    assert max(errors) <= WORST_ALLOWED, f"worst {max(errors):.1%} beyond {WORST_ALLOWED:.0%}"
+    assert statistics.median(errors) <= MEDIAN_ALLOWED, f"median {statistics.median(errors):.1%}"
+
+
+def test_misses_are_the_known_ones(table):
+    rows, _ = table
+    misses = {r["case"] for r in rows if abs(r["error"]) > WITHIN}
+    assert misses <= set(KNOWN_MISSES), f"new misses: {sorted(misses - set(KNOWN_MISSES))}"
+    fixed = set(KNOWN_MISSES) - misses
+    assert not fixed, f"now within 5%: strike off KNOWN_MISSES and raise FLOOR_WITHIN_5: {sorted(fixed)}"
+    for row in rows:  # a miss is put down to weights; check the log says so
+        if row["case"] in misses:
+            assert row["reason"].startswith("weights"), (row["case"], row["reason"])
+
+
+def test_kv_tokens_follow_the_pool(table):
+    """The token line follows the pool: the same error as the bytes, within the block rounding."""
+    rows, _ = table
+    for r in rows:
+        if r["logged_tokens"]:
+            token_error = r["ledger_tokens"] / r["logged_tokens"] - 1
+            assert abs(token_error - r["error"]) < 0.02, (r["case"], token_error, r["error"])
+
+
+def test_weights_where_logged(table):
+    """Weights within 2% where the log prints them, except the known weight misses (and gpt-oss's MXFP4
+    experts, padded for the kernel: 12.82 vs 13.64 GiB at TP1)."""
+    rows, _ = table
+    off = {r["case"]: r["weights"] for r in rows
+           if "weights" in r and abs(r["weights"][1] / r["weights"][0] - 1) > 0.02}
+    expected = set(KNOWN_MISSES) | {s for s in off if "gpt-oss" in s}
+    assert set(off) <= expected, {s: off[s] for s in set(off) - expected}
+
+
+def test_refusals(table):
+    rows, skipped = table
+    for r in rows:
+        refused = bool(CASES[r["case"]]["logged"].get("refused"))
+        if refused and r["case"] in UNPREDICTED_REFUSALS:
+            assert not r["refused"]
+            continue
+        assert r["refused"] == refused, r["case"]
+
+
+def test_the_release_rules_the_logs_show():
+    """What the 0.19.0 logs print themselves: available = ceil(total x util) - weights - torch peak -
+    non-torch, the CUDA-graph estimate not subtracted (gpu_worker.py; its own debug line says so)."""
+    case = CASES["vllm-0.19.0-h100-llama31-8b-tp1"]
+    logged = case["logged"]
+    requested = logged["total_gpu_gib"] * case["flags"]["gpu_memory_utilization"]
+    with_graph = requested - logged["weights_gib"] - logged["activation_peak_gib"] - logged["non_torch_gib"]
+    assert abs(with_graph - logged["kv_cache_gib"]) < 0.02
+    assert re.search(r"Estimated CUDA graph memory: [\d.]+ GiB total", case["log"])
+    row = compare("vllm-0.19.0-h100-llama31-8b-tp1", case)
+    assert abs(row["activation"][1] - logged["activation_peak_gib"]) / logged["activation_peak_gib"] < 0.05
+
+
+def test_online_fp8_counts_the_linear_layers_at_one_byte():
+    """`--quantization fp8` on the bf16 Llama-3.1-8B: vLLM loads 8.49 GiB (the log above); embeddings and
+    lm_head stay bf16 (1.96 GiB), the 6.98 B linear parameters take one byte each."""
+    row = compare("vllm-0.19.0-h100-llama31-8b-fp8", CASES["vllm-0.19.0-h100-llama31-8b-fp8"])
+    logged, ours = row["weights"]
+    assert abs(ours / logged - 1) < 0.01
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq", "compressed-tensors", "bitsandbytes"])
+def test_a_quantisation_kvprobe_cannot_count_is_an_error(tmp_path, method):
+    """Never a silent bf16: the checkpoint's quant_method is named, with the file."""
+    from kvprobe.errors import ConfigError
+    from kvprobe.theory.ledger.build import LedgerInputs
+
+    cfg = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as err:
+        build_ledger(LedgerInputs(engine="vllm", model=str(path), gpu_memory_bytes=80 * GIB, max_model_len=8192))
+    assert err.value.key == "quantization_config.quant_method" and repr(method) in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_quantization_flag_that_contradicts_the_checkpoint_is_refused():
+    from kvprobe.errors import ConfigError
+    from kvprobe.theory.ledger.build import with_quantization
+
+    assert with_quantization({"quantization_config": {"quant_method": "fp8"}}, "fp8", "c.json")["quantization_config"]
+    with pytest.raises(ConfigError, match="does not match"):
+        with_quantization({"quantization_config": {"quant_method": "mxfp4"}}, "fp8", "c.json")
+    with pytest.raises(ConfigError, match="expected fp8"):
+        with_quantization({}, "awq", "c.json")
+
+
+def test_activation_peak_where_logged(table):
+    """The sampler warm-up rule against the torch peak the logs print: within 5% for the dense text
+    models; the multimodal ones (Gemma-3, Llama-4-Scout: their encoder's profile is not modelled) lower."""
+    rows, _ = table
+    close = [r["case"] for r in rows if "activation" in r and abs(r["activation"][1] / r["activation"][0] - 1) <= 0.05]
+    assert len(close) >= 8, close
+    for r in rows:
+        if "activation" in r and r["case"] not in close:
+            assert "gemma3" in r["case"] or "llama4" in r["case"], (r["case"], r["activation"])
+
+
+@pytest.mark.parametrize(("version", "release", "util", "graph"), [
+    ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
+    ("0.19.0", "0.19.0", 0.9, "logged"), ("0.19.1", "0.19.0", 0.9, "logged"), ("0.20.1", "0.20.0", 0.92, "subtracted"),
+    ("0.24.0", "0.20.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
+def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
+    from kvprobe.theory.vllm.memory_profile import profile_rules
+    from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+
+    rules = profile_rules(version)
+    assert (rules.release, rules.gpu_memory_utilization, rules.cudagraph) == (release, util, graph)
+    assert vllm_default_gpu_memory_utilization(version) == util
+
+
+def test_the_ledger_prints_the_rule_it_applied():
+    from kvprobe.theory.ledger.text import render_ledger
+
+    text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
+    assert "memory profile          vLLM 0.19.0" in text
+    assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text
