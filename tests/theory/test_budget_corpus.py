@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvprobe.cli.ledger import inputs_from_args
+from kvprobe.cli.ledger import gpu_from_args, inputs_from_args
 from kvprobe.cli.main import build_parser
 from kvprobe.engines import is_known_version
 from kvprobe.theory.ledger.build import build_ledger
@@ -86,7 +86,7 @@ def ledger_argv(case: dict) -> list[str]:
     """`kvprobe ledger` as a person would type it for this log: its flags, its release, its GPU memory."""
     total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
-            "--engine-version", case["version"], "--gpu-memory", str(total)]
+            "--engine-version", case["version"], "--gpu-memory", f"{total}B"]
     for key, value in case["flags"].items():
         name = key.replace("_", "-")
         if isinstance(value, bool):
@@ -100,7 +100,7 @@ def run_ledger(case: dict):
     argv = ledger_argv(case)
     args, extra = build_parser(argv).parse_known_args(argv)
     assert not extra, f"flags the ledger does not take: {extra}"
-    return build_ledger(inputs_from_args(args), explain_refusal=True)
+    return build_ledger(inputs_from_args(args, gpu_from_args(args)), explain_refusal=True)
 
 
 def compare(stem: str, case: dict) -> dict:
