@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvprobe.cli.main import main
+from tests.cli.console import FLAGS, bare, run
 from tests.emulator.conftest import FAST, Served
 
 KEY = "sk-cli-7d2e0b19"
-FLAGS = {"vllm": {"num-gpu-blocks-override": 200, "max-model-len": 1024},
-         "sglang": {"max-total-tokens": 4000, "context-length": 1024, "enable-metrics": True}}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,16 +25,6 @@ def guarded(request):
                              time_model=FAST))
     yield request.param, served
     served.stop()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def bare(engine: str, url: str) -> list[str]:
-    return ["probe", "--url", url, "--engine", engine, "--prompt-tokens", "8", "--output-tokens", "8"]
 
 
 def test_no_key_sent_is_named_first(capsys, guarded):

@@ -9,19 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.cli.main import main
+from tests.cli.console import run
 
 BARE = ["probe", "--engine", "vllm", "--prompt-tokens", "8", "--output-tokens", "8"]
 EXPECTATION = str(Path(__file__).resolve().parents[2] / "expectations" / "emulated-vllm.yaml")
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exit_:
-        rc = exit_.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.mark.parametrize("argv", [[*BARE, "--url", "localhost:8000"],

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvprobe.cli.main import main
 from kvprobe.spec.gpus import GPUS, find_gpu
+from tests.cli.console import run
 
 LLAMA = ["--model", "meta-llama/Llama-3.1-8B"]
 # each face with what it needs to reach its GPU option (none of these gets as far as an engine)
@@ -18,15 +18,6 @@ FACES = {
     "shadow-vllm": ["shadow", "vllm", "meta-llama/Llama-3.1-8B"],
     "shadow-sglang": ["shadow", "sglang", "--model-path", "meta-llama/Llama-3.1-8B"],
 }
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as exit_:
-        rc = exit_.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.mark.parametrize("face", FACES)

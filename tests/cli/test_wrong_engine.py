@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvprobe.cli.main import main
+from tests.cli.console import FLAGS, bare, run
 from tests.emulator.conftest import FAST, Served
 
-FLAGS = {"vllm": {"num-gpu-blocks-override": 200, "max-model-len": 1024},
-         "sglang": {"max-total-tokens": 4000, "context-length": 1024, "enable-metrics": True}}
 OTHER = {"vllm": "sglang", "sglang": "vllm"}
 SIGNS = {"vllm": "/metrics has vllm: families; /v1/models says owned_by 'vllm'; /version answers (vLLM's)",
          "sglang": "/metrics has sglang: families; /v1/models says owned_by 'sglang'; /server_info answers "
@@ -28,16 +26,6 @@ def server(request):
     served = Served(Settings(engine=request.param, model="test/model", flags=FLAGS[request.param], time_model=FAST))
     yield request.param, served
     served.stop()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def bare(engine: str, url: str) -> list[str]:
-    return ["probe", "--url", url, "--engine", engine, "--prompt-tokens", "8", "--output-tokens", "8"]
 
 
 def test_the_other_engine_is_named_and_the_probe_stops(capsys, server):
