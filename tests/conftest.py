@@ -3,13 +3,11 @@ the suite shares two cores when it runs on two pytest-xdist workers (`make test`
 
 On two workers (`-n 2 --dist loadgroup`) the end-to-end tests — everything under ENGINE_DIRS (the
 real vLLM / SGLang code) and every module with a SERIAL_SIGN (servers and Locust, or the clock) —
-form two lanes, one per worker; a lane runs its tests one after another. The lanes run side by
-side: a probe mostly waits (on the engine's steps, a level's hold, a drain; a shadow probe uses
-about 0.7 of a core), so two fit on two cores, and each probe still judges its own client's lag.
-The real SGLang engine (its shared servers) is in SGLANG_LANE with the end-to-end modules listed
-there to balance the two; everything else end to end is the other lane. The unit tests (no servers,
-no clock) run after a lane at a lower CPU priority (nice 10). Run on one worker, the suite is the
-same tests in the same order.
+are one unit of work: one worker runs them one after another, first, as a run on one worker does.
+They are tuned for a busy two-core machine, and their probes judge their own client's lag, so none
+of them runs beside another. The other worker runs the rest (unit tests: no servers, no clock)
+beside them at a lower CPU priority (nice 10), so a probe's engine and client still get the cores
+when they need them. Run on one worker, the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
@@ -26,11 +24,7 @@ ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
 # took, a deadline), runs in the end-to-end unit: none of its tests shares the cores with a probe
 SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait_for(", "timeout=")
-# the second lane: the real SGLang engine, and end-to-end modules that balance it against the rest
-# (times measured on the two-core machine: ~1,250 s of work in each lane)
-SGLANG_LANE = ("tests/shadow_sglang/", "tests/theory/test_real_sglang.py", "tests/probe/test_measurement_e2e.py",
-               "tests/probe/test_attach_e2e.py", "tests/hardening/test_faults.py")
-LANES = ("end-to-end", "end-to-end, SGLang lane")
+SERIAL_GROUP = "end-to-end"
 YIELDING_NICE = 10  # the priority of the other worker's tests
 FIGURES = "measured figures"  # the user_properties key a test's figure lines travel under
 _reported: list[tuple[str, str]] = []
@@ -48,22 +42,15 @@ def _serial_module(root: Path, path: str) -> bool:
 
 
 def serial(root: Path, nodeid: str) -> bool:
-    """Does the test `nodeid` (relative to `root`) run in an end-to-end lane?"""
+    """Does the test `nodeid` (relative to `root`) run in the end-to-end unit?"""
     return _serial_module(root, nodeid.split("::", 1)[0])
-
-
-def lane(root: Path, nodeid: str) -> str | None:
-    """The end-to-end lane of the test `nodeid`, or None for a unit test."""
-    if not serial(root, nodeid):
-        return None
-    return LANES[1] if nodeid.startswith(SGLANG_LANE) else LANES[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` with the end-to-end tests as two groups (the lanes), found by module.
-    (xdist's own xdist_group marks rename node ids, which pytest 9 no longer lets a plugin do.)
-    xdist hands out the largest units first (--loadscope-reorder, its default): a lane each."""
+    """`--dist loadgroup` with the end-to-end tests as one group, found by module. (xdist's own
+    xdist_group marks rename node ids, which pytest 9 no longer lets a plugin do.) xdist hands
+    out the largest unit first (--loadscope-reorder, its default)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -72,15 +59,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class EndToEndGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return lane(root, nodeid) or nodeid
+            return SERIAL_GROUP if serial(root, nodeid) else nodeid
 
     return EndToEndGroupScheduling(config, log)
 
 
 def pytest_runtest_setup(item):
     # a worker's unit tests yield the cores to the end-to-end tests running beside them (the
-    # priority holds for the rest of the worker's life: the lane handed out first has run on its
-    # worker before any unit test there)
+    # priority holds for the rest of the worker's life: the end-to-end unit, handed out first,
+    # has run on its worker before any other test there)
     if os.environ.get("PYTEST_XDIST_WORKER") and not serial(item.config.rootpath, item.nodeid):
         if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICE:
             os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICE)
