@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvprobe.load.health import CPU_SATURATED, LAG_SATURATED_MS, worker_health
+from kvprobe.load.health import CPU_SATURATED, lag_limit_ms, median_lifetime, worker_health
 
 
 @dataclass
@@ -30,7 +30,8 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
     `client_lag_p99_ms`, `client_cpu`, `client_saturated` (`client_saturated_by`: which of several load
     processes). A process starved a level when most of its seconds there were saturated: one
     second's spike (another process scheduled over it) does not decide a level of two or three
-    seconds. A level without lag records keeps None."""
+    seconds. The lag limit scales with the level's request lifetime (`lag_limit_ms`): a lag that
+    distorts a 0.3 s request is noise beside a 12 s one. A level without lag records keeps None."""
     for lv in levels:
         start = lv.t_start + warmup_fraction * (lv.t_end - lv.t_start)
         by_worker: dict[str, list] = {}
@@ -39,7 +40,10 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
                 by_worker.setdefault(r.worker or "?", []).append(r)
         if not by_worker:
             continue
-        workers = [(worker_health(w, rs), _mostly_saturated(rs)) for w, rs in sorted(by_worker.items())]
+        limit = lag_limit_ms(median_lifetime(records, lv.t_start, lv.t_end))
+        workers = [(worker_health(w, rs, lag_limit=limit), _mostly_saturated(rs, limit))
+                   for w, rs in sorted(by_worker.items())]
+        lv.client_lag_limit_ms = limit
         lv.client_lag_p99_ms = max(h.lag_p99_ms for h, _ in workers)
         lv.client_cpu = max(h.cpu for h, _ in workers)
         lv.client_saturated = any(bad for _, bad in workers)
@@ -47,8 +51,8 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
             lv.client_saturated_by = [h.name for h, bad in workers if bad]
 
 
-def _mostly_saturated(lag_records) -> bool:
-    bad = sum(1 for r in lag_records if (r.lag_ms or 0.0) > LAG_SATURATED_MS or (r.cpu or 0.0) > CPU_SATURATED)
+def _mostly_saturated(lag_records, lag_limit: float) -> bool:
+    bad = sum(1 for r in lag_records if (r.lag_ms or 0.0) > lag_limit or (r.cpu or 0.0) > CPU_SATURATED)
     return 2 * bad > len(lag_records)
 
 
@@ -65,8 +69,9 @@ def starvation(levels, client, *, judged=None) -> Starvation | None:
         lag = max((lv.client_lag_p99_ms or 0.0) for lv in starved)
         cpu = max((lv.client_cpu or 0.0) for lv in starved)
         causes = []
-        if lag > LAG_SATURATED_MS:
-            causes.append(f"loop lag p99 up to {lag:.1f} ms > {LAG_SATURATED_MS:g} ms")
+        limit = min(lv.client_lag_limit_ms for lv in starved)
+        if lag > limit:
+            causes.append(f"loop lag p99 up to {lag:.1f} ms > {limit:.3g} ms")
         if cpu > CPU_SATURATED:
             causes.append(f"a load process used up to {cpu:.2f} cores (> {CPU_SATURATED:g})")
         where = "N=" + ", ".join(str(lv.users) for lv in starved)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprobe.load.health import LAG_SATURATED_MS
+
 MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not averaged
 BATCHES = 8  # batch means per window for the standard error of a steady mean
 RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count below a sampled gauge's mean: max(1 request, 5%)
@@ -57,6 +59,7 @@ class LevelStats:
     disagrees: bool = False  # the client count lies outside what the sampled gauge allows (see reconcile)
     client_lag_p99_ms: float | None = None  # the load processes' loop lag over the steady window (analysis.client)
     client_cpu: float | None = None  # ... and the busiest one's CPU (cores)
+    client_lag_limit_ms: float = LAG_SATURATED_MS  # the lag above which the client set the timing (lag_limit_ms)
     client_saturated: bool = False  # the load generator, not the engine, set this level's timing
     client_saturated_by: list[str] = field(default_factory=list)  # which load processes, when there are several
 

@@ -194,3 +194,27 @@ def test_a_starved_level_below_the_plateau_leaves_the_checks_judged(tmp_path):
     gap = result.check("usage_gap")
     assert not gap.passed and not gap.inconclusive, gap
     assert result.check("rejection_point").passed and result.status == "failed"
+
+
+def test_the_lag_a_level_tolerates_grows_with_its_request_lifetime():
+    # CI once left a long-output SGLang probe unjudged for 18.9 ms of lag against 15 ms, with each
+    # request living seconds: one lag per request cycle is then a fraction of a percent of the load
+    def level_with(lifetime, lag_ms):
+        lv = LevelStats(users=6, running_mean=0, running_max=0, waiting_mean=0, waiting_max=0, usage_mean=0,
+                        usage_max=0, preemptions=None, preemption_rate_per_s=None, samples=30,
+                        t_start=T0, t_end=T0 + 10)
+        requests = [Record(t_send=T0 + k, t_first=T0 + k + 0.1, t_end=T0 + k + lifetime, status=200,
+                           prompt_tokens=512, completion_tokens=4096, users=6, worker="w0") for k in range(5)]
+        lags = [Record(kind="lag", worker="w0", t=T0 + s + 0.5, cpu=0.3, lag_ms=lag_ms) for s in range(10)]
+        mark_levels([lv], requests + lags, warmup_fraction=0.0)
+        return lv
+
+    assert level_with(0.4, 19.0).client_saturated  # a 0.4 s request: 15 ms is the floor
+    long = level_with(4.0, 19.0)
+    assert not long.client_saturated and long.client_lag_limit_ms == pytest.approx(40.0)
+    starved = level_with(4.0, 60.0)
+    assert starved.client_saturated
+    assert "loop lag p99 up to 60.0 ms > 40 ms" in starvation([starved], None).reason
+    run = [Record(t_send=T0 + k, t_end=T0 + k + 4.0, status=200, worker="w0") for k in range(3)]
+    assert not client_health(run + lag_records(starved_levels=LEVELS, lag_ms=19.0)).saturated
+    assert client_health(run + lag_records(starved_levels=LEVELS, lag_ms=45.0)).saturated
