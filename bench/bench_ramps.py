@@ -1,63 +1,155 @@
-"""Time to verdict of each ramp strategy against a plain 10-level sweep, at the same accuracy.
+"""Time to verdict of the ramp that spends the prediction (`predict`) against prediction-free ramps.
 
-Every strategy runs the shipped emulated expectation (vLLM and SGLang dialects) with the same hold,
-warm-up, sampling and tolerance — only the choice of levels differs: `around-prediction` (profile
-`short`), `bisect` (profile `bisect`) and the fixed 10-level `sweep`. Reported per run: wall time
-from start to verdict, levels run, measured rejection point against the prediction, pass/fail.
+Every strategy runs the same shapes with the same request, sampling, tolerance, checks and hold
+(three request lifetimes per level; `predict` holds at most that after its detected warm-up) —
+only the choice of levels and the stopping differ:
 
-Run: `python -m bench.bench_ramps [--hold 2] [--engines vllm,sglang]` (about 3 minutes by default).
+- `predict`: kvprobe.probe.strategy (deep levels first, adaptive holds, stops once settled);
+- `doubling`: the explicit sweep 4, 8, …, 128 (no prediction needed);
+- `bisect`: bisection on "waiting persists" over 1…256, confirmed once (profile `bisect`).
+
+Shapes: the emulated vLLM 0.33.0 and SGLang 0.5.23 (P=512, O=256) with pools whose knees run from
+about 4 to about 100, plus two vLLM shapes whose prediction is wrong by a factor of two (the
+ledger's limit halved and doubled before the ramp). `--shadows` adds the real vLLM and SGLang
+shadow expectations (their own shapes; the engine environments must be installed).
+
+Reported per run: the ramp's time to verdict in seconds and in request lifetimes (the levels held,
+calibration excluded), levels, the measured plateau ± its uncertainty, and the verdict of the
+rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
+
+Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang]` (about 15 minutes;
+`--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import median
 
-from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.errors import KvprobeError
+from kvprobe.probe.judge import analyse, judge
+from kvprobe.probe.ramp import run_ramp, start_load, stop_load
+from kvprobe.probe.run import ProbeOptions, begin, close, reach_engine, record_error
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.spec.profile import load_profile
+from kvprobe.spec.schema import HoldSpec, RampSpec, RequestShape
 from kvprobe.tables import render_table
 
 ROOT = Path(__file__).resolve().parent.parent
-STRATEGIES = (("around-prediction", "short"), ("bisect", "bisect"), ("sweep (10 levels)", "sweep"))
+SHAPE = RequestShape(512, 256, True)
+CHECKS = ("rejection_point", "no_preemption")
 
 
-def one(engine: str, profile_name: str, hold: float, workdir: Path) -> list:
-    exp = load_expectations(ROOT / "expectations" / f"emulated-{engine}.yaml")[0]
-    profile = load_profile(profile_name)  # shipped with the package
-    profile = replace(profile, hold=replace(profile.hold, seconds=hold), drain_seconds=3.0)
-    exp = replace(exp, profile=profile, checks=("rejection_point",))
-    start = time.monotonic()
-    result = run_probe(exp, ProbeOptions(artifacts_dir=workdir / f"{engine}-{profile_name}"))
-    wall = time.monotonic() - start
+@dataclass
+class Shape:
+    name: str
+    expectation: str  # a shipped expectation file
+    flags: dict  # replaced flags (the pool)
+    wrong: float = 1.0  # the factor the prediction is multiplied by before the ramp
+    own_shape: bool = False  # a shadow: keep its request shape
+
+
+SHAPES = [
+    Shape("vllm knee~4", "emulated-vllm.yaml", {"num-gpu-blocks-override": 150}),
+    Shape("vllm knee~24", "emulated-vllm.yaml", {"num-gpu-blocks-override": 1000}),
+    Shape("vllm knee~58", "emulated-vllm.yaml", {"num-gpu-blocks-override": 2400}),
+    Shape("vllm knee~100", "emulated-vllm.yaml", {"num-gpu-blocks-override": 4100}),
+    Shape("sglang knee~12", "emulated-sglang.yaml", {"max-total-tokens": 9000}),
+    Shape("sglang knee~50", "emulated-sglang.yaml", {"max-total-tokens": 38000}),
+    Shape("vllm knee~24, predicted x2", "emulated-vllm.yaml", {"num-gpu-blocks-override": 1000}, wrong=2.0),
+    Shape("vllm knee~24, predicted x0.5", "emulated-vllm.yaml", {"num-gpu-blocks-override": 1000}, wrong=0.5),
+]
+SHADOWS = [Shape("shadow vllm", "shadow-vllm.yaml", {}, own_shape=True),
+           Shape("shadow sglang", "shadow-sglang.yaml", {}, own_shape=True)]
+STRATEGIES = {
+    "predict": RampSpec("predict"),
+    "doubling": RampSpec("explicit", levels=(4, 8, 16, 32, 64, 128)),
+    "bisect": RampSpec("bisect", max_users=256, confirm=1),
+}
+
+
+def expectation(shape: Shape, strategy: str):
+    exp = load_expectations(ROOT / "expectations" / shape.expectation)[0]
+    profile = load_profile("predict")
+    request = exp.profile.request if shape.own_shape else SHAPE
+    profile = replace(profile, request=request, ramp=STRATEGIES[strategy], hold=HoldSpec(None, 3.0, 0.34),
+                      budget_seconds=900.0, processes=2, drain_seconds=3.0)
+    return replace(exp, flags={**exp.flags, **shape.flags}, profile=profile, checks=CHECKS)
+
+
+def one(shape: Shape, strategy: str, workdir: Path) -> dict:
+    """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`."""
+    pr = begin(expectation(shape, strategy), ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}"))
+    try:
+        reach_engine(pr)
+        if shape.wrong != 1.0:
+            adm = pr.ledger.admission
+            pr.ledger = replace(pr.ledger, admission=replace(
+                adm, limit=adm.limit * shape.wrong, no_preemption_limit=max(1, round(adm.no_preemption_limit
+                                                                                      * shape.wrong))))
+        start_load(pr)
+        run_ramp(pr)
+        stop_load(pr)
+        analyse(pr)
+        judge(pr)
+    except KvprobeError as err:
+        record_error(pr, err)
+    finally:
+        close(pr)
+    result = pr.result
     rp = result.check("rejection_point")
-    measured = rp.measured if rp else None
-    predicted = rp.predicted if rp else None
-    error = abs(measured - predicted) if measured is not None and predicted is not None else None
-    return [engine, profile_name, f"{wall:.1f}", len(result.levels),
-            "—" if measured is None else f"{measured:.2f}", "—" if predicted is None else f"{predicted:.2f}",
-            "—" if error is None else f"{error:.2f}",
-            result.status.upper() + ("" if result.passed else f" {result.status_reason}")]
+    ramp = result.ramp or {}
+    verdict = "ERROR" if result.error else ("—" if rp is None else
+                                            "INCONCLUSIVE" if rp.inconclusive else "PASS" if rp.passed else "FAIL")
+    return {"shape": shape.name, "strategy": strategy, "seconds": ramp.get("seconds"),
+            "lifetimes": ramp.get("lifetimes"), "levels": len(result.levels),
+            "measured": None if rp is None else rp.measured, "uncertainty": None if rp is None else rp.uncertainty,
+            "predicted": None if rp is None else rp.predicted, "verdict": verdict, "note": ramp.get("note")}
+
+
+def _f(x, fmt="{:.1f}") -> str:
+    return "—" if x is None else fmt.format(x)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hold", type=float, default=2.0, help="seconds per level, the same for every strategy")
+    ap.add_argument("--quick", action="store_true", help="one right and one wrong vLLM shape")
+    ap.add_argument("--shadows", action="store_true", help="add the real engines' shadow shapes")
     ap.add_argument("--engines", default="vllm,sglang")
     args = ap.parse_args(argv or [])
-    rows = []
+    shapes = [SHAPES[1], SHAPES[6]] if args.quick else list(SHAPES)
+    shapes = [s for s in shapes if s.name.split()[0] in args.engines.split(",")]
+    if args.shadows:
+        shapes += SHADOWS
+    runs = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
-        for engine in args.engines.split(","):
-            for label, profile_name in STRATEGIES:
-                row = one(engine, profile_name, args.hold, Path(tmp))
-                row[1] = label
-                rows.append(row)
-                print("   " + " | ".join(map(str, row)), flush=True)
-    print(render_table(["engine", "strategy", "wall s", "levels", "measured", "predicted", "|error|", "verdict"],
-                       rows, title=f"time to verdict per ramp strategy (hold {args.hold:g} s per level)"))
+        for shape in shapes:
+            for strategy in STRATEGIES:
+                run = one(shape, strategy, Path(tmp))
+                runs.append(run)
+                print("   " + " | ".join(str(v) for v in run.values()), flush=True)
+    rows = [[r["shape"], r["strategy"], _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],
+             f"{_f(r['measured'], '{:.2f}')} ± {_f(r['uncertainty'], '{:.2f}')}", _f(r["predicted"], "{:.2f}"),
+             r["verdict"]] for r in runs]
+    print(render_table(["shape", "ramp", "ramp s", "lifetimes", "levels", "measured", "predicted", "verdict"], rows,
+                       title="time to verdict per ramp (hold 3 request lifetimes; calibration excluded)"))
+    speedups = []
+    for shape in shapes:
+        mine = next(r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict")
+        free = [r for r in runs if r["shape"] == shape.name and r["strategy"] != "predict" and r["lifetimes"]]
+        best = min(free, key=lambda r: r["lifetimes"], default=None)
+        if best and mine["lifetimes"]:
+            ratio = best["lifetimes"] / mine["lifetimes"]
+            speedups.append((shape, ratio, mine["lifetimes"]))
+            print(f"   {shape.name}: predict {mine['lifetimes']:.1f} lifetimes, best prediction-free "
+                  f"({best['strategy']}) {best['lifetimes']:.1f}: {ratio:.2f}x")
+    right = [s for s in speedups if s[0].wrong == 1.0]
+    if right:
+        print(f"   right predictions: median {median(x[2] for x in right):.1f} lifetimes to verdict; "
+              f"speed-up min {min(x[1] for x in right):.2f}x, median {median(x[1] for x in right):.2f}x")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvprobe.analysis.steady import window_start
 from kvprobe.load.health import CPU_SATURATED, lag_limit_ms, median_lifetime, worker_health
 
 
@@ -33,7 +34,7 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
     seconds. The lag limit scales with the level's request lifetime (`lag_limit_ms`): a lag that
     distorts a 0.3 s request is noise beside a 12 s one. A level without lag records keeps None."""
     for lv in levels:
-        start = lv.t_start + warmup_fraction * (lv.t_end - lv.t_start)
+        start = window_start(lv, warmup_fraction)
         by_worker: dict[str, list] = {}
         for r in records:
             if r.kind == "lag" and r.worker != "master" and r.t is not None and start <= r.t <= lv.t_end:

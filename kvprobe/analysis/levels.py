@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvprobe.analysis.steady import window_start
 from kvprobe.load.health import LAG_SATURATED_MS
 
 MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not averaged
@@ -29,6 +30,7 @@ class LevelWindow:
     users: int
     t_start: float
     t_end: float
+    t_steady: float | None = None  # detected steady start (analysis.steady); None: the profile's warm-up share
 
 
 @dataclass
@@ -49,6 +51,7 @@ class LevelStats:
     waiting_capacity_mean: float | None = None
     t_start: float = 0.0
     t_end: float = 0.0
+    t_steady: float | None = None  # the detected steady start, when the ramp detected one (analysis.steady)
     too_few_samples: bool = False  # fewer than MIN_SAMPLES: reported, excluded from the rejection point
     running_se: float | None = None  # standard error of running_mean (batch means over the window)
     engine_running_mean: float | None = None  # the engine's running gauge, steady mean (NaN: absent)
@@ -239,7 +242,7 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
     t = cols["t"]
     out = []
     for w in windows:
-        start = w.t_start + warmup_fraction * (w.t_end - w.t_start)
+        start = window_start(w, warmup_fraction)
         sel = (t >= start) & (t <= w.t_end)
         running, waiting, usage = cols["running"][sel], cols["waiting"][sel], cols["usage"][sel]
         usable = int(np.sum(np.isfinite(running) | np.isfinite(waiting)))
@@ -265,7 +268,7 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
             preemption_rate_per_s=None if preempt is None else (preempt / span if span > 0 else 0.0),
             samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
-            t_start=w.t_start, t_end=w.t_end, too_few_samples=usable < min_samples,
+            t_start=w.t_start, t_end=w.t_end, t_steady=w.t_steady, too_few_samples=usable < min_samples,
             running_se=batch_se(running), engine_running_mean=engine, engine_waiting_mean=_stat(waiting, np.mean),
             engine_running_max=_stat(running, np.max), client_running_se=client_se,
         ))

@@ -11,6 +11,7 @@ from kvprobe.errors import ProbeError
 from kvprobe.load.prompts import as_prompt_format
 from kvprobe.load.ramps import BisectRamp, make_ramp
 from kvprobe.observe import oneshot
+from kvprobe.probe.strategy import PredictRamp
 
 # Requests timed alone before a hold given in lifetimes: the median of a few survives one slow
 # request on a loaded machine (one 37.6 s calibration once made every level 94 s long).
@@ -47,6 +48,8 @@ def calibrate(target, exp, model: str | None, *, requests: int = 1) -> tuple[flo
 
 def planned_levels(exp, predicted: float | None) -> int:
     """How many levels the profile's ramp will run: its plan, or a bisection's usual length."""
+    if exp.profile.ramp.strategy == "predict":
+        return len(PredictRamp(predicted).planned())
     ramp = make_ramp(exp.profile.ramp, predicted)
     if isinstance(ramp, BisectRamp):
         return math.ceil(math.log2(ramp.hi - ramp.lo + 2)) + 2 * ramp.confirm

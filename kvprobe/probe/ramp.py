@@ -9,17 +9,21 @@ from dataclasses import replace
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis import plateau
+from kvprobe.analysis.steady import detected_start
 from kvprobe.errors import ProbeError, TargetError
-from kvprobe.load.ramps import LevelResult, make_ramp
+from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
+from kvprobe.probe.strategy import make_ramp, settled
 
 
-def level_result(stats):
+def level_result(stats, *, gauge_exact: bool = True):
     # Every engine queues a request for up to one step after it arrives, and a closed-loop user
     # spends part of its cycle between requests, so "waiting > 0" or "running < N" alone is not
     # saturation; a queue of a tenth of the users, or running far below N, is.
     saturated = stats.waiting_mean >= max(1.0, 0.1 * stats.users) or stats.running_mean < 0.8 * stats.users
-    return LevelResult(users=stats.users, running=stats.running_mean, waiting=stats.waiting_mean,
+    # a sampled gauge reads low except at full steps: its highest reading stands in for running
+    running = stats.running_mean if gauge_exact else stats.engine_running_max
+    return LevelResult(users=stats.users, running=running, waiting=stats.waiting_mean,
                        preemption_rate=stats.preemption_rate_per_s, saturated=saturated)
 
 
@@ -50,52 +54,134 @@ def start_load(pr: ProbeRun) -> None:
 
 def run_ramp(pr: ProbeRun) -> None:
     """Drive Locust level by level until the strategy stops, then add deep levels until the
-    plateau is confirmed — within the time budget and the profile's max_users."""
-    strategy = make_ramp(pr.exp.profile.ramp, pr.prediction.limit)
+    plateau is confirmed — within the time budget and the profile's max_users. The `predict`
+    strategy holds each level only until it is steady and precise enough, and stops adding deep
+    levels as soon as the rejection point's verdict is settled (`kvprobe.probe.strategy`)."""
+    tol, spec = pr.exp.tolerances, pr.exp.profile.ramp
+    limit = float(pr.prediction.limit)
+    allowance = max(tol.rejection_point, tol.rejection_point_relative * limit)
+    strategy = make_ramp(spec, pr.prediction, tolerance=tol.rejection_point, checks=pr.exp.checks)
+    adaptive = spec.strategy == "predict"
+    pr.result.ramp = {"strategy": spec.strategy, "lifetime_s": pr.lifetime, "levels": [], "note": None}
+    try:
+        _run_levels(pr, strategy, adaptive=adaptive, allowance=allowance)
+    finally:
+        _sum_ramp(pr, getattr(strategy, "note", None))
+
+
+def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> None:
     history = []
     while (users := strategy.next_level(history)) is not None:
-        if not run_level(pr, users):
+        if not run_level(pr, users, allowance=allowance if adaptive else None):
             return
-        history.append(level_result(pr.result.levels[-1]))
+        history.append(level_result(pr.result.levels[-1], gauge_exact=pr.dialect.RUNNING_GAUGE_EXACT))
     if pr.exp.profile.ramp.strategy == "explicit":
         return  # the levels as written, and no others
-    tol = pr.exp.tolerances
-    precision = max(tol.rejection_point, tol.rejection_point_relative * float(pr.prediction.limit))
+    precision = allowance if pr.dialect.RUNNING_GAUGE_EXACT else None
     for _ in range(MAX_ADDED_LEVELS):
         rejection = _plan_rejection(pr)
-        added = plateau.deep_levels_to_add(rejection, [lv.users for lv in pr.result.levels],
-                                           max_users=pr.exp.profile.ramp.max_users,
-                                           precision=precision if pr.dialect.RUNNING_GAUGE_EXACT else None)
+        if adaptive and settled(rejection, float(pr.prediction.limit), allowance):
+            return
+        measured = [lv.users for lv in pr.result.levels]
+        if adaptive:  # one more deep level at a time, until the verdict is settled
+            added = plateau.deep_levels_to_add(rejection, measured, max_users=pr.exp.profile.ramp.max_users,
+                                               wanted=len(rejection.deep_levels) + 1)
+        else:
+            added = plateau.deep_levels_to_add(rejection, measured, max_users=pr.exp.profile.ramp.max_users,
+                                               precision=precision)
         if not added:
             return
         why = (f"{len(rejection.deep_levels)} deep level(s) so far" if not rejection.confirmed else
                f"the plateau is {rejection.rejection_point:.2f} ± {rejection.uncertainty or 0:.2f}")
         pr.log(f"  adding level {added[0]}: {why}; the plateau is measured where the queue rarely empties")
-        if not run_level(pr, added[0]):
+        if not run_level(pr, added[0], allowance=allowance if adaptive else None):
             return
 
 
 MAX_ADDED_LEVELS = 6  # deep levels the ramp may add after its own, to confirm the plateau
+# A level held adaptively stops once its own ~95% half-width is this share of the rejection point's
+# allowance: two such deep levels settle a verdict whose gap from the prediction is under ~65% of it
+# (and a third is added when they do not).
+LEVEL_PRECISION_SHARE = 0.5
+MIN_STEADY_SAMPLES = 10  # and it holds at least this many samples after its detected warm-up
 
 
-def run_level(pr: ProbeRun, users: int) -> bool:
-    """Hold one level and record it; False when the time budget does not allow it."""
-    if time.monotonic() + pr.hold > pr.deadline:
+def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bool:
+    """Hold one level and record it; False when the time budget does not allow it. With an
+    `allowance` the level is held adaptively (`_hold_adaptive`), at most the profile's hold plus
+    one request lifetime of warm-up."""
+    least = _least_steady(pr) if allowance is not None else pr.hold
+    if time.monotonic() + least > pr.deadline:
         pr.log(f"time budget reached before level {users}; stopping the ramp")
         return False
     asked = time.time()
     pr.load.set_users(users)
     t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
-    _hold_level(pr.target, pr.load, until=t_start + pr.hold)
-    window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
+    if allowance is None:
+        _hold_level(pr.target, pr.load, until=t_start + pr.hold)
+        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
+    else:
+        window = _hold_adaptive(pr, users, t_start, allowance)
     pr.windows.append(window)
     level = analysis.level_stats(pr.sampler.series.arrays(), [window], warmup_fraction=pr.exp.profile.hold.warmup,
                                  counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
     pr.result.levels.append(level)
     gauge = "engine gauge" if pr.dialect.RUNNING_GAUGE_EXACT else "engine gauge, sampled"
+    held = window.t_end - window.t_start
+    lifetimes = f", {held / pr.lifetime:.1f} lifetimes" if pr.lifetime else ""
     pr.log(f"  users {users:>4}: running {_mean(level.running_mean)} ({gauge})  waiting {_mean(level.waiting_mean)}  "
-           f"usage gauge {_pct(level.usage_mean)}  preemptions {_count(level.preemptions)}  (steady means)")
+           f"usage gauge {_pct(level.usage_mean)}  preemptions {_count(level.preemptions)}  (steady means; "
+           f"held {held:.1f}s{lifetimes})")
     return True
+
+
+def _least_steady(pr: ProbeRun) -> float:
+    """The shortest steady window an adaptive level holds: one request lifetime (every running
+    request then was admitted at this level) and MIN_STEADY_SAMPLES samples."""
+    return max(pr.lifetime or 0.0, MIN_STEADY_SAMPLES * pr.exp.profile.sample_interval)
+
+
+def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
+    """Hold until the level's warm-up is over (detected: `analysis.steady`) and its figures are
+    settled — a level below the knee after the least steady window, a saturated one once its
+    running mean is precise to LEVEL_PRECISION_SHARE of the allowance — or the most it may take."""
+    least = _least_steady(pr)
+    longest = t_start + pr.hold + (pr.lifetime or 0.0)
+    check_every = max(0.25, 2 * pr.exp.profile.sample_interval)
+    while True:
+        _hold_level(pr.target, pr.load, until=min(longest, time.time() + check_every))
+        now = time.time()
+        arrays = pr.sampler.series.arrays()
+        steady = detected_start(arrays["t"], [arrays["running"], arrays["waiting"]], t_start, now)
+        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
+        if now >= longest:
+            return window
+        if now - steady < least:
+            continue
+        stats = analysis.level_stats(arrays, [window], counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
+        if stats.too_few_samples:
+            continue
+        if not level_result(stats).saturated:
+            return window
+        se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
+        if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance:
+            return window
+
+
+def _sum_ramp(pr: ProbeRun, note: str | None) -> None:
+    """Seconds and request lifetimes per level into the result, for the report."""
+    ramp, lifetime = pr.result.ramp, pr.lifetime
+    for w in pr.windows:
+        held = w.t_end - w.t_start
+        warm = (w.t_steady - w.t_start) if w.t_steady is not None else pr.exp.profile.hold.warmup * held
+        ramp["levels"].append({"users": w.users, "seconds": round(held, 2), "warmup_s": round(warm, 2),
+                               "lifetimes": round(held / lifetime, 2) if lifetime else None})
+    total = sum(x["seconds"] for x in ramp["levels"])
+    ramp["seconds"] = round(total, 2)
+    ramp["lifetimes"] = round(total / lifetime, 2) if lifetime else None
+    ramp["note"] = note
+    if note:
+        pr.log(f"kvprobe: {pr.exp.name}: ramp: {note}")
 
 
 def _plan_rejection(pr: ProbeRun):

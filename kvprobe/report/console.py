@@ -27,9 +27,25 @@ def verdict_table(result) -> str:
             table += "\n--- log (last lines) ---\n" + result.log_tail
     if result.diagnosis is not None:
         table += f"\nmeasured limit: {result.diagnosis.reason}"
+    if result.ramp and result.ramp.get("levels"):
+        table += "\n" + ramp_line(result.ramp)
     status = result.status
     tail = "" if status == "passed" else f" — {result.status_reason}"
     return f"{table}\nverdict: {STATUS[status]}{tail}"
+
+
+def ramp_line(ramp: dict) -> str:
+    """What the ramp cost: seconds and request lifetimes in all and per level, and why it left the
+    prediction if it did."""
+    levels = ramp["levels"]
+    per = ", ".join(f"N={x['users']} {x['lifetimes']:.1f}" if x.get("lifetimes") is not None
+                    else f"N={x['users']} {x['seconds']:.1f}s" for x in levels)
+    cost = f"{ramp['seconds']:.1f}s"
+    if ramp.get("lifetimes"):
+        cost += f" = {ramp['lifetimes']:.1f} request lifetimes"
+    unit = " (lifetimes)" if ramp.get("lifetimes") else ""
+    line = f"ramp: {ramp['strategy']}, {len(levels)} levels in {cost}; per level{unit}: {per}"
+    return line + (f"; {ramp['note']}" if ramp.get("note") else "")
 
 
 def _measured(check) -> str:

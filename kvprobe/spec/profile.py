@@ -26,6 +26,7 @@ RAMP_KEYS = {
     "explicit": ("strategy", "levels"),
     "around-prediction": ("strategy", "below", "window", "above", "max_users"),
     "bisect": ("strategy", "max_users", "confirm"),
+    "predict": ("strategy", "max_users"),
 }
 
 

@@ -10,7 +10,7 @@ from kvprobe.targets.emulator.faults import FAULTS
 
 CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usage_gap", "length_limit", "exactness")
 FLEET_CHECKS = ("replica_leak", "replica_usage", "router_imbalance")  # a fleet target only (kvprobe/verdict/fleet.py)
-RAMP_STRATEGIES = ("explicit", "around-prediction", "bisect")
+RAMP_STRATEGIES = ("explicit", "around-prediction", "bisect", "predict")
 # Fault names of `kvprobe emulate --fault NAME`; each makes one check fail (the emulator owns them).
 EMULATOR_FAULTS = tuple(FAULTS)
 MIN_STEADY_SAMPLES = 3  # samples after warm-up that a level needs for a steady-state mean
@@ -27,7 +27,7 @@ class RequestShape:
 
 @dataclass(frozen=True)
 class RampSpec:
-    strategy: str  # "explicit" | "around-prediction" | "bisect"
+    strategy: str  # "explicit" | "around-prediction" | "bisect" | "predict"
     levels: tuple[int, ...] = ()
     below: int = 4
     window: int = 2

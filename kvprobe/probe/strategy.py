@@ -1,0 +1,128 @@
+"""The ramp that spends the prediction (`strategy: predict`), and the rule that ends a ramp.
+
+The plateau is estimated from deep levels only (`kvprobe.analysis.plateau`: a level counts fully
+once its queue rarely empties), so levels spread below and around the prediction cost time and
+add nothing to the verdict. This ramp runs only the levels below the knee the analysis needs
+(short: one request lifetime each), then goes straight to a level deep past the predicted knee.
+Its running either lands near the prediction (confirmed: one more deep level) or it does not
+(refuted: the remaining levels are placed from what was measured, and a deep level that did not
+saturate at all starts a doubling search, prediction-free).
+The ramp then stops as soon as the rejection point's verdict is settled (`settled`) — added deep
+levels only while it is not.
+
+Below the knee, the analysis needs one level well below it (the hinge fit's closed-loop duty
+cycle and the per-user step queueing: `plateau.fit_hinge`, `plateau.step_waiting_per_user`), and
+the `no_preemption` check one level at the predicted no-preemption limit less the tolerance (the
+lowest clean level that passes it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvprobe.analysis.plateau import deep_waiting
+from kvprobe.errors import ConfigError
+from kvprobe.load import ramps
+
+# A closed-loop user keeps a request in the engine for ~90-97% of its cycle (the hinge fit's
+# `follow` on the emulators and the shadows); the lower end places a level past the knee when
+# the user spends more of its cycle between requests.
+FOLLOW_GUESS = 0.9
+# A deep level whose running lies this far from the prediction (and at least REFUTED_MIN requests)
+# refutes it: the knee is elsewhere and the levels are placed from the measurement.
+REFUTED_SHARE = 0.2
+REFUTED_MIN = 2.0
+LOW_SHARE = 0.5  # the level below the knee, as a share of the limit: well below it (≤ 0.75, see step queueing)
+DEEP_LEVELS = 2  # plateau.MIN_DEEP_LEVELS: what confirms a plateau
+
+
+def deep_users(limit: float) -> int:
+    """The fewest users whose closed loop keeps a queue of deep_waiting(limit) past the knee:
+    N ≥ limit / follow + D (`plateau.deep_levels_to_add`, in the fluid limit)."""
+    return math.ceil(limit / FOLLOW_GUESS + deep_waiting(limit))
+
+
+class PredictRamp:
+    """Deep levels first, at the predicted knee; the levels below it last; a search only when the
+    first deep level refutes the prediction. `note` says when and why the plan left the prediction."""
+
+    def __init__(self, predicted: float, *, clean_limit: float | None = None, tolerance: float = 1.0,
+                 max_users: int | None = None):
+        if predicted is None or not predicted > 0 or not math.isfinite(predicted):
+            raise ConfigError(f"ramp strategy 'predict' needs a positive predicted limit, got {predicted!r}")
+        self.predicted = float(predicted)
+        self.clean_limit = clean_limit
+        self.tolerance = tolerance
+        self.max_users = max_users
+        self.note: str | None = None
+
+    def planned(self) -> list[int]:
+        """The levels when the prediction holds (the hold is sized for this many)."""
+        first = deep_users(self.predicted)
+        return [*sorted(self._below(self.predicted)), first, first + math.ceil(deep_waiting(self.predicted))]
+
+    def next_level(self, history: list[ramps.LevelResult]) -> int | None:
+        measured = {h.users for h in history}
+        # Upwards first: stopping streaming users blocks Locust's loop (1.6 s for 14 users measured
+        # here), which starves the level after a step down; the levels below the knee are short.
+        for n in sorted(self._below(self.predicted)):
+            if n not in measured:
+                return self._cap(n)
+        if not any(h.users >= deep_users(self.predicted) for h in history):
+            return self._cap(deep_users(self.predicted))
+        saturated = [h for h in history if h.saturated]
+        if not saturated:  # the knee lies above every level so far: double, prediction-free
+            top = max(h.users for h in history)
+            self._say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
+                      "searching by doubling")
+            return self._cap(2 * top)
+        deepest = max(saturated, key=lambda h: h.users)
+        basis = self.predicted
+        if abs(deepest.running - basis) > max(REFUTED_SHARE * basis, REFUTED_MIN):
+            basis = deepest.running
+            self._say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
+                      "the remaining levels are placed from the measurement")
+        first = deep_users(basis)
+        deep = sorted(h.users for h in saturated if h.users >= first)
+        if len(deep) < DEEP_LEVELS:
+            return self._cap(deep[-1] + math.ceil(deep_waiting(basis)) if deep else first)
+        return next((n for n in self._below(basis) if n not in measured), None)
+
+    def _below(self, basis: float) -> list[int]:
+        """The levels below the knee the analysis and the selected checks need, highest first."""
+        out = []
+        if self.clean_limit is not None:
+            scaled = self.clean_limit * basis / self.predicted
+            out.append(max(1, math.ceil(scaled - self.tolerance)))
+        low = max(1, round(LOW_SHARE * basis))
+        if low not in out:
+            out.append(low)
+        return out
+
+    def _say(self, line: str) -> None:
+        if line not in (self.note or ""):
+            self.note = f"{self.note}; {line}" if self.note else line
+
+    def _cap(self, users: int) -> int | None:
+        return None if self.max_users is not None and users > self.max_users else users
+
+
+def settled(rejection, predicted: float, allowance: float) -> bool:
+    """The rejection point's verdict can no longer change with more data of the same quality: the
+    plateau is confirmed and its ~95% interval lies wholly inside the tolerance around the
+    prediction, or wholly outside it (`verdict.checks.check_rejection_point` reads the same figures)."""
+    if not rejection.confirmed or rejection.rejection_point is None or rejection.uncertainty is None:
+        return False
+    gap = abs(rejection.rejection_point - predicted)
+    return gap + rejection.uncertainty <= allowance or gap - rejection.uncertainty > allowance
+
+
+def make_ramp(spec, prediction, *, tolerance: float = 1.0, checks=()):
+    """The strategy a profile's `RampSpec` names; `predict` reads the prediction's limits."""
+    limit = None if prediction is None else prediction.limit
+    if getattr(spec, "strategy", None) != "predict":
+        return ramps.make_ramp(spec, limit)
+    if limit is None:
+        raise ConfigError("ramp strategy 'predict' needs a predicted admission limit")
+    clean = prediction.no_preemption_limit if "no_preemption" in checks else None
+    return PredictRamp(limit, clean_limit=clean, tolerance=tolerance, max_users=getattr(spec, "max_users", None))

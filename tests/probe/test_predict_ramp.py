@@ -1,0 +1,105 @@
+"""The ramp that spends the prediction (kvprobe.probe.strategy): where its levels go when the
+prediction holds, when it is wrong by a factor of two either way, and when its verdict is settled."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvprobe.analysis.plateau import RejectionPoint, deep_waiting
+from kvprobe.analysis.steady import detected_start, mser_truncation
+from kvprobe.errors import ConfigError
+from kvprobe.load.ramps import LevelResult
+from kvprobe.probe.strategy import PredictRamp, deep_users, make_ramp, settled
+from kvprobe.spec.schema import RampSpec
+
+
+def engine(limit: float, follow: float = 0.95):
+    """A closed-loop engine in the fluid limit: running min(follow x N, limit), the rest waiting."""
+    def level(n: int) -> LevelResult:
+        running = min(follow * n, limit)
+        waiting = max(0.0, follow * n - limit)
+        return LevelResult(n, running, waiting, 0.0, saturated=waiting >= max(1.0, 0.1 * n))
+    return level
+
+
+def walk(ramp, level, most: int = 12) -> list[int]:
+    history = []
+    while (n := ramp.next_level(history)) is not None and len(history) < most:
+        history.append(level(n))
+    return [h.users for h in history]
+
+
+def test_a_right_prediction_runs_one_low_level_then_two_deep_ones():
+    levels = walk(PredictRamp(24.0), engine(24.0))
+    assert levels == [12, deep_users(24.0), deep_users(24.0) + math.ceil(deep_waiting(24.0))]
+    # deep: each keeps a queue of at least D = deep_waiting(24) past the knee
+    for n in levels[1:]:
+        assert (0.95 * n - 24.0) / 0.95 >= deep_waiting(24.0)
+
+
+def test_no_preemption_adds_the_lowest_clean_level_that_passes_it():
+    levels = walk(PredictRamp(24.0, clean_limit=20, tolerance=1.0), engine(24.0))
+    assert levels[:2] == [12, 19] and len(levels) == 4
+
+
+def test_a_prediction_twice_too_high_places_the_rest_from_the_measurement():
+    ramp = PredictRamp(48.0)
+    levels = walk(ramp, engine(24.0))
+    assert levels[0] == 24 and levels[1] == deep_users(48.0)
+    assert "ran 24.0 where 48 was predicted" in ramp.note and "doubling" not in ramp.note
+    assert 12 in levels  # a level below the measured knee, for the hinge fit
+    assert len(levels) <= 5
+
+
+def test_a_prediction_twice_too_low_searches_by_doubling_from_the_first_deep_level():
+    ramp = PredictRamp(12.0)
+    levels = walk(ramp, engine(24.0))
+    first = deep_users(12.0)
+    assert levels[:2] == [6, first] and levels[2] == 2 * first
+    assert ramp.note.startswith(f"N={first} did not saturate") and "placed from the measurement" in ramp.note
+    deep = [n for n in levels if (0.95 * n - 24.0) / 0.95 >= deep_waiting(24.0)]
+    assert len(deep) >= 2, levels
+
+
+def test_max_users_stops_the_ramp():
+    assert walk(PredictRamp(40.0, max_users=32), engine(40.0)) == [20]  # the first deep level is 48
+
+
+def test_the_strategy_needs_a_prediction():
+    with pytest.raises(ConfigError, match="predicted"):
+        PredictRamp(float("nan"))
+    with pytest.raises(ConfigError, match="predicted"):
+        make_ramp(RampSpec("predict"), None)
+
+
+def rejection(point, half, confirmed=True):
+    return RejectionPoint(point, None, point, [], None, uncertainty=half, confirmed=confirmed)
+
+
+@pytest.mark.parametrize(("point", "half", "done"), [
+    (24.1, 0.3, True),    # inside the tolerance, even at the interval's edge
+    (25.0, 0.3, False),   # the interval straddles the tolerance's edge: another deep level
+    (27.0, 0.5, True),    # wholly outside: the verdict is a FAIL whatever more data says
+    (25.0, 0.05, True),
+])
+def test_a_verdict_is_settled_when_its_interval_is_wholly_inside_or_outside(point, half, done):
+    assert settled(rejection(point, half), 24.0, 1.2) is done
+
+
+def test_an_unconfirmed_plateau_is_never_settled():
+    assert not settled(rejection(24.0, 0.1, confirmed=False), 24.0, 1.2)
+
+
+def test_mser_finds_the_end_of_a_climb_and_nothing_in_a_steady_series():
+    rng = np.random.default_rng(0)
+    steady = 24 + rng.normal(0, 0.3, 60)
+    assert mser_truncation(steady) <= 10
+    climb = np.concatenate([np.linspace(5, 24, 15), 24 + rng.normal(0, 0.3, 45)])
+    cut = mser_truncation(climb)
+    assert 10 <= cut <= 20, cut
+    t = np.arange(60) * 0.1
+    assert detected_start(t, [climb, np.zeros(60)], 0.0, 6.0) == pytest.approx(t[cut])
+    assert mser_truncation(climb[:15]) == 0  # fewer than four batches: nothing to compare

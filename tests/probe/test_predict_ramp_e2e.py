@@ -1,0 +1,35 @@
+"""The `predict` ramp end to end on both engines' emulators (mark.slow: the end-to-end lane): the
+verdict of the shipped expectation, from the levels the strategy chose, with the cost per level
+in seconds and request lifetimes in the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvprobe.probe.run import ProbeOptions, run_probe
+from kvprobe.probe.strategy import deep_users
+from kvprobe.spec.expectation import load_expectations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_predict_ramp_reaches_the_verdict_from_deep_levels(engine, tmp_path):
+    exp = load_expectations(ROOT / "expectations" / f"emulated-{engine}.yaml")[0]
+    result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path, profile="predict"))
+    assert result.passed, result.status_reason
+    limit = result.check("rejection_point").predicted
+    users = [lv.users for lv in result.levels]
+    assert users[0] < limit and deep_users(limit) in users, users
+    assert len(result.rejection.deep_levels) >= 2 and len(users) <= 6, (users, result.rejection.deep_levels)
+    ramp = result.ramp
+    assert ramp["strategy"] == "predict" and [x["users"] for x in ramp["levels"]] == users
+    lifetime = ramp["lifetime_s"]
+    for level in ramp["levels"]:  # every level outlasts a request, and none exceeds its hold plus warm-up
+        assert lifetime <= level["seconds"] <= 4 * lifetime + 1.0, level
+    assert ramp["lifetimes"] == pytest.approx(ramp["seconds"] / lifetime, rel=0.01)
+    report = (tmp_path / "report.txt").read_text()
+    assert f"ramp: predict, {len(users)} levels in {ramp['seconds']:.1f}s = {ramp['lifetimes']:.1f} request" in report
