@@ -209,7 +209,7 @@ def test_override_profile_rechecks_lengths(tmp_path):
 
 def test_a_missing_profile_name_is_an_error():
     with pytest.raises(ConfigError,
-                       match=r"^nosuch: \(file\): expected a profile name \(attach, bisect, long, short, sweep\)"):
+                       match=r"^nosuch: \(file\): expected a profile name \(attach, bisect, long, predict, short, sweep\)"):
         load_profile("nosuch", search_dirs=[PROFILES])
     with pytest.raises(ConfigError, match=r"did you mean 'short'"):
         load_profile("shrot")
