@@ -99,9 +99,9 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
 
 
 MAX_ADDED_LEVELS = 6  # deep levels the ramp may add after its own, to confirm the plateau
-# A level held adaptively stops once its own ~95% half-width is this share of the rejection point's
-# allowance: two such deep levels settle a verdict whose gap from the prediction is under ~65% of it
-# (and a third is added when they do not).
+# With a sampled running gauge a saturated level held adaptively stops once its own ~95% half-width
+# is this share of the rejection point's allowance: two such deep levels settle a verdict whose gap
+# from the prediction is under ~65% of it (and a third is added when they do not).
 LEVEL_PRECISION_SHARE = 0.5
 MIN_STEADY_SAMPLES = 10  # and it holds at least this many samples after its detected warm-up
 
@@ -142,12 +142,15 @@ def _least_steady(pr: ProbeRun) -> float:
 
 
 def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
-    """Hold until the level's warm-up is over (detected: `analysis.steady`) and its figures are
-    settled — a level below the knee after the least steady window, a saturated one once its
-    running mean is precise to LEVEL_PRECISION_SHARE of the allowance — or the most it may take."""
+    """Hold until the level's warm-up is over (detected: `analysis.steady`) and its figures serve
+    the verdict — a level below the knee after the least steady window; a saturated one, with an
+    exact gauge, until the rejection point's verdict is settled (or right away when the plateau
+    still needs another deep level), with a sampled one until its running mean is precise to
+    LEVEL_PRECISION_SHARE of the allowance — or for the most it may take."""
     least = _least_steady(pr)
     longest = t_start + pr.hold + (pr.lifetime or 0.0)
     check_every = max(0.25, 2 * pr.exp.profile.sample_interval)
+    halves: list[tuple[float, float]] = []  # (time, the plateau's half-width with this level so far)
     while True:
         _hold_level(pr.target, pr.load, until=min(longest, time.time() + check_every))
         now = time.time()
@@ -163,9 +166,31 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             continue
         if not level_result(stats).saturated:
             return window
+        if pr.dialect.RUNNING_GAUGE_EXACT:
+            # the plateau with this level as held so far: hold while the verdict is unsettled and
+            # this level still narrows it; an unconfirmed plateau needs another deep level instead
+            rejection = _plan_rejection(pr, extra=stats)
+            if settled(rejection, float(pr.prediction.limit), allowance) or not rejection.confirmed:
+                return window
+            halves.append((now, rejection.uncertainty or float("inf")))
+            if not _narrowing(halves, least):
+                return window  # the scatter between levels dominates: a new deep level narrows it, this one no more
+            continue
+        # a sampled gauge's live mean is not the verdict's figure (the streams are, after the
+        # ramp): the level's own precision decides
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
         if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance:
             return window
+
+
+def _narrowing(halves: list[tuple[float, float]], span: float) -> bool:
+    """Did the plateau's half-width shrink by NARROWING over the last `span` seconds of holding?"""
+    now, half = halves[-1]
+    before = [h for t, h in halves if t <= now - span]
+    return not before or half < (1 - NARROWING) * before[-1]
+
+
+NARROWING = 0.05
 
 
 def _sum_ramp(pr: ProbeRun, note: str | None) -> None:
@@ -184,10 +209,11 @@ def _sum_ramp(pr: ProbeRun, note: str | None) -> None:
         pr.log(f"kvprobe: {pr.exp.name}: ramp: {note}")
 
 
-def _plan_rejection(pr: ProbeRun):
-    """The plateau as the levels measured so far show it, to plan deep levels. A sampled gauge
-    reads low except at full steps, so its highest reading stands in for running here."""
-    levels = pr.result.levels
+def _plan_rejection(pr: ProbeRun, extra=None):
+    """The plateau as the levels measured so far (and `extra`, a level still held) show it, to
+    plan deep levels. A sampled gauge reads low except at full steps, so its highest reading
+    stands in for running here."""
+    levels = pr.result.levels + ([extra] if extra is not None else [])
     if not pr.dialect.RUNNING_GAUGE_EXACT:
         levels = [replace(lv, running_mean=lv.engine_running_max) for lv in levels]
     return plateau.find_rejection_point(levels)

@@ -10,10 +10,11 @@ saturate at all starts a doubling search, prediction-free).
 The ramp then stops as soon as the rejection point's verdict is settled (`settled`) — added deep
 levels only while it is not.
 
-Below the knee, the analysis needs one level well below it (the hinge fit's closed-loop duty
-cycle and the per-user step queueing: `plateau.fit_hinge`, `plateau.step_waiting_per_user`), and
-the `no_preemption` check one level at the predicted no-preemption limit less the tolerance (the
-lowest clean level that passes it).
+Below the knee, the analysis needs one level (the hinge fit's closed-loop duty cycle:
+`plateau.fit_hinge`): half the limit, or, when the `no_preemption` check is selected, the
+predicted no-preemption limit less the tolerance (the lowest clean level that passes it). Step
+queueing is then read as zero (`plateau.step_waiting_per_user` needs a level well below the knee);
+the deep levels' queues dwarf it.
 """
 
 from __future__ import annotations
@@ -90,14 +91,9 @@ class PredictRamp:
 
     def _below(self, basis: float) -> list[int]:
         """The levels below the knee the analysis and the selected checks need, highest first."""
-        out = []
-        if self.clean_limit is not None:
-            scaled = self.clean_limit * basis / self.predicted
-            out.append(max(1, math.ceil(scaled - self.tolerance)))
-        low = max(1, round(LOW_SHARE * basis))
-        if low not in out:
-            out.append(low)
-        return out
+        if self.clean_limit is not None:  # it serves the hinge fit too
+            return [max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))]
+        return [max(1, round(LOW_SHARE * basis))]
 
     def _say(self, line: str) -> None:
         if line not in (self.note or ""):
@@ -107,11 +103,20 @@ class PredictRamp:
         return None if self.max_users is not None and users > self.max_users else users
 
 
+# The share of the allowance the plateau's ~95% half-width must be within before a verdict counts
+# as settled: at half, a measurement that sits on the prediction keeps its PASS even if the next
+# run's estimate moves by its whole uncertainty.
+SAFE_SHARE = 0.65
+
+
 def settled(rejection, predicted: float, allowance: float) -> bool:
     """The rejection point's verdict can no longer change with more data of the same quality: the
-    plateau is confirmed and its ~95% interval lies wholly inside the tolerance around the
-    prediction, or wholly outside it (`verdict.checks.check_rejection_point` reads the same figures)."""
+    plateau is confirmed, its ~95% half-width is within SAFE_SHARE of the allowance, and its
+    interval lies wholly inside the tolerance around the prediction, or wholly outside it
+    (`verdict.checks.check_rejection_point` reads the same figures)."""
     if not rejection.confirmed or rejection.rejection_point is None or rejection.uncertainty is None:
+        return False
+    if rejection.uncertainty > SAFE_SHARE * allowance:
         return False
     gap = abs(rejection.rejection_point - predicted)
     return gap + rejection.uncertainty <= allowance or gap - rejection.uncertainty > allowance

@@ -40,9 +40,9 @@ def test_a_right_prediction_runs_one_low_level_then_two_deep_ones():
         assert (0.95 * n - 24.0) / 0.95 >= deep_waiting(24.0)
 
 
-def test_no_preemption_adds_the_lowest_clean_level_that_passes_it():
+def test_no_preemption_moves_the_low_level_to_the_lowest_clean_level_that_passes_it():
     levels = walk(PredictRamp(24.0, clean_limit=20, tolerance=1.0), engine(24.0))
-    assert levels[:2] == [12, 19] and len(levels) == 4
+    assert levels[0] == 19 and len(levels) == 3
 
 
 def test_a_prediction_twice_too_high_places_the_rest_from_the_measurement():
@@ -82,7 +82,9 @@ def rejection(point, half, confirmed=True):
 @pytest.mark.parametrize(("point", "half", "done"), [
     (24.1, 0.3, True),    # inside the tolerance, even at the interval's edge
     (25.0, 0.3, False),   # the interval straddles the tolerance's edge: another deep level
+    (24.0, 0.9, False),   # inside, but wider than half the allowance
     (27.0, 0.5, True),    # wholly outside: the verdict is a FAIL whatever more data says
+    (27.0, 0.7, False),
     (25.0, 0.05, True),
 ])
 def test_a_verdict_is_settled_when_its_interval_is_wholly_inside_or_outside(point, half, done):
