@@ -100,8 +100,8 @@ _PROFILE = ("model_executor/model_runner.py profile_max_num_token: rest = availa
 RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.4.1.post7", "0.4.5", "tp-table", small_gpu_mib=25_000, large_gpu_mib=None,
-        sources=("server_args.py __post_init__ (0.4.1.post7; the same lines in 0.4.2.x, 0.4.3.x, 0.4.4, 0.4.5): 0.79 at "
-                 "tp >= 16, 0.81 >= 8, 0.85 >= 4, 0.87 >= 2, else 0.88",
+        sources=("server_args.py __post_init__ (0.4.1.post7; the same lines in 0.4.2.x, 0.4.3.x, 0.4.4, 0.4.5): "
+                 "0.79 at tp >= 16, 0.81 >= 8, 0.85 >= 4, 0.87 >= 2, else 0.88",
                  "server_args.py: gpu_mem < 25,000 MiB -> chunked_prefill_size 2048 (else 8192), cuda_graph_max_bs "
                  "8 (tp < 4) or 80; else 160", _PROFILE)),
     SglangMemoryRules(
