@@ -28,7 +28,7 @@ SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
 # (kvprobe/theory/sglang/memory_profile.py; their other facts are those of 0.5.21).
 KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.1.1", "0.11.0", "0.19.0", "0.20.0", "0.20.1", "0.24.0", "0.33.0"),
                   SGLANG: ("0.4.1.post7", "0.4.2", "0.4.2.post1", "0.4.2.post2", "0.4.2.post3", "0.4.2.post4",
-                           "0.4.3", "0.4.3.post2", "0.4.3.post4", "0.4.4", "0.4.5", "0.4.6", "0.4.6.post5", "0.4.7",
+                           "0.4.3", "0.4.3.post2", "0.4.3.post4", "0.4.4", "0.4.5", "0.4.6", "0.4.7",
                            "0.4.8", "0.4.9", "0.4.10", "0.5.21", "0.5.22", "0.5.23")}
 
 

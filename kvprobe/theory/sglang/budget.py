@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import KNOWN_VERSIONS, SGLANG, normalize_version
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
 from kvprobe.theory.sglang.memory_profile import memory_rules
@@ -169,8 +170,10 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
     pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
     pools come from the same byte budget (sglang/pools.sglang_pools). `version` selects that
-    release's defaults (sglang/memory_profile.memory_rules); None or 0.5.21-0.5.23: the formula above."""
-    rules = None if version is None else memory_rules(version)
+    release's defaults (sglang/memory_profile.memory_rules); None, 0.5.21-0.5.23, or a release
+    kvprobe has not read (run under an admission policy the caller named): the formula above."""
+    known = version is not None and normalize_version(version) in KNOWN_VERSIONS[SGLANG]
+    rules = memory_rules(version) if known else None
     if rules is not None and rules.legacy:
         rules = None
     if rules is not None and geom.layers.hybrid:
@@ -195,7 +198,8 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
             raise ConfigError(f"expected 0 < mem_fraction_static < 1, got {fraction}",
                               key="mem_fraction_static")
     elif rules is not None:
-        fraction, how = rules.default_fraction(mib, tp=tp, pp=pp), f"default of SGLang {rules.release}"
+        fraction = rules.default_fraction(mib, tp=tp, pp=pp)
+        how = f"default, SGLang {rules.release}-{rules.until} rules"
     else:
         mla = geom.attention == "mla"
         graph_cap = min(8192, cps) if mla else cps

@@ -21,10 +21,11 @@ read release.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvprobe.errors import ConfigError
-from kvprobe.releases import version_tuple
+from kvprobe.releases import normalize_version
 
 _GIB_MIB = 1024
 
@@ -43,7 +44,7 @@ class SglangMemoryRules:
     sources: tuple[str, ...] = ()
 
     def covers(self, version: str) -> bool:
-        return version_tuple(self.release) <= version_tuple(version) <= version_tuple(self.until)
+        return release_key(self.release) <= release_key(version) <= release_key(self.until)
 
     def describe(self) -> str:
         return f"SGLang {self.release} rules (read {self.release} to {self.until}): default fraction {self.fraction}"
@@ -107,7 +108,8 @@ RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.4.6", "0.4.6", "tp-table-13g", small_gpu_mib=25_000, large_gpu_mib=None,
         sources=("server_args.py __post_init__ (0.4.6): the tp table up to 81,920 MiB; above it "
-                 "(gpu_mem - 13 GiB) / gpu_mem", _PROFILE)),
+                 "(gpu_mem - 13 GiB) / gpu_mem (0.4.6.post5 already differs: tp x pp and a 96 GiB rule; "
+                 "not modelled)", _PROFILE)),
     SglangMemoryRules(
         "0.4.7", "0.4.7", "parallel-table", small_gpu_mib=25_000, large_gpu_mib=180_001,
         sources=("server_args.py __post_init__ (0.4.7): the table on tp x pp up to 81,920 MiB (0.88 above); "
@@ -131,14 +133,22 @@ RULES: tuple[SglangMemoryRules, ...] = (
 )
 
 
+def release_key(version: str) -> tuple[int, int, int, int]:
+    """(major, minor, patch, post): 0.4.6.post5 sorts after 0.4.6, whose defaults it changed."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.post(\d+))?", normalize_version(version))
+    if not m:
+        raise ConfigError(f"expected an SGLang release such as 0.4.3.post4, got {version!r}", key="engine_version")
+    return tuple(int(g or 0) for g in m.groups())
+
+
 def memory_rules(version: str) -> SglangMemoryRules:
     """The rules of the read release whose range holds `version`; else refused naming the nearest."""
     for rules in RULES:
         if rules.covers(version):
             return rules
-    mine = version_tuple(version)
-    bounds = [(r, b) for r in RULES for b in (r.release, r.until)]
-    nearest = min(bounds, key=lambda rb: _distance(version_tuple(rb[1]), mine))[1]
+    mine = release_key(version)
+    bounds = [b for r in RULES for b in (r.release, r.until)]
+    nearest = min(bounds, key=lambda b: _distance(release_key(b), mine))
     ranges = ", ".join(f"{r.release}-{r.until}" if r.release != r.until else r.release for r in RULES)
     raise ConfigError(f"SGLang {version}'s memory budget is not read (read: {ranges}); the nearest read release "
                       f"is {nearest}: pass --engine-version {nearest} to size the pool by its rules",
@@ -146,6 +156,7 @@ def memory_rules(version: str) -> SglangMemoryRules:
 
 
 def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Releases apart, counting a minor release as 1000 patch releases."""
-    a, b = a + (0,) * (3 - len(a)), b + (0,) * (3 - len(b))
-    return abs((a[0] * 1000 + a[1]) * 1000 + a[2] - ((b[0] * 1000 + b[1]) * 1000 + b[2]))
+    """Releases apart, counting a minor release as 1000 patch releases and a patch as 100 posts."""
+    def flat(k: tuple[int, ...]) -> int:
+        return ((k[0] * 1000 + k[1]) * 1000 + k[2]) * 100 + k[3]
+    return abs(flat(a) - flat(b))
