@@ -24,9 +24,12 @@ SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
 # (two-line capacity log, first-chunk admission, error bodies, gauge names); the memory profile of
 # 0.10.1.1, 0.11.0, 0.19.0, 0.20.0/0.20.1 and 0.24.0 (kvprobe/theory/vllm/memory_profile.py; their
 # other facts are those of the nearest release above); SGLang 0.5.23, and 0.5.21/0.5.22 where the
-# ignore_eos reservation differs.
+# ignore_eos reservation differs; the memory budget of SGLang 0.4.1.post7 to 0.4.10
+# (kvprobe/theory/sglang/memory_profile.py; their other facts are those of 0.5.21).
 KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.1.1", "0.11.0", "0.19.0", "0.20.0", "0.20.1", "0.24.0", "0.33.0"),
-                  SGLANG: ("0.5.21", "0.5.22", "0.5.23")}
+                  SGLANG: ("0.4.1.post7", "0.4.2", "0.4.2.post1", "0.4.2.post2", "0.4.2.post3", "0.4.2.post4",
+                           "0.4.3", "0.4.3.post2", "0.4.3.post4", "0.4.4", "0.4.5", "0.4.6", "0.4.7",
+                           "0.4.8", "0.4.9", "0.4.10", "0.5.21", "0.5.22", "0.5.23")}
 
 
 def normalize_version(version: str) -> str:

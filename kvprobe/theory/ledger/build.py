@@ -154,7 +154,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         chunked_prefill_size=inputs.chunked_prefill_size, page_size=inputs.page_size,
         max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
         tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
-        model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype,
+        model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype, version=version,
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
                                   disable_radix_cache=inputs.disable_radix_cache,
                                   disable_overlap_schedule=inputs.disable_overlap_schedule,

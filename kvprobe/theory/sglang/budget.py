@@ -14,8 +14,10 @@ import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import KNOWN_VERSIONS, SGLANG, normalize_version
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
+from kvprobe.theory.sglang.memory_profile import memory_rules
 from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.units import format_bytes
@@ -150,6 +152,7 @@ class SglangBudget:
     refusal: str | None = None  # SGLang's start-up refusal (sglang_budget(refuse=False)): no pool at all
     # a hybrid sliding-window model's pools (sglang/pools.py); None: one pool over every layer
     pools: SglangPools | None = None
+    rules: str | None = None  # the release rules applied (sglang/memory_profile.py); None: 0.5.23's formula
 
 
 def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
@@ -159,14 +162,23 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   tp: int = 1, pp: int = 1, dp: int = 1,
                   estimates: dict[str, int] | None = None, refuse: bool = True,
                   model_config: dict | None = None, hybrid_opts: SglangOptions | None = None,
-                  kv_cache_dtype: str = "auto") -> SglangBudget:
+                  kv_cache_dtype: str = "auto", version: str | None = None) -> SglangBudget:
     """KV pool = T x mfs - W - other. SGLang takes T as the *free* memory before the weights load;
     we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there.
     Where SGLang would refuse to start (no memory left for the pool) this raises its message; with
     `refuse=False` the budget is returned with `refusal` set and an empty pool, so a ledger can
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
     pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
-    pools come from the same byte budget (sglang/pools.sglang_pools)."""
+    pools come from the same byte budget (sglang/pools.sglang_pools). `version` selects that
+    release's defaults (sglang/memory_profile.memory_rules); None, 0.5.21-0.5.23, or a release
+    kvprobe has not read (run under an admission policy the caller named): the formula above."""
+    known = version is not None and normalize_version(version) in KNOWN_VERSIONS[SGLANG]
+    rules = memory_rules(version) if known else None
+    if rules is not None and rules.legacy:
+        rules = None
+    if rules is not None and geom.layers.hybrid:
+        raise ConfigError(f"SGLang {version}'s hybrid pools are not read (only 0.5.21-0.5.23's)",
+                          key="engine_version")
     layout = sglang_hybrid_layout(geom, model_config, hybrid_opts, pp)
     estimates = dict(estimates or {})
     other = estimates.pop("other_bytes", 0)
@@ -174,7 +186,7 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         raise ConfigError(f"SGLang has no estimate(s) {sorted(estimates)}; its reserve is a formula "
                           "(only other_bytes applies)", key="estimates")
     mib = None if gpu_memory_bytes is None else gpu_memory_bytes // MIB
-    tier_cps, max_bs = sglang_gpu_tier(mib, tp=tp)
+    tier_cps, max_bs = sglang_gpu_tier(mib, tp=tp) if rules is None else rules.gpu_defaults(mib, tp)
     cps = tier_cps if chunked_prefill_size is None else chunked_prefill_size
     if max_running_requests is not None:
         max_bs = min(max_bs, max_running_requests)  # decode max_bs capped when it was defaulted
@@ -185,6 +197,9 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         if not 0 < fraction < 1:
             raise ConfigError(f"expected 0 < mem_fraction_static < 1, got {fraction}",
                               key="mem_fraction_static")
+    elif rules is not None:
+        fraction = rules.default_fraction(mib, tp=tp, pp=pp)
+        how = f"default, SGLang {rules.release}-{rules.until} rules"
     else:
         mla = geom.attention == "mla"
         graph_cap = min(8192, cps) if mla else cps
@@ -230,7 +245,7 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     return SglangBudget(gpu_memory_bytes, fraction, how, reserved, weights, kv_bytes, kv_bytes,
                         kv.total, tokens, profiled, page, mrr, cps, max_bs,
                         sglang_max_req_input_len(context_len, tokens), context_len,
-                        {"other_bytes": other} if other else {})
+                        {"other_bytes": other} if other else {}, rules=None if rules is None else rules.describe())
 
 
 def _sglang_hybrid_budget(geom, model_config, opts, kv_bytes, kv_cache_dtype, context_len, max_total_tokens, page,

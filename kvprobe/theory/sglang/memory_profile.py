@@ -1,0 +1,162 @@
+"""SGLang's memory budget, release by release: the default `mem_fraction_static`, the GPU-size defaults
+it depends on, and how the KV pool is profiled from it, in each release kvprobe has read.
+
+Every read release profiles the pool the same way (model_executor/model_runner.py
+`profile_max_num_token`): SGLang takes F, the free memory after CUDA/NCCL initialisation (the
+`Load weight begin. avail mem=` line; the minimum over the TP ranks), loads the weights, and keeps
+
+    rest = free after loading - F x (1 - mem_fraction_static);   tokens = int(rest x 2**30 // cell)
+
+(`cell` = the KV bytes of one token on one rank), rounded down to the page size. What moved
+between releases is the default fraction (server_args.py `__post_init__`, later
+arg_groups/memory_hook.py) and the GPU-size tiers of chunked_prefill_size and cuda_graph_max_bs.
+Each rule names the release it was read in and the engine file; docs/ledger.md has the table. A
+version takes the rule of the newest read release at or below it, up to the newest release that
+rule was checked against (`until`); a version outside every range is refused naming the nearest
+read release.
+
+0.5.21 to 0.5.23 keep the reserved-memory formula of `kvprobe.theory.sglang.budget`
+(`legacy=True`), on which the shadow targets and expectations rest.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvprobe.errors import ConfigError
+from kvprobe.releases import normalize_version
+
+_GIB_MIB = 1024
+
+
+@dataclass(frozen=True)
+class SglangMemoryRules:
+    """What one SGLang release defaults when it sizes the KV pool."""
+
+    release: str  # the release these rules were read in
+    until: str  # the newest release checked to carry the same rules
+    fraction: str  # the default-fraction formula: "tp-table" | "tp-table-13g" | "parallel-table" | "reserved-tiers"
+    small_gpu_mib: int  # below this total memory: chunked_prefill_size 2048 and the small cuda-graph batch
+    large_gpu_mib: int | None  # from this total memory up: chunked_prefill_size 16384 (None: no such tier)
+    no_gpu_chunked: int = 8192  # chunked_prefill_size when the GPU memory is unknown
+    legacy: bool = False  # 0.5.21-0.5.23: kvprobe.theory.sglang.budget's reserved-memory formula
+    sources: tuple[str, ...] = ()
+
+    def covers(self, version: str) -> bool:
+        return release_key(self.release) <= release_key(version) <= release_key(self.until)
+
+    def describe(self) -> str:
+        return f"SGLang {self.release} rules (read {self.release} to {self.until}): default fraction {self.fraction}"
+
+    def gpu_defaults(self, gpu_mem_mib: int | None, tp: int) -> tuple[int, int]:
+        """(chunked_prefill_size, cuda_graph_max_bs) by the GPU's total memory in MiB (nvidia-smi's
+        `memory.total`, server_args.py `get_gpu_memory_capacity`)."""
+        if gpu_mem_mib is None:
+            return self.no_gpu_chunked, 160
+        if gpu_mem_mib < self.small_gpu_mib:
+            return 2048, 8 if tp < 4 else 80
+        if self.large_gpu_mib is not None and gpu_mem_mib >= self.large_gpu_mib:
+            return 16384, 160
+        return 8192, 160
+
+    def default_fraction(self, gpu_mem_mib: int | None, *, tp: int = 1, pp: int = 1) -> float:
+        """mem_fraction_static when the flag is not given (no speculative decoding, no DP attention)."""
+        if self.legacy:
+            raise ConfigError(f"SGLang {self.release}'s fraction is budget.sglang_default_mem_fraction_static")
+        size = tp if self.fraction in ("tp-table", "tp-table-13g") else tp * pp
+        table = 0.79 if size >= 16 else 0.81 if size >= 8 else 0.85 if size >= 4 else 0.87 if size >= 2 else 0.88
+        if self.fraction == "tp-table":
+            return table
+        if self.fraction == "tp-table-13g":
+            if gpu_mem_mib is not None and gpu_mem_mib > 81920:
+                return (gpu_mem_mib - 13 * _GIB_MIB) / gpu_mem_mib
+            return table
+        if self.fraction == "parallel-table":
+            if gpu_mem_mib is None:
+                return table
+            base = table if gpu_mem_mib <= 81920 else 0.88
+            if gpu_mem_mib > 180 * 1000:
+                return 0.79
+            if gpu_mem_mib > 96 * _GIB_MIB:
+                return min(base + 48 * _GIB_MIB * (1 - base) / gpu_mem_mib, (gpu_mem_mib - 18 * _GIB_MIB) / gpu_mem_mib)
+            return base
+        if gpu_mem_mib is None:  # reserved-tiers
+            return 0.88
+        if gpu_mem_mib < 35 * _GIB_MIB:
+            reserved = (2.8 + size / 10) * _GIB_MIB
+        elif gpu_mem_mib < 90 * _GIB_MIB:
+            reserved = (9.5 + size / 2) * _GIB_MIB
+        elif gpu_mem_mib < 160 * _GIB_MIB:
+            reserved = (12 + size / 2) * _GIB_MIB
+        else:
+            reserved = 32 * _GIB_MIB
+        return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+
+
+_PROFILE = ("model_executor/model_runner.py profile_max_num_token: rest = available after loading - "
+            "total_gpu_memory x (1 - mem_fraction_static), total_gpu_memory = the minimum free memory over the "
+            "ranks after init_torch_distributed; int(rest x (1 << 30) // cell_size)")
+
+RULES: tuple[SglangMemoryRules, ...] = (
+    SglangMemoryRules(
+        "0.4.1.post7", "0.4.5", "tp-table", small_gpu_mib=25_000, large_gpu_mib=None,
+        sources=("server_args.py __post_init__ (0.4.1.post7; the same lines in 0.4.2.x, 0.4.3.x, 0.4.4, 0.4.5): "
+                 "0.79 at tp >= 16, 0.81 >= 8, 0.85 >= 4, 0.87 >= 2, else 0.88",
+                 "server_args.py: gpu_mem < 25,000 MiB -> chunked_prefill_size 2048 (else 8192), cuda_graph_max_bs "
+                 "8 (tp < 4) or 80; else 160", _PROFILE)),
+    SglangMemoryRules(
+        "0.4.6", "0.4.6", "tp-table-13g", small_gpu_mib=25_000, large_gpu_mib=None,
+        sources=("server_args.py __post_init__ (0.4.6): the tp table up to 81,920 MiB; above it "
+                 "(gpu_mem - 13 GiB) / gpu_mem (0.4.6.post5 already differs: tp x pp and a 96 GiB rule; "
+                 "not modelled)", _PROFILE)),
+    SglangMemoryRules(
+        "0.4.7", "0.4.7", "parallel-table", small_gpu_mib=25_000, large_gpu_mib=180_001,
+        sources=("server_args.py __post_init__ (0.4.7): the table on tp x pp up to 81,920 MiB (0.88 above); "
+                 "> 180,000 MiB: 0.79; > 96 GiB: min(f + 48 GiB x (1 - f) / gpu_mem, (gpu_mem - 18 GiB) / gpu_mem)",
+                 "server_args.py: chunked_prefill_size 16384 above 180,000 MiB, 2048 below 25,000 MiB", _PROFILE)),
+    SglangMemoryRules(
+        "0.4.8", "0.4.10", "reserved-tiers", small_gpu_mib=35 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096,
+        sources=("server_args.py __post_init__ (0.4.8; the same in 0.4.9 and 0.4.10): reserved = "
+                 "(2.8 + tp x pp / 10) GiB below 35 GiB, (9.5 + tp x pp / 2) GiB below 90 GiB, (12 + tp x pp / 2) GiB "
+                 "below 160 GiB, else 32 GiB (+2 GiB speculative, +4 GiB DP attention); "
+                 "round((gpu_mem - reserved) / gpu_mem, 3); a multimodal model scales it from 0.4.9 (not modelled)",
+                 "server_args.py: chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384 (4096 "
+                 "without a GPU); cuda_graph_max_bs 8 (tp < 4) or 80 below 35 GiB", _PROFILE)),
+    SglangMemoryRules(
+        "0.5.21", "0.5.23", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        legacy=True,
+        sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.23): reserved = activation + "
+                 "cuda-graph + tp x pp terms, floor 10 GiB above 60 GiB (kvprobe/theory/sglang/budget.py)",
+                 "model_executor/kv_cache_configurator.py _profile_available_bytes (0.5.23)")),
+)
+
+
+def release_key(version: str) -> tuple[int, int, int, int]:
+    """(major, minor, patch, post): 0.4.6.post5 sorts after 0.4.6, whose defaults it changed."""
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.post(\d+))?", normalize_version(version))
+    if not m:
+        raise ConfigError(f"expected an SGLang release such as 0.4.3.post4, got {version!r}", key="engine_version")
+    return tuple(int(g or 0) for g in m.groups())
+
+
+def memory_rules(version: str) -> SglangMemoryRules:
+    """The rules of the read release whose range holds `version`; else refused naming the nearest."""
+    for rules in RULES:
+        if rules.covers(version):
+            return rules
+    mine = release_key(version)
+    bounds = [b for r in RULES for b in (r.release, r.until)]
+    nearest = min(bounds, key=lambda b: _distance(release_key(b), mine))
+    ranges = ", ".join(f"{r.release}-{r.until}" if r.release != r.until else r.release for r in RULES)
+    raise ConfigError(f"SGLang {version}'s memory budget is not read (read: {ranges}); the nearest read release "
+                      f"is {nearest}: pass --engine-version {nearest} to size the pool by its rules",
+                      key="engine_version")
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Releases apart, counting a minor release as 1000 patch releases and a patch as 100 posts."""
+    def flat(k: tuple[int, ...]) -> int:
+        return ((k[0] * 1000 + k[1]) * 1000 + k[2]) * 100 + k[3]
+    return abs(flat(a) - flat(b))
