@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, sink_bytes
+from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
 from kvprobe.theory.model.sizes import DTYPE_BYTES
 from kvprobe.theory.model.weights import (
@@ -73,6 +74,8 @@ class ModelGeometry:
     weight_parts: tuple[WeightPart, ...]
     layers: LayerKinds  # the kind of every decoder layer (layers.py)
     quantized_mxfp4: bool = False  # MoE experts in MXFP4 (gpt-oss), the rest in the model dtype
+    experts_per_token: int = 0  # routed experts per token (num_experts_per_tok); 0 for a dense model
+    quantization: str = ""  # the linear layers' quantisation as counted (quant.py), "" for 16-bit
 
     @property
     def weight_bytes_total(self) -> int:
@@ -98,31 +101,6 @@ def _dtype_of(cfg: dict, override: str | None, source: str) -> str:
         raise ConfigError(f"expected a model dtype (bfloat16, float16, float32), got {name!r}",
                           file=source, key="dtype")
     return name
-
-
-def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
-    q = cfg.get("quantization_config") or {}
-    if str(q.get("quant_method", "")).lower() != "fp8":
-        return False, None
-    block = q.get("weight_block_size")
-    return True, (tuple(block) if block else None)
-
-
-# The checkpoint quantisations whose weights kvprobe counts as the engine allocates them (weights.py).
-KNOWN_QUANT_METHODS = ("fp8", "mxfp4")
-
-
-def _check_quant_method(cfg: dict, source: str) -> None:
-    """A quantised checkpoint kvprobe cannot count is an error, never weights silently counted at bf16."""
-    q = cfg.get("quantization_config")
-    if not q:
-        return
-    method = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
-    if method not in KNOWN_QUANT_METHODS:
-        raise ConfigError(f"expected a quantisation kvprobe counts ({', '.join(KNOWN_QUANT_METHODS)}), got "
-                          f"{method or q!r} (counting its weights at the model dtype would misstate "
-                          "the pool)",
-                          file=source, key="quantization_config.quant_method")
 
 
 def _is_mxfp4_checkpoint(cfg: dict) -> bool:
@@ -169,8 +147,8 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
                           file=source, key="qk_rope_head_dim")
     dtype_name = _dtype_of(cfg, dtype, source)
     dbytes = DTYPE_BYTES[dtype_name]
-    _check_quant_method(cfg, source)
-    fp8, block = _is_fp8_checkpoint(cfg)
+    quant = linear_quant(cfg, dbytes, source)
+    fp8 = bool(quant and quant.fp8)
     vocab = _get(cfg, "vocab_size", source, default=32000)
     tied = bool(cfg.get("tie_word_embeddings", False))
 
@@ -182,7 +160,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     if mxfp4 and model_type != "gpt_oss":  # other MXFP4 checkpoints quantise other modules, other kernels
         raise ConfigError(f"kvprobe counts MXFP4 weights for gpt-oss only (its experts); this model_type is "
                           f"{model_type!r}", file=source, key="quantization_config.quant_method")
-    p = Parts(dbytes, fp8, block, mxfp4)
+    p = Parts(dbytes, quant, mxfp4)
     p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
     attention_parts(p, cfg, g, all_layers)
     indexer_parts(p, cfg, g, indexer_ids)
@@ -220,6 +198,9 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         weight_parts=tuple(p.parts),
         layers=kinds,
         quantized_mxfp4=mxfp4,
+        experts_per_token=(int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+                           if len(dense_ids) < layers_n else 0),
+        quantization=quant.method if quant else ("mxfp4" if mxfp4 else ""),
     )
 
 

@@ -1,16 +1,16 @@
 """The parameter groups of a decoder model (`WeightPart`s) from its config.json: attention, DSA
 indexer, dense and MoE MLPs, as the engines shard them (geometry.py sums them per rank).
 
-fp8 block-quantised checkpoints count one byte per linear weight plus an fp32 scale per block;
-MXFP4 checkpoints (gpt-oss) count their experts as `mxfp4.py` lays them out.
+Quantised checkpoints (fp8, GPTQ, AWQ, compressed-tensors) count their linear weights as `quant.py`
+lays them out; MXFP4 checkpoints (gpt-oss) count their experts as `mxfp4.py` lays them out.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from kvprobe.theory.model.mxfp4 import expert_tensor_bytes
+from kvprobe.theory.model.quant import LinearQuant
 
 
 @dataclass(frozen=True)
@@ -42,18 +42,16 @@ def dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
 
 
 class Parts:
-    """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
+    """Collects WeightParts; linear weights of decoder layers take the checkpoint's quantised layout."""
 
-    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None, mxfp4: bool = False):
-        self.dtype_bytes, self.fp8, self.block, self.mxfp4 = dtype_bytes, fp8, block, mxfp4
+    def __init__(self, dtype_bytes: int, quant: LinearQuant | None, mxfp4: bool = False):
+        self.dtype_bytes, self.quant, self.mxfp4 = dtype_bytes, quant, mxfp4
         self.parts: list[WeightPart] = []
 
     def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
         params = out_f * in_f
-        if self.fp8 and quantizable:
-            nbytes = params  # one byte per weight, plus one fp32 scale per weight block
-            if self.block:
-                nbytes += math.ceil(out_f / self.block[0]) * math.ceil(in_f / self.block[1]) * 4
+        if self.quant and quantizable:
+            nbytes = self.quant.nbytes(out_f, in_f)  # packed weight, scales, zero points (quant.py)
         else:
             nbytes = params * self.dtype_bytes
         if bias:
