@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, sink_bytes
-from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
+from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.sizes import DTYPE_BYTES
 from kvprobe.theory.model.weights import (
     Parts,
