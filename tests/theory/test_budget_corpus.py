@@ -322,3 +322,16 @@ def test_the_ledger_prints_the_rule_it_applied():
     text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
     assert "memory profile          vLLM 0.19.0" in text
     assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text
+
+
+def test_gpus_by_name_have_the_total_the_logs_print():
+    """Where a log prints the card's total (vLLM's `total_memory=79.19GiB`, or `Free memory on device
+    (x/79.19 GiB)`), kvprobe's figure for that card by name (spec/gpus.py) is the same within 0.02 GiB: the
+    print's rounding and a few MiB between driver releases (H100: 79.19 in these logs, 79.205 in deviceQuery's)."""
+    checked = 0
+    for stem, case in CASES.items():
+        gpu = gpu_by_name(case)
+        if gpu is not None and "total_gpu_gib" in case["logged"]:
+            assert abs(gpu.total_bytes / GIB - case["logged"]["total_gpu_gib"]) <= 0.02, (stem, gpu.name)
+            checked += 1
+    assert checked >= 19
