@@ -28,6 +28,7 @@ from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, si
 from kvprobe.theory.model.presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
 from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.sizes import DTYPE_BYTES
+from kvprobe.theory.model.vision import vision_parts
 from kvprobe.theory.model.weights import (
     Parts,
     WeightPart,
@@ -35,6 +36,7 @@ from kvprobe.theory.model.weights import (
     dense_layer_ids,
     indexer_parts,
     mlp_parts,
+    rope_cache_parts,
 )
 
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -43,7 +45,10 @@ _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla l
 # Defaults of transformers' config classes for keys a published config.json leaves out (the engines
 # read config.json through these classes): Gemma3TextConfig (gemma3/configuration_gemma3.py L74-82,
 # transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
-_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072}}
+# Gemma3TextConfig ties lm_head to the embeddings by default (L89 `tie_word_embeddings: bool = True`), and
+# vLLM 0.33.0 then ties them (models/gemma3.py L398-399): one vocabulary-wide matrix, not two.
+_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
+                                   "tie_word_embeddings": True}}
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
                          source: str = "") -> ModelGeometry:
     """Everything kvprobe needs from a config.json. `dtype` overrides the model dtype (--dtype)."""
     source = source or name or "config.json"
+    top = cfg  # a multimodal checkpoint's vision_config sits beside its text_config
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
     cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
@@ -167,6 +173,8 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
     p.plain("input_layernorm+post_attention_layernorm", 2 * hidden, "replicated", all_layers)
     p.plain("norm", hidden, "replicated", stage="last")
+    rope_cache_parts(p, cfg, g)
+    vision_parts(p, top, hidden)
     if not tied:
         p.plain("lm_head", vocab * hidden, "tp", stage="last")
     params = sum(w.params * max(1, len(w.layers)) for w in p.parts)
@@ -282,6 +290,8 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
         experts, hidden, inter = part.dims
         return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
                                    engine=engine, gpu_arch=gpu_arch, tp=tp)
+    if part.special == "rope_cache":  # a vLLM buffer, not in the checkpoint (weights.rope_cache_parts)
+        return nbytes if engine == "vllm" else 0
     if part.special == "sinks":
         return part.params // tp * sink_bytes(engine, gpu_arch, geom.dtype_bytes)
     if part.shard == "tp":

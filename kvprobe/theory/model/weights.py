@@ -36,6 +36,9 @@ def dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
     types = cfg.get("mlp_layer_types")
     if isinstance(types, list) and len(types) == num_layers:
         return {i for i, t in enumerate(types) if t == "dense"}
+    step = cfg.get("interleave_moe_layer_step")  # Llama-4: every step-th layer is MoE (vLLM llama4.py L340-344)
+    if step:
+        return {i for i in range(num_layers) if (i + 1) % step != 0}
     first_k = cfg.get("first_k_dense_replace") or 0
     freq = cfg.get("moe_layer_freq") or 1
     return {i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0}
@@ -116,9 +119,10 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     h = g["hidden"]
     inter = cfg.get("intermediate_size") or 4 * h
     bias = bool(cfg.get("mlp_bias"))
-    if dense:
-        p.linear("mlp.gate_up_proj", 2 * inter, h, "tp", dense, bias=bias)
-        p.linear("mlp.down_proj", h, inter, "tp", dense, bias=bias)
+    if dense:  # Llama-4's dense layers are intermediate_size_mlp wide (vLLM llama4.py L352)
+        dense_inter = cfg.get("intermediate_size_mlp") or inter
+        p.linear("mlp.gate_up_proj", 2 * dense_inter, h, "tp", dense, bias=bias)
+        p.linear("mlp.down_proj", h, dense_inter, "tp", dense, bias=bias)
     if not moe:
         return
     n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
@@ -131,7 +135,8 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     else:
         p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
         p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
-    shared = cfg.get("n_shared_experts") or 0
+    # Llama-4: one shared expert of intermediate_size beside the routed ones (vLLM llama4.py Llama4MoE L100-113)
+    shared = cfg.get("n_shared_experts") or (1 if g["model_type"] == "llama4_text" else 0)
     if shared:
         p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
         p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
@@ -139,3 +144,19 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
     if cfg.get("topk_method") == "noaux_tc":
         p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)
+
+
+def rope_cache_parts(p: Parts, cfg: dict, g: dict) -> None:
+    """vLLM's rotary cos/sin cache: a `max_position_embeddings x rotary_dim` buffer in the model dtype, built
+    on the GPU with the model (layers/rotary_embedding/base.py L58-63, 0.33.0; get_rope shares one per
+    distinct rope, __init__.py L74-85), so it is in the weights memory the engine logs. Negligible for most
+    models (Llama-3.1: 32 MiB); 2.5 GiB for Llama-4-Scout's 10M positions. Gemma-3 builds two (local and
+    global rope). Counted for vLLM only (weight_bytes(engine="vllm"))."""
+    if g["attention"] == "mla":
+        rotary = g["rope"]
+    else:
+        rotary = int(g["head_dim"] * (cfg.get("partial_rotary_factor") or 1.0))
+    positions = cfg.get("max_position_embeddings") or 2048
+    caches = 2 if g["model_type"] in ("gemma3_text", "gemma3") else 1
+    p.plain("rotary.cos_sin_cache", 0, "replicated", nbytes=caches * positions * rotary * p.dtype_bytes,
+            special="rope_cache")
