@@ -138,3 +138,12 @@ def test_a_scheme_kvprobe_does_not_count_is_refused():
         "g": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}}
     with pytest.raises(ConfigError, match="4-bit float by tensor_group"):
         linear_quant(cfg, 2, "c.json")
+
+
+def test_the_ledger_names_the_quantisation_it_counted():
+    from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+    from kvprobe.theory.ledger.text import render_ledger
+
+    led = build_ledger(LedgerInputs(engine="vllm", model=str(CONFIGS / "llama-3.1-8b-instruct-w4a16.json"),
+                                    gpu_memory_bytes=80 * GIB, max_model_len=8192))
+    assert "compressed-tensors w4a16 checkpoint" in render_ledger(led)

@@ -84,7 +84,7 @@ class ModelGeometry:
 
     @property
     def weight_bytes_total(self) -> int:
-        return sum(p.nbytes * max(1, len(p.layers)) for p in self.weight_parts)
+        return sum(p.nbytes * max(1, len(p.layers)) for p in self.weight_parts if p.special != "rope_cache")
 
 
 def _get(cfg: dict, key: str, source: str, *, default=None, kind=int):
@@ -290,8 +290,8 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
         experts, hidden, inter = part.dims
         return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
                                    engine=engine, gpu_arch=gpu_arch, tp=tp)
-    if part.special == "rope_cache":  # a vLLM buffer, not in the checkpoint (weights.rope_cache_parts)
-        return nbytes if engine == "vllm" else 0
+    if part.special == "rope_cache":  # an engine buffer, not the checkpoint's: rope_cache_bytes()
+        return 0
     if part.special == "sinks":
         return part.params // tp * sink_bytes(engine, gpu_arch, geom.dtype_bytes)
     if part.shard == "tp":
@@ -299,6 +299,12 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
     if part.shard == "kv":
         return math.ceil(nbytes * max(1, geom.num_kv_heads // tp) / geom.num_kv_heads)
     return nbytes
+
+
+def rope_cache_bytes(geom: ModelGeometry) -> int:
+    """vLLM's rotary cos/sin cache(s) on every rank (weights.rope_cache_parts): in the weights memory the
+    engine logs, not in the checkpoint; the releases read in vllm/memory_profile.py add it to the weights."""
+    return sum(p.nbytes for p in geom.weight_parts if p.special == "rope_cache")
 
 
 def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str | None = None,

@@ -24,7 +24,8 @@ registers (read in vLLM 0.33.0, `model_executor/layers/quantization/`):
 Layers named in ``ignore`` (compressed-tensors) or ``modules_to_not_convert`` (AWQ) stay in the model
 dtype; kvprobe knows the ones it models apart (lm_head, the MoE router, a vision tower it does not
 count) and refuses a list naming decoder linear layers rather than guess which ones. A method not
-listed here is an error naming ``quantization_config.quant_method`` (geometry.py).
+listed here is an error naming ``quantization_config.quant_method``: bitsandbytes among them, which
+vLLM 0.33.0 no longer registers (quantization/__init__.py get_quantization_config has no entry for it).
 """
 
 from __future__ import annotations

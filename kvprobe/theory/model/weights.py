@@ -151,7 +151,7 @@ def rope_cache_parts(p: Parts, cfg: dict, g: dict) -> None:
     on the GPU with the model (layers/rotary_embedding/base.py L58-63, 0.33.0; get_rope shares one per
     distinct rope, __init__.py L74-85), so it is in the weights memory the engine logs. Negligible for most
     models (Llama-3.1: 32 MiB); 2.5 GiB for Llama-4-Scout's 10M positions. Gemma-3 builds two (local and
-    global rope). Counted for vLLM only (weight_bytes(engine="vllm"))."""
+    global rope). Not checkpoint bytes: weight_bytes() leaves it out, geometry.rope_cache_bytes() gives it."""
     if g["attention"] == "mla":
         rotary = g["rope"]
     else:

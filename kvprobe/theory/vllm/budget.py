@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.releases import VLLM_DEFAULT_VERSION
-from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.model.geometry import KVBytes, ModelGeometry, rope_cache_bytes
 from kvprobe.theory.model.sizes import GIB, MIB, cdiv
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
     NO_KV_MEMORY,
@@ -238,6 +238,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
                           key="gpu_memory_utilization")
     rules = profile_rules(version or VLLM_DEFAULT_VERSION)
+    if not rules.legacy:  # the releases read measure weights as allocated, the rotary cache with them
+        weights += rope_cache_bytes(geom)
     used: dict[str, int] = {}
     other = estimates.get("other_bytes")
     if other is None:
