@@ -209,6 +209,7 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
         gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
+        gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch, estimates=estimates, **request,
         **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
 

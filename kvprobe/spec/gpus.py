@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from kvprobe.errors import ConfigError
 from kvprobe.units import describe_memory_size, format_bytes, parse_memory_size
@@ -37,10 +38,31 @@ class Gpu:
     source: str  # where the figure was read
 
 
+# Cards whose figure is torch's `_CudaDeviceProperties(..., total_memory=NMB, ...)` repr, pasted in
+# public code: torch prints total_memory // 2**20 (MiB), so the bytes are N MiB, low by under 1 MiB
+# (0.001% of a pool). The code search that found these lines named no repository, so each row links
+# GitHub's code search for the exact repr it quotes.
+
+
+def _torch_repr(line: str) -> str:
+    return "https://github.com/search?type=code&q=" + quote(f'"{line}"')
+
 # Each row: deviceQuery's "Total amount of global memory: N MBytes (B bytes)" on that card.
 GPUS = (
     # H100 SXM, driver 565.57.01 / CUDA 12.7: 81106 MBytes (85045477376 bytes)
     Gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 85045477376, _DQ + "H100SXMx8_deviceQuery.py"),
+    # H100 PCIe: "_CudaDeviceProperties(name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB,
+    # multi_processor_count=114)"
+    Gpu("H100-PCIe", "NVIDIA H100 PCIe", 81008 * 2**20,
+        _torch_repr("name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB")),
+    # H200 (SXM, 141 GB HBM3e): "_CudaDeviceProperties(name='NVIDIA H200', major=9, minor=0,
+    # total_memory=143156MB, multi_processor_count=132, ...)"
+    Gpu("H200", "NVIDIA H200", 143156 * 2**20,
+        _torch_repr("name='NVIDIA H200', major=9, minor=0, total_memory=143156MB")),
+    # H20 (96 GB HBM3): "_CudaDeviceProperties(name='NVIDIA H20', major=9, minor=0, total_memory=97285MB,
+    # multi_processor_count=78)"
+    Gpu("H20", "NVIDIA H20", 97285 * 2**20,
+        _torch_repr("name='NVIDIA H20', major=9, minor=0, total_memory=97285MB")),
     # H100 NVL, driver 550.54.14: 95235 MBytes (99861594112 bytes)
     Gpu("H100-NVL", "NVIDIA H100 NVL", 99861594112, _DQ + "H100NVLx2_deviceQuery.py"),
     # A100 SXM4 80GB, driver 555.42.02: 81158 MBytes (85100068864 bytes)
@@ -56,6 +78,10 @@ GPUS = (
     # A10, CUDA 12.2: 21.99 GBytes (23609475072 bytes), a device query in the README
     Gpu("A10", "NVIDIA A10", 23609475072,
         "https://github.com/aalanwyr/face2cuda/blob/9ad81566c5da19bc4950596a37d3820a595b280a/step2cuda/README.md"),
+    # A10G (AWS g5, 24 GB GDDR6): "_CudaDeviceProperties(name='NVIDIA A10G', major=8, minor=6,
+    # total_memory=22587MB, multi_processor_count=80, ...)", torch 2.15 / CUDA 13.0
+    Gpu("A10G", "NVIDIA A10G", 22587 * 2**20,
+        _torch_repr("name='NVIDIA A10G', major=8, minor=6, total_memory=22587MB")),
     # RTX 6000 Ada, CUDA 12.4: 48640 MBytes (51002867712 bytes)
     Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py"),
     # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes)
@@ -68,7 +94,7 @@ GPUS = (
 )
 # Other spellings of a listed card (the interface, the marketing name).
 _ALIASES = {"H100-SXM": "H100-80GB", "H100": "H100-80GB", "A100-SXM4-80GB": "A100-80GB",
-            "A100-SXM4-40GB": "A100-40GB"}
+            "A100-SXM4-40GB": "A100-40GB", "H200-SXM": "H200", "H200-141GB": "H200", "H20-96GB": "H20"}
 
 
 def _key(name: str) -> str:

@@ -33,16 +33,9 @@ FLOORS = {"cases": 31, "vllm": 31, "sglang": 0, "gpu_types": 6, "vllm_releases":
           "sglang_releases": 0, "quantised": 15, "tp_gt_1": 15, "pp_gt_1": 1, "refusals": 4}
 
 # (case file stem, field) pairs where kvprobe's parser reads a real line differently from what the
-# engine printed: listed, not fixed here (a later step fixes the parsers). strict xfail: a fixed
-# parser turns these into failures to be struck off the list.
-KNOWN_PARSER_GAPS: dict[tuple[str, str], str] = {
-    ("vllm-0.19.0-h100-codellama-34b-tp2-refused", "refused"):
-        "with TP > 1 the root cause is logged by a worker, '(Worker pid=N) ERROR ... [multiproc_executor.py:857] "
-        "ValueError: ...'; _RE_EXCEPTION_LINE accepts only an '(EngineCore...)' prefix, so no refusal is read",
-    ("vllm-0.19.0-h100-gpt-oss-20b-oom", "refused"):
-        "the parser returns the chained torch.OutOfMemoryError line, not vLLM's own RuntimeError "
-        "('CUDA out of memory occurred when warming up sampler ...'), which names the flags to change",
-}
+# engine printed, with the reason: none today (a TP worker's root cause and vLLM's own RuntimeError
+# after a chained OOM are read since vllm/logs.py learnt them). A gap listed here is an xfail.
+KNOWN_PARSER_GAPS: dict[tuple[str, str], str] = {}
 
 
 def load(path: Path) -> dict:

@@ -32,23 +32,47 @@ SHIPPED = {
     "openai/gpt-oss-120b": "gpt-oss-120b.json",
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": "llama-4-scout-17b-16e-instruct.json",
     "google/gemma-3-27b-it": "gemma-3-27b-it.json",
+    "Qwen/Qwen2-7B-Instruct": "qwen2-7b-instruct.json",
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b-instruct.json",
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b-instruct-v0.1.json",
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json",
+    "deepseek-ai/DeepSeek-V2-Lite-Chat": "deepseek-v2-lite-chat.json",
+    # the hub resolves ids case-insensitively; the log spells it "fp8-dynamic"
+    "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic": "llama-3.3-70b-instruct-fp8-dynamic.json",
+    "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16": "llama-3.1-8b-instruct-w4a16.json",
+    "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 9  # of the runnable cases, KV pool within 5% of the log
-WORST_ALLOWED = 0.37  # no runnable case beyond this error (Llama-4-Scout's weights: +36.8% today)
-MEDIAN_ALLOWED = 0.005  # 0.2% today (2.1% with 0.33.0's rules and no --quantization)
-RUNNABLE = 11
+FLOOR_WITHIN_5 = 21  # of the runnable cases, KV pool within 5% of the log
+WORST_ALLOWED = 0.06  # no runnable case beyond this error (Qwen2.5-72B's small pool: +5.8% today)
+MEDIAN_ALLOWED = 0.012  # 1.1% today
+RUNNABLE = 22
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
-    "vllm-0.19.0-h100-gemma3-27b": "weights: 52.93 vs 51.45 GiB; the ledger counts lm_head apart (Gemma-3 ties it "
-                                   "to the embeddings by default: +2.63 GiB) and not the vision tower",
-    "vllm-0.19.0-h100-llama4-scout-tp4": "weights: 47.38 vs 53.12 GiB per rank at TP4; the ledger misses Llama-4's "
-                                         "shared expert (48 x 3 x 5120 x 8192 = 6.0 B parameters) and the vision tower",
+    "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
+                                       "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
+                                       "+6% of so small a pool",
+}
+# The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
+TOKEN_LINE_DIFFERS = {
+    "vllm-0.10.1.1-a100-80gb-gpt-oss-120b-tp4-ray": "0.10.1.1 prints a hybrid (sliding + full) model's tokens as "
+                                                    "the pool over all 36 layers' bytes per token (45.32 GiB / "
+                                                    "(36 x 512 B) = 2,640,144); the ledger counts full-attention "
+                                                    "tokens, the sliding layers holding only their window",
+}
+# Cases whose logged torch peak the ledger's forward/sampler terms miss by more than 5%, and why.
+ACTIVATION_NOT_MODELLED = {
+    "gemma3": "the vision encoder's profile run (multimodal dummy batch) is not modelled",
+    "llama4": "the vision encoder's profile run (multimodal dummy batch) is not modelled",
+    "deepseek-v2-lite": "MLA's prefill workspaces (up-projected K/V of the chunk) are not modelled",
+    "qwen3-30b-a3b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
+    "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
+    "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
 }
 # Refusals the ledger does not predict, with the reason.
 UNPREDICTED_REFUSALS = {
@@ -76,17 +100,32 @@ def why_not_runnable(case: dict) -> str | None:
         return f"release {case['version']} not read (a build between releases)"
     if "kv_cache_gib" not in logged:
         return "the log prints no KV pool (refused before sizing it)"
-    if "total_gpu_gib" not in logged:
+    if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
         return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line), and "
-                "the ledger has no GPU name for vLLM's A100 batch defaults (256 seqs / 2048 tokens)")
+                f"kvprobe has no GPU named {case['gpu']!r}")
     return None
+
+
+def gpu_by_name(case: dict):
+    """The card the case names, when kvprobe lists it (spec/gpus.py), else None."""
+    from kvprobe.errors import ConfigError
+    from kvprobe.spec.gpus import find_gpu
+
+    try:
+        return find_gpu(case["gpu"].split(" (")[0], key="gpu")  # "A100 80GB (log file name ...)"
+    except ConfigError:
+        return None
 
 
 def ledger_argv(case: dict) -> list[str]:
     """`kvprobe ledger` as a person would type it for this log: its flags, its release, its GPU memory."""
-    total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
+    if "total_gpu_gib" in case["logged"]:
+        total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
+        gpu = ["--gpu-memory", f"{total}B"]
+    else:  # by name: its CUDA total, and the name vLLM's batch defaults read (A100: 256 seqs / 2048 tokens)
+        gpu = ["--gpu", gpu_by_name(case).name]
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
-            "--engine-version", case["version"], "--gpu-memory", f"{total}B"]
+            "--engine-version", case["version"], *gpu]
     for key, value in case["flags"].items():
         name = key.replace("_", "-")
         if isinstance(value, bool):
@@ -174,14 +213,15 @@ def test_kv_tokens_follow_the_pool(table):
     """The token line follows the pool: the same error as the bytes, within the block rounding."""
     rows, _ = table
     for r in rows:
-        if r["logged_tokens"]:
+        if r["logged_tokens"] and r["case"] not in TOKEN_LINE_DIFFERS:
             token_error = r["ledger_tokens"] / r["logged_tokens"] - 1
             assert abs(token_error - r["error"]) < 0.02, (r["case"], token_error, r["error"])
 
 
 def test_weights_where_logged(table):
     """Weights within 2% where the log prints them, except the known weight misses (and gpt-oss's MXFP4
-    experts, padded for the kernel: 12.82 vs 13.64 GiB at TP1)."""
+    experts, padded for the kernel: 12.83 vs 13.64 GiB at TP1). The multimodal checkpoints count their vision
+    tower (vision.py) and vLLM's rotary cache (Llama-4-Scout's 10M positions: 2.5 GiB)."""
     rows, _ = table
     off = {r["case"]: r["weights"] for r in rows
            if "weights" in r and abs(r["weights"][1] / r["weights"][0] - 1) > 0.02}
@@ -220,7 +260,7 @@ def test_online_fp8_counts_the_linear_layers_at_one_byte():
     assert abs(ours / logged - 1) < 0.01
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "compressed-tensors", "bitsandbytes"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "hqq", "gguf"])
 def test_a_quantisation_kvprobe_cannot_count_is_an_error(tmp_path, method):
     """Never a silent bf16: the checkpoint's quant_method is named, with the file."""
     from kvprobe.errors import ConfigError
@@ -249,13 +289,14 @@ def test_quantization_flag_that_contradicts_the_checkpoint_is_refused():
 
 def test_activation_peak_where_logged(table):
     """The sampler warm-up rule against the torch peak the logs print: within 5% for the dense text
-    models; the multimodal ones (Gemma-3, Llama-4-Scout: their encoder's profile is not modelled) lower."""
+    models; the others lower, each for a reason in ACTIVATION_NOT_MODELLED."""
     rows, _ = table
     close = [r["case"] for r in rows if "activation" in r and abs(r["activation"][1] / r["activation"][0] - 1) <= 0.05]
-    assert len(close) >= 8, close
+    assert len(close) >= 11, close
     for r in rows:
         if "activation" in r and r["case"] not in close:
-            assert "gemma3" in r["case"] or "llama4" in r["case"], (r["case"], r["activation"])
+            assert any(k in r["case"] for k in ACTIVATION_NOT_MODELLED), (r["case"], r["activation"])
+            assert r["activation"][1] < r["activation"][0], (r["case"], r["activation"])
 
 
 @pytest.mark.parametrize(("version", "release", "util", "graph"), [
@@ -277,3 +318,16 @@ def test_the_ledger_prints_the_rule_it_applied():
     text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
     assert "memory profile          vLLM 0.19.0" in text
     assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text
+
+
+def test_gpus_by_name_have_the_total_the_logs_print():
+    """Where a log prints the card's total (vLLM's `total_memory=79.19GiB`, or `Free memory on device
+    (x/79.19 GiB)`), kvprobe's figure for that card by name (spec/gpus.py) is the same within 0.02 GiB: the
+    print's rounding and a few MiB between driver releases (H100: 79.19 in these logs, 79.205 in deviceQuery's)."""
+    checked = 0
+    for stem, case in CASES.items():
+        gpu = gpu_by_name(case)
+        if gpu is not None and "total_gpu_gib" in case["logged"]:
+            assert abs(gpu.total_bytes / GIB - case["logged"]["total_gpu_gib"]) <= 0.02, (stem, gpu.name)
+            checked += 1
+    assert checked >= 19

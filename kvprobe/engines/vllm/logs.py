@@ -80,14 +80,21 @@ STARTUP_FAILED = "RuntimeError: Engine core initialization failed. See root caus
 # Any other failed start: EngineCore logs its exception (v1/engine/core.py `run_engine_core`
 # L1580-1588, "(EngineCore pid=N) ERROR ... [core.py:1584] ValueError: ...") and re-raises it, so its
 # traceback ends with the same line; the API server then only echoes STARTUP_FAILED. The shadow
-# worker's own refusals (a layer kind it cannot describe) take this path too.
-_RE_EXCEPTION_LINE = re.compile(r"^(?:\(EngineCore[^)]*\) ERROR [^\]]*\] )?((?:\w+\.)*\w+(?:Error|Exception): .+)$",
-                                re.M)
+# worker's own refusals (a layer kind it cannot describe) take this path too. With TP/PP > 1 the root
+# cause is raised in a worker process, which logs it before the engine core sees it
+# (v1/executor/multiproc_executor.py WorkerProc.worker_main `logger.exception("WorkerProc failed to
+# start.")`, L1057 in 0.33.0, L857 in 0.19.0 as its log prints): vllm/logger.py's formatter puts the
+# record's header on every traceback line, "(Worker pid=N) ERROR ... [...multiproc_executor.py:857]
+# ValueError: Free memory on device ...". A chained exception ends with vLLM's own error, which names
+# what to change ("RuntimeError: CUDA out of memory occurred when warming up sampler ...",
+# v1/worker/gpu_model_runner.py _dummy_sampler_run): the last line wins.
+_RE_EXCEPTION_LINE = re.compile(r"^(?:\((?:EngineCore|Worker)[^)]*\) ERROR [^\]]*\] )?"
+                                r"((?:\w+\.)*\w+(?:Error|Exception): .+)$", re.M)
 
 
 def _root_cause(text: str) -> str | None:
-    """vLLM's last exception line that is not the API server's echo."""
-    echo = STARTUP_FAILED.split(":", 1)[0] + ":"
+    """vLLM's last exception line that is not the API server's echo (a RuntimeError too, with its own text)."""
+    echo = STARTUP_FAILED.split(".", 1)[0]
     causes = [m.group(1).strip() for m in _RE_EXCEPTION_LINE.finditer(text) if not m.group(1).startswith(echo)]
     return causes[-1] if causes else None
 

@@ -88,7 +88,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
-    seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len)
+    seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len, gpu_name=inputs.gpu_name)
     seqs = inputs.max_num_seqs or seqs
     tokens = inputs.max_num_batched_tokens or min(tokens, seqs * max_len)
     if tokens < seqs:  # config/scheduler.py L317-336

@@ -18,6 +18,7 @@ class LedgerInputs:
     model: str
     engine_version: str | None = None
     gpu_memory_bytes: int | None = None
+    gpu_name: str | None = None  # the card by name (--gpu): vLLM's batch defaults set an A100 apart
     gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None

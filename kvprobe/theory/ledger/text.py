@@ -37,7 +37,8 @@ def _render_sections(led: Ledger) -> list[str]:
         ["model", g.name, led.model.source],
         ["attention", g.attention, f"{g.num_layers} layers, {g.num_kv_heads} KV heads" if g.attention == "gqa"
          else f"latent {g.kv_lora_rank}+{g.qk_rope_head_dim}, not split by TP"],
-        ["parameters", g.param_count, f"{g.dtype}" + (", fp8 checkpoint" if g.quantized_fp8 else "")
+        ["parameters", g.param_count, f"{g.dtype}"
+         + (f", {g.quantization} checkpoint" if g.quantization not in ("", "mxfp4") else "")
          + (", MXFP4 experts" if g.quantized_mxfp4 else "")],
         ["weights per rank", format_bytes(led.model.weight_bytes), par + (
             f", experts as {inp.engine} allocates them on {inp.gpu_arch or DEFAULT_GPU_ARCH}"

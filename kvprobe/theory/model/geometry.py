@@ -26,7 +26,9 @@ from kvprobe.errors import ConfigError
 from kvprobe.theory.model.layers import ATTENTION_KINDS, LayerKinds, layer_kinds
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH, engine_expert_bytes, sink_bytes
 from kvprobe.theory.model.presets import PRESETS, list_presets, load_model_config  # noqa: F401 (re-exported)
+from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.sizes import DTYPE_BYTES
+from kvprobe.theory.model.vision import vision_parts
 from kvprobe.theory.model.weights import (
     Parts,
     WeightPart,
@@ -34,6 +36,7 @@ from kvprobe.theory.model.weights import (
     dense_layer_ids,
     indexer_parts,
     mlp_parts,
+    rope_cache_parts,
 )
 
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2")
@@ -42,7 +45,10 @@ _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla l
 # Defaults of transformers' config classes for keys a published config.json leaves out (the engines
 # read config.json through these classes): Gemma3TextConfig (gemma3/configuration_gemma3.py L74-82,
 # transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
-_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072}}
+# Gemma3TextConfig ties lm_head to the embeddings by default (L89 `tie_word_embeddings: bool = True`), and
+# vLLM 0.33.0 then ties them (models/gemma3.py L398-399): one vocabulary-wide matrix, not two.
+_CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
+                                   "tie_word_embeddings": True}}
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,12 @@ class ModelGeometry:
     weight_parts: tuple[WeightPart, ...]
     layers: LayerKinds  # the kind of every decoder layer (layers.py)
     quantized_mxfp4: bool = False  # MoE experts in MXFP4 (gpt-oss), the rest in the model dtype
+    experts_per_token: int = 0  # routed experts per token (num_experts_per_tok); 0 for a dense model
+    quantization: str = ""  # the linear layers' quantisation as counted (quant.py), "" for 16-bit
 
     @property
     def weight_bytes_total(self) -> int:
-        return sum(p.nbytes * max(1, len(p.layers)) for p in self.weight_parts)
+        return sum(p.nbytes * max(1, len(p.layers)) for p in self.weight_parts if p.special != "rope_cache")
 
 
 def _get(cfg: dict, key: str, source: str, *, default=None, kind=int):
@@ -100,31 +108,6 @@ def _dtype_of(cfg: dict, override: str | None, source: str) -> str:
     return name
 
 
-def _is_fp8_checkpoint(cfg: dict) -> tuple[bool, tuple[int, int] | None]:
-    q = cfg.get("quantization_config") or {}
-    if str(q.get("quant_method", "")).lower() != "fp8":
-        return False, None
-    block = q.get("weight_block_size")
-    return True, (tuple(block) if block else None)
-
-
-# The checkpoint quantisations whose weights kvprobe counts as the engine allocates them (weights.py).
-KNOWN_QUANT_METHODS = ("fp8", "mxfp4")
-
-
-def _check_quant_method(cfg: dict, source: str) -> None:
-    """A quantised checkpoint kvprobe cannot count is an error, never weights silently counted at bf16."""
-    q = cfg.get("quantization_config")
-    if not q:
-        return
-    method = str(q.get("quant_method", "")).lower() if isinstance(q, dict) else ""
-    if method not in KNOWN_QUANT_METHODS:
-        raise ConfigError(f"expected a quantisation kvprobe counts ({', '.join(KNOWN_QUANT_METHODS)}), got "
-                          f"{method or q!r} (counting its weights at the model dtype would misstate "
-                          "the pool)",
-                          file=source, key="quantization_config.quant_method")
-
-
 def _is_mxfp4_checkpoint(cfg: dict) -> bool:
     q = cfg.get("quantization_config") or {}
     return str(q.get("quant_method", "")).lower() == "mxfp4"
@@ -146,6 +129,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
                          source: str = "") -> ModelGeometry:
     """Everything kvprobe needs from a config.json. `dtype` overrides the model dtype (--dtype)."""
     source = source or name or "config.json"
+    top = cfg  # a multimodal checkpoint's vision_config sits beside its text_config
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
     cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
@@ -169,8 +153,8 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
                           file=source, key="qk_rope_head_dim")
     dtype_name = _dtype_of(cfg, dtype, source)
     dbytes = DTYPE_BYTES[dtype_name]
-    _check_quant_method(cfg, source)
-    fp8, block = _is_fp8_checkpoint(cfg)
+    quant = linear_quant(cfg, dbytes, source)
+    fp8 = bool(quant and quant.fp8)
     vocab = _get(cfg, "vocab_size", source, default=32000)
     tied = bool(cfg.get("tie_word_embeddings", False))
 
@@ -182,13 +166,15 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     if mxfp4 and model_type != "gpt_oss":  # other MXFP4 checkpoints quantise other modules, other kernels
         raise ConfigError(f"kvprobe counts MXFP4 weights for gpt-oss only (its experts); this model_type is "
                           f"{model_type!r}", file=source, key="quantization_config.quant_method")
-    p = Parts(dbytes, fp8, block, mxfp4)
+    p = Parts(dbytes, quant, mxfp4)
     p.plain("embed_tokens", vocab * hidden, "tp", stage="first")
     attention_parts(p, cfg, g, all_layers)
     indexer_parts(p, cfg, g, indexer_ids)
     mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
     p.plain("input_layernorm+post_attention_layernorm", 2 * hidden, "replicated", all_layers)
     p.plain("norm", hidden, "replicated", stage="last")
+    rope_cache_parts(p, cfg, g)
+    vision_parts(p, top, hidden)
     if not tied:
         p.plain("lm_head", vocab * hidden, "tp", stage="last")
     params = sum(w.params * max(1, len(w.layers)) for w in p.parts)
@@ -220,6 +206,9 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
         weight_parts=tuple(p.parts),
         layers=kinds,
         quantized_mxfp4=mxfp4,
+        experts_per_token=(int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+                           if len(dense_ids) < layers_n else 0),
+        quantization=quant.method if quant else ("mxfp4" if mxfp4 else ""),
     )
 
 
@@ -301,6 +290,8 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
         experts, hidden, inter = part.dims
         return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
                                    engine=engine, gpu_arch=gpu_arch, tp=tp)
+    if part.special == "rope_cache":  # an engine buffer, not the checkpoint's: rope_cache_bytes()
+        return 0
     if part.special == "sinks":
         return part.params // tp * sink_bytes(engine, gpu_arch, geom.dtype_bytes)
     if part.shard == "tp":
@@ -308,6 +299,12 @@ def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: 
     if part.shard == "kv":
         return math.ceil(nbytes * max(1, geom.num_kv_heads // tp) / geom.num_kv_heads)
     return nbytes
+
+
+def rope_cache_bytes(geom: ModelGeometry) -> int:
+    """vLLM's rotary cos/sin cache(s) on every rank (weights.rope_cache_parts): in the weights memory the
+    engine logs, not in the checkpoint; the releases read in vllm/memory_profile.py add it to the weights."""
+    return sum(p.nbytes for p in geom.weight_parts if p.special == "rope_cache")
 
 
 def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str | None = None,

@@ -63,6 +63,35 @@ PRESETS: dict[str, str] = {
     "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b-instruct.json",
     # mistralai/Mistral-7B-v0.1: sliding_window 4096 on every layer (transformers 4.34 file).
     "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1.json",
+    # --- the models of the real start-up logs in tests/data/gpu_logs/ (issue 20). Each file is the hub's
+    # config.json at the URL given, key for key; the log's own weights line checks the geometry
+    # (tests/theory/test_budget_corpus.py prints weights logged vs counted).
+    # https://huggingface.co/Qwen/Qwen2-7B-Instruct/blob/main/config.json: 7.62 B parameters (the
+    # vLLM 0.10.1.1 log loads 14.25 GiB at TP 1).
+    "Qwen/Qwen2-7B-Instruct": "qwen2-7b-instruct.json",
+    # https://huggingface.co/Qwen/Qwen2.5-72B-Instruct/blob/main/config.json; a public model report
+    # quotes the same file with 72,706,203,648 parameters (transformers 4.43.1, max_window_layers 70).
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b-instruct.json",
+    # https://huggingface.co/mistralai/Mixtral-8x7B-Instruct-v0.1/blob/main/config.json: 8 experts of
+    # intermediate 14336, top-2, sliding_window null.
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b-instruct-v0.1.json",
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json: 128 experts of 768, 8 active,
+    # head_dim 128, 4 KV heads.
+    "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json",
+    # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite-Chat/blob/main/config.json: MLA 512+64 with
+    # no q_lora_rank, 64 routed + 2 shared experts of 1408, first layer dense.
+    "deepseek-ai/DeepSeek-V2-Lite-Chat": "deepseek-v2-lite-chat.json",
+    # https://huggingface.co/RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic/blob/main/config.json:
+    # Llama-3.3-70B (the 3.1-70B geometry) with compressed-tensors FP8 weights by channel, dynamic
+    # per-token activations, lm_head ignored.
+    "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic": "llama-3.3-70b-instruct-fp8-dynamic.json",
+    # https://huggingface.co/RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16/blob/main/config.json:
+    # compressed-tensors pack-quantized int4, symmetric, group 128, lm_head ignored.
+    "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16": "llama-3.1-8b-instruct-w4a16.json",
+    # https://huggingface.co/RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8/blob/main/config.json:
+    # Mistral3ForConditionalGeneration (text 40 layers x 5120, vocab 131072; Pixtral vision tower, not
+    # counted), compressed-tensors INT8 weights by channel, the vision tower, projector and lm_head ignored.
+    "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
 }
 
 

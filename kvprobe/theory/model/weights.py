@@ -1,16 +1,16 @@
 """The parameter groups of a decoder model (`WeightPart`s) from its config.json: attention, DSA
 indexer, dense and MoE MLPs, as the engines shard them (geometry.py sums them per rank).
 
-fp8 block-quantised checkpoints count one byte per linear weight plus an fp32 scale per block;
-MXFP4 checkpoints (gpt-oss) count their experts as `mxfp4.py` lays them out.
+Quantised checkpoints (fp8, GPTQ, AWQ, compressed-tensors) count their linear weights as `quant.py`
+lays them out; MXFP4 checkpoints (gpt-oss) count their experts as `mxfp4.py` lays them out.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from kvprobe.theory.model.mxfp4 import expert_tensor_bytes
+from kvprobe.theory.model.quant import LinearQuant
 
 
 @dataclass(frozen=True)
@@ -36,24 +36,25 @@ def dense_layer_ids(cfg: dict, num_layers: int) -> set[int]:
     types = cfg.get("mlp_layer_types")
     if isinstance(types, list) and len(types) == num_layers:
         return {i for i, t in enumerate(types) if t == "dense"}
+    step = cfg.get("interleave_moe_layer_step")  # Llama-4: every step-th layer is MoE (vLLM llama4.py L340-344)
+    if step:
+        return {i for i in range(num_layers) if (i + 1) % step != 0}
     first_k = cfg.get("first_k_dense_replace") or 0
     freq = cfg.get("moe_layer_freq") or 1
     return {i for i in range(num_layers) if i < first_k or (i - first_k) % freq != 0}
 
 
 class Parts:
-    """Collects WeightParts; linear weights of decoder layers are fp8 in an fp8 checkpoint."""
+    """Collects WeightParts; linear weights of decoder layers take the checkpoint's quantised layout."""
 
-    def __init__(self, dtype_bytes: int, fp8: bool, block: tuple[int, int] | None, mxfp4: bool = False):
-        self.dtype_bytes, self.fp8, self.block, self.mxfp4 = dtype_bytes, fp8, block, mxfp4
+    def __init__(self, dtype_bytes: int, quant: LinearQuant | None, mxfp4: bool = False):
+        self.dtype_bytes, self.quant, self.mxfp4 = dtype_bytes, quant, mxfp4
         self.parts: list[WeightPart] = []
 
     def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
         params = out_f * in_f
-        if self.fp8 and quantizable:
-            nbytes = params  # one byte per weight, plus one fp32 scale per weight block
-            if self.block:
-                nbytes += math.ceil(out_f / self.block[0]) * math.ceil(in_f / self.block[1]) * 4
+        if self.quant and quantizable:
+            nbytes = self.quant.nbytes(out_f, in_f)  # packed weight, scales, zero points (quant.py)
         else:
             nbytes = params * self.dtype_bytes
         if bias:
@@ -118,9 +119,10 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     h = g["hidden"]
     inter = cfg.get("intermediate_size") or 4 * h
     bias = bool(cfg.get("mlp_bias"))
-    if dense:
-        p.linear("mlp.gate_up_proj", 2 * inter, h, "tp", dense, bias=bias)
-        p.linear("mlp.down_proj", h, inter, "tp", dense, bias=bias)
+    if dense:  # Llama-4's dense layers are intermediate_size_mlp wide (vLLM llama4.py L352)
+        dense_inter = cfg.get("intermediate_size_mlp") or inter
+        p.linear("mlp.gate_up_proj", 2 * dense_inter, h, "tp", dense, bias=bias)
+        p.linear("mlp.down_proj", h, dense_inter, "tp", dense, bias=bias)
     if not moe:
         return
     n_routed = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
@@ -133,7 +135,8 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     else:
         p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
         p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
-    shared = cfg.get("n_shared_experts") or 0
+    # Llama-4: one shared expert of intermediate_size beside the routed ones (vLLM llama4.py Llama4MoE L100-113)
+    shared = cfg.get("n_shared_experts") or (1 if g["model_type"] == "llama4_text" else 0)
     if shared:
         p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
         p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
@@ -141,3 +144,19 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
     if cfg.get("topk_method") == "noaux_tc":
         p.plain("router.e_score_correction_bias", n_routed, "replicated", moe, nbytes=n_routed * 4)
+
+
+def rope_cache_parts(p: Parts, cfg: dict, g: dict) -> None:
+    """vLLM's rotary cos/sin cache: a `max_position_embeddings x rotary_dim` buffer in the model dtype, built
+    on the GPU with the model (layers/rotary_embedding/base.py L58-63, 0.33.0; get_rope shares one per
+    distinct rope, __init__.py L74-85), so it is in the weights memory the engine logs. Negligible for most
+    models (Llama-3.1: 32 MiB); 2.5 GiB for Llama-4-Scout's 10M positions. Gemma-3 builds two (local and
+    global rope). Not checkpoint bytes: weight_bytes() leaves it out, geometry.rope_cache_bytes() gives it."""
+    if g["attention"] == "mla":
+        rotary = g["rope"]
+    else:
+        rotary = int(g["head_dim"] * (cfg.get("partial_rotary_factor") or 1.0))
+    positions = cfg.get("max_position_embeddings") or 2048
+    caches = 2 if g["model_type"] in ("gemma3_text", "gemma3") else 1
+    p.plain("rotary.cos_sin_cache", 0, "replicated", nbytes=caches * positions * rotary * p.dtype_bytes,
+            special="rope_cache")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.releases import VLLM_DEFAULT_VERSION
-from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
+from kvprobe.theory.model.geometry import KVBytes, ModelGeometry, rope_cache_bytes
 from kvprobe.theory.model.sizes import GIB, MIB, cdiv
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
     NO_KV_MEMORY,
@@ -88,8 +88,11 @@ def estimate_vllm_activation_bytes(geom: ModelGeometry, *, max_num_batched_token
     return estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp) + sampler
 
 
-def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: int, tp: int = 1) -> int:
-    """The forward of the profile run: the widest live intermediates of one layer."""
+def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: int, tp: int = 1,
+                                top_k: int = 8) -> int:
+    """The forward of the profile run: the widest live intermediates of one layer. Routed experts: the
+    fused-MoE caches hold top_k rows per token (fused_moe.py intermediate_cache1 `(M, top_k, N)`); the
+    releases read in memory_profile.py take the checkpoint's num_experts_per_tok, 0.33.0 keeps 8."""
     parts = {p.name: p for p in geom.weight_parts}
     widest = geom.hidden_size * 4
     for name in ("mlp.gate_up_proj", "shared_experts.gate_up_proj"):
@@ -98,7 +101,7 @@ def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: 
     if "experts.gate_up_proj" in parts:  # routed experts: each token goes to top_k of them
         gate_up = parts["experts.gate_up_proj"]  # MXFP4 parts count their biases: use the width itself
         per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if gate_up.dims else gate_up.params // geom.hidden_size
-        widest = max(widest, per_expert // max(1, _n_experts(geom)) * 8 // tp)
+        widest = max(widest, per_expert // max(1, _n_experts(geom)) * top_k // tp)
     return max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
 
 
@@ -109,7 +112,8 @@ def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules,
     if rules.legacy:
         return estimate_vllm_activation_bytes(geom, max_num_batched_tokens=max_num_batched_tokens,
                                               max_num_seqs=max_num_seqs, tp=tp)
-    forward = estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp)
+    forward = estimate_vllm_forward_bytes(geom, max_num_batched_tokens=max_num_batched_tokens, tp=tp,
+                                          top_k=geom.experts_per_token or 8)
     return max(forward, sampler_warmup_bytes(geom, rules, max_num_seqs=max_num_seqs,
                                              max_num_batched_tokens=max_num_batched_tokens, gpu_arch=gpu_arch,
                                              pp=pp))
@@ -234,6 +238,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
                           key="gpu_memory_utilization")
     rules = profile_rules(version or VLLM_DEFAULT_VERSION)
+    if not rules.legacy:  # the releases read measure weights as allocated, the rotary cache with them
+        weights += rope_cache_bytes(geom)
     used: dict[str, int] = {}
     other = estimates.get("other_bytes")
     if other is None:

@@ -138,7 +138,15 @@ NON_TORCH_TP = 2112 * MIB  # 2.06 GiB
 
 
 def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int) -> int | None:
-    """The non-torch increase these rules count, or None where kvprobe's own estimate stands."""
-    if not rules.snapshot_after_distributed or rules.legacy:
+    """The non-torch increase these rules count, or None where kvprobe's own estimate stands.
+
+    Every release read takes its init snapshot after the CUDA context exists (gpu_worker.py init_device:
+    set_device and empty_cache first), so one rank without NCCL counts the same small increase in all
+    of them. Where the snapshot precedes init_worker_distributed_environment (0.10.1.1) NCCL's buffers
+    are counted too, and their size is the transport's (NVLink switch, PCIe, Ray across nodes: not in
+    vLLM's source): kvprobe's own estimate stands there."""
+    if rules.legacy:
         return None
-    return NON_TORCH_TP if tp > 1 else NON_TORCH_ONE_RANK
+    if tp == 1:
+        return NON_TORCH_ONE_RANK
+    return NON_TORCH_TP if rules.snapshot_after_distributed else None
