@@ -27,9 +27,19 @@ def verdict_table(result) -> str:
             table += "\n--- log (last lines) ---\n" + result.log_tail
     if result.diagnosis is not None:
         table += f"\nmeasured limit: {result.diagnosis.reason}"
+    table += staging_line(result)
     status = result.status
     tail = "" if status == "passed" else f" — {result.status_reason}"
     return f"{table}\nverdict: {STATUS[status]}{tail}"
+
+
+def staging_line(result) -> str:
+    """A replay of a staging run (repro.yaml): does the shadow agree with what staging measured?"""
+    cmp = getattr(result, "staging", None)
+    if not cmp:
+        return ""
+    said = {True: "AGREES", False: "DISAGREES", None: "UNDECIDED"}[cmp["agrees"]]
+    return f"\nstaging: the shadow {said} with what staging measured — {cmp['reason']}"
 
 
 def _measured(check) -> str:
@@ -126,6 +136,8 @@ def write_artifacts(result, directory: Path, *, series, records, windows) -> dic
     for name in ("engine.log", "ledger.txt"):
         if (directory / name).exists():
             paths[name.split(".")[0]] = str(directory / name)
+    if getattr(result, "repro", None):
+        paths["repro"] = result.repro
     paths["result"] = str(directory / "result.json")
     paths["report"] = str(directory / "report.txt")
     result.artifacts = paths
