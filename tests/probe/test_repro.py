@@ -145,3 +145,12 @@ def test_a_replay_is_compared_with_what_staging_measured(tmp_path, shadow, half,
     assert result.to_dict()["staging"]["shadow_rejection_point"] == shadow
     word = {True: "AGREES", False: "DISAGREES", None: "UNDECIDED"}[agrees]
     assert f"staging: the shadow {word} with what staging measured" in verdict_table(result)
+
+
+def test_a_replay_whose_load_generator_starved_is_not_compared(tmp_path):
+    path = write_repro_file(tmp_path, {"rejection_point": 24.24, "uncertainty": 0.74, "preemptions": 57})
+    (exp,) = load_expectations(path)
+    result = replay(exp, 24.0, 0.5, 12.0)
+    result.levels[1].client_saturated = True
+    cmp = repro.compare(exp, result)
+    assert cmp["agrees"] is None and "the load generator was the bottleneck at N=38" in cmp["reason"]
