@@ -13,7 +13,7 @@ from kvprobe.targets.shadow.target import ShadowTarget, launch_request
 from tests.repro_chain import figures, run_chain, with_levels
 from tests.shadow.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # three probes and two shadow starts: 5-7 min here
 
 
 def start_shadow(exp, log_path):

@@ -4,10 +4,14 @@ staging measured within the expectation's rejection-point tolerance (tests/repro
 
 from __future__ import annotations
 
+import pytest
+
 from tests.repro_chain import figures as chain_figures
 from tests.repro_chain import run_chain, with_levels
 
 from .conftest import shipped, start_server, stop_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # three probes and two shadow starts: 5-7 min here
 
 
 def test_a_staging_run_reproduces_on_the_sglang_shadow(sglang_env, tmp_path, figures):
