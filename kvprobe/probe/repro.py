@@ -151,12 +151,12 @@ def staging_record(pr) -> dict:
 
 
 def saturated_preemptions(result) -> float | None:
-    """Preemptions (SGLang: retractions) counted over the levels where requests waited; None when
-    the engine exports no counter."""
-    rej = result.rejection
-    saturated = set(rej.saturated_levels) if rej is not None else set()
-    seen = [lv.preemptions for lv in result.levels if lv.users in saturated and lv.preemptions is not None]
-    return float(sum(seen)) if seen else (0.0 if not saturated and result.levels else None)
+    """Preemptions (SGLang: retractions) counted over the levels where requests waited (every level
+    when none did); None when the engine exports no counter."""
+    saturated = set(result.rejection.saturated_levels) if result.rejection is not None else set()
+    levels = [lv for lv in result.levels if lv.users in saturated] or result.levels
+    seen = [lv.preemptions for lv in levels if lv.preemptions is not None]
+    return float(sum(seen)) if seen else None
 
 
 def shadow_step_ms(pr, flags: dict) -> float:
@@ -182,11 +182,16 @@ def compare(exp, result) -> dict:
            "shadow_uncertainty": None if shadow_half is None else round(shadow_half, 3),
            "preemptions": staged.preemptions, "shadow_preemptions": saturated_preemptions(result),
            "allowance": None, "agrees": None, "reason": ""}
+    if staged.rejection_point is None and shadow is None:
+        out["agrees"], out["reason"] = True, "neither staging nor the shadow saturated a level"
+        return out
     if staged.rejection_point is None or shadow is None:
-        which = [w for w, v in (("staging", staged.rejection_point), ("the shadow", shadow)) if v is None]
-        out["reason"] = f"no plateau to compare: {' and '.join(which)} saturated no level"
-        if staged.rejection_point is None and shadow is None:
-            out["agrees"], out["reason"] = True, "neither staging nor the shadow saturated a level"
+        # the same levels: one engine made requests wait where the other admitted them all
+        out["agrees"] = False
+        out["reason"] = (f"staging saturated no level; the shadow plateaus at {_pm(shadow, shadow_half)}"
+                         if shadow is not None else
+                         f"the shadow saturated no level; staging measured "
+                         f"{_pm(staged.rejection_point, staged.uncertainty)}")
         return out
     starved = [lv.users for lv in result.levels if lv.client_saturated and lv.users in rej.saturated_levels]
     if starved:

@@ -154,3 +154,16 @@ def test_a_replay_whose_load_generator_starved_is_not_compared(tmp_path):
     result.levels[1].client_saturated = True
     cmp = repro.compare(exp, result)
     assert cmp["agrees"] is None and "the load generator was the bottleneck at N=38" in cmp["reason"]
+
+
+@pytest.mark.parametrize(("staged", "shadow", "agrees", "said"), [
+    (None, None, True, "neither staging nor the shadow saturated a level"),
+    (None, 24.0, False, "staging saturated no level; the shadow plateaus at 24.00"),
+    (24.24, None, False, "the shadow saturated no level; staging measured 24.24"),
+])
+def test_a_level_that_saturated_on_one_side_only_is_a_disagreement(tmp_path, staged, shadow, agrees, said):
+    (exp,) = load_expectations(write_repro_file(tmp_path, {"rejection_point": staged}))
+    result = replay(exp, 20.0, None, 0.0)
+    result.rejection = plateau(shadow, None, [] if shadow is None else [29, 38])
+    cmp = repro.compare(exp, result)
+    assert cmp["agrees"] is agrees and said in cmp["reason"], cmp
