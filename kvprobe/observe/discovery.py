@@ -170,6 +170,14 @@ def _pool_from_report(disc: Discovery, exp, rep) -> None:
                              "no GPU memory declared, so the ledger takes the engine's pool)")
 
 
+def reported_pool(engine: str, rep) -> tuple[str, int, tuple[str, ...]] | None:
+    """The pool the engine reports as the flag that fixes it: (flag, value, the engine's other pool
+    flags, which that one replaces), or None when the engine does not report it."""
+    flag, attr, _ = _POOL_FROM_REPORT[engine]
+    value = getattr(rep, attr)
+    return None if value is None else (flag, int(value), tuple(f for f in _POOL_FLAGS[engine] if f != flag))
+
+
 def _check_version(disc: Discovery, exp, facts) -> None:
     """A published version kvprobe has no facts for is refused unless the policy was chosen."""
     if disc.version and exp.policy is None and not is_known_version(disc.engine, disc.version):

@@ -49,6 +49,8 @@ class ProbeResult:
     log_tail: str | None = None  # the engine's (or Locust's) last log lines behind `error`
     fleet: dict | None = None  # a fleet target: per-replica figures per level (kvprobe/verdict/fleet.py)
     ramp: dict | None = None  # the ramp's cost: seconds and request lifetimes per level (kvprobe.probe.ramp)
+    repro: str | None = None  # an attached probe: the repro.yaml it wrote (kvprobe.probe.repro)
+    staging: dict | None = None  # a repro.yaml's replay: its plateau beside staging's (repro.compare)
     started: float = field(default_factory=time.time)
     finished: float | None = None
 
@@ -122,6 +124,8 @@ class ProbeResult:
             "checks": [c.to_dict() for c in self.checks],
             "fleet": _plain(self.fleet),
             "ramp": _plain(self.ramp),
+            "repro": self.repro,
+            "staging": _plain(self.staging),
             "verdict": {"status": self.status, "passed": self.passed, "reason": self.status_reason,
                         "error": self.error, "log_tail": self.log_tail},
             "artifacts": self.artifacts,

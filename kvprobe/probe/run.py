@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvprobe.engines import get_dialect
 from kvprobe.errors import KvprobeError, TargetError
+from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
 from kvprobe.probe.ramp import run_ramp, start_load, stop_load
@@ -135,6 +136,7 @@ def close(pr: ProbeRun) -> None:
     if pr.target is not None:
         pr.target.close()
     pr.result.finished = time.time()
+    repro.after_probe(pr)
     pr.result.artifacts = report.write_artifacts(pr.result, pr.artifacts, series=pr.series, records=pr.records,
                                                  windows=pr.windows)
 

@@ -29,6 +29,7 @@ def verdict_table(result) -> str:
         table += f"\nmeasured limit: {result.diagnosis.reason}"
     if result.ramp and result.ramp.get("levels"):
         table += "\n" + ramp_line(result.ramp)
+    table += staging_line(result)
     status = result.status
     tail = "" if status == "passed" else f" — {result.status_reason}"
     return f"{table}\nverdict: {STATUS[status]}{tail}"
@@ -46,6 +47,15 @@ def ramp_line(ramp: dict) -> str:
     unit = " (lifetimes)" if ramp.get("lifetimes") else ""
     line = f"ramp: {ramp['strategy']}, {len(levels)} levels in {cost}; per level{unit}: {per}"
     return line + (f"; {ramp['note']}" if ramp.get("note") else "")
+
+
+def staging_line(result) -> str:
+    """A replay of a staging run (repro.yaml): does the shadow agree with what staging measured?"""
+    cmp = getattr(result, "staging", None)
+    if not cmp:
+        return ""
+    said = {True: "AGREES", False: "DISAGREES", None: "UNDECIDED"}[cmp["agrees"]]
+    return f"\nstaging: the shadow {said} with what staging measured — {cmp['reason']}"
 
 
 def _measured(check) -> str:
@@ -142,6 +152,8 @@ def write_artifacts(result, directory: Path, *, series, records, windows) -> dic
     for name in ("engine.log", "ledger.txt"):
         if (directory / name).exists():
             paths[name.split(".")[0]] = str(directory / name)
+    if getattr(result, "repro", None):
+        paths["repro"] = result.repro
     paths["result"] = str(directory / "result.json")
     paths["report"] = str(directory / "report.txt")
     result.artifacts = paths

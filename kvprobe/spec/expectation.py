@@ -35,6 +35,7 @@ from kvprobe.spec.schema import (
     Profile,
     RampSpec,
     RequestShape,
+    StagingRecord,
     Target,
     Tolerances,
 )
@@ -45,7 +46,7 @@ from kvprobe.theory.model.geometry import PRESETS
 
 EXPECTATION_KEYS = ("name", "description", "enabled", "engine", "version", "policy", "model", "model_config",
                     "served_model_name", "flags", "hardware", "target", "profile", "tolerances", "checks",
-                    "expect_fail", "estimates")
+                    "expect_fail", "estimates", "staging")
 REQUIRED_KEYS = ("engine", "version", "model", "target", "profile")
 
 
@@ -102,6 +103,27 @@ def _parse_checks(node: Node) -> tuple[str, ...]:
 def _parse_estimates(node: Node) -> dict:
     keys = node.mapping(ESTIMATE_KEYS)
     return {k: parse_units(n, "bytes") for k, n in keys.items()}
+
+
+def _parse_staging(node: Node) -> StagingRecord:
+    """`staging:` of a repro.yaml (kvprobe.probe.repro): what the attached probe measured."""
+    keys = node.mapping(("rejection_point", "uncertainty", "preemptions", "running", "url", "result"),
+                        required=("rejection_point",))
+
+    def number(key: str, what: str) -> float | None:
+        child = keys.get(key)
+        return None if child is None or child.value is None else child.number(lo=0, what=what)
+
+    running = {}
+    for level in keys["running"].seq(what="a list of {users: N, running: MEAN}") if "running" in keys else ():
+        pair = level.mapping(("users", "running"), required=("users", "running"))
+        running[pair["users"].integer(lo=1, what="a level's users")] = pair["running"].number(
+            lo=0, what="the level's steady running mean")
+    text = {k: keys[k].string() for k in ("url", "result") if k in keys}
+    return StagingRecord(number("rejection_point", "the measured plateau in requests (or null)"),
+                         number("uncertainty", "the plateau's half-width in requests (or null)"),
+                         number("preemptions", "a count of preemptions (or null: the counter was absent)"),
+                         running, **text)
 
 
 def _looks_like_path(ref: str, base_dir: Path) -> bool:
@@ -245,6 +267,7 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
         model_config=model_config,
         estimates=_parse_estimates(keys["estimates"]) if "estimates" in keys else {},
         policy=policy,
+        staging=_parse_staging(keys["staging"]) if "staging" in keys else None,
     )
     check_consistency(exp, node)
     return exp

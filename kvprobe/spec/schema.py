@@ -102,6 +102,19 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class StagingRecord:
+    """What an attached probe measured (`staging:` of a repro.yaml, kvprobe.probe.repro): the replay
+    on a shadow engine is compared with it."""
+
+    rejection_point: float | None  # the running plateau; None: no level saturated the engine
+    uncertainty: float | None = None  # its ~95% half-width
+    preemptions: float | None = None  # over the saturated levels; None: the counter was absent
+    running: dict = field(default_factory=dict)  # users -> the level's steady running mean
+    url: str | None = None  # where the engine was (credentials never written)
+    result: str | None = None  # the staging run's result.json
+
+
+@dataclass(frozen=True)
 class Expectation:
     name: str
     path: str
@@ -122,6 +135,7 @@ class Expectation:
     model_config: str | None = None  # config.json for the theory when `model` is not a preset
     estimates: dict = field(default_factory=dict)  # ledger overrides of non-KV terms, bytes
     policy: str | None = None  # an admission policy chosen explicitly (required for an unknown version)
+    staging: StagingRecord | None = None  # a repro.yaml: what the attached probe it replays measured
 
     @property
     def served_name(self) -> str:
