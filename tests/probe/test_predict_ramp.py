@@ -84,7 +84,7 @@ def rejection(point, half, confirmed=True):
     (25.0, 0.3, False),   # the interval straddles the tolerance's edge: another deep level
     (24.0, 0.9, False),   # inside, but wider than half the allowance
     (27.0, 0.5, True),    # wholly outside: the verdict is a FAIL whatever more data says
-    (27.0, 0.7, False),
+    (27.0, 0.9, False),   # outside, but wider than the settled share
     (25.0, 0.05, True),
 ])
 def test_a_verdict_is_settled_when_its_interval_is_wholly_inside_or_outside(point, half, done):
