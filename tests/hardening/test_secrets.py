@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from kvprobe.engines import get_dialect
+from kvprobe.errors import ConfigError
 from kvprobe.observe.oneshot import post_completion, unique_prompt
 from kvprobe.probe.run import ProbeOptions, run_probe
 from kvprobe.procgroup import free_port
@@ -77,10 +78,12 @@ def authenticated_requests(art: Path) -> int:
 def test_the_emulator_really_requires_the_key(secured, key):
     target, _ = secured
     body = get_dialect("vllm").completion_body(unique_prompt(16, 7), 4, model=None, stream=False)
-    assert post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10).status == 401
-    wrong = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"},
-                            timeout=10)
-    assert wrong.status == 401
+    # a 401 is bad input said as the API key (kvprobe.observe.client), the key itself never shown
+    with pytest.raises(ConfigError, match="answered HTTP 401 to POST /v1/completions: it was started with an API"):
+        post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10)
+    with pytest.raises(ConfigError, match="it refused the API key kvprobe sent") as wrong:
+        post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    assert "sk-wrong" not in str(wrong.value)
     right = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert right.status == 200 and key not in right.body
 
