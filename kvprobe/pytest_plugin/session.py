@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.pytest_plugin.options import get_option
 
 SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
@@ -55,6 +55,7 @@ class KvprobeSession:
             except KvprobeError as err:
                 raise pytest.UsageError(f"kvprobe: {err}") from None
         self.results: dict[str, object] = {}  # expectation name -> ProbeResult
+        self.bad_input: dict[str, ConfigError] = {}  # expectation name -> what the user must fix
         self.targets: dict[tuple, object] = {}  # shared targets of the kvprobe_target fixture
 
     # --- collection ---------------------------------------------------------------------------
@@ -91,11 +92,19 @@ class KvprobeSession:
         )
 
     def result_for(self, exp):
-        """Run the expectation's probe once; every check item of it reads the same result."""
+        """Run the expectation's probe once; every check item of it reads the same result. Bad input
+        found while it runs (an API key the engine refuses, the other engine) is raised to every item
+        of it as that, never as a probe that could not measure."""
+        if exp.name in self.bad_input:
+            raise self.bad_input[exp.name]
         if exp.name not in self.results:
             from kvprobe.probe.run import run_probe
 
-            self.results[exp.name] = run_probe(exp, self.options(exp))
+            try:
+                self.results[exp.name] = run_probe(exp, self.options(exp))
+            except ConfigError as err:
+                self.bad_input[exp.name] = err
+                raise
         return self.results[exp.name]
 
     # --- reporting ----------------------------------------------------------------------------
@@ -168,7 +177,10 @@ class KvprobeItem(pytest.Item):
         from kvprobe.report.console import verdict_table
 
         session = self.config._kvprobe
-        result = session.result_for(self.expectation)
+        try:
+            result = session.result_for(self.expectation)
+        except ConfigError as err:
+            pytest.fail(f"kvprobe: bad input: {err}", pytrace=False)
         check = result.check(self.check)
         for key, value in _properties(result, check):
             self.user_properties.append((key, value))
