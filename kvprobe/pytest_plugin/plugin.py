@@ -59,6 +59,14 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session) -> None:
+    """Name the expectations that were collected, under pytest's own "collected N items"."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in session.config._kvprobe.collected_lines(session.items):
+            reporter.write_line(line)
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Bad input (a refused API key, the other engine) ends the run as a usage error, as the console's
     exit 2 does: the user's command or file needs fixing, not the engine."""

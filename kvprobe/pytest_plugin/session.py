@@ -61,12 +61,18 @@ class KvprobeSession:
     # --- collection ---------------------------------------------------------------------------
 
     def extend_args(self) -> None:
-        """Collect the expectation folders too when pytest was run without explicit paths."""
+        """Without explicit paths, collect the expectation folders: with --kvprobe only them (the
+        probes, not the project's unit tests under `testpaths`), without it beside the tests (their
+        items are then collected and skipped). Explicit paths are collected as given."""
         if self.config.args_source == pytest.Config.ArgsSource.ARGS:
             return
-        for path in self.expectation_paths:
-            if path.exists() and str(path) not in self.config.args:
-                self.config.args.append(str(path))
+        found = [str(p) for p in self.expectation_paths if p.exists()]
+        if self.enabled and found:
+            self.config.args[:] = found
+            return
+        for path in found:
+            if path not in self.config.args:
+                self.config.args.append(path)
 
     def is_expectation_file(self, path: Path) -> bool:
         path = Path(path).resolve()
@@ -112,19 +118,17 @@ class KvprobeSession:
     def header_lines(self) -> list[str]:
         if not self.enabled:
             return ["kvprobe: probes collected but skipped (enable with --kvprobe)"]
-        lines = [f"kvprobe: artifacts {self.artifacts}; "
-                 f"target {'attach ' + self.url if self.url else 'launch per expectation'}"]
-        from kvprobe.spec.expectation import load_expectations
+        return [f"kvprobe: artifacts {self.artifacts}; "
+                f"target {'attach ' + self.url if self.url else 'launch per expectation'}"]
 
-        for base in self.expectation_paths:
-            files = sorted(base.rglob("*.y*ml")) if base.is_dir() else [base] if base.exists() else []
-            for f in files:
-                try:
-                    for e in load_expectations(f):
-                        lines.append(f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}")
-                except KvprobeError:
-                    continue  # reported as a collection error with file and key
-        return lines
+    def collected_lines(self, items) -> list[str]:
+        """One line per expectation collected (after -k and deselection), in collection order."""
+        seen: dict[str, str] = {}
+        for item in items:
+            e = getattr(item, "expectation", None)
+            if e is not None and e.name not in seen:
+                seen[e.name] = f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}"
+        return list(seen.values())
 
     def summary_table(self) -> str:
         if not self.results:
