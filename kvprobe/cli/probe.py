@@ -139,7 +139,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from kvprobe.errors import KvprobeError
     from kvprobe.probe.run import ProbeOptions, predict, run_probe
-    from kvprobe.report.console import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
+    from kvprobe.report import console as report
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
     from kvprobe.spec.launch import split_command
     from kvprobe.tables import render_table
@@ -187,16 +187,17 @@ def _run(args) -> int:
             pass  # run_probe reports the same error as the probe's verdict
         result = run_probe(exp, options)
         if result.levels:
-            print(levels_table(result))
+            print(report.levels_table(result))
             if getattr(result, "fleet", None):
                 from kvprobe.report.fleet import replica_table
 
                 print(replica_table(result))
-        print(verdict_table(result))
-        print(closing_line(result, options.artifacts_dir))
+        print(report.verdict_table(result))
+        print(report.closing_line(result, options.artifacts_dir))
         results.append(result)
     if len(results) > 1:
-        print(render_table(SUMMARY_HEADERS, [summary_row(r) for r in results], title="kvprobe summary"))
+        print(report.wrap_last_column(render_table(report.SUMMARY_HEADERS, [report.summary_row(r) for r in results],
+                                                   title="kvprobe summary")))
     sys.stdout.flush()
     return exit_code([r.status for r in results])
 

@@ -133,11 +133,11 @@ class KvprobeSession:
     def summary_table(self) -> str:
         if not self.results:
             return ""
-        from kvprobe.report.console import SUMMARY_HEADERS, summary_row
+        from kvprobe.report.console import SUMMARY_HEADERS, summary_row, wrap_last_column
         from kvprobe.tables import render_table
 
         rows = [summary_row(r) for r in self.results.values()]
-        return render_table(SUMMARY_HEADERS, rows)
+        return wrap_last_column(render_table(SUMMARY_HEADERS, rows))
 
     def close(self) -> None:
         for target in list(self.targets.values()):
