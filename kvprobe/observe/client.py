@@ -60,8 +60,8 @@ def is_auth_error(err: BaseException) -> bool:
 def list_models(url: str, *, prefix: str = "/v1", headers: dict[str, str] | None = None,
                 timeout: float = 5.0) -> tuple[int, dict | None]:
     """GET {prefix}/models through the client: (HTTP status, the JSON body as the engine sent it, extra
-    fields such as vLLM's max_model_len included; None unless 200). Raises `openai.APIConnectionError`
-    when nothing answers."""
+    fields such as vLLM's max_model_len included; None unless a JSON object). Raises ConnectionError
+    (an OSError, as every other read of an engine does) when nothing answers."""
     import openai
 
     client = engine_client(url, prefix=prefix, headers=headers, timeout=timeout)
@@ -69,6 +69,9 @@ def list_models(url: str, *, prefix: str = "/v1", headers: dict[str, str] | None
         raw = client.models.with_raw_response.list()
     except openai.APIStatusError as err:
         return err.status_code, None
+    except openai.APIConnectionError as err:
+        cause = err.__cause__
+        raise ConnectionError(f"GET {prefix}/models: {err}" + (f" ({cause})" if cause else "")) from None
     finally:
         client.close()
     try:
@@ -83,14 +86,12 @@ def check_access(url: str, *, path: str, api_key, api_key_env: str | None, key: 
     the client: a 401 or 403 is bad input naming the API key and `key` (`--api-key-env`,
     `target.api_key_env`), said before anything else reads the engine. Any other status: True (the
     server answered); no answer: False, and the caller's own reads say why. `api_key`: a Secret."""
-    import openai
-
     if not path.endswith("/models"):
         raise ValueError(f"expected a models path ending in /models, got {path!r}")
     headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else {}
     try:
         status, _ = list_models(url, prefix=path[:-len("/models")], headers=headers, timeout=5.0)
-    except openai.APIError:
+    except OSError:
         return False
     if status not in (401, 403):
         return True
