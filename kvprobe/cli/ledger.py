@@ -101,10 +101,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def add_engine_flags(p: argparse.ArgumentParser, *, others: bool = True) -> None:
+def add_engine_flags(p: argparse.ArgumentParser, *, others: bool = True,
+                     description: str = "the engine's own flags, as an expectation's `flags:` writes them") -> None:
     """Both engines' flags as options under their real names (`kvprobe ledger`, and `kvprobe probe
     --url` for what the engine does not publish); `others`: also the real flags kvprobe does not model."""
-    flags = p.add_argument_group("engine flags", "the engine's own flags, as an expectation's `flags:` writes them")
+    flags = p.add_argument_group("engine flags", description)
     known = engine_flags()
     # An alias that is another flag's own name (SGLang's --tensor-parallel-size, vLLM's flag) is
     # one option; given_flags resolves it with the chosen engine's aliases.

@@ -51,7 +51,8 @@ def add_parser(subparsers) -> None:
 
     # What the engine does not publish (vLLM's --max-num-seqs outside dev mode), declared under the
     # flag's real name; a published value wins and a different declared one is printed as a contradiction.
-    add_engine_flags(p, others=False)
+    add_engine_flags(p, others=False, description="with --url: what the running engine was started with and does "
+                     "not publish (vLLM's --max-num-seqs outside dev mode); a value it publishes wins")
     p.set_defaults(func=run)
 
 
