@@ -32,7 +32,7 @@ def capped(tmp_path):
 def _probe(capsys, url: str, art: Path, *flags: str) -> tuple[int, str, dict]:
     rc, out, err = run(capsys, "probe", "--url", url, "--engine", "vllm", "--prompt-tokens", "128",
                        "--output-tokens", "32", "--profile", "short", "--artifacts", str(art), *flags)
-    assert rc in (0, 1), out[-3000:] + err
+    assert rc in (0, 1, 3), out[-3000:] + err  # 3: a busy runner starved the load generator (judged below)
     return rc, out, json.loads((art / "result.json").read_text())
 
 
@@ -44,7 +44,8 @@ def _client_bound(check: dict) -> bool:
 def test_a_declared_cap_the_engine_does_not_publish(capsys, capped, tmp_path):
     rc, out, doc = _probe(capsys, capped.url, tmp_path / "bare")
     rp = next(c for c in doc["checks"] if c["name"] == "rejection_point")
-    assert rc == 1 and not rp["passed"], out[-3000:]  # the ledger assumed vLLM's default of 256 sequences
+    # the ledger assumed vLLM's default of 256 sequences: the pool binds at 19, the engine runs 4
+    assert (rc == 1 and not rp["passed"] and not rp["inconclusive"]) or _client_bound(rp), out[-3000:]
     assert rp["binding"] != "max_num_seqs"
 
     rc, out, doc = _probe(capsys, capped.url, tmp_path / "declared", "--max-num-seqs", "4", "--block-size", "32")
@@ -58,7 +59,7 @@ def test_a_declared_cap_the_engine_does_not_publish(capsys, capped, tmp_path):
     assert out.index("binding limit: max_num_seqs") < out.index("kvprobe: published by the engine")
     rp = next(c for c in doc["checks"] if c["name"] == "rejection_point")
     assert rp["binding"] == "max_num_seqs" and rp["predicted"] == 4
-    assert rc == 0 or _client_bound(rp), out[-3000:]
+    assert rc == 0 or (rc in (1, 3) and _client_bound(rp)), out[-3000:]
     assert [c["key"] for c in doc["discovery"]["contradictions"]] == ["block-size"]
     assert doc["prediction"]["capacity"]["block_size"] == 16
 
