@@ -4,6 +4,7 @@ console's output, a pytest report or JUnit XML, nor an exception's text."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -128,9 +129,11 @@ def test_a_wrong_key_fails_with_401_and_neither_key_is_shown(secured, key, expec
     monkeypatch.setenv(ENV, wrong)
     exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, target=replace(exp.target, mode="url", url=target.url, api_key_env=ENV))
-    result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art"))
-    assert not result.passed and "401" in result.error, result.error
-    for text in (result.error, result.log_tail or "", repr(result), str(result.to_dict()),
-                 (tmp_path / "art" / "report.txt").read_text()):
+    with pytest.raises(ConfigError) as err:  # bad input: said as the key (exit 2), its artifacts still written
+        run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art"))
+    assert "answered HTTP 401 to GET /v1/models: it refused the API key" in str(err.value)
+    result = json.loads((tmp_path / "art" / "result.json").read_text())
+    assert "401" in result["verdict"]["error"]
+    for text in (str(err.value), json.dumps(result), (tmp_path / "art" / "report.txt").read_text()):
         assert wrong not in text and key not in text
     assert files_holding(tmp_path / "art", wrong) == []
