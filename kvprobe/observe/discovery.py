@@ -121,7 +121,7 @@ class Discovery:
                 "published": {k: {"value": v, "source": s} for k, (v, s) in self.published.items()},
                 "assumed": [dataclasses.asdict(a) for a in self.assumed],
                 "contradictions": [dataclasses.asdict(c) for c in self.contradictions],
-                "pool_from_engine": self.pool_from_engine}
+                "pool_from_engine": self.pool_from_engine, "declared_by": self.declared_by}
 
 
 def discover(exp, facts) -> Discovery:

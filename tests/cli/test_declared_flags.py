@@ -61,6 +61,7 @@ def test_a_declared_cap_the_engine_does_not_publish(capsys, capped, tmp_path):
     assert rp["binding"] == "max_num_seqs" and rp["predicted"] == 4
     assert rc == 0 or (rc in (1, 3) and _client_bound(rp)), out[-3000:]
     assert [c["key"] for c in doc["discovery"]["contradictions"]] == ["block-size"]
+    assert doc["discovery"]["declared_by"] == "the command line"
     assert doc["prediction"]["capacity"]["block_size"] == 16
 
 
