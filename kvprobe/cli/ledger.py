@@ -96,10 +96,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     fleet.add_argument("--replicas", type=int, help="number of replicas: adds the fleet's lines to the ledger")
     fleet.add_argument("--router-policy", default="round_robin",
                        help="sglang-router 0.3.2 policy: round_robin, random, power_of_two, cache_aware")
-    flags = p.add_argument_group("engine flags", "the engine's own flags, as an expectation's `flags:` writes them")
+    add_engine_flags(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def add_engine_flags(p: argparse.ArgumentParser, *, others: bool = True,
+                     description: str = "the engine's own flags, as an expectation's `flags:` writes them") -> None:
+    """Both engines' flags as options under their real names (`kvprobe ledger`, and `kvprobe probe
+    --url` for what the engine does not publish); `others`: also the real flags kvprobe does not model."""
+    flags = p.add_argument_group("engine flags", description)
     known = engine_flags()
     # An alias that is another flag's own name (SGLang's --tensor-parallel-size, vLLM's flag) is
-    # one option; _given_flags resolves it with the chosen engine's aliases.
+    # one option; given_flags resolves it with the chosen engine's aliases.
     aliases = {a: t for d in _dialects().values() for a, t in d.FLAG_ALIASES.items()
                if a not in known and a not in PARALLEL}
     for name, (flag, engines) in known.items():
@@ -110,15 +119,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             flags.add_argument(*names, dest=dest, action=action, default=None, help=_help(flag, engines))
         else:
             flags.add_argument(*names, dest=dest, metavar=flag.value_kind.upper(), help=_help(flag, engines))
-    others = sorted({f for d in _dialects().values() for f in d.OTHER_FLAGS} - set(known) - set(aliases))
+    if not others:
+        return
+    others_ = sorted({f for d in _dialects().values() for f in d.OTHER_FLAGS} - set(known) - set(aliases))
     unread = p.add_argument_group("other engine flags", textwrap.fill(
         "real flags kvprobe does not model, accepted as in an expectation (a launched engine gets them) and "
-        "not read by the ledger: " + ", ".join(f"--{n}" for n in others), 100, break_on_hyphens=False))
-    for name in others:
+        "not read by the ledger: " + ", ".join(f"--{n}" for n in others_), 100, break_on_hyphens=False))
+    for name in others_:
         unread.add_argument(f"--{name}", dest=f"other:{name}", nargs="?", const=True, default=None,
                             metavar="VALUE", help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-    return p
 
 
 def unread_flags(args: argparse.Namespace) -> list[str]:
@@ -138,7 +147,7 @@ def unread_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _given_flags(args: argparse.Namespace) -> dict[str, object]:
+def given_flags(args: argparse.Namespace) -> dict[str, object]:
     """The engine flags given on the command line, validated as an expectation's are."""
     from kvprobe.engines import get_dialect
     from kvprobe.spec.flags import parse_flag
@@ -154,14 +163,14 @@ def _given_flags(args: argparse.Namespace) -> dict[str, object]:
         flag, engines = known[name]
         if args.engine not in engines:
             raise ConfigError(f"expected a {args.engine} flag (--{name} is a {engines[0]} flag; "
-                              f"`kvprobe ledger --help` lists both)", key=f"--{name}")
+                              f"`kvprobe {getattr(args, 'command', 'ledger')} --help` lists both)", key=f"--{name}")
         flag = dialect.FLAGS[name]
         if flag.value_kind == "bool":
             out[name] = bool(raw)
             continue
         out[name] = parse_flag(Node(_typed(raw, flag.value_kind), "", f"--{name}"), flag.value_kind, flag.lo)
     for short, names in PARALLEL.items():
-        text = getattr(args, short)
+        text = getattr(args, short, None)
         if text is not None:
             name = names[ENGINES.index(args.engine)]
             if name in out:
@@ -211,7 +220,7 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
         gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
         gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch, estimates=estimates, **request,
-        **flag_ledger_kwargs(args.engine, _given_flags(args), args.engine_version))
+        **flag_ledger_kwargs(args.engine, given_flags(args), args.engine_version))
 
 
 def _fleet(ledger, args: argparse.Namespace):

@@ -9,6 +9,7 @@ or dead, client saturated, no metrics, too few deep levels) and none failed; 130
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -46,6 +47,12 @@ def add_parser(subparsers) -> None:
                       "sizes the pool itself and reported_capacity compares; without it (or --gpu) the engine's own "
                       "pool is taken")
     bare.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the engine's API key")
+    from kvprobe.cli.ledger import add_engine_flags
+
+    # What the engine does not publish (vLLM's --max-num-seqs outside dev mode), declared under the
+    # flag's real name; a published value wins and a different declared one is printed as a contradiction.
+    add_engine_flags(p, others=False, description="with --url: what the running engine was started with and does "
+                     "not publish (vLLM's --max-num-seqs outside dev mode); a value it publishes wins")
     p.set_defaults(func=run)
 
 
@@ -55,6 +62,12 @@ _BARE_OPTIONS = ("engine", "prompt_tokens", "output_tokens", "model", "model_con
 
 def expectation_from_engine(args):
     """The no-YAML probe: attach, read what the engine publishes, build the Expectation from it."""
+    return _attached(args)[0]
+
+
+def _attached(args):
+    """(the probe's expectation, the ledger's): the ledger's has the engine's value wherever a
+    declared flag contradicts it; the probe's keeps the declared one, for its discovery to say."""
     from kvprobe.spec.attach import attached_expectation
     from kvprobe.targets.launch import Target
 
@@ -71,6 +84,9 @@ def expectation_from_engine(args):
     from kvprobe.targets.open import check_attached
 
     check_url(args.url)
+    from kvprobe.cli.ledger import given_flags
+
+    declared = given_flags(args)
     gpu = gpu_from_args(args)
     check_attached(args.url, args.engine, args.api_key_env, key_option="--api-key-env", engine_option="--engine")
     if gpu is not None:
@@ -81,11 +97,14 @@ def expectation_from_engine(args):
         url=args.url, engine=args.engine, facts=facts, prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens, model=args.model, model_config=args.model_config,
         version=args.engine_version, policy=args.policy, api_key_env=args.api_key_env, profile=args.profile,
-        gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
+        gpu_memory_bytes=None if gpu is None else gpu.total_bytes, flags=declared,
         log=lambda line: print(line, flush=True))
     # The configuration is the engine's: its flags (and its pool, without a declared GPU) make the
-    # ledger printed before the probe; the probe reads them again and reports any change.
-    return discover(exp, facts).expectation(exp)
+    # ledger, with the declared flags for what it does not publish; the probe reads them again and
+    # says which came from where. A declared value the engine contradicts is kept in the probe's
+    # expectation so that the probe's discovery prints the contradiction and predicts from the engine's.
+    merged = discover(exp, facts).expectation(exp)
+    return dataclasses.replace(merged, flags={**merged.flags, **declared}), merged
 
 
 def check_url(url: str | None) -> None:
@@ -105,6 +124,7 @@ def check_url(url: str | None) -> None:
 
 def _check_bare_options(args) -> None:
     given = [f"--{n.replace('_', '-')}" for n in _BARE_OPTIONS if getattr(args, n) is not None]
+    given += [f"--{k.partition(':')[2]}" for k, v in vars(args).items() if k.startswith("flag:") and v is not None]
     if args.expectation is not None and given:
         raise ConfigError(f"expected these options only without an expectation file (the file says them): "
                           f"{', '.join(given)}")
@@ -120,7 +140,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from kvprobe.errors import KvprobeError
     from kvprobe.probe.run import ProbeOptions, predict, run_probe
-    from kvprobe.report.console import SUMMARY_HEADERS, closing_line, levels_table, summary_row, verdict_table
+    from kvprobe.report import console as report
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
     from kvprobe.spec.launch import split_command
     from kvprobe.tables import render_table
@@ -132,7 +152,13 @@ def _run(args) -> int:
     if args.expectation is not None:
         check_url(args.url)  # without a file, expectation_from_engine checks it with the other options
     tolerances = tolerance_overrides(args.tolerance)
-    expectations = [expectation_from_engine(args)] if args.expectation is None else load_expectations(args.expectation)
+    ledger_exp = {}  # the no-YAML probe: the ledger printed first is the engine-wins one
+    if args.expectation is None:
+        probe_exp, engine_wins = _attached(args)
+        ledger_exp[probe_exp.name] = engine_wins
+        expectations = [probe_exp]
+    else:
+        expectations = load_expectations(args.expectation)
     if args.name:
         expectations = [e for e in expectations if e.name == args.name]
         if not expectations:
@@ -157,21 +183,22 @@ def _run(args) -> int:
         )
         try:
             # the theory first: a person reads it while the ramp runs
-            print(render_ledger(predict(exp)) + "\n", flush=True)
+            print(render_ledger(predict(ledger_exp.get(exp.name, exp))) + "\n", flush=True)
         except KvprobeError:
             pass  # run_probe reports the same error as the probe's verdict
         result = run_probe(exp, options)
         if result.levels:
-            print(levels_table(result))
+            print(report.levels_table(result))
             if getattr(result, "fleet", None):
                 from kvprobe.report.fleet import replica_table
 
                 print(replica_table(result))
-        print(verdict_table(result))
-        print(closing_line(result, options.artifacts_dir))
+        print(report.verdict_table(result))
+        print(report.closing_line(result, options.artifacts_dir))
         results.append(result)
     if len(results) > 1:
-        print(render_table(SUMMARY_HEADERS, [summary_row(r) for r in results], title="kvprobe summary"))
+        print(report.wrap_last_column(render_table(report.SUMMARY_HEADERS, [report.summary_row(r) for r in results],
+                                                   title="kvprobe summary")))
     sys.stdout.flush()
     return exit_code([r.status for r in results])
 

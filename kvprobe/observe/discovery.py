@@ -27,6 +27,9 @@ _POOL_FROM_REPORT = {"vllm": ("num-gpu-blocks-override", "num_blocks", "num_gpu_
                      "sglang": ("max-total-tokens", "kv_tokens", "max_total_num_tokens")}
 _POOL_FLAGS = {"vllm": ("num-gpu-blocks-override", "kv-cache-memory-bytes"), "sglang": ("max-total-tokens",)}
 # Capacity figures of a built ledger that show the value an unpublished limit took by default.
+# Expectation.path of the expectation `kvprobe probe --url` builds: its flags were declared on the
+# command line, and the probe says so (kvprobe.spec.attach).
+COMMAND_LINE = "kvprobe probe --url"
 _LEDGER_VALUE = {"max_num_seqs": "max_running", "max_running_requests": "max_running",
                  "max_num_batched_tokens": "token_budget", "chunked_prefill_size": "token_budget"}
 
@@ -54,10 +57,12 @@ class Contradiction:
     expected: object
     published: object  # None: the engine says the flag was not given
     source: str
+    said_by: str = "the expectation"  # or "the command line"
 
     def line(self) -> str:
-        return (f"{self.key}: the expectation says {self.expected}, the engine publishes "
-                f"{_shown(self.published)} ({self.source})")
+        wins = "; the engine's value is used" if self.said_by == "the command line" else ""
+        return (f"{self.key}: {self.said_by} says {self.expected}, the engine publishes "
+                f"{_shown(self.published)} ({self.source}){wins}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,7 @@ class Assumed:
 
     flag: str
     value: object  # None: the engine's default
-    origin: str  # "expectation" | "default"
+    origin: str  # "expectation" (the file or the command line) | "default"
 
 
 @dataclass
@@ -80,6 +85,7 @@ class Discovery:
     assumed: list[Assumed] = field(default_factory=list)
     contradictions: list[Contradiction] = field(default_factory=list)
     pool_from_engine: str | None = None  # set when the pool is the engine's own report
+    declared_by: str = "the expectation"  # or "the command line" (kvprobe probe --url)
 
     def expectation(self, exp):
         """`exp` with the engine's flags, version and served name: what the ledger and load use."""
@@ -98,7 +104,7 @@ class Discovery:
         given = [f"{a.flag} {a.value}" for a in self.assumed if a.origin == "expectation"]
         defaults = [f"{a.flag}{self._default_value(a, ledger)}" for a in self.assumed if a.origin == "default"]
         if given or defaults:
-            parts = ([f"from the expectation: {', '.join(given)}"] if given else []) + \
+            parts = ([f"from {self.declared_by}: {', '.join(given)}"] if given else []) + \
                 ([f"the engine's defaults: {', '.join(defaults)}"] if defaults else [])
             out.append(f"assumed (the engine does not publish them): {'; '.join(parts)}")
         out += [f"CONTRADICTION {c.line()}" for c in self.contradictions]
@@ -115,7 +121,7 @@ class Discovery:
                 "published": {k: {"value": v, "source": s} for k, (v, s) in self.published.items()},
                 "assumed": [dataclasses.asdict(a) for a in self.assumed],
                 "contradictions": [dataclasses.asdict(c) for c in self.contradictions],
-                "pool_from_engine": self.pool_from_engine}
+                "pool_from_engine": self.pool_from_engine, "declared_by": self.declared_by}
 
 
 def discover(exp, facts) -> Discovery:
@@ -123,6 +129,7 @@ def discover(exp, facts) -> Discovery:
     engine = exp.engine
     rep = facts.reported
     dialect = get_dialect(engine)
+    said_by = "the command line" if exp.path == COMMAND_LINE else "the expectation"
     flags = dict(exp.flags)
     published: dict[str, tuple[object, str]] = {}
     contradictions: list[Contradiction] = []
@@ -130,7 +137,7 @@ def discover(exp, facts) -> Discovery:
         source = rep.sources.get(f"flags.{name}", "published")
         published[name] = (value, source)
         if name in exp.flags and not same_value(exp.flags[name], value, name):
-            contradictions.append(Contradiction(name, exp.flags[name], value, source))
+            contradictions.append(Contradiction(name, exp.flags[name], value, source, said_by))
         if value is None:
             flags.pop(name, None)  # not given: the engine runs its default, so does the ledger
         else:
@@ -139,7 +146,7 @@ def discover(exp, facts) -> Discovery:
     assumed = [Assumed(name, exp.flags.get(name), "expectation" if name in exp.flags else "default")
                for name, flag in dialect.FLAGS.items() if flag.ledger and name not in published]
     disc = Discovery(engine, rep.version, rep.served_model_name, rep.model_path, flags, published, assumed,
-                     contradictions)
+                     contradictions, declared_by=said_by)
     _pool_from_report(disc, exp, rep)
     _check_version(disc, exp, facts)
     return disc

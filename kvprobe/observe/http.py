@@ -70,27 +70,6 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, timeout: float 
             chunks.append(chunk)
 
 
-def check_access(url: str, *, path: str, api_key: Secret | None, api_key_env: str | None, key: str,
-                 file: str | None = None) -> bool:
-    """One GET of a guarded path (`/v1/models`, which both engines guard with `--api-key`): a 401 or
-    403 is bad input naming the API key and `key` (`--api-key-env`, `target.api_key_env`), said
-    before anything else reads the engine. Any other status: True (the server answered); no answer:
-    False, and the caller's own reads say why."""
-    headers = {"Authorization": f"Bearer {api_key.reveal()}"} if api_key is not None else {}
-    try:
-        status, _ = http_get(url.rstrip("/") + path, headers=headers, timeout=5.0)
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
-    if status not in (401, 403):
-        return True
-    where = f"the engine at {redact_url(url)} answered HTTP {status} to GET {path}"
-    if api_key is None:
-        raise ConfigError(f"{where}: it was started with an API key (--api-key) and kvprobe sent none; put the key "
-                          f"in an environment variable and name that variable in {key}", file=file, key=key)
-    raise ConfigError(f"{where}: it refused the API key in ${api_key_env}; {key} must name the variable holding the "
-                      "key the engine was started with (--api-key)", file=file, key=key)
-
-
 def error_reason(err: BaseException) -> str:
     """One line for a failed request, without headers (they may carry the API key)."""
     if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):

@@ -1,15 +1,21 @@
 """Single requests the probe sends itself, outside the load: calibration and the length-limit check.
 
-Plain urllib in the probe's own process: no gevent here (Locust runs in its own subprocess).
+Through the `openai` client (kvprobe.observe.client) in the probe's own process: no gevent here
+(Locust runs in its own subprocess). The body is the engine dialect's (`completion_body`): what the
+client names is passed as its arguments, every engine field beside them (min_tokens, ignore_eos)
+as `extra_body`. An engine that refuses the API key is bad input, said as the key (ConfigError).
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+
+# The completion arguments the client takes by name; any other field of the body is the engine's.
+_CLIENT_ARGS = ("model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "n", "seed",
+                "stop", "logprobs", "echo", "best_of", "suffix", "user")
+_COMPLETIONS = "/completions"
 
 
 @dataclass(frozen=True)
@@ -31,47 +37,51 @@ class OneShot:
 def post_completion(url: str, body: dict, *, path: str, headers: dict[str, str] | None = None,
                     timeout: float = 60.0) -> OneShot:
     """POST the completion body to `path` (the dialect's COMPLETIONS_PATH) and read it to the end;
-    streaming bodies are read line by line."""
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(
-        url.rstrip("/") + path,
-        data=data,
-        headers={"Content-Type": "application/json", "Accept-Encoding": "identity", **(headers or {})},
-        method="POST",
-    )
+    a streaming answer chunk by chunk (the first text is the TTFT, the last chunk's usage the counts)."""
+    import openai
+
+    from kvprobe.observe.client import engine_client, is_auth_error, key_refused, split_headers
+
+    if not path.endswith(_COMPLETIONS):
+        raise ValueError(f"expected a completions path ending in {_COMPLETIONS}, got {path!r}")
+    named = {k: v for k, v in body.items() if k in _CLIENT_ARGS and v is not None}
+    extra = {k: v for k, v in body.items() if k not in _CLIENT_ARGS}
+    named.setdefault("model", openai.omit)  # the engine's served model when the body names none
+    client = engine_client(url, prefix=path[:-len(_COMPLETIONS)], headers=headers, timeout=timeout)
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return _read_success(resp, t0, streaming=bool(body.get("stream")))
-    except urllib.error.HTTPError as err:
-        text = err.read().decode(errors="replace")
-        return OneShot(err.code, time.monotonic() - t0, None, None, None, text)
-    except (urllib.error.URLError, OSError) as err:
-        return OneShot(0, time.monotonic() - t0, None, None, None, f"{type(err).__name__}: {err}")
+        answer = client.completions.create(**named, extra_body=extra or None)
+        if not named.get("stream"):
+            usage = answer.usage
+            return OneShot(200, time.monotonic() - t0, None, usage and usage.prompt_tokens,
+                           usage and usage.completion_tokens, "")
+        return _read_stream(answer, t0)
+    except openai.APIStatusError as err:
+        if is_auth_error(err):
+            raise key_refused(url, err.status_code, f"POST {path}",
+                              key_sent=split_headers(headers)[0] is not None) from None
+        return OneShot(err.status_code, time.monotonic() - t0, None, None, None, err.response.text)
+    except openai.APIConnectionError as err:  # APITimeoutError included; its message carries no headers
+        cause = err.__cause__
+        why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+        return OneShot(0, time.monotonic() - t0, None, None, None, f"{type(err).__name__}: {err}{why}")
+    except openai.APIError as err:  # an error event inside a 200 stream (SGLang's scheduler-side abort)
+        return OneShot(400, time.monotonic() - t0, None, None, None, json.dumps({"error": err.body}))
+    finally:
+        client.close()
 
 
-def _read_success(resp, t0: float, *, streaming: bool) -> OneShot:
-    if not streaming:
-        payload = json.loads(resp.read())
-        usage = payload.get("usage") or {}
-        return OneShot(200, time.monotonic() - t0, None, usage.get("prompt_tokens"), usage.get("completion_tokens"), "")
+def _read_stream(stream, t0: float) -> OneShot:
     ttft = None
-    usage: dict = {}
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            return OneShot(400, time.monotonic() - t0, ttft, None, None, data.decode())
-        if ttft is None and any(c.get("text") for c in chunk.get("choices") or []):
-            ttft = time.monotonic() - t0
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-    return OneShot(200, time.monotonic() - t0, ttft, usage.get("prompt_tokens"), usage.get("completion_tokens"), "")
+    usage = None
+    with stream:
+        for chunk in stream:
+            if ttft is None and any(c.text for c in chunk.choices or []):
+                ttft = time.monotonic() - t0
+            if chunk.usage:
+                usage = chunk.usage
+    return OneShot(200, time.monotonic() - t0, ttft, usage and usage.prompt_tokens,
+                   usage and usage.completion_tokens, "")
 
 
 def unique_prompt(length: int, salt: int) -> list[int]:

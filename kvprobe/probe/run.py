@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvprobe.engines import get_dialect
-from kvprobe.errors import KvprobeError, TargetError
+from kvprobe.errors import ConfigError, KvprobeError, TargetError
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
@@ -151,6 +151,9 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         stop_load(pr)
         analyse(pr)
         judge(pr)
+    except ConfigError as err:  # bad input (a refused API key, the other engine): written, then the caller's
+        record_error(pr, err)
+        raise
     except KvprobeError as err:
         record_error(pr, err)
     finally:

@@ -59,11 +59,29 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session) -> None:
+    """Name the expectations that were collected, under pytest's own "collected N items"."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in session.config._kvprobe.collected_lines(session.items):
+            reporter.write_line(line)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Bad input (a refused API key, the other engine) ends the run as a usage error, as the console's
+    exit 2 does: the user's command or file needs fixing, not the engine."""
+    kvp = getattr(session.config, "_kvprobe", None)
+    if kvp is not None and kvp.bad_input and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     text = config._kvprobe.summary_table()
-    if text:
+    bad = [f"kvprobe: bad input: {name}: {err}" for name, err in config._kvprobe.bad_input.items()]
+    if text or bad:
         terminalreporter.write_sep("=", "kvprobe summary")
-        terminalreporter.write_line(text)
+        for line in ([text] if text else []) + bad:
+            terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.errors import KvprobeError
+from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.pytest_plugin.options import get_option
 
 SKIP_REASON = "kvprobe probe: needs --kvprobe (a live engine or the emulator)"
@@ -55,17 +55,24 @@ class KvprobeSession:
             except KvprobeError as err:
                 raise pytest.UsageError(f"kvprobe: {err}") from None
         self.results: dict[str, object] = {}  # expectation name -> ProbeResult
+        self.bad_input: dict[str, ConfigError] = {}  # expectation name -> what the user must fix
         self.targets: dict[tuple, object] = {}  # shared targets of the kvprobe_target fixture
 
     # --- collection ---------------------------------------------------------------------------
 
     def extend_args(self) -> None:
-        """Collect the expectation folders too when pytest was run without explicit paths."""
+        """Without explicit paths, collect the expectation folders: with --kvprobe only them (the
+        probes, not the project's unit tests under `testpaths`), without it beside the tests (their
+        items are then collected and skipped). Explicit paths are collected as given."""
         if self.config.args_source == pytest.Config.ArgsSource.ARGS:
             return
-        for path in self.expectation_paths:
-            if path.exists() and str(path) not in self.config.args:
-                self.config.args.append(str(path))
+        found = [str(p) for p in self.expectation_paths if p.exists()]
+        if self.enabled and found:
+            self.config.args[:] = found
+            return
+        for path in found:
+            if path not in self.config.args:
+                self.config.args.append(path)
 
     def is_expectation_file(self, path: Path) -> bool:
         path = Path(path).resolve()
@@ -91,11 +98,19 @@ class KvprobeSession:
         )
 
     def result_for(self, exp):
-        """Run the expectation's probe once; every check item of it reads the same result."""
+        """Run the expectation's probe once; every check item of it reads the same result. Bad input
+        found while it runs (an API key the engine refuses, the other engine) is raised to every item
+        of it as that, never as a probe that could not measure."""
+        if exp.name in self.bad_input:
+            raise self.bad_input[exp.name]
         if exp.name not in self.results:
             from kvprobe.probe.run import run_probe
 
-            self.results[exp.name] = run_probe(exp, self.options(exp))
+            try:
+                self.results[exp.name] = run_probe(exp, self.options(exp))
+            except ConfigError as err:
+                self.bad_input[exp.name] = err
+                raise
         return self.results[exp.name]
 
     # --- reporting ----------------------------------------------------------------------------
@@ -103,28 +118,26 @@ class KvprobeSession:
     def header_lines(self) -> list[str]:
         if not self.enabled:
             return ["kvprobe: probes collected but skipped (enable with --kvprobe)"]
-        lines = [f"kvprobe: artifacts {self.artifacts}; "
-                 f"target {'attach ' + self.url if self.url else 'launch per expectation'}"]
-        from kvprobe.spec.expectation import load_expectations
+        return [f"kvprobe: artifacts {self.artifacts}; "
+                f"target {'attach ' + self.url if self.url else 'launch per expectation'}"]
 
-        for base in self.expectation_paths:
-            files = sorted(base.rglob("*.y*ml")) if base.is_dir() else [base] if base.exists() else []
-            for f in files:
-                try:
-                    for e in load_expectations(f):
-                        lines.append(f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}")
-                except KvprobeError:
-                    continue  # reported as a collection error with file and key
-        return lines
+    def collected_lines(self, items) -> list[str]:
+        """One line per expectation collected (after -k and deselection), in collection order."""
+        seen: dict[str, str] = {}
+        for item in items:
+            e = getattr(item, "expectation", None)
+            if e is not None and e.name not in seen:
+                seen[e.name] = f"kvprobe: {e.name}: engine {e.engine} {e.version}, model {e.model}"
+        return list(seen.values())
 
     def summary_table(self) -> str:
         if not self.results:
             return ""
-        from kvprobe.report.console import SUMMARY_HEADERS, summary_row
+        from kvprobe.report.console import SUMMARY_HEADERS, summary_row, wrap_last_column
         from kvprobe.tables import render_table
 
         rows = [summary_row(r) for r in self.results.values()]
-        return render_table(SUMMARY_HEADERS, rows)
+        return wrap_last_column(render_table(SUMMARY_HEADERS, rows))
 
     def close(self) -> None:
         for target in list(self.targets.values()):
@@ -168,7 +181,10 @@ class KvprobeItem(pytest.Item):
         from kvprobe.report.console import verdict_table
 
         session = self.config._kvprobe
-        result = session.result_for(self.expectation)
+        try:
+            result = session.result_for(self.expectation)
+        except ConfigError as err:
+            pytest.fail(f"kvprobe: bad input: {err}", pytrace=False)
         check = result.check(self.check)
         for key, value in _properties(result, check):
             self.user_properties.append((key, value))

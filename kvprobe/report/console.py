@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 from kvprobe.verdict.checks import fmt
 
 STATUS = {"passed": "PASS", "failed": "FAIL", "error": "ERROR"}
+# The widest line of a report a person reads (console, report.txt, pytest's failure text): a check's
+# reason runs to hundreds of characters, so the last column wraps under itself beyond this.
+REPORT_WIDTH = 120
+_LAST_COLUMN_MIN = 40  # a table whose other columns leave less keeps this much for the last one
+
+
+def wrap_last_column(table: str, width: int = REPORT_WIDTH) -> str:
+    """A table from kvprobe.tables with its last column (a reason, a note) wrapped under itself, so
+    no line passes `width` while the other columns stay aligned: continuation lines are blank up to
+    the last column."""
+    lines = table.split("\n")
+    rule = next((i for i, line in enumerate(lines) if line.startswith("-") and set(line) <= {"-", " "}), None)
+    if rule is None or rule == 0:
+        return table
+    start = lines[rule].rfind(" ") + 1  # where the last column's dashes begin
+    room = max(width - start, _LAST_COLUMN_MIN)
+    out = lines[:rule] + [lines[rule][:start + room]]
+    for line in lines[rule + 1:]:
+        if len(line) <= start + room:
+            out.append(line)
+            continue
+        chunks = textwrap.wrap(line[start:], room, break_long_words=False, break_on_hyphens=False) or [line[start:]]
+        out.append(line[:start] + chunks[0])
+        out += [" " * start + chunk for chunk in chunks[1:]]
+    return "\n".join(out)
+
+
+def wrap_line(text: str, width: int = REPORT_WIDTH) -> str:
+    """One long line of a report (a probe error, the measured limit, the verdict) wrapped with a
+    hanging indent, so it reads as one statement."""
+    return textwrap.fill(text, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
 
 
 def verdict_table(result) -> str:
@@ -20,19 +52,21 @@ def verdict_table(result) -> str:
     head = f"{exp.name}: {exp.engine} {exp.version}, {exp.model}"
     if exp.expect_fail:
         head += f" (fault expectation: '{exp.expect_fail}' must fail)"
-    table = render_table(["check", "ledger", "engine", "measured", "binding", "status", "reason"], rows, title=head)
+    table = wrap_last_column(
+        render_table(["check", "ledger", "engine", "measured", "binding", "status", "reason"], rows, title=head))
     if result.error:
-        table += f"\nprobe error: {result.error}"
-        if result.log_tail:
+        table += "\n" + wrap_line(f"probe error: {result.error}")
+        if result.log_tail:  # the engine's or Locust's own lines, as they wrote them
             table += "\n--- log (last lines) ---\n" + result.log_tail
     if result.diagnosis is not None:
-        table += f"\nmeasured limit: {result.diagnosis.reason}"
+        table += "\n" + wrap_line(f"measured limit: {result.diagnosis.reason}")
     if result.ramp and result.ramp.get("levels"):
-        table += "\n" + ramp_line(result.ramp)
-    table += staging_line(result)
+        table += "\n" + wrap_line(ramp_line(result.ramp))
+    if staged := staging_line(result):
+        table += "\n" + wrap_line(staged)
     status = result.status
     tail = "" if status == "passed" else f" — {result.status_reason}"
-    return f"{table}\nverdict: {STATUS[status]}{tail}"
+    return f"{table}\n{wrap_line(f'verdict: {STATUS[status]}{tail}')}"
 
 
 def ramp_line(ramp: dict) -> str:
@@ -55,7 +89,7 @@ def staging_line(result) -> str:
     if not cmp:
         return ""
     said = {True: "AGREES", False: "DISAGREES", None: "UNDECIDED"}[cmp["agrees"]]
-    return f"\nstaging: the shadow {said} with what staging measured — {cmp['reason']}"
+    return f"staging: the shadow {said} with what staging measured — {cmp['reason']}"
 
 
 def _measured(check) -> str:
@@ -83,7 +117,7 @@ def levels_table(result) -> str:
     headers = ["users", "running", "from", "engine gauge", "client count", "waiting", "usage gauge",
                "preemptions", "plateau weight", "note"]
     title = "per level: steady-state means after warm-up; running is the figure the verdict uses"
-    return render_table(headers, rows, title=title)
+    return wrap_last_column(render_table(headers, rows, title=title))
 
 
 def load_processes_table(client) -> str:
@@ -92,8 +126,8 @@ def load_processes_table(client) -> str:
 
     rows = [[w.worker, w.host or "—", f"{w.cpu:.2f}", f"{w.lag_p99_ms:.1f}", f"{w.lag_worst_ms:.1f}", w.seconds,
              "SATURATED: " + w.reason if w.saturated else w.reason] for w in client.workers]
-    return render_table(["worker", "host", "cpu (cores)", "loop lag p99 ms", "worst ms", "seconds", "health"], rows,
-                        title=f"load processes: {client.reason}")
+    return wrap_last_column(render_table(["worker", "host", "cpu (cores)", "loop lag p99 ms", "worst ms", "seconds",
+                                          "health"], rows, title=f"load processes: {client.reason}"))
 
 
 def _pct(x) -> str:

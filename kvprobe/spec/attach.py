@@ -48,9 +48,12 @@ def attached_expectation(*, url: str, engine: str, facts, prompt_tokens: int, ou
                          model: str | None = None, model_config: str | None = None,
                          version: str | None = None, policy: str | None = None,
                          gpu_memory_bytes: int | None = None, api_key_env: str | None = None,
-                         profile: str | None = None, log=lambda line: None) -> Expectation:
-    """The Expectation of a no-YAML probe, from the console's arguments and what the engine said."""
+                         profile: str | None = None, flags: dict | None = None,
+                         log=lambda line: None) -> Expectation:
+    """The Expectation of a no-YAML probe, from the console's arguments and what the engine said;
+    `flags`: the engine's flags declared on the command line (the engine's published values win)."""
     from kvprobe.engines import is_known_version, normalize_version, unknown_version_message
+    from kvprobe.observe.discovery import COMMAND_LINE
     from kvprobe.spec.profile import load_profile
 
     rep = facts.reported
@@ -71,8 +74,8 @@ def attached_expectation(*, url: str, engine: str, facts, prompt_tokens: int, ou
     if prompt_tokens < 1 or output_tokens < 1:
         raise ConfigError("expected --prompt-tokens and --output-tokens >= 1", key="--prompt-tokens")
     return Expectation(
-        name=_name_for(engine, served), path="kvprobe probe --url", engine=engine, version=version,
-        model=theory_model, model_base_dir=str(Path.cwd()), served_model_name=served, flags={},
+        name=_name_for(engine, served), path=COMMAND_LINE, engine=engine, version=version,
+        model=theory_model, model_base_dir=str(Path.cwd()), served_model_name=served, flags=dict(flags or {}),
         hardware=Hardware(gpu_memory_bytes), target=Target("url", url=url.rstrip("/"), api_key_env=api_key_env),
         profile=dataclasses.replace(base, request=RequestShape(**dataclasses.asdict(shape))),
         tolerances=Tolerances(), checks=CHECKS, model_config=config, policy=policy,

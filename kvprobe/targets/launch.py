@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvprobe.engines import get_dialect  # ConfigError for an unknown engine
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import TargetError
+from kvprobe.observe.client import list_models
 from kvprobe.observe.http import Secret, error_reason, http_get, read_key, redact_url
 from kvprobe.observe.sampler import Sampler
 from kvprobe.procgroup import (
@@ -331,12 +332,17 @@ class Target(OneEngine):
 
     def _facts_from_info(self, d, path, timeout, reports, errors, *, optional: bool = False) -> None:
         try:
-            status, raw = http_get(self.url + path, headers=self.headers, timeout=timeout)
+            if path == getattr(d, "MODELS_PATH", None):  # the served model, through the openai client
+                status, body = list_models(self.url, prefix=path[:-len("/models")], headers=self.headers,
+                                           timeout=timeout)
+            else:
+                status, raw = http_get(self.url + path, headers=self.headers, timeout=timeout)
             if optional and status == 404:
                 return  # this deployment does not serve it (e.g. vLLM without VLLM_SERVER_DEV_MODE)
             if status != 200:
                 raise ValueError(f"HTTP {status}")
-            body = json.loads(raw)
+            if path != getattr(d, "MODELS_PATH", None):
+                body = json.loads(raw)
         except (OSError, urllib.error.URLError, ValueError) as err:
             errors.append(f"GET {path}: {error_reason(err)}")
             return

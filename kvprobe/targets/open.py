@@ -43,8 +43,9 @@ def check_attached(url: str, engine: str, api_key_env: str | None, *, file: str 
     import os
 
     from kvprobe.engines import get_dialect
+    from kvprobe.observe.client import check_access
     from kvprobe.observe.discovery import check_engine
-    from kvprobe.observe.http import check_access, read_key
+    from kvprobe.observe.http import read_key
 
     try:
         api_key = read_key(api_key_env, os.environ, key=key_option) if api_key_env else None

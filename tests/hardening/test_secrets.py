@@ -4,6 +4,7 @@ console's output, a pytest report or JUnit XML, nor an exception's text."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from kvprobe.engines import get_dialect
+from kvprobe.errors import ConfigError
 from kvprobe.observe.oneshot import post_completion, unique_prompt
 from kvprobe.probe.run import ProbeOptions, run_probe
 from kvprobe.procgroup import free_port
@@ -77,10 +79,12 @@ def authenticated_requests(art: Path) -> int:
 def test_the_emulator_really_requires_the_key(secured, key):
     target, _ = secured
     body = get_dialect("vllm").completion_body(unique_prompt(16, 7), 4, model=None, stream=False)
-    assert post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10).status == 401
-    wrong = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"},
-                            timeout=10)
-    assert wrong.status == 401
+    # a 401 is bad input said as the API key (kvprobe.observe.client), the key itself never shown
+    with pytest.raises(ConfigError, match="answered HTTP 401 to POST /v1/completions: it was started with an API"):
+        post_completion(target.url, body, path=COMPLETIONS, headers={}, timeout=10)
+    with pytest.raises(ConfigError, match="it refused the API key kvprobe sent") as wrong:
+        post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": "Bearer sk-wrong"}, timeout=10)
+    assert "sk-wrong" not in str(wrong.value)
     right = post_completion(target.url, body, path=COMPLETIONS, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert right.status == 200 and key not in right.body
 
@@ -125,9 +129,11 @@ def test_a_wrong_key_fails_with_401_and_neither_key_is_shown(secured, key, expec
     monkeypatch.setenv(ENV, wrong)
     exp = expectation("emulated-vllm.yaml")
     exp = replace(exp, target=replace(exp.target, mode="url", url=target.url, api_key_env=ENV))
-    result = run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art"))
-    assert not result.passed and "401" in result.error, result.error
-    for text in (result.error, result.log_tail or "", repr(result), str(result.to_dict()),
-                 (tmp_path / "art" / "report.txt").read_text()):
+    with pytest.raises(ConfigError) as err:  # bad input: said as the key (exit 2), its artifacts still written
+        run_probe(exp, ProbeOptions(artifacts_dir=tmp_path / "art"))
+    assert "answered HTTP 401 to GET /v1/models: it refused the API key" in str(err.value)
+    result = json.loads((tmp_path / "art" / "result.json").read_text())
+    assert "401" in result["verdict"]["error"]
+    for text in (str(err.value), json.dumps(result), (tmp_path / "art" / "report.txt").read_text()):
         assert wrong not in text and key not in text
     assert files_holding(tmp_path / "art", wrong) == []
