@@ -17,8 +17,8 @@ Reported per run: the ramp's time to verdict in seconds and in request lifetimes
 calibration excluded), levels, the measured plateau ± its uncertainty, and the verdict of the
 rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
 
-Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang]` (about 15 minutes;
-`--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
+Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]`
+(about 15 minutes; `--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="one right and one wrong vLLM shape")
     ap.add_argument("--shadows", action="store_true", help="add the real engines' shadow shapes")
     ap.add_argument("--engines", default="vllm,sglang")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES), help="a comma list of " + ", ".join(STRATEGIES))
     args = ap.parse_args(argv or [])
+    strategies = [s for s in STRATEGIES if s in args.strategies.split(",")]
     shapes = [SHAPES[1], SHAPES[6]] if args.quick else list(SHAPES)
     shapes = [s for s in shapes if s.name.split()[0] in args.engines.split(",")]
     if args.shadows:
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
         for shape in shapes:
-            for strategy in STRATEGIES:
+            for strategy in strategies:
                 run = one(shape, strategy, Path(tmp))
                 runs.append(run)
                 print("   " + " | ".join(str(v) for v in run.values()), flush=True)
@@ -138,7 +140,9 @@ def main(argv: list[str] | None = None) -> None:
                        title="time to verdict per ramp (hold 3 request lifetimes; calibration excluded)"))
     speedups = []
     for shape in shapes:
-        mine = next(r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict")
+        mine = next((r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict"), None)
+        if mine is None:
+            continue
         free = [r for r in runs if r["shape"] == shape.name and r["strategy"] != "predict" and r["lifetimes"]]
         best = min(free, key=lambda r: r["lifetimes"], default=None)
         if best and mine["lifetimes"]:

@@ -5,10 +5,14 @@ owned_by, /server_info). The emulator's counterparts: tests/cli/test_api_key.py,
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+
+import pytest
 
 from kvprobe.cli.main import main
 from kvprobe.observe.discovery import engine_signs
+from tests.cli.console import run
 
 from .conftest import shipped
 
@@ -39,3 +43,23 @@ def test_real_sglang_wants_its_key_and_is_named_when_probed_as_vllm(shadow_serve
     assert err.splitlines() == [f"kvprobe probe: error: --engine: the server at {server.url} looks like sglang, not "
                                 f"vllm ({'; '.join(signs['sglang'])}): probe it with --engine sglang"]
     assert KEY not in err
+
+
+@pytest.mark.slow
+def test_a_staging_probe_without_a_file_passes_on_real_sglang(shadow_server, capsys, monkeypatch, tmp_path):
+    # the staging flow as a user meets it: the key in a variable, only the request shape on the command line
+    server = _server(shadow_server)
+    monkeypatch.setenv("KVPROBE_SHADOW_KEY", KEY)
+    art = tmp_path / "art"
+    rc, out, err = run(capsys, "probe", "--url", server.url, "--engine", "sglang", "--api-key-env",
+                       "KVPROBE_SHADOW_KEY", "--prompt-tokens", "512", "--output-tokens", "256",
+                       "--artifacts", str(art))
+    assert rc in (0, 3), out[-4000:] + err
+    assert "kvprobe: published by the engine: " in out and KEY not in out
+    doc = json.loads((art / "result.json").read_text())
+    rp = next(c for c in doc["checks"] if c["name"] == "rejection_point")
+    assert rp["binding"] == "kv", rp
+    # 3 only when a busy runner starved the load generator: every unjudged check says so
+    assert rc == 0 or all("load generator was the bottleneck" in c["reason"] for c in doc["checks"]
+                          if c["inconclusive"]), out[-4000:]
+    assert rp["passed"] or rp["inconclusive"], rp
