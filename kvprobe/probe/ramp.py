@@ -253,7 +253,7 @@ def stop_load(pr: ProbeRun) -> None:
     pr.load.stop()
     # the run's client health over the levels held: the spawn before the first and the stop after
     # the last block Locust's loop for a second or so, which in a short ramp outweighs its levels
-    span = (pr.windows[0].t_start, pr.windows[-1].t_end) if pr.windows else (None, None)
+    span = (pr.windows[0].t_start, pr.windows[-1].t_end) if pr.windows else ()
     pr.result.client = pr.load.client_health(*span)
     if set(DRAIN_CHECKS) & {*pr.exp.checks, pr.exp.expect_fail}:
         # long enough for an engine's idle report (SGLang's 30 s), unless it reads zero sooner

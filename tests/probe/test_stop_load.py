@@ -21,7 +21,7 @@ class _Load:
     def stop(self):
         pass
 
-    def client_health(self):
+    def client_health(self, t0=None, t1=None):  # load.runner.LocustRun's
         return None
 
     def records(self):
@@ -42,7 +42,7 @@ def test_the_drain_is_watched_for_the_checks_that_read_it(monkeypatch, checks, e
     exp = SimpleNamespace(checks=checks, expect_fail=expect_fail, profile=SimpleNamespace(drain_seconds=7.0),
                           name="x")
     # an engine that republishes idle gauges every 30 s (SGLang) is watched until that report
-    pr = SimpleNamespace(exp=exp, load=_Load(), sampler=_Sampler(), result=SimpleNamespace(client=None),
+    pr = SimpleNamespace(exp=exp, load=_Load(), sampler=_Sampler(), result=SimpleNamespace(client=None), windows=[],
                          log=lambda line: None, dialect=SimpleNamespace(IDLE_REPORT_SECONDS=idle_report))
     probe.stop_load(pr)
     assert seen == ([window] if watched else [])
