@@ -240,6 +240,8 @@ def _fleet(ledger, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvprobe.report.claim import ledger_claim_lines, ledger_claim_text, ledger_figures
+    from kvprobe.report.console import wrap_line
     from kvprobe.theory.ledger.build import build_ledger
     from kvprobe.theory.ledger.text import render_ledger
 
@@ -251,10 +253,18 @@ def run(args: argparse.Namespace) -> int:
     if unread:
         print(f"kvprobe ledger: note: {', '.join(unread)} not read by the ledger (the engine's own behaviour "
               "there is not modelled)", file=sys.stderr)
+    replica = getattr(ledger, "replica", ledger)  # a fleet's figures are its replica's
     if args.json:
-        print(json.dumps(ledger.to_dict(), indent=2))
+        out = ledger.to_dict()
+        figures = ledger_figures(replica)
+        out["engine_figures"] = None if replica.refusal is not None else {
+            "lines": ledger_claim_lines(replica), **(figures.to_dict() if figures else {})}
+        print(json.dumps(out, indent=2))
     else:
         if gpu is not None:
             print(f"{gpu.said}\n")
         print(render_ledger(ledger))
+        if claim := ledger_claim_text(replica):
+            *engine_lines, last = claim.splitlines()  # the engine's lines verbatim, whatever their width
+            print("\n" + "\n".join(engine_lines + [wrap_line(last) if ledger_figures(replica) else last]))
     return 1 if ledger.startup["refused"] else 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe import __version__
+from kvprobe.report.claim import probe_figures
 from kvprobe.verdict import checks as verdict
 
 SCHEMA_VERSION = 2  # 2: verdict.status, diagnosis, plateau uncertainty, absent metrics as null
@@ -123,6 +124,7 @@ class ProbeResult:
             "client": _plain(self.client),
             "checks": [c.to_dict() for c in self.checks],
             "fleet": _plain(self.fleet),
+            "figures": None if (figures := probe_figures(self)) is None else figures.to_dict(),
             "ramp": _plain(self.ramp),
             "repro": self.repro,
             "staging": _plain(self.staging),

@@ -6,6 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
+from kvprobe.report.claim import probe_figures
 from kvprobe.verdict.checks import fmt
 
 STATUS = {"passed": "PASS", "failed": "FAIL", "error": "ERROR"}
@@ -60,6 +61,8 @@ def verdict_table(result) -> str:
             table += "\n--- log (last lines) ---\n" + result.log_tail
     if result.diagnosis is not None:
         table += "\n" + wrap_line(f"measured limit: {result.diagnosis.reason}")
+    if (figures := probe_figures(result)) is not None:
+        table += "\n" + wrap_line(figures.line())
     if result.ramp and result.ramp.get("levels"):
         table += "\n" + wrap_line(ramp_line(result.ramp))
     if staged := staging_line(result):

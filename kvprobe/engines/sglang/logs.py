@@ -8,6 +8,7 @@ import re
 import time
 
 from kvprobe.engines.base import ReportedCapacity
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 
 # Retraction (check_decode_mem fails -> retract_decode): a WARNING line per retraction, and the labelled
 # counter sglang:num_retracted_requests_total, which does not exist before the first retraction —
@@ -32,6 +33,19 @@ def capacity_line(*, max_total_num_tokens: int, chunked_prefill_size: int, max_p
     return (log_prefix() + f"max_total_num_tokens={max_total_num_tokens}, chunked_prefill_size={chunked_prefill_size}, "
             f"max_prefill_tokens={max_prefill_tokens}, max_running_requests={max_running_requests}, "
             f"context_len={context_len}, available_gpu_mem={available_gpu_mem:.2f} GB")
+
+
+def claim_lines(cap: dict, version: str | None = None, *, max_prefill_tokens: int = MAX_PREFILL_TOKENS) -> list[str]:
+    """What the engine will say about its pool, given the ledger's capacity (`Capacity` as a dict):
+    the capacity line (its GPU-memory tail is the run's and is left out) and the two figures of
+    /server_info (`max_total_num_tokens`, `internal_states[0].effective_max_running_requests_per_dp`,
+    http_server.py `get_server_info`). The wording is 0.5.23's; the release is not read."""
+    line = capacity_line(max_total_num_tokens=cap["kv_tokens"], chunked_prefill_size=cap["token_budget"],
+                         max_prefill_tokens=max_prefill_tokens,
+                         max_running_requests=cap["max_running"], context_len=cap["max_model_len"])
+    message = line[len(log_prefix()):].rsplit(", available_gpu_mem=", 1)[0] + ", available_gpu_mem=..."
+    return [message, f'/server_info: "max_total_num_tokens": {cap["kv_tokens"]}, '
+                     f'"effective_max_running_requests_per_dp": {cap["max_running"]}']
 
 
 def startup_lines(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,

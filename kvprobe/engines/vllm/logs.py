@@ -8,7 +8,7 @@ import re
 import time
 
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy
+from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy, two_line_capacity_log
 from kvprobe.errors import ConfigError
 from kvprobe.theory.vllm.budget import vllm_capacity_numbers, vllm_check_fits
 
@@ -30,20 +30,44 @@ def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version
                    capacity: tuple[int, float] | None = None) -> list[str]:
     """The capacity line(s) as the engine prints them.
 
-    0.33.0: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity` (`capacity`: a hybrid model's
-    figures, summed over its groups, L1061-1128).
-    0.11.0 / 0.9.2: two lines (0.11.0 kv_cache_utils.py L1087 and L1091), tokens = num_blocks * block_size.
+    0.28.0 and later: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity` (`capacity`: a hybrid
+    model's figures, summed over its groups, L1061-1128).
+    0.27.x and older: two lines (`versions.two_line_capacity_log`); 0.11.0 / 0.9.2 count the tokens as
+    num_blocks * block_size (0.11.0 kv_cache_utils.py L1087 and L1091).
     """
+    messages = capacity_messages(num_blocks, block_size, max_model_len, version, capacity=capacity)
+    if not two_line_capacity_log(version):
+        return [log_prefix("EngineCore", "kv_cache_utils.py:1147", t=t, pid=pid) + messages[0]]
+    return [log_prefix("EngineCore_DP0", "kv_cache_utils.py:1087", t=t, pid=pid) + messages[0],
+            log_prefix("EngineCore_DP0", "kv_cache_utils.py:1091", t=t, pid=pid) + messages[1]]
+
+
+def capacity_messages(num_blocks: int, block_size: int, max_model_len: int, version: str = DEFAULT_VERSION,
+                      *, capacity: tuple[int, float] | None = None) -> list[str]:
+    """The capacity line(s) without their log prefix: what `capacity_lines` prints, and what the
+    ledger shows as the engine's own figures."""
     tokens, conc = capacity or capacity_numbers(num_blocks, block_size, max_model_len)
-    if not is_legacy(version):
-        pre = log_prefix("EngineCore", "kv_cache_utils.py:1147", t=t, pid=pid)
-        return [pre + f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
-                      f"{max_model_len:,} tokens per request: {conc:.2f}x"]
-    legacy_tokens = num_blocks * block_size  # num_blocks // len(groups) * min_block_size, one group
-    return [log_prefix("EngineCore_DP0", "kv_cache_utils.py:1087", t=t, pid=pid)
-            + f"GPU KV cache size: {legacy_tokens:,} tokens",
-            log_prefix("EngineCore_DP0", "kv_cache_utils.py:1091", t=t, pid=pid)
-            + f"Maximum concurrency for {max_model_len:,} tokens per request: {conc:.2f}x"]
+    if not two_line_capacity_log(version):
+        return [f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+                f"{max_model_len:,} tokens per request: {conc:.2f}x"]
+    if is_legacy(version):  # 0.11: num_blocks // len(groups) * min_block_size, one group
+        tokens = num_blocks * block_size
+    return [f"GPU KV cache size: {tokens:,} tokens",
+            f"Maximum concurrency for {max_model_len:,} tokens per request: {conc:.2f}x"]
+
+
+def claim_lines(cap: dict, version: str = DEFAULT_VERSION) -> list[str]:
+    """What the engine will say about its pool, given the ledger's capacity (`Capacity` as a dict):
+    the capacity line(s) of `version`, and the `vllm:cache_config_info` labels that carry the pool
+    (0.28.0 adds kv_cache_size_tokens and kv_cache_max_concurrency; older releases are shown with
+    num_gpu_blocks and block_size, the labels kvprobe reads there)."""
+    lines = capacity_messages(cap["num_blocks"], cap["block_size"], cap["max_model_len"], version,
+                              capacity=(cap["kv_tokens"], cap["max_concurrency_at_max_model_len"]))
+    labels = f'num_gpu_blocks="{cap["num_blocks"]}",block_size="{cap["block_size"]}"'
+    if not two_line_capacity_log(version):
+        labels += (f',kv_cache_size_tokens="{cap["kv_tokens"]}",'
+                   f'kv_cache_max_concurrency="{cap["max_concurrency_at_max_model_len"]:.2f}"')
+    return [*lines, f"vllm:cache_config_info{{{labels},...}} 1.0"]
 
 
 def startup_lines(*, num_blocks: int, block_size: int, max_model_len: int, max_num_batched_tokens: int,

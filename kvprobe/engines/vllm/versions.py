@@ -19,6 +19,14 @@ def is_legacy(version: str) -> bool:
     return version_tuple(version) < (0, 12)
 
 
+def two_line_capacity_log(version: str) -> bool:
+    """0.27.x and older log the pool and the concurrency on two lines (v1/core/kv_cache_utils.py
+    `get_kv_cache_configs`, 0.27.0 L2235-2239); 0.28.0 joined them into one (`update_kv_cache_capacity`,
+    L1867-1873), which also stores `kv_cache_size_tokens` / `kv_cache_max_concurrency` in the
+    CacheConfig that `vllm:cache_config_info` publishes. Read in the 0.25.0-0.28.0 and 0.30.0 wheels."""
+    return version_tuple(version) < (0, 28)
+
+
 def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = "cuda") -> bool:
     """Whether `vllm serve` schedules asynchronously when --async-scheduling is not given.
 
