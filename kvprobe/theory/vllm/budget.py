@@ -200,6 +200,57 @@ class VllmBudget:
         return self.num_blocks - 1
 
 
+@dataclass(frozen=True)
+class MemorySplit:
+    """What a release's `determine_available_memory` takes from the requested memory before the KV
+    pool: the terms a GPU measures and kvprobe estimates (`estimates` override them)."""
+
+    requested: int | None  # None: no GPU memory given
+    weights: int  # with the rotary cache where the release measures it with them
+    other: int  # non-torch memory
+    activation: int  # the profile run's torch peak
+    cudagraph: int  # the CUDA-graph estimate
+    cudagraph_subtracted: bool
+    used: dict  # the estimates kvprobe made (the terms not given)
+
+    @property
+    def kv_pool(self) -> int | None:
+        if self.requested is None:
+            return None
+        graph = self.cudagraph if self.cudagraph_subtracted else 0
+        return self.requested - self.weights - self.other - self.activation - graph
+
+
+def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: int | None, fraction: float,
+                      version: str | None, max_num_seqs: int, max_num_batched_tokens: int, tp: int = 1, pp: int = 1,
+                      estimates: dict[str, int] | None = None, gpu_arch: str = "sm90") -> MemorySplit:
+    """The memory profile of `version` (`memory_profile.profile_rules`): the ledger's budget and the
+    shadow worker's `determine_available_memory` (kvprobe/targets/shadow/vllm/kvspec.py) both size
+    the pool here, so a shadow with a declared GPU checks the ledger's arithmetic end to end."""
+    estimates = estimates or {}
+    rules = profile_rules(version or VLLM_DEFAULT_VERSION)
+    if not rules.legacy:  # the releases read measure weights as allocated, the rotary cache with them
+        weights += rope_cache_bytes(geom)
+    used: dict[str, int] = {}
+    other = estimates.get("other_bytes")
+    if other is None:
+        other = non_torch_bytes(rules, tp=tp, pp=pp)
+        other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp) if other is None else other
+    act = estimates.get("activation_bytes")
+    if act is None:
+        act = used["activation_bytes"] = estimate_profiled_activation_bytes(
+            geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
+            gpu_arch=gpu_arch)
+    graph = estimates.get("cudagraph_bytes")
+    if graph is None:
+        graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
+    requested = None
+    if gpu_memory_bytes is not None:
+        requested = math.ceil(gpu_memory_bytes * fraction) if rules.requested_ceil \
+            else int(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
+    return MemorySplit(requested, weights, other, act, graph, rules.cudagraph == "subtracted", used)
+
+
 def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
                 max_model_len: int, gpu_memory_utilization: float | None = None,
                 version: str | None = None, block_size: int | None = None,
@@ -238,28 +289,16 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
                           key="gpu_memory_utilization")
     rules = profile_rules(version or VLLM_DEFAULT_VERSION)
-    if not rules.legacy:  # the releases read measure weights as allocated, the rotary cache with them
-        weights += rope_cache_bytes(geom)
-    used: dict[str, int] = {}
-    other = estimates.get("other_bytes")
-    if other is None:
-        other = non_torch_bytes(rules, tp=tp, pp=pp)
-        other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp) if other is None else other
-    act = estimates.get("activation_bytes")
-    if act is None:
-        act = used["activation_bytes"] = estimate_profiled_activation_bytes(
-            geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
-            gpu_arch=gpu_arch)
-    graph = estimates.get("cudagraph_bytes")
-    if graph is None:
-        graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
-    graph_applied = graph if rules.cudagraph == "subtracted" else 0
+    split = vllm_memory_split(geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=fraction,
+                              version=version, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp, estimates=estimates,
+                              gpu_arch=gpu_arch)
+    weights, other, act, graph, used = split.weights, split.other, split.activation, split.cudagraph, split.used
 
     requested = upper = upper_blocks = upper_tokens = None
     # --kv-cache-memory-bytes replaces the memory split: no fraction is requested, nothing profiled.
     if gpu_memory_bytes is not None and kv_cache_memory_bytes is None:
-        requested = math.ceil(gpu_memory_bytes * fraction) if rules.requested_ceil \
-            else int(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
+        requested = split.requested
         upper = requested - weights
         upper_blocks = max(0, upper // bytes_per_block)
         upper_tokens = max(0, upper // kv.total)
@@ -268,7 +307,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if kv_cache_memory_bytes is not None:
         kv_pool, source = kv_cache_memory_bytes, "kv_cache_memory_bytes"
     elif requested is not None:
-        kv_pool, source = requested - weights - other - act - graph_applied, "profiled"
+        kv_pool, source = split.kv_pool, "profiled"
     else:
         kv_pool, source = None, "num_gpu_blocks_override"
     if num_gpu_blocks_override is not None:

@@ -18,7 +18,8 @@ Two answers, each a copy of the real code path it replaces (vLLM 0.33.0):
   `--kv-cache-memory-bytes` exactly when given, else requested (ceil(total x
   gpu_memory_utilization), v1/worker/utils.py L716-726) minus weights, activation peak, non-torch
   memory and the CUDA-graph estimate. A GPU measures those four; kvprobe's ledger estimates them,
-  and this uses the very same estimates, so that `reported_capacity` compares vLLM's planner with
+  and this calls the ledger's own split (`kvprobe.theory.vllm.budget.vllm_memory_split`) under the
+  rules of the vLLM release it runs in, so that `reported_capacity` compares vLLM's planner with
   kvprobe's ledger on one formula.
 """
 
@@ -26,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass
 
 import torch
+from vllm import __version__ as VLLM_VERSION
 from vllm.config import VllmConfig
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -289,18 +290,14 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
     pc = vllm_config.parallel_config
     geom = _geometry(vllm_config)
     weights = weight_bytes(geom, tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, engine="vllm")
-    other = estimates.get("other_bytes", budget.estimate_vllm_other_bytes(
-        tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size))
-    act = estimates.get("activation_bytes", budget.estimate_vllm_activation_bytes(
-        geom, max_num_batched_tokens=sc.max_num_batched_tokens, max_num_seqs=sc.max_num_seqs,
-        tp=pc.tensor_parallel_size))
-    graph = estimates.get("cudagraph_bytes", budget.estimate_vllm_cudagraph_bytes(
-        geom, max_num_seqs=sc.max_num_seqs))
-    requested = math.ceil(gpu_memory_bytes * cc.gpu_memory_utilization)  # v1/worker/utils.py L724-726
-    kv = requested - weights - other - act - graph
-    detail = (f"requested {requested} (= ceil({gpu_memory_bytes} x {cc.gpu_memory_utilization})) - weights "
-              f"{weights} - other {other} - activation {act} - cudagraph {graph}")
-    return MemoryPlan(kv, "declared GPU", detail)
+    split = budget.vllm_memory_split(  # the ledger's own split, under the rules of the release running here
+        geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=cc.gpu_memory_utilization,
+        version=VLLM_VERSION, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+        tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, estimates=estimates)
+    graph = split.cudagraph if split.cudagraph_subtracted else 0
+    detail = (f"requested {split.requested} (vLLM {VLLM_VERSION}: {gpu_memory_bytes} x {cc.gpu_memory_utilization}) "
+              f"- weights {split.weights} - other {split.other} - activation {split.activation} - cudagraph {graph}")
+    return MemoryPlan(split.kv_pool, "declared GPU", detail)
 
 
 def _config_json(folder: str) -> dict:
