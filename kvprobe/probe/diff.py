@@ -286,7 +286,8 @@ class Quantity:
         if a is None or b is None:
             return None
         if self.kind == "state":
-            return self.state(a) != self.state(b)
+            sa, sb = self.state(a), self.state(b)
+            return None if sa is None or sb is None else sa != sb
         return abs(b - a) - self.spread(ra, rb) > self.allowance(tol, a, b) + 1e-9
 
     def ledger_moved(self, ra: dict, rb: dict, tol) -> bool:
@@ -305,6 +306,12 @@ def _preempts(count) -> str | None:
     return None if count is None else ("preempts" if count > 0 else "none")
 
 
+def _binding(limit: str | None) -> str | None:
+    """The limit that stops admission, as the ledger names it: the diagnosis's `pool` (KV fills below
+    what the reported pool allows) is still the KV pool binding; `unknown` says nothing."""
+    return {"pool": "kv", "unknown": None}.get(limit, limit) if limit is not None else None
+
+
 QUANTITIES = (
     Quantity("startup", "startup", "ledger_startup", "state",
              state=lambda x: "started" if x in ("started", "starts") else x),
@@ -318,5 +325,5 @@ QUANTITIES = (
              state=_preempts),
     Quantity("usage at saturation", "usage_at_saturation", "predicted_usage",
              allowance=lambda tol, a, b: tol.usage_gap),
-    Quantity("binding limit", "binding", "predicted_binding", "state"),
+    Quantity("binding limit", "binding", "predicted_binding", "state", state=_binding),
 )
