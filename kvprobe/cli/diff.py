@@ -22,8 +22,9 @@ def add_parser(subparsers) -> None:
         "diff", help="run an expectation's probe on several releases of its engine and say what changed",
         epilog="exit codes: 0 nothing changed, 1 something changed, 2 bad input, 3 could not measure, 130 interrupted")
     p.add_argument("expectation", help="an expectation file (one expectation, or choose one with --name)")
-    p.add_argument("--versions", required=True, metavar="A,B[,C...]",
-                   help="the releases to run it on, in order; changes are read between consecutive ones")
+    p.add_argument("--versions", metavar="A,B[,C...]",
+                   help="the releases to run it on, in order; changes are read between consecutive ones (default: "
+                   "the expectation's `versions:`)")
     p.add_argument("--json", action="store_true",
                    help='print {"versions": [...], "results": {VERSION: {...}}, "changes": [...]} (the probes\' '
                    "progress goes to stderr)")
@@ -53,7 +54,6 @@ def _run(args) -> int:
 
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
-    versions = parse_versions(args.versions)
     tolerances = tolerance_overrides(args.tolerance)
     expectations = load_expectations(args.expectation)
     if args.name:
@@ -65,6 +65,10 @@ def _run(args) -> int:
         raise ConfigError(f"expected one expectation to run on several releases, the file holds {len(expectations)} "
                           f"({names}): choose one with --name", file=args.expectation)
     exp = expectations[0]
+    if args.versions is None and not exp.versions:
+        raise ConfigError("expected --versions A,B[,C...], or `versions: [A, B]` in the expectation",
+                          file=args.expectation, key="versions")
+    versions = parse_versions(args.versions) if args.versions is not None else list(exp.versions)
     out = sys.stderr if args.json else sys.stdout
     root = Path(args.artifacts)
     options = DiffOptions(artifacts_dir=root, install=args.install, tolerances=tolerances,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.releases import normalize_version
+from kvprobe.spec.schema import CHANGE_KEYS
 
 UNEXPLAINED = "unexplained: the theory has no rule for this change"
 # Exit codes: 0 nothing changed beyond tolerance, 1 something did, 2 bad input, 3 a release's probe
@@ -110,9 +111,11 @@ def _check_environment(engine: str, version: str, *, install: bool, log) -> None
         raise envs.EnvError(f"{err}, or give --install") from None
 
 
-def with_version(exp, version: str):
-    """The same expectation on another release (its ledger and its target follow the version)."""
-    return dataclasses.replace(exp, version=version)
+def with_version(exp, version: str, label: str | None = None):
+    """The same expectation on another release (its ledger and its target follow the version);
+    with a label, named after it (`NAME@0.11.0`: its own probe and artifacts in pytest)."""
+    name = exp.name if label is None else f"{exp.name}@{label}"
+    return dataclasses.replace(exp, version=normalize_version(version), name=name, versions=(), expect_change=())
 
 
 def run_diff(exp, versions: list[str], options: DiffOptions) -> DiffResult:
@@ -246,7 +249,7 @@ def find_changes(runs: list[str], results: dict[str, dict], tol) -> list[dict]:
             if moved is None or not moved:
                 continue
             explained = quantity.ledger_moved(ra, rb, tol)
-            changes.append({"from": a, "to": b, "quantity": quantity.name,
+            changes.append({"from": a, "to": b, "quantity": quantity.name, "key": quantity.key,
                             "measured": [quantity.measured(ra), quantity.measured(rb)],
                             "ledger": [quantity.ledger(ra), quantity.ledger(rb)],
                             "policies": [ra["policy"], rb["policy"]], "explained": bool(explained),
@@ -267,6 +270,7 @@ class Quantity:
     figures), and when a move counts: a "state" on any difference (after `state`), a "number"
     beyond an allowance (and beyond both measurements' uncertainties, `spread`)."""
 
+    key: str  # as `expect_change:` names it (kvprobe.spec.schema.CHANGE_KEYS)
     name: str
     field: str
     ledger_field: str
@@ -313,17 +317,20 @@ def _binding(limit: str | None) -> str | None:
 
 
 QUANTITIES = (
-    Quantity("startup", "startup", "ledger_startup", "state",
+    Quantity("startup", "startup", "startup", "ledger_startup", "state",
              state=lambda x: "started" if x in ("started", "starts") else x),
-    Quantity("pool", "pool", "ledger_pool", allowance=lambda tol, a, b: tol.reported_capacity * max(abs(a), abs(b))),
-    Quantity("rejection point", "rejection_point", "predicted",
+    Quantity("pool", "pool", "pool", "ledger_pool",
+             allowance=lambda tol, a, b: tol.reported_capacity * max(abs(a), abs(b))),
+    Quantity("rejection_point", "rejection point", "rejection_point", "predicted",
              allowance=lambda tol, a, b: max(tol.rejection_point, tol.rejection_point_relative * max(abs(a), abs(b))),
              # beyond the tolerance even allowing for both uncertainties: a move the noise cannot make
              spread=lambda ra, rb: math.hypot(ra["uncertainty"] or 0.0, rb["uncertainty"] or 0.0)),
     # whether deep levels preempt at all: the count per level follows the hold, the rate the step time
-    Quantity("preemptions per deep level", "preemptions_per_deep_level", "ledger_preemption_rate", "state",
-             state=_preempts),
-    Quantity("usage at saturation", "usage_at_saturation", "predicted_usage",
+    Quantity("preemptions", "preemptions per deep level", "preemptions_per_deep_level", "ledger_preemption_rate",
+             "state", state=_preempts),
+    Quantity("usage", "usage at saturation", "usage_at_saturation", "predicted_usage",
              allowance=lambda tol, a, b: tol.usage_gap),
-    Quantity("binding limit", "binding", "predicted_binding", "state", state=_binding),
+    Quantity("binding", "binding limit", "binding", "predicted_binding", "state", state=_binding),
 )
+
+assert tuple(q.key for q in QUANTITIES) == CHANGE_KEYS, "expect_change: names every figure the diff compares"
