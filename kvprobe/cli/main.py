@@ -1,4 +1,4 @@
-"""The console face: `kvprobe ledger | emulate | probe | profiles | shadow | worker`.
+"""The console face: `kvprobe ledger | emulate | probe | diff | profiles | shadow | worker`.
 
 Each subcommand lives in its own module exposing `add_parser(subparsers)`, which registers its
 arguments and sets `func(args) -> int`. Imports are lazy so `kvprobe ledger` never loads aiohttp
@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "ledger": "kvprobe.cli.ledger",
     "emulate": "kvprobe.cli.emulate",
     "probe": "kvprobe.cli.probe",
+    "diff": "kvprobe.cli.diff",
     "profiles": "kvprobe.cli.profiles",
     "shadow": "kvprobe.cli.shadow",
     "worker": "kvprobe.load.worker",

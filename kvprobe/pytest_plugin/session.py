@@ -152,11 +152,16 @@ class ExpectationFile(pytest.File):
         from kvprobe.spec.expectation import load_expectations
 
         for exp in load_expectations(self.path):
-            checks = list(exp.checks)
-            if exp.expect_fail and exp.expect_fail not in checks:
-                checks.append(exp.expect_fail)
-            for check in checks:
-                yield KvprobeItem.from_parent(self, name=f"{exp.name}[{check}]", expectation=exp, check=check)
+            releases = release_expectations(exp)
+            for one in releases:
+                checks = list(one.checks)
+                if one.expect_fail and one.expect_fail not in checks:
+                    checks.append(one.expect_fail)
+                for check in checks:
+                    yield KvprobeItem.from_parent(self, name=f"{one.name}[{check}]", expectation=one, check=check)
+            if exp.expect_change:
+                yield ChangeItem.from_parent(self, name=f"{exp.name}[expect_change]", expectation=exp,
+                                             releases=releases)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, KvprobeError):
@@ -204,6 +209,62 @@ class KvprobeItem(pytest.Item):
             lead = (f"fault expectation: check '{self.check}' should have FAILED but it passed\n"
                     if expected_fail else "")
             raise CheckFailed(f"{lead}{verdict_table(result)}\n{_artifact_lines(result)}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, 0, f"kvprobe {self.name}"
+
+
+def release_expectations(exp) -> list:
+    """`versions: [A, B]`: the expectation once per release, named `NAME@A` (its own probe and
+    artifacts); without it, the expectation itself."""
+    if not exp.versions:
+        return [exp]
+    from kvprobe.probe.diff import labels, with_version
+
+    return [with_version(exp, v, label) for v, label in zip(exp.versions, labels(list(exp.versions)), strict=True)]
+
+
+class ChangeItem(pytest.Item):
+    """`expect_change:` of an expectation with `versions:`: each named figure must change between
+    consecutive releases (kvprobe.probe.diff, as `kvprobe diff` finds it); the releases' probes are
+    the ones their check items share."""
+
+    def __init__(self, *, expectation, releases, **kwargs):
+        super().__init__(**kwargs)
+        self.expectation = expectation
+        self.releases = releases
+        self.add_marker(pytest.mark.kvprobe)
+        if getattr(expectation, "enabled", True) is False:
+            self.add_marker(pytest.mark.skip(reason=f"{expectation.name}: disabled in its file (enabled: false)"))
+
+    def runtest(self):
+        from dataclasses import replace
+
+        from kvprobe.probe.diff import find_changes, release_figures
+        from kvprobe.report.diff import change_line
+
+        session = self.config._kvprobe
+        runs = [one.name.rpartition("@")[2] for one in self.releases]
+        try:
+            results = [session.result_for(one) for one in self.releases]
+        except ConfigError as err:
+            pytest.fail(f"kvprobe: bad input: {err}", pytrace=False)
+        figures = {run: release_figures(r, session.artifacts / one.name)
+                   for run, one, r in zip(runs, self.releases, results, strict=True)}
+        tol = replace(self.expectation.tolerances, **session.options(self.expectation).tolerances)
+        changes = find_changes(runs, figures, tol)
+        missing = [k for k in self.expectation.expect_change if k not in {c["key"] for c in changes}]
+        if missing:
+            seen = "\n".join(f"  {change_line(c)}" for c in changes) or "  none beyond the tolerances"
+            raise CheckFailed(f"expected a change of {', '.join(missing)} between {' -> '.join(runs)}; "
+                              f"what changed:\n{seen}")
+        for c in changes:
+            self.user_properties.append(("kvprobe_change", change_line(c)))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, (CheckFailed, KvprobeError)):

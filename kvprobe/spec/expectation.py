@@ -46,7 +46,7 @@ from kvprobe.theory.model.geometry import PRESETS
 
 EXPECTATION_KEYS = ("name", "description", "enabled", "engine", "version", "policy", "model", "model_config",
                     "served_model_name", "flags", "hardware", "target", "profile", "tolerances", "checks",
-                    "expect_fail", "estimates", "staging")
+                    "expect_fail", "estimates", "staging", "versions", "expect_change")
 REQUIRED_KEYS = ("engine", "version", "model", "target", "profile")
 
 
@@ -269,8 +269,34 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
         policy=policy,
         staging=_parse_staging(keys["staging"]) if "staging" in keys else None,
     )
+    if "versions" in keys or "expect_change" in keys:
+        exp = dataclasses.replace(exp, **_parse_versions(keys, engine, policy))
     check_consistency(exp, node)
     return exp
+
+
+def _parse_versions(keys: dict, engine: str, policy: str | None) -> dict:
+    """`versions: [A, B]` (releases kvprobe has facts for; each release's own rule, so no `policy:`) and
+    `expect_change: [...]` (what must change between consecutive ones: kvprobe diff's figures)."""
+    from kvprobe.spec.schema import CHANGE_KEYS
+
+    if "versions" not in keys:
+        raise keys["expect_change"].error("`versions: [A, B]` beside it (a change is between releases)",
+                                          Shown("no versions"))
+    node = keys["versions"]
+    if policy is not None:
+        raise node.error("no `policy:` beside it (each release's own rule is what is compared)", policy)
+    items = node.seq(nonempty=True, what="a list of two or more versions")
+    versions = tuple(item.string(what='a version string, e.g. "0.33.0"') for item in items)
+    if len(versions) < 2:
+        raise node.error("two or more versions", Shown(f"{len(versions)}"))
+    for item, version in zip(items, versions, strict=True):
+        check_version(item, engine, version, None)
+    changes = ()
+    if "expect_change" in keys:
+        changes = tuple(n.choice(CHANGE_KEYS, what="a figure that changes, one of")
+                        for n in keys["expect_change"].seq(nonempty=True, what="a list of figures"))
+    return {"versions": versions, "expect_change": changes}
 
 
 def load_expectations(path: str | Path, *, profile_dirs=None) -> list[Expectation]:

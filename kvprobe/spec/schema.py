@@ -114,6 +114,10 @@ class StagingRecord:
     result: str | None = None  # the staging run's result.json
 
 
+# What `kvprobe diff` compares between releases (kvprobe.probe.diff.QUANTITIES), as `expect_change:` names it.
+CHANGE_KEYS = ("startup", "pool", "rejection_point", "preemptions", "usage", "binding")
+
+
 @dataclass(frozen=True)
 class Expectation:
     name: str
@@ -136,6 +140,8 @@ class Expectation:
     estimates: dict = field(default_factory=dict)  # ledger overrides of non-KV terms, bytes
     policy: str | None = None  # an admission policy chosen explicitly (required for an unknown version)
     staging: StagingRecord | None = None  # a repro.yaml: what the attached probe it replays measured
+    versions: tuple[str, ...] = ()  # `versions: [A, B]`: probed on each release (pytest: one item per release)
+    expect_change: tuple[str, ...] = ()  # CHANGE_KEYS that must change between consecutive releases
 
     @property
     def served_name(self) -> str:

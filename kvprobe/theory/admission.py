@@ -26,7 +26,7 @@ from kvprobe.theory.sglang.admission import predict_sglang
 from kvprobe.theory.vllm import releases as vllm_releases
 from kvprobe.theory.vllm.admission import predict_vllm
 
-__all__ = ["POLICIES", "NotModelled", "Prediction", "policy_for", "predict"]
+__all__ = ["POLICIES", "NotModelled", "Prediction", "policy_for", "policy_rule", "predict"]
 
 POLICIES = ("vllm-0.33", "vllm-0.11", "sglang-0.5.22", "sglang-0.5.21", "worst-case")
 
@@ -39,6 +39,13 @@ def policy_for(engine: str, version: str, *, reserve_full_isl: bool = True) -> s
     if engine == "sglang":
         return sglang_releases.policy(version)
     raise ConfigError(f"unknown engine {engine!r}; expected vllm or sglang")
+
+
+def policy_rule(policy: str) -> str:
+    """What a policy's rule says, from its engine's release rules (a diff between releases names it)."""
+    rules = {**vllm_releases.RULES, **sglang_releases.RULES,
+             "worst-case": "every request reserved at its peak (a bound, no release's rule)"}
+    return rules.get(policy, f"the rule of policy {policy}")
 
 
 def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens: int,

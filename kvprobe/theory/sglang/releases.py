@@ -17,3 +17,8 @@ def policy(version: str) -> str:
     ignore_eos request's output at ratio 1.0; 0.5.21 and older scale it by new_token_ratio
     (python/sglang/srt/managers/schedule_policy.py `PrefillAdder`)."""
     return "sglang-0.5.21" if version_tuple(version) <= (0, 5, 21) else "sglang-0.5.22"
+
+
+# What each policy's rule says, in the words a diff between two releases names it with (`kvprobe diff`).
+RULES = {"sglang-0.5.21": "an ignore_eos request's output reserved at new_token_ratio, up to 0.5.21",
+         "sglang-0.5.22": "an ignore_eos request's output reserved in full (ratio 1.0) from 0.5.22"}

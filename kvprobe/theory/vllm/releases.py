@@ -21,3 +21,8 @@ def policy(version: str, *, reserve_full_isl: bool = True) -> str:
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
     """`config/cache.py`'s default: 0.9 up to 0.19.0, 0.92 from 0.20.0 (memory_profile.RULES names the lines)."""
     return profile_rules(version or VLLM_DEFAULT_VERSION).gpu_memory_utilization
+
+
+# What each policy's rule says, in the words a diff between two releases names it with (`kvprobe diff`).
+RULES = {"vllm-0.11": "a prompt is admitted when its first chunk fits, before 0.12",
+         "vllm-0.33": "whole prompt must fit from 0.12 (scheduler_reserve_full_isl on by default)"}

@@ -1,0 +1,88 @@
+"""`kvprobe diff EXPECTATION.yaml --versions A,B[,C...] [--json] [--artifacts DIR]` — the same
+expectation probed on several releases of its engine, and what changed between consecutive ones
+(kvprobe.probe.diff).
+
+Exit codes: 0 nothing changed beyond the expectation's tolerances; 1 something did; 2 bad input (an
+unknown version, a file with several expectations and no --name); 3 a release could not be measured
+(engine dead, client saturated, a missing engine environment) and nothing changed among the rest;
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kvprobe.errors import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "diff", help="run an expectation's probe on several releases of its engine and say what changed",
+        epilog="exit codes: 0 nothing changed, 1 something changed, 2 bad input, 3 could not measure, 130 interrupted")
+    p.add_argument("expectation", help="an expectation file (one expectation, or choose one with --name)")
+    p.add_argument("--versions", metavar="A,B[,C...]",
+                   help="the releases to run it on, in order; changes are read between consecutive ones (default: "
+                   "the expectation's `versions:`)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"versions": [...], "results": {VERSION: {...}}, "changes": [...]} (the probes\' '
+                   "progress goes to stderr)")
+    p.add_argument("--artifacts", default="artifacts/diff",
+                   help="directory for each release's probe artifacts (DIR/VERSION/) and diff.json")
+    p.add_argument("--name", help="the expectation of this name, in a file that holds several")
+    p.add_argument("--profile", help="a load profile name or path replacing the expectation's")
+    p.add_argument("--budget", type=float, help="time budget per release's probe in seconds")
+    p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
+                   help="override one tolerance, e.g. rejection_point=2 (repeatable): a move within it is no change")
+    p.add_argument("--install", action="store_true",
+                   help="build a missing shadow engine environment (a target `launch: shadow`) instead of refusing")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from kvprobe.procgroup import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # each probe stops what it started, on SIGTERM too
+        return _run(args)
+
+
+def _run(args) -> int:
+    from kvprobe.probe.diff import DiffOptions, parse_versions, run_diff
+    from kvprobe.report.diff import render_diff
+    from kvprobe.spec.expectation import load_expectations, tolerance_overrides
+
+    if args.budget is not None and not args.budget > 0:
+        raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
+    tolerances = tolerance_overrides(args.tolerance)
+    expectations = load_expectations(args.expectation)
+    if args.name:
+        expectations = [e for e in expectations if e.name == args.name]
+        if not expectations:
+            raise ConfigError(f"no expectation named {args.name!r}", file=args.expectation, key="name")
+    if len(expectations) > 1:
+        names = ", ".join(e.name for e in expectations)
+        raise ConfigError(f"expected one expectation to run on several releases, the file holds {len(expectations)} "
+                          f"({names}): choose one with --name", file=args.expectation)
+    exp = expectations[0]
+    if args.versions is None and not exp.versions:
+        raise ConfigError("expected --versions A,B[,C...], or `versions: [A, B]` in the expectation",
+                          file=args.expectation, key="versions")
+    versions = parse_versions(args.versions) if args.versions is not None else list(exp.versions)
+    out = sys.stderr if args.json else sys.stdout
+    root = Path(args.artifacts)
+    options = DiffOptions(artifacts_dir=root, install=args.install, tolerances=tolerances,
+                          budget_seconds=args.budget, profile=args.profile,
+                          log=lambda line: print(line, file=out, flush=True))
+    diff = run_diff(exp, versions, options)
+    doc = {"expectation": {"name": exp.name, "path": str(exp.path), "engine": exp.engine}, **diff.to_dict()}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "diff.json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = render_diff(diff, exp)
+    (root / "diff.txt").write_text(text + "\n")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(text)
+    sys.stdout.flush()
+    return diff.exit_code

@@ -1,0 +1,336 @@
+"""`kvprobe diff`: one expectation's probe on several releases of its engine, and what changed.
+
+Each release runs the probe `kvprobe probe` runs (`run_probe`), with only `version` replaced: the
+emulator plays that release's admission policy, a shadow target runs that release's engine
+environment. From each result the diff keeps what a release change moves (`release_figures`): the
+start-up or the refusal, the pool, the ledger's prediction and the rule it applied, the rejection
+point with its uncertainty, preemptions per deep level, the usage gauge at saturation and the
+binding limit. Between consecutive releases every figure that moved beyond the expectation's
+tolerance is a change (`find_changes`); it is explained when the ledger's own figure, under each
+release's rules, moved the same way beyond the same tolerance, and named with the rule that changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvprobe.errors import ConfigError, KvprobeError
+from kvprobe.releases import normalize_version
+from kvprobe.spec.schema import CHANGE_KEYS
+
+UNEXPLAINED = "unexplained: the theory has no rule for this change"
+# Exit codes: 0 nothing changed beyond tolerance, 1 something did, 2 bad input, 3 a release's probe
+# could not measure (and nothing changed among the rest), as `kvprobe probe` uses them.
+CHANGED, UNCHANGED, NOT_MEASURED = 1, 0, 3
+
+
+@dataclass
+class DiffOptions:
+    artifacts_dir: Path
+    install: bool = False  # build a missing shadow engine environment instead of refusing
+    tolerances: dict[str, float] = field(default_factory=dict)
+    budget_seconds: float | None = None
+    profile: str | None = None
+    log: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class DiffResult:
+    versions: list[str]  # one label per release run, in order (a version given twice: `0.33.0#2`)
+    results: dict[str, dict]
+    changes: list[dict]
+
+    @property
+    def exit_code(self) -> int:
+        if self.changes:
+            return CHANGED
+        if any(r["status"] == "error" for r in self.results.values()):
+            return NOT_MEASURED
+        return UNCHANGED
+
+    def to_dict(self) -> dict:
+        return {"versions": self.versions, "results": self.results, "changes": self.changes}
+
+
+def parse_versions(text: str) -> list[str]:
+    """`0.11.0,0.33.0` -> the versions, in order; at least two."""
+    versions = [v.strip() for v in str(text).split(",")]
+    if len(versions) < 2 or not all(versions):
+        raise ConfigError(f"expected two or more comma-separated versions (A,B[,C...]), got {text!r}",
+                          key="--versions")
+    return versions
+
+
+def labels(versions: list[str]) -> list[str]:
+    """One label per run: the version, and `#2`, `#3` for a version given again (its own artifacts)."""
+    out, seen = [], {}
+    for v in versions:
+        seen[v] = seen.get(v, 0) + 1
+        out.append(v if seen[v] == 1 else f"{v}#{seen[v]}")
+    return out
+
+
+def check_release(exp, version: str, *, install: bool = False, log=print) -> str:
+    """The version normalized, once kvprobe can run this expectation on it: a release kvprobe has
+    facts for, and for a shadow target its engine environment (built first with `install`)."""
+    from kvprobe.engines import get_dialect
+
+    if exp.policy is not None:
+        raise ConfigError(f"expected no `policy:` in an expectation run on several releases (each release's own "
+                          f"rule is what the diff compares), got {exp.policy!r}", file=exp.path, key="policy")
+    v = normalize_version(version)
+    known = get_dialect(exp.engine).KNOWN_VERSIONS
+    if v not in known:
+        raise ConfigError(f"expected {exp.engine} versions kvprobe has facts for ({', '.join(known)}), got "
+                          f"{version!r}", key="--versions")
+    if exp.target.mode == "shadow":
+        _check_environment(exp.engine, v, install=install, log=log)
+    return v
+
+
+def _check_environment(engine: str, version: str, *, install: bool, log) -> None:
+    from kvprobe.targets.shadow import envs, recipes
+
+    try:
+        recipes.recipe(engine, version)
+    except ConfigError as err:
+        raise ConfigError(f"expected a release with a shadow engine environment for the expectation's "
+                          f"`target: {{launch: shadow}}`: {err}", key="--versions") from None
+    if envs.find(engine, version) is not None:
+        return
+    if install:
+        envs.install(engine, version, log=log)
+        return
+    try:
+        envs.require(engine, version)
+    except envs.EnvError as err:
+        raise envs.EnvError(f"{err}, or give --install") from None
+
+
+def with_version(exp, version: str, label: str | None = None):
+    """The same expectation on another release (its ledger and its target follow the version);
+    with a label, named after it (`NAME@0.11.0`: its own probe and artifacts in pytest)."""
+    name = exp.name if label is None else f"{exp.name}@{label}"
+    return dataclasses.replace(exp, version=normalize_version(version), name=name, versions=(), expect_change=())
+
+
+def run_diff(exp, versions: list[str], options: DiffOptions) -> DiffResult:
+    """Every release checked first (nothing is launched for a bad one), then probed in order."""
+    from kvprobe.probe.run import apply_overrides
+
+    checked = [check_release(exp, v, install=options.install, log=options.log) for v in versions]
+    runs = labels(checked)
+    results = {}
+    for label, version in zip(runs, checked, strict=True):
+        options.log(f"kvprobe diff: {exp.name} on {exp.engine} {version}")
+        results[label] = run_release(with_version(exp, version), options, Path(options.artifacts_dir) / label)
+    tol = apply_overrides(exp, _probe_options(options, Path(options.artifacts_dir))).tolerances
+    return DiffResult(runs, results, find_changes(runs, results, tol))
+
+
+def _probe_options(options: DiffOptions, artifacts: Path):
+    from kvprobe.probe.run import ProbeOptions
+
+    return ProbeOptions(artifacts_dir=artifacts, tolerances=options.tolerances, budget_seconds=options.budget_seconds,
+                        profile=options.profile, log=options.log)
+
+
+def run_release(exp, options: DiffOptions, artifacts: Path) -> dict:
+    """One release: the ledger's start-up first (a release that refuses this configuration is a
+    finding, not an error), then the probe, then its figures."""
+    from kvprobe.probe.run import apply_overrides, run_probe
+    from kvprobe.spec.expectation import ledger_inputs
+    from kvprobe.theory.ledger.build import build_ledger
+
+    probe_options = _probe_options(options, artifacts)
+    ledger = build_ledger(ledger_inputs(apply_overrides(exp, probe_options)), explain_refusal=True)
+    if ledger.refusal is not None:
+        options.log(f"kvprobe diff: {exp.engine} {exp.version} would refuse to start: {ledger.refusal}")
+        figures = empty_figures(exp, artifacts)
+        figures.update(startup="refused", refusal=ledger.refusal, ledger_startup="refused", status="refused",
+                       reason="the ledger says this release refuses the configuration; not launched")
+        return figures
+    result = run_probe(exp, probe_options)
+    return release_figures(result, artifacts)
+
+
+def empty_figures(exp, artifacts: Path) -> dict:
+    from kvprobe.theory.admission import policy_for, policy_rule
+
+    policy = policy_for(exp.engine, exp.version, reserve_full_isl=exp.flags.get("scheduler-reserve-full-isl", True)
+                        is not False)
+    return {"version": exp.version, "startup": None, "refusal": None, "ledger_startup": "starts",
+            "policy": policy, "rule": policy_rule(policy), "async_scheduling": None,
+            "pool_unit": "blocks" if exp.engine == "vllm" else "tokens", "pool": None, "ledger_pool": None,
+            "predicted": None, "predicted_binding": None, "predicted_usage": None,
+            "rejection_point": None, "uncertainty": None, "deep_levels": [],
+            "preemptions_per_deep_level": None, "ledger_preemption_rate": None, "ledger_preemption_users": None,
+            "usage_at_saturation": None, "binding": None, "status": None, "reason": None,
+            "artifacts": str(artifacts)}
+
+
+def release_figures(result, artifacts: Path) -> dict:
+    """What the diff compares, from one release's probe result (None where it was not measured)."""
+    from kvprobe.theory.admission import policy_rule
+
+    exp = result.expectation
+    out = empty_figures(exp, artifacts)
+    adm = (result.ledger or {}).get("admission") or {}
+    cap = (result.ledger or {}).get("capacity") or {}
+    unit = "num_blocks" if exp.engine == "vllm" else "kv_tokens"
+    if adm.get("policy"):
+        out.update(policy=adm["policy"], rule=policy_rule(adm["policy"]))
+    out.update(async_scheduling=adm.get("async_scheduling"), ledger_pool=cap.get(unit),
+               predicted=adm.get("limit"), predicted_binding=adm.get("binding"),
+               predicted_usage=adm.get("usage_at_limit"), status=result.status, reason=result.status_reason)
+    if result.facts is None:
+        out["startup"] = "did not start" if result.error else None
+        out["refusal"] = result.error
+        return out
+    out["startup"] = "started"
+    out["pool"] = getattr(result.facts.reported, unit, None)
+    rej = result.rejection
+    if rej is not None and rej.rejection_point is not None:
+        out.update(rejection_point=_round(rej.rejection_point), uncertainty=_round(rej.uncertainty),
+                   usage_at_saturation=_round(rej.usage_at_rejection))
+        out["deep_levels"] = list(rej.deep_levels or rej.saturated_levels)
+    if result.diagnosis is not None:
+        out["binding"] = result.diagnosis.limit
+    deep = [lv for lv in result.levels if lv.users in set(out["deep_levels"])]
+    out["preemptions_per_deep_level"] = _per_level_preemptions(exp.engine, deep)
+    if deep:
+        out["ledger_preemption_users"] = users = max(lv.users for lv in deep)
+        out["ledger_preemption_rate"] = _ledger_preemption_rate(exp, users)
+    return out
+
+
+def _per_level_preemptions(engine: str, levels: list) -> float | None:
+    """Preemptions (SGLang: retractions) counted per deep level; None when the engine exports no
+    counter. SGLang creates its counter at the first retraction: absent there means none yet."""
+    from kvprobe.engines import get_dialect
+
+    if not levels:
+        return None
+    lazy = get_dialect(engine).PREEMPTION_COUNTER_LAZY
+    counts = [lv.preemptions if lv.preemptions is not None else (0.0 if lazy else None) for lv in levels]
+    if any(c is None for c in counts):
+        return None
+    return _round(sum(counts) / len(counts))
+
+
+def _ledger_preemption_rate(exp, users: int) -> float | None:
+    """The ledger's preemptions per 1k steps at the deepest level measured (its simulated steady state)."""
+    from kvprobe.probe.run import predict
+
+    try:
+        return predict(exp, users=users).admission.preemption_rate
+    except KvprobeError:
+        return None
+
+
+def _round(x, digits: int = 3):
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), digits)
+
+
+# -- what changed -------------------------------------------------------------------------------
+
+
+def find_changes(runs: list[str], results: dict[str, dict], tol) -> list[dict]:
+    """Between consecutive releases: each figure that moved beyond tolerance, explained or not."""
+    changes = []
+    for a, b in zip(runs, runs[1:], strict=False):
+        ra, rb = results[a], results[b]
+        for quantity in QUANTITIES:
+            moved = quantity.moved(ra, rb, tol)
+            if moved is None or not moved:
+                continue
+            explained = quantity.ledger_moved(ra, rb, tol)
+            changes.append({"from": a, "to": b, "quantity": quantity.name, "key": quantity.key,
+                            "measured": [quantity.measured(ra), quantity.measured(rb)],
+                            "ledger": [quantity.ledger(ra), quantity.ledger(rb)],
+                            "policies": [ra["policy"], rb["policy"]], "explained": bool(explained),
+                            "explanation": explanation(ra, rb) if explained else UNEXPLAINED})
+    return changes
+
+
+def explanation(ra: dict, rb: dict) -> str:
+    if ra["policy"] != rb["policy"]:
+        return f"explained: {ra['policy']} -> {rb['policy']}, {rb['rule']}"
+    return (f"explained: the ledger predicts it from each release's own figures (admission rule {ra['policy']} on "
+            "both)")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One figure the diff compares: the measured one and the ledger's (fields of a release's
+    figures), and when a move counts: a "state" on any difference (after `state`), a "number"
+    beyond an allowance (and beyond both measurements' uncertainties, `spread`)."""
+
+    key: str  # as `expect_change:` names it (kvprobe.spec.schema.CHANGE_KEYS)
+    name: str
+    field: str
+    ledger_field: str
+    kind: str = "number"
+    state: Callable[[object], object] = lambda x: x
+    allowance: Callable[[object, float, float], float] = lambda tol, a, b: 0.0
+    spread: Callable[[dict, dict], float] = lambda ra, rb: 0.0
+
+    def measured(self, r: dict):
+        return r[self.field]
+
+    def ledger(self, r: dict):
+        return r[self.ledger_field]
+
+    def moved(self, ra: dict, rb: dict, tol) -> bool | None:
+        a, b = self.measured(ra), self.measured(rb)
+        if a is None or b is None:
+            return None
+        if self.kind == "state":
+            sa, sb = self.state(a), self.state(b)
+            return None if sa is None or sb is None else sa != sb
+        return abs(b - a) - self.spread(ra, rb) > self.allowance(tol, a, b) + 1e-9
+
+    def ledger_moved(self, ra: dict, rb: dict, tol) -> bool:
+        """The ledger's figure moved as the measurement did: to the same new state, or the same
+        direction beyond the same allowance."""
+        la, lb = self.ledger(ra), self.ledger(rb)
+        if la is None or lb is None:
+            return False
+        if self.kind == "state":
+            return self.state(la) != self.state(lb) and self.state(lb) == self.state(self.measured(rb))
+        a, b = self.measured(ra), self.measured(rb)
+        return (lb - la) * (b - a) > 0 and abs(lb - la) > self.allowance(tol, la, lb) + 1e-9
+
+
+def _preempts(count) -> str | None:
+    return None if count is None else ("preempts" if count > 0 else "none")
+
+
+def _binding(limit: str | None) -> str | None:
+    """The limit that stops admission, as the ledger names it: the diagnosis's `pool` (KV fills below
+    what the reported pool allows) is still the KV pool binding; `unknown` says nothing."""
+    return {"pool": "kv", "unknown": None}.get(limit, limit) if limit is not None else None
+
+
+QUANTITIES = (
+    Quantity("startup", "startup", "startup", "ledger_startup", "state",
+             state=lambda x: "started" if x in ("started", "starts") else x),
+    Quantity("pool", "pool", "pool", "ledger_pool",
+             allowance=lambda tol, a, b: tol.reported_capacity * max(abs(a), abs(b))),
+    Quantity("rejection_point", "rejection point", "rejection_point", "predicted",
+             allowance=lambda tol, a, b: max(tol.rejection_point, tol.rejection_point_relative * max(abs(a), abs(b))),
+             # beyond the tolerance even allowing for both uncertainties: a move the noise cannot make
+             spread=lambda ra, rb: math.hypot(ra["uncertainty"] or 0.0, rb["uncertainty"] or 0.0)),
+    # whether deep levels preempt at all: the count per level follows the hold, the rate the step time
+    Quantity("preemptions", "preemptions per deep level", "preemptions_per_deep_level", "ledger_preemption_rate",
+             "state", state=_preempts),
+    Quantity("usage", "usage at saturation", "usage_at_saturation", "predicted_usage",
+             allowance=lambda tol, a, b: tol.usage_gap),
+    Quantity("binding", "binding limit", "binding", "predicted_binding", "state", state=_binding),
+)
+
+assert tuple(q.key for q in QUANTITIES) == CHANGE_KEYS, "expect_change: names every figure the diff compares"

@@ -1,0 +1,102 @@
+"""What `kvprobe diff` prints: one table, a column per release, and the changes between consecutive
+releases with the rule that explains each (kvprobe.probe.diff holds the figures and the changes)."""
+
+from __future__ import annotations
+
+from kvprobe.report.console import wrap_line
+
+STATUS = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "refused": "not run (refused)", None: "—"}
+
+
+def _num(x, pattern: str = "{:g}") -> str:
+    return "—" if x is None else pattern.format(x)
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def _rule(r: dict) -> str:
+    sched = "" if r["async_scheduling"] is None else (", async" if r["async_scheduling"] else ", sync")
+    return f"{r['policy']}{sched}"
+
+
+def _startup(r: dict) -> str:
+    if r["startup"] in ("refused", "did not start"):
+        return f"{r['startup']} (below)"
+    return r["startup"] or "—"
+
+
+def _measured(r: dict) -> str:
+    if r["rejection_point"] is None:
+        return "—"
+    return f"{r['rejection_point']:.2f}" + ("" if r["uncertainty"] is None else f" ± {r['uncertainty']:.2f}")
+
+
+def _preemptions(r: dict) -> str:
+    return _num(r["preemptions_per_deep_level"], "{:.1f}")
+
+
+def _ledger_preemptions(r: dict) -> str:
+    if r["ledger_preemption_rate"] is None:
+        return "—"
+    return f"{r['ledger_preemption_rate']:g}/1k steps at N={r['ledger_preemption_users']}"
+
+
+def _pool(r: dict) -> str:
+    unit = r["pool_unit"]
+    return f"{_num(r['pool'], '{:,}')} {unit} (ledger {_num(r['ledger_pool'], '{:,}')})"
+
+
+ROWS = (
+    ("startup", _startup),
+    ("admission rule (ledger)", _rule),
+    ("pool (engine's report)", _pool),
+    ("ledger: admission limit", lambda r: f"{_num(r['predicted'], '{:.2f}')} ({r['predicted_binding'] or '—'} binds)"),
+    ("measured rejection point", _measured),
+    ("deep levels", lambda r: ", ".join(map(str, r["deep_levels"])) or "—"),
+    ("preemptions per deep level", _preemptions),
+    ("ledger: preemptions", _ledger_preemptions),
+    ("usage at saturation", lambda r: f"{_pct(r['usage_at_saturation'])} (ledger {_pct(r['predicted_usage'])})"),
+    ("binding limit (measured)", lambda r: r["binding"] or "—"),
+    ("probe verdict", lambda r: STATUS.get(r["status"], str(r["status"]))),
+)
+
+
+def diff_table(diff, *, title: str) -> str:
+    from kvprobe.tables import render_table
+
+    headers = [""] + list(diff.versions)
+    rows = [[name] + [cell(diff.results[v]) for v in diff.versions] for name, cell in ROWS]
+    return render_table(headers, rows, title=title, align="l" * len(headers))
+
+
+def change_line(change: dict) -> str:
+    a, b = change["measured"]
+    la, lb = change["ledger"]
+    return (f"{change['from']} -> {change['to']}: {change['quantity']} {_show(a)} -> {_show(b)} "
+            f"(ledger {_show(la)} -> {_show(lb)}); {change['explanation']}")
+
+
+def _show(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return "—" if x is None else str(x)
+
+
+def render_diff(diff, exp) -> str:
+    """The table, the refusals and failed starts below it, the changes, and the verdict."""
+    out = [diff_table(diff, title=f"kvprobe diff: {exp.name} ({exp.engine}, {exp.model}) on {len(diff.versions)} runs")]
+    for label in diff.versions:
+        r = diff.results[label]
+        if r["refusal"]:
+            out.append(wrap_line(f"{label} {r['startup']}: {r['refusal']}"))
+        elif r["status"] == "error":
+            out.append(wrap_line(f"{label} could not be measured: {r['reason']}"))
+    if diff.changes:
+        out.append("changes:")
+        out += [wrap_line(f"  {change_line(c)}") for c in diff.changes]
+    else:
+        out.append("changes: none beyond the expectation's tolerances")
+    out.append(f"artifacts: {', '.join(diff.results[v]['artifacts'] for v in diff.versions)}")
+    return "\n".join(out)

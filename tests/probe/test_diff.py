@@ -1,0 +1,164 @@
+"""`kvprobe diff`: the same expectation on several engine releases. The changes between two releases'
+figures (beyond tolerance, explained by the ledger's rule or not) without an engine; end to end on the
+emulator, the two shipped pairs where the releases admit differently (vLLM 0.11 first-chunk against
+0.33 whole-prompt admission, SGLang 0.5.21 against 0.5.23's ignore_eos reservation), the same release
+twice, and the bad inputs refused before anything is launched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvprobe.probe.diff import UNEXPLAINED, find_changes, labels
+from kvprobe.spec.schema import Tolerances
+from tests.cli.console import run
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PAIR = str(REPO / "expectations" / "diff" / "vllm-first-chunk.yaml")
+SGLANG_PAIR = str(REPO / "expectations" / "diff" / "sglang-ignore-eos.yaml")
+TOL = Tolerances(reported_capacity=0.01, rejection_point=1.0, rejection_point_relative=0.05, usage_gap=0.05)
+
+
+def figures(**changes) -> dict:
+    """One release's figures as kvprobe.probe.diff.release_figures writes them: vLLM 0.33 on a pool of 201."""
+    base = {"version": "0.33.0", "startup": "started", "refusal": None, "ledger_startup": "starts",
+            "policy": "vllm-0.33", "rule": "whole prompt must fit from 0.12", "async_scheduling": True,
+            "pool_unit": "blocks", "pool": 201, "ledger_pool": 201, "predicted": 3.9, "predicted_binding": "kv",
+            "predicted_usage": 0.759, "rejection_point": 4.0, "uncertainty": 0.05, "deep_levels": [7, 9],
+            "preemptions_per_deep_level": 0.0, "ledger_preemption_rate": 0.0, "ledger_preemption_users": 9,
+            "usage_at_saturation": 0.76, "binding": "kv", "status": "passed", "reason": "", "artifacts": "x"}
+    return base | changes
+
+
+def changes_between(a: dict, b: dict) -> dict[str, dict]:
+    return {c["quantity"]: c for c in find_changes(["A", "B"], {"A": a, "B": b}, TOL)}
+
+
+def test_a_move_the_ledgers_rule_makes_too_is_explained_by_that_rule():
+    old = figures(version="0.11.0", policy="vllm-0.11", rule="first chunk", preemptions_per_deep_level=28.5,
+                  ledger_preemption_rate=77.5, usage_at_saturation=0.86, predicted_usage=0.849)
+    found = changes_between(old, figures())
+    assert set(found) == {"preemptions per deep level", "usage at saturation"}
+    for change in found.values():
+        assert change["explained"] and change["explanation"] == (
+            "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.12")
+    assert found["preemptions per deep level"]["measured"] == [28.5, 0.0]
+
+
+def test_a_move_the_ledger_does_not_make_is_unexplained():
+    # the engine preempts on the newer release, the ledger predicts no preemption on either
+    found = changes_between(figures(), figures(preemptions_per_deep_level=3.0, rejection_point=6.5))
+    assert set(found) == {"preemptions per deep level", "rejection point"}
+    assert all(not c["explained"] and c["explanation"] == UNEXPLAINED for c in found.values())
+
+
+def test_a_move_within_tolerance_or_within_the_uncertainties_is_no_change():
+    assert changes_between(figures(), figures(rejection_point=4.9, usage_at_saturation=0.8, pool=202)) == {}
+    # 1.5 apart, but the two plateaus' uncertainties (hypot 0.6) leave less than the ±1 tolerance
+    assert changes_between(figures(uncertainty=0.5), figures(rejection_point=5.5, uncertainty=0.35)) == {}
+    # what a release did not measure is not compared (a SGLang counter absent is counted as 0 before this)
+    assert changes_between(figures(), figures(preemptions_per_deep_level=None, binding="unknown")) == {}
+
+
+def test_a_pool_moved_by_the_release_budget_is_explained_without_a_policy_change():
+    found = changes_between(figures(pool=201, ledger_pool=201), figures(pool=240, ledger_pool=240))
+    assert found["pool"]["explained"] and "admission rule vllm-0.33 on both" in found["pool"]["explanation"]
+
+
+def test_a_release_that_refuses_is_a_change_of_startup():
+    refused = figures(startup="refused", ledger_startup="refused", refusal="To serve at least one request ...",
+                      pool=None, rejection_point=None, usage_at_saturation=None, binding=None,
+                      preemptions_per_deep_level=None)
+    found = changes_between(figures(), refused)
+    assert list(found) == ["startup"] and found["startup"]["explained"]
+
+
+def test_a_version_given_twice_gets_its_own_label():
+    assert labels(["0.33.0", "0.11.0", "0.33.0"]) == ["0.33.0", "0.11.0", "0.33.0#2"]
+
+
+# -- bad input: refused with one line before anything starts ----------------------------------------
+
+
+def test_an_unknown_version_is_bad_input_naming_the_known_ones(capsys, tmp_path):
+    rc, out, err = run(capsys, "diff", VLLM_PAIR, "--versions", "0.11.0,0.99.0", "--artifacts", str(tmp_path))
+    assert rc == 2 and out == ""
+    assert "--versions: expected vllm versions kvprobe has facts for (" in err and "0.33.0" in err
+    assert "got '0.99.0'" in err
+    assert not any(tmp_path.iterdir())  # nothing launched, nothing written
+
+
+@pytest.mark.parametrize("versions", ["0.33.0", "0.33.0,", ""])
+def test_fewer_than_two_versions_is_bad_input(capsys, versions):
+    rc, _, err = run(capsys, "diff", VLLM_PAIR, "--versions", versions)
+    assert rc == 2 and "expected two or more comma-separated versions" in err
+
+
+def test_an_expectation_with_its_own_policy_is_bad_input(capsys, tmp_path):
+    doc = yaml.safe_load(Path(VLLM_PAIR).read_text()) | {"policy": "vllm-0.33"}
+    path = tmp_path / "pinned.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc, _, err = run(capsys, "diff", str(path), "--versions", "0.11.0,0.33.0", "--artifacts", str(tmp_path / "a"))
+    assert rc == 2 and f"{path}: policy: expected no `policy:`" in err
+
+
+def test_a_shadow_release_without_its_environment_names_the_install_command(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVPROBE_CACHE", str(tmp_path / "empty-cache"))
+    shadow = str(REPO / "expectations" / "shadow-vllm.yaml")
+    rc, _, err = run(capsys, "diff", shadow, "--versions", "0.33.0,0.33.0", "--artifacts", str(tmp_path / "a"))
+    assert rc == 3 and "run `kvprobe shadow install vllm==0.33.0`, or give --install" in err
+    rc, _, err = run(capsys, "diff", shadow, "--versions", "0.11.0,0.33.0", "--artifacts", str(tmp_path / "a"))
+    assert rc == 2 and "a release with a shadow engine environment" in err and "vllm==0.33.0" in err
+
+
+# -- end to end on the emulator -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(capsys, tmp_path):
+    rc, out, err = run(capsys, "diff", VLLM_PAIR, "--versions", "0.11.0,0.33.0", "--artifacts", str(tmp_path))
+    assert rc == 1, out + err
+    doc = json.loads((tmp_path / "diff.json").read_text())
+    assert doc["versions"] == ["0.11.0", "0.33.0"]
+    old, new = doc["results"]["0.11.0"], doc["results"]["0.33.0"]
+    assert (old["policy"], new["policy"]) == ("vllm-0.11", "vllm-0.33")
+    assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
+    assert old["pool"] == new["pool"] == 201
+    found = {c["quantity"]: c for c in doc["changes"]}
+    assert found["preemptions per deep level"]["explained"]
+    rule = "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.12"
+    assert found["preemptions per deep level"]["explanation"].startswith(rule)
+    assert "pool" not in found and "startup" not in found
+    assert "changes:" in out and "0.11.0 -> 0.33.0: preemptions per deep level" in out
+    assert (tmp_path / "0.11.0" / "result.json").is_file() and (tmp_path / "0.33.0" / "result.json").is_file()
+
+
+@pytest.mark.slow
+def test_sglang_ignore_eos_reservation_is_found_and_named(capsys, tmp_path):
+    rc, out, err = run(capsys, "diff", SGLANG_PAIR, "--versions", "0.5.21,0.5.23", "--json",
+                       "--artifacts", str(tmp_path))
+    assert rc == 1, out + err
+    doc = json.loads(out)  # --json: the document alone on stdout, the probes' progress on stderr
+    assert doc == json.loads((tmp_path / "diff.json").read_text())
+    old, new = doc["results"]["0.5.21"], doc["results"]["0.5.23"]
+    assert (old["policy"], new["policy"]) == ("sglang-0.5.21", "sglang-0.5.22")
+    assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
+    found = {c["quantity"]: c for c in doc["changes"]}
+    change = found["preemptions per deep level"]
+    assert change["explained"] and change["explanation"] == (
+        "explained: sglang-0.5.21 -> sglang-0.5.22, an ignore_eos request's output reserved in full (ratio 1.0) "
+        "from 0.5.22")
+    assert new["rejection_point"] == pytest.approx(11, abs=1) and old["rejection_point"] > new["rejection_point"]
+
+
+@pytest.mark.slow
+def test_the_same_release_twice_changes_nothing(capsys, tmp_path):
+    rc, out, err = run(capsys, "diff", SGLANG_PAIR, "--versions", "0.5.23,0.5.23", "--artifacts", str(tmp_path))
+    assert rc == 0, out + err
+    doc = json.loads((tmp_path / "diff.json").read_text())
+    assert doc["versions"] == ["0.5.23", "0.5.23#2"] and doc["changes"] == []
+    assert "changes: none beyond the expectation's tolerances" in out
+    assert (tmp_path / "0.5.23#2" / "result.json").is_file()
