@@ -166,6 +166,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
     return {"version": exp.version, "startup": None, "refusal": None, "ledger_startup": "starts",
             "policy": policy, "rule": policy_rule(policy), "async_scheduling": None,
             "pool_unit": "blocks" if exp.engine == "vllm" else "tokens", "pool": None, "ledger_pool": None,
+            "engine_claim": None,
             "predicted": None, "predicted_binding": None, "predicted_usage": None,
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
             "preemptions_per_deep_level": None, "ledger_preemption_rate": None, "ledger_preemption_users": None,
@@ -175,6 +176,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
 
 def release_figures(result, artifacts: Path) -> dict:
     """What the diff compares, from one release's probe result (None where it was not measured)."""
+    from kvprobe.report.claim import probe_figures
     from kvprobe.theory.admission import policy_rule
 
     exp = result.expectation
@@ -193,6 +195,10 @@ def release_figures(result, artifacts: Path) -> dict:
         return out
     out["startup"] = "started"
     out["pool"] = getattr(result.facts.reported, unit, None)
+    fig = probe_figures(result)
+    if fig is not None and fig.claim is not None:  # the engine's own capacity line, read for this shape
+        out["engine_claim"] = {"tokens": fig.claim.tokens, "requests": _round(fig.claim.requests, 2),
+                               "source": fig.claim.source}
     rej = result.rejection
     if rej is not None and rej.rejection_point is not None:
         out.update(rejection_point=_round(rej.rejection_point), uncertainty=_round(rej.uncertainty),

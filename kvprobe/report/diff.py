@@ -48,10 +48,17 @@ def _pool(r: dict) -> str:
     return f"{_num(r['pool'], '{:,}')} {unit} (ledger {_num(r['ledger_pool'], '{:,}')})"
 
 
+def _claim(r: dict) -> str:
+    """The pool the engine logged, and the requests of this shape it suggests (kvprobe.verdict.claim)."""
+    c = r.get("engine_claim")
+    return "—" if not c else f"{c['tokens']:,} tokens = {c['requests']:g} requests of P+O"
+
+
 ROWS = (
     ("startup", _startup),
     ("admission rule (ledger)", _rule),
     ("pool (engine's report)", _pool),
+    ("engine's capacity line", _claim),
     ("ledger: admission limit", lambda r: f"{_num(r['predicted'], '{:.2f}')} ({r['predicted_binding'] or '—'} binds)"),
     ("measured rejection point", _measured),
     ("deep levels", lambda r: ", ".join(map(str, r["deep_levels"])) or "—"),

@@ -127,6 +127,8 @@ def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(caps
     assert (old["policy"], new["policy"]) == ("vllm-0.11", "vllm-0.33")
     assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
     assert old["pool"] == new["pool"] == 201
+    assert old["engine_claim"]["tokens"] == 201 * 16  # 0.11's capacity line: num_gpu_blocks x block_size
+    assert "engine's capacity line" in out and new["engine_claim"]["requests"] > 0
     found = {c["quantity"]: c for c in doc["changes"]}
     assert found["preemptions per deep level"]["explained"]
     rule = "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.12"
