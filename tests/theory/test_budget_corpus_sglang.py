@@ -175,7 +175,7 @@ def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, 
     assert round(rules.default_fraction(gpu_mib, tp=tp), 6) == fraction
 
 
-@pytest.mark.parametrize(("version", "nearest"), [("0.5.10", "0.5.21"), ("0.4.11", "0.4.10"), ("0.3.6", "0.4.1.post7"),
+@pytest.mark.parametrize(("version", "nearest"), [("0.5.24", "0.5.23"), ("0.6.0", "0.5.23"), ("0.3.6", "0.4.1.post7"),
                                                     ("0.4.6.post5", "0.4.6"), ("0.4.5.post1", "0.4.5")])
 def test_a_release_not_read_is_refused_naming_the_nearest(version, nearest):
     from kvprobe.theory.sglang.memory_profile import memory_rules
