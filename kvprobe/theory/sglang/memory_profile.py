@@ -39,7 +39,8 @@ class SglangMemoryRules:
 
     release: str  # the release these rules were read in
     until: str  # the newest release checked to carry the same rules
-    # the default-fraction formula: "tp-table" | "tp-table-13g" | "parallel-table" | "reserved-tiers" | "reserved-formula"
+    # the default-fraction formula: "tp-table" | "tp-table-13g" | "parallel-table" | "reserved-tiers" |
+    # "reserved-formula"
     fraction: str
     small_gpu_mib: int  # below this total memory: chunked_prefill_size 2048 and the small cuda-graph batch
     large_gpu_mib: int | None  # from this total memory up: chunked_prefill_size 16384 (None: no such tier)
@@ -139,7 +140,8 @@ RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.4.8", "0.5.2", "reserved-tiers", small_gpu_mib=35 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096,
-        sources=("server_args.py __post_init__ (0.4.8; the same lines in 0.4.9, 0.4.10, 0.5.0rc2, 0.5.1(.post1-3), 0.5.2): "
+        sources=("server_args.py __post_init__ (0.4.8; the same lines in 0.4.9, 0.4.10, 0.5.0rc2, 0.5.1(.post1-3), "
+                 "0.5.2): "
                  "reserved = (2.8 + tp x pp / 10) GiB below 35 GiB, (9.5 + tp x pp / 2) GiB below 90 GiB, "
                  "(12 + tp x pp / 2) GiB below 160 GiB, else 32 GiB (+2 GiB speculative, +4 GiB DP attention); "
                  "round((gpu_mem - reserved) / gpu_mem, 3); a multimodal model scales it from 0.4.9 (not modelled)",
@@ -148,8 +150,8 @@ RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.5.3", "0.5.4", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(2048, 16, 80),
-        sources=(_FORMULA.format(rel="0.5.3; the same in 0.5.3.post1-3 and 0.5.4, whose piecewise cuda graphs are opt-in and not "
-                                 "reserved"),
+        sources=(_FORMULA.format(rel="0.5.3; the same in 0.5.3.post1-3 and 0.5.4, whose piecewise cuda graphs "
+                                 "are opt-in and not reserved"),
                  _TIERS.format(mid="2048 and cuda_graph_max_bs 16 (tp < 4) or 80"), _PROFILE)),
     SglangMemoryRules(
         "0.5.4.post1", "0.5.9", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
