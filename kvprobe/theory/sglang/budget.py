@@ -170,8 +170,9 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
     pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
     pools come from the same byte budget (sglang/pools.sglang_pools). `version` selects that
-    release's defaults (sglang/memory_profile.memory_rules); None, 0.5.21-0.5.23, or a release
-    kvprobe has not read (run under an admission policy the caller named): the formula above."""
+    release's defaults (sglang/memory_profile.memory_rules): from 0.5.3 the formula above with that
+    release's GPU tiers and graph terms; None, 0.5.23, or a release kvprobe has not read (run under an
+    admission policy the caller named): the formula above as 0.5.23 writes it."""
     known = version is not None and normalize_version(version) in KNOWN_VERSIONS[SGLANG]
     rules = memory_rules(version) if known else None
     if rules is not None and rules.legacy:
