@@ -24,12 +24,18 @@ SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
 # (two-line capacity log, first-chunk admission, error bodies, gauge names); the memory profile of
 # 0.10.1.1, 0.11.0, 0.19.0, 0.20.0/0.20.1 and 0.24.0 (kvprobe/theory/vllm/memory_profile.py; their
 # other facts are those of the nearest release above); SGLang 0.5.23, and 0.5.21/0.5.22 where the
-# ignore_eos reservation differs; the memory budget of SGLang 0.4.1.post7 to 0.4.10
+# ignore_eos reservation differs; the memory budget of SGLang 0.4.1.post7 to 0.4.10 and 0.5.0rc2 to 0.5.22
 # (kvprobe/theory/sglang/memory_profile.py; their other facts are those of 0.5.21).
 KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.1.1", "0.11.0", "0.19.0", "0.20.0", "0.20.1", "0.24.0", "0.33.0"),
                   SGLANG: ("0.4.1.post7", "0.4.2", "0.4.2.post1", "0.4.2.post2", "0.4.2.post3", "0.4.2.post4",
                            "0.4.3", "0.4.3.post2", "0.4.3.post4", "0.4.4", "0.4.5", "0.4.6", "0.4.7",
-                           "0.4.8", "0.4.9", "0.4.10", "0.5.21", "0.5.22", "0.5.23")}
+                           "0.4.8", "0.4.9", "0.4.10", "0.5.0rc2", "0.5.1", "0.5.1.post1", "0.5.1.post2",
+                           "0.5.1.post3", "0.5.2", "0.5.3", "0.5.3.post1", "0.5.3.post2", "0.5.3.post3", "0.5.4",
+                           "0.5.4.post1", "0.5.4.post2", "0.5.4.post3", "0.5.5", "0.5.5.post1", "0.5.5.post2",
+                           "0.5.5.post3", "0.5.6", "0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1",
+                           "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13",
+                           "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18",
+                           "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")}
 
 
 def normalize_version(version: str) -> str:

@@ -30,10 +30,11 @@ CONFIGS = ROOT / "kvprobe" / "theory" / "model" / "configs"
 MODELS = {
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": CONFIGS / "qwen2.5-7b.json",
     "Qwen/QwQ-32B": CORPUS / "sglang-configs" / "qwq-32b.json",
+    "Qwen/Qwen3-Reranker-0.6B": CORPUS / "sglang-configs" / "qwen3-0.6b.json",
 }
 WITHIN = 0.05
-FLOOR_WITHIN_5 = 1  # the ratchet: raise it when a rule improves; never lower it to pass
-RUNNABLE = 2
+FLOOR_WITHIN_5 = 2  # the ratchet: raise it when a rule improves; never lower it to pass
+RUNNABLE = 3
 KNOWN_MISSES = {
     "sglang-0.4.3.post4-l4-qwq-32b-tp4": "weights: 15.26 GiB per rank from config.json vs 'mem usage=15.54 GB' "
                                          "logged; at TP4 on a 22.5 GiB card the pool is 2.8 GiB, so 0.28 GiB of "
@@ -56,13 +57,24 @@ def why_not_runnable(case: dict) -> str | None:
         return f"release {case['version']} not read"
     if "sglang_max_total_num_tokens" not in logged:
         return "the log prints no max_total_num_tokens (refused before sizing the pool)"
-    if "free_at_start_gib" not in logged:
-        return "the log prints no free memory at start ('Load weight begin. avail mem=')"
+    if free_at_start(logged) is None:
+        return "the log prints no free memory at start ('Load weight begin. avail mem=', or the load's 'mem usage')"
+    return None
+
+
+def free_at_start(logged: dict) -> float | None:
+    """GiB free when the weights began to load: 'Load weight begin. avail mem=', or, where a post kept only
+    'Load weight end', its 'avail mem' + 'mem usage' (from 0.4.3 SGLang prints the load's usage as the
+    free memory before minus after, model_runner.py weight_load_mem_usage)."""
+    if "free_at_start_gib" in logged:
+        return logged["free_at_start_gib"]
+    if "weights_gib" in logged and "avail_after_load_gib" in logged:
+        return round(logged["avail_after_load_gib"] + logged["weights_gib"], 2)
     return None
 
 
 def ledger_argv(case: dict) -> list[str]:
-    free = round(case["logged"]["free_at_start_gib"] * GIB)  # SGLang prints it rounded to 0.01 GB (GiB)
+    free = round(free_at_start(case["logged"]) * GIB)  # SGLang prints it rounded to 0.01 GB (GiB)
     argv = ["ledger", "--engine", "sglang", "--model", str(MODELS[case["model"]]),
             "--engine-version", case["version"], "--gpu-memory", f"{free}B"]
     for key, value in case["flags"].items():
@@ -88,7 +100,7 @@ def compare(stem: str, case: dict) -> dict:
     if "weights_gib" in logged:
         row["weights_logged"] = logged["weights_gib"]
     elif "avail_after_load_gib" in logged:  # 0.4.2's line prints no mem usage: the drop over the load
-        row["weights_logged"] = round(logged["free_at_start_gib"] - logged["avail_after_load_gib"], 2)
+        row["weights_logged"] = round(free_at_start(logged) - logged["avail_after_load_gib"], 2)
     return row
 
 
@@ -152,12 +164,14 @@ def test_the_profile_reproduces_the_logged_pool_from_the_logged_terms():
 
     for stem, case in CASES.items():
         logged = case["logged"]
-        if why_not_runnable(case) or "avail_after_load_gib" not in logged:
+        # Only where the start is printed: derived from 'mem usage', it is the free memory at 'Load weight
+        # begin', not the profile's (init_torch_distributed's), and the reranker case then lands 0.3% off.
+        if why_not_runnable(case) or "avail_after_load_gib" not in logged or "free_at_start_gib" not in logged:
             continue
         cfg, source = load_model_config(str(MODELS[case["model"]]))
         kv = kv_bytes_per_token(geometry_from_config(cfg, case["model"], source=source), kv_cache_dtype="auto",
                                 tp=case["tensor_parallel"])
-        rest = logged["avail_after_load_gib"] - logged["free_at_start_gib"] * (1 - logged["mem_fraction_static"])
+        rest = logged["avail_after_load_gib"] - free_at_start(logged) * (1 - logged["mem_fraction_static"])
         tokens = int(rest * (1 << 30) // kv.total)
         slack = 0.006 * (1 << 30) / kv.total * 2  # each printed figure is rounded to 0.01
         assert abs(tokens - logged["sglang_max_total_num_tokens"]) <= slack, (stem, tokens)
@@ -175,7 +189,7 @@ def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, 
     assert round(rules.default_fraction(gpu_mib, tp=tp), 6) == fraction
 
 
-@pytest.mark.parametrize(("version", "nearest"), [("0.5.10", "0.5.21"), ("0.4.11", "0.4.10"), ("0.3.6", "0.4.1.post7"),
+@pytest.mark.parametrize(("version", "nearest"), [("0.5.24", "0.5.23"), ("0.6.0", "0.5.23"), ("0.3.6", "0.4.1.post7"),
                                                     ("0.4.6.post5", "0.4.6"), ("0.4.5.post1", "0.4.5")])
 def test_a_release_not_read_is_refused_naming_the_nearest(version, nearest):
     from kvprobe.theory.sglang.memory_profile import memory_rules

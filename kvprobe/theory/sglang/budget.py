@@ -17,7 +17,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.releases import KNOWN_VERSIONS, SGLANG, normalize_version
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
-from kvprobe.theory.sglang.memory_profile import memory_rules
+from kvprobe.theory.sglang.memory_profile import memory_rules, release_key
 from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.units import format_bytes
@@ -170,13 +170,14 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
     pooled as SGLang pools it (`sglang_hybrid_layout`): a sliding-window model's full and window
     pools come from the same byte budget (sglang/pools.sglang_pools). `version` selects that
-    release's defaults (sglang/memory_profile.memory_rules); None, 0.5.21-0.5.23, or a release
-    kvprobe has not read (run under an admission policy the caller named): the formula above."""
+    release's defaults (sglang/memory_profile.memory_rules): from 0.5.3 the formula above with that
+    release's GPU tiers and graph terms; None, 0.5.23, or a release kvprobe has not read (run under an
+    admission policy the caller named): the formula above as 0.5.23 writes it."""
     known = version is not None and normalize_version(version) in KNOWN_VERSIONS[SGLANG]
     rules = memory_rules(version) if known else None
     if rules is not None and rules.legacy:
         rules = None
-    if rules is not None and geom.layers.hybrid:
+    if rules is not None and geom.layers.hybrid and release_key(version) < (0, 5, 21, 0):
         raise ConfigError(f"SGLang {version}'s hybrid pools are not read (only 0.5.21-0.5.23's)",
                           key="engine_version")
     layout = sglang_hybrid_layout(geom, model_config, hybrid_opts, pp)
@@ -188,7 +189,8 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     mib = None if gpu_memory_bytes is None else gpu_memory_bytes // MIB
     tier_cps, max_bs = sglang_gpu_tier(mib, tp=tp) if rules is None else rules.gpu_defaults(mib, tp)
     cps = tier_cps if chunked_prefill_size is None else chunked_prefill_size
-    if max_running_requests is not None:
+    formula = rules is None or rules.fraction == "reserved-formula"
+    if max_running_requests is not None and (rules is None or rules.clamp_max_bs):
         max_bs = min(max_bs, max_running_requests)  # decode max_bs capped when it was defaulted
     page = page_size or sglang_default_page_size(geom)
     reserved = None
@@ -197,7 +199,7 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         if not 0 < fraction < 1:
             raise ConfigError(f"expected 0 < mem_fraction_static < 1, got {fraction}",
                               key="mem_fraction_static")
-    elif rules is not None:
+    elif not formula:
         fraction = rules.default_fraction(mib, tp=tp, pp=pp)
         how = f"default, SGLang {rules.release}-{rules.until} rules"
     else:
@@ -205,11 +207,16 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         graph_cap = min(8192, cps) if mla else cps
         if max_total_tokens is not None:
             graph_cap = min(graph_cap, max_total_tokens)
+        graphs = rules is None or rules.prefill_graphs  # on by default from 0.5.10
         reserved = sglang_reserved_mib(mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla,
-                                       cuda_graph_max_bs=max_bs, prefill_graph_max_bs=graph_cap)
-        fraction, how = sglang_default_mem_fraction_static(
+                                       cuda_graph_max_bs=max_bs, prefill_graph_max_bs=graph_cap,
+                                       prefill_graphs=graphs)
+        fraction = sglang_default_mem_fraction_static(
             mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla, cuda_graph_max_bs=max_bs,
-            prefill_graph_max_bs=graph_cap), "default formula"
+            prefill_graph_max_bs=graph_cap, prefill_graphs=graphs)
+        how = "default formula" if rules is None else f"default formula, SGLang {rules.release}-{rules.until} rules"
+        if mib is None and rules is not None:
+            reserved, fraction = None, rules.no_gpu_fraction
     kv_bytes = profiled = None
     if gpu_memory_bytes is not None:
         # kv_cache_configurator.py::_profile_available_bytes, in GiB floats as SGLang does it.

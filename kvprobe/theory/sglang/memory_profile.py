@@ -9,14 +9,17 @@ Every read release profiles the pool the same way (model_executor/model_runner.p
 
 (`cell` = the KV bytes of one token on one rank), rounded down to the page size. What moved
 between releases is the default fraction (server_args.py `__post_init__`, later
-arg_groups/memory_hook.py) and the GPU-size tiers of chunked_prefill_size and cuda_graph_max_bs.
+arg_groups/memory_hook.py) and the GPU-size tiers of chunked_prefill_size and cuda_graph_max_bs:
+a table on the parallel size (0.4.1.post7-0.4.7), reserved GiB by GPU tier (0.4.8-0.5.2), then a
+reserve computed from chunked_prefill_size and the cuda graphs (0.5.3 on), whose terms
+`kvprobe.theory.sglang.budget.sglang_reserved_mib` holds and each release's rules parametrise.
 Each rule names the release it was read in and the engine file; docs/ledger.md has the table. A
 version takes the rule of the newest read release at or below it, up to the newest release that
 rule was checked against (`until`); a version outside every range is refused naming the nearest
 read release.
 
-0.5.21 to 0.5.23 keep the reserved-memory formula of `kvprobe.theory.sglang.budget`
-(`legacy=True`), on which the shadow targets and expectations rest.
+0.5.23 keeps the reserved-memory formula of `kvprobe.theory.sglang.budget` as written (`legacy=True`),
+on which the shadow targets and expectations rest.
 """
 
 from __future__ import annotations
@@ -36,11 +39,21 @@ class SglangMemoryRules:
 
     release: str  # the release these rules were read in
     until: str  # the newest release checked to carry the same rules
-    fraction: str  # the default-fraction formula: "tp-table" | "tp-table-13g" | "parallel-table" | "reserved-tiers"
+    # the default-fraction formula: "tp-table" | "tp-table-13g" | "parallel-table" | "reserved-tiers" |
+    # "reserved-formula"
+    fraction: str
     small_gpu_mib: int  # below this total memory: chunked_prefill_size 2048 and the small cuda-graph batch
     large_gpu_mib: int | None  # from this total memory up: chunked_prefill_size 16384 (None: no such tier)
     no_gpu_chunked: int = 8192  # chunked_prefill_size when the GPU memory is unknown
-    legacy: bool = False  # 0.5.21-0.5.23: kvprobe.theory.sglang.budget's reserved-memory formula
+    legacy: bool = False  # 0.5.23: kvprobe.theory.sglang.budget's reserved-memory formula, as written
+    # "reserved-formula" (0.5.3 on): the 20-35 GiB tier (chunked_prefill_size, cuda_graph_max_bs at tp < 4, at
+    # tp >= 4), whether the prefill (piecewise) cuda graphs are on by default and so reserved, whether a
+    # --max-running-requests caps a defaulted decode max_bs, and the fraction without a GPU. (The MLA prefill
+    # graphs' token cap, 2048 until 0.5.22, moves no reserve: MLA reserves a flat 1.5 GiB for them.)
+    mid_tier: tuple[int, int, int] = (2048, 16, 80)
+    prefill_graphs: bool = False
+    clamp_max_bs: bool = False
+    no_gpu_fraction: float = 0.88
     sources: tuple[str, ...] = ()
 
     def covers(self, version: str) -> bool:
@@ -54,6 +67,8 @@ class SglangMemoryRules:
         `memory.total`, server_args.py `get_gpu_memory_capacity`)."""
         if gpu_mem_mib is None:
             return self.no_gpu_chunked, 160
+        if self.fraction == "reserved-formula":
+            return _formula_tier(gpu_mem_mib, tp, self.mid_tier)
         if gpu_mem_mib < self.small_gpu_mib:
             return 2048, 8 if tp < 4 else 80
         if self.large_gpu_mib is not None and gpu_mem_mib >= self.large_gpu_mib:
@@ -62,8 +77,9 @@ class SglangMemoryRules:
 
     def default_fraction(self, gpu_mem_mib: int | None, *, tp: int = 1, pp: int = 1) -> float:
         """mem_fraction_static when the flag is not given (no speculative decoding, no DP attention)."""
-        if self.legacy:
-            raise ConfigError(f"SGLang {self.release}'s fraction is budget.sglang_default_mem_fraction_static")
+        if self.legacy or self.fraction == "reserved-formula":
+            raise ConfigError(f"SGLang {self.release}'s fraction is budget.sglang_default_mem_fraction_static "
+                              "(a reserve from chunked_prefill_size and the cuda graphs)")
         size = tp if self.fraction in ("tp-table", "tp-table-13g") else tp * pp
         table = 0.79 if size >= 16 else 0.81 if size >= 8 else 0.85 if size >= 4 else 0.87 if size >= 2 else 0.88
         if self.fraction == "tp-table":
@@ -98,6 +114,12 @@ _PROFILE = ("model_executor/model_runner.py profile_max_num_token: rest = availa
             "total_gpu_memory x (1 - mem_fraction_static), total_gpu_memory = the minimum free memory over the "
             "ranks after init_torch_distributed; int(rest x (1 << 30) // cell_size)")
 
+_FORMULA = ("server_args.py _handle_gpu_memory_settings ({rel}): reserved = 512 MiB + max(chunked_prefill_size, "
+            "2048) x 1.5 + cuda_graph_max_bs x 2 + tp x pp / 8 GiB, at least 10 GiB above 60 GiB; "
+            "round((gpu_mem - reserved) / gpu_mem, 3), 0.88 without a GPU")
+_TIERS = ("chunked_prefill_size / cuda_graph_max_bs by gpu_mem: below 20 GiB 2048 / 8; below 35 GiB {mid}; "
+          "below 60 GiB 4096 / 32 or 160; below 160 GiB 8192 / 256 or 512; else 16384 / 512; 4096 / 160 without a GPU")
+
 RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.4.1.post7", "0.4.5", "tp-table", small_gpu_mib=25_000, large_gpu_mib=None,
@@ -116,21 +138,70 @@ RULES: tuple[SglangMemoryRules, ...] = (
                  "> 180,000 MiB: 0.79; > 96 GiB: min(f + 48 GiB x (1 - f) / gpu_mem, (gpu_mem - 18 GiB) / gpu_mem)",
                  "server_args.py: chunked_prefill_size 16384 above 180,000 MiB, 2048 below 25,000 MiB", _PROFILE)),
     SglangMemoryRules(
-        "0.4.8", "0.4.10", "reserved-tiers", small_gpu_mib=35 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        "0.4.8", "0.5.2", "reserved-tiers", small_gpu_mib=35 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096,
-        sources=("server_args.py __post_init__ (0.4.8; the same in 0.4.9 and 0.4.10): reserved = "
-                 "(2.8 + tp x pp / 10) GiB below 35 GiB, (9.5 + tp x pp / 2) GiB below 90 GiB, (12 + tp x pp / 2) GiB "
-                 "below 160 GiB, else 32 GiB (+2 GiB speculative, +4 GiB DP attention); "
+        sources=("server_args.py __post_init__ (0.4.8; the same lines in 0.4.9, 0.4.10, 0.5.0rc2, 0.5.1(.post1-3), "
+                 "0.5.2): "
+                 "reserved = (2.8 + tp x pp / 10) GiB below 35 GiB, (9.5 + tp x pp / 2) GiB below 90 GiB, "
+                 "(12 + tp x pp / 2) GiB below 160 GiB, else 32 GiB (+2 GiB speculative, +4 GiB DP attention); "
                  "round((gpu_mem - reserved) / gpu_mem, 3); a multimodal model scales it from 0.4.9 (not modelled)",
                  "server_args.py: chunked_prefill_size 2048 below 35 GiB, 8192 below 160 GiB, else 16384 (4096 "
                  "without a GPU); cuda_graph_max_bs 8 (tp < 4) or 80 below 35 GiB", _PROFILE)),
     SglangMemoryRules(
-        "0.5.21", "0.5.23", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        "0.5.3", "0.5.4", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096, mid_tier=(2048, 16, 80),
+        sources=(_FORMULA.format(rel="0.5.3; the same in 0.5.3.post1-3 and 0.5.4, whose piecewise cuda graphs "
+                                 "are opt-in and not reserved"),
+                 _TIERS.format(mid="2048 and cuda_graph_max_bs 16 (tp < 4) or 80"), _PROFILE)),
+    SglangMemoryRules(
+        "0.5.4.post1", "0.5.9", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096, mid_tier=(2048, 24, 80),
+        sources=(_FORMULA.format(rel="0.5.4.post1; the same to 0.5.9: --enable-piecewise-cuda-graph is opt-in, so the "
+                                 "default reserves no prefill graphs"),
+                 _TIERS.format(mid="2048 and cuda_graph_max_bs 24 (tp < 4) or 80"), _PROFILE)),
+    SglangMemoryRules(
+        "0.5.10", "0.5.19", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096, mid_tier=(2048, 24, 80), prefill_graphs=True,
+        sources=(_FORMULA.format(rel="0.5.10; the same to 0.5.18, arg_groups/memory_hook.py "
+                                 "handle_gpu_memory_settings in 0.5.19"),
+                 "server_args.py _handle_gpu_memory_settings (0.5.10): piecewise cuda graphs on by default "
+                 "(disable_piecewise_cuda_graph False): + 8 MiB per captured token size up to chunked_prefill_size "
+                 "(2048 for MLA, which reserves 1.5 GiB instead), capped by --max-total-tokens; 0.5.13-0.5.16 also "
+                 "cap it by --context-length (not modelled)",
+                 _TIERS.format(mid="2048 and cuda_graph_max_bs 24 (tp < 4) or 80"), _PROFILE)),
+    SglangMemoryRules(
+        "0.5.20", "0.5.21", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096, mid_tier=(4096, 48, 160), prefill_graphs=True,
+        no_gpu_fraction=0.95,
+        sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.20; the same in 0.5.21): the 0.5.10 "
+                 "reserve; 0.95 without a GPU",
+                 _TIERS.format(mid="4096 and cuda_graph_max_bs 48 (tp < 4) or 160"), _PROFILE)),
+    SglangMemoryRules(
+        "0.5.22", "0.5.22", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
+        no_gpu_chunked=4096, mid_tier=(4096, 48, 160), prefill_graphs=True,
+        clamp_max_bs=True, no_gpu_fraction=0.95,
+        sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.22): as 0.5.20, and a defaulted "
+                 "decode max_bs above --max-running-requests is lowered to it", _PROFILE)),
+    SglangMemoryRules(
+        "0.5.23", "0.5.23", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         legacy=True,
-        sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.23): reserved = activation + "
-                 "cuda-graph + tp x pp terms, floor 10 GiB above 60 GiB (kvprobe/theory/sglang/budget.py)",
+        sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.23): as 0.5.22, and an MLA model's "
+                 "prefill graphs capped at min(8192, chunked_prefill_size) (kvprobe/theory/sglang/budget.py)",
                  "model_executor/kv_cache_configurator.py _profile_available_bytes (0.5.23)")),
 )
+
+
+def _formula_tier(gpu_mem_mib: int, tp: int, mid: tuple[int, int, int]) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) of the reserved-formula releases (0.5.3 on)."""
+    if gpu_mem_mib < 20 * _GIB_MIB:
+        return 2048, 8
+    if gpu_mem_mib < 35 * _GIB_MIB:
+        return mid[0], mid[1] if tp < 4 else mid[2]
+    if gpu_mem_mib < 60 * _GIB_MIB:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mem_mib < 160 * _GIB_MIB:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
 
 
 def release_key(version: str) -> tuple[int, int, int, int]:
