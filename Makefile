@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test probe bench lint ledger clean shadow-vllm shadow-sglang router
+.PHONY: test probe bench matrix lint ledger clean shadow-vllm shadow-sglang router
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,14 @@ ledger: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The release pairs of expectations/diff/ on every release kvprobe has facts for (emulated: the
+# emulator plays each release's admission rule); a change found exits 1, which is what a matrix is for.
+matrix: $(STAMP)
+	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
+		--artifacts artifacts/matrix/vllm
+	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos.yaml --versions 0.5.20,0.5.21,0.5.22,0.5.23 \
+		--artifacts artifacts/matrix/sglang
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

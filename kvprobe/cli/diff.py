@@ -29,7 +29,7 @@ def add_parser(subparsers) -> None:
                    help='print {"versions": [...], "results": {VERSION: {...}}, "changes": [...]} (the probes\' '
                    "progress goes to stderr)")
     p.add_argument("--artifacts", default="artifacts/diff",
-                   help="directory for each release's probe artifacts (DIR/VERSION/) and diff.json")
+                   help="directory for each release's probe artifacts (DIR/VERSION/), diff.json, diff.txt and diff.png")
     p.add_argument("--name", help="the expectation of this name, in a file that holds several")
     p.add_argument("--profile", help="a load profile name or path replacing the expectation's")
     p.add_argument("--budget", type=float, help="time budget per release's probe in seconds")
@@ -49,7 +49,7 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from kvprobe.probe.diff import DiffOptions, parse_versions, run_diff
-    from kvprobe.report.diff import render_diff
+    from kvprobe.report.diff import plot_diff, render_diff
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
 
     if args.budget is not None and not args.budget > 0:
@@ -80,6 +80,7 @@ def _run(args) -> int:
     (root / "diff.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = render_diff(diff, exp)
     (root / "diff.txt").write_text(text + "\n")
+    plot_diff(diff, exp, root / "diff.png")
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

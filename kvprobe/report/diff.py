@@ -107,3 +107,38 @@ def render_diff(diff, exp) -> str:
         out.append("changes: none beyond the expectation's tolerances")
     out.append(f"artifacts: {', '.join(diff.results[v]['artifacts'] for v in diff.versions)}")
     return "\n".join(out)
+
+
+def plot_diff(diff, exp, path) -> None:
+    """Per release: the measured rejection point (± its uncertainty) against the ledger's limit, the
+    engine's own claim for the shape, and preemptions (SGLang: retractions) per deep level beneath."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(diff.versions)
+    rows = [diff.results[v] for v in labels]
+    x = list(range(len(labels)))
+
+    def series(key):
+        return [float("nan") if r.get(key) is None else r[key] for r in rows]
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 1.4 * len(labels) + 3), 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1.3]})
+    top.errorbar(x, series("rejection_point"), yerr=[0.0 if r["uncertainty"] is None else r["uncertainty"]
+                                                     for r in rows],
+                 fmt="o", color="tab:green", capsize=4, label="measured rejection point")
+    top.plot(x, series("predicted"), "s--", color="tab:red", label="ledger (each release's rule)")
+    claims = [float("nan") if not r.get("engine_claim") else r["engine_claim"]["requests"] for r in rows]
+    top.plot(x, claims, "^:", color="0.5", label="the engine's capacity line / (P+O)")
+    top.set_ylabel("concurrent requests")
+    top.legend(loc="best", fontsize=8)
+    top.set_title(f"kvprobe diff: {exp.name} ({exp.engine})", fontsize=10)
+    bottom.bar(x, [0.0 if r["preemptions_per_deep_level"] is None else r["preemptions_per_deep_level"]
+                   for r in rows], color="tab:orange")
+    bottom.set_ylabel("preemptions\nper deep level", fontsize=8)
+    bottom.set_xticks(x, [f"{v}\n{r['policy']}" for v, r in zip(labels, rows, strict=True)], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

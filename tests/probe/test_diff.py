@@ -136,6 +136,7 @@ def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(caps
     assert "pool" not in found and "startup" not in found
     assert "changes:" in out and "0.11.0 -> 0.33.0: preemptions per deep level" in out
     assert (tmp_path / "0.11.0" / "result.json").is_file() and (tmp_path / "0.33.0" / "result.json").is_file()
+    assert (tmp_path / "diff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot per release
 
 
 @pytest.mark.slow
