@@ -43,6 +43,24 @@ def deep_users(limit: float) -> int:
     return math.ceil(limit / FOLLOW_GUESS + deep_waiting(limit))
 
 
+MAX_LEVELS = 12  # a bound on a plan that keeps finding the engine elsewhere (each level holds at least a lifetime)
+FED_SHARE = 0.5  # a closed loop keeps ~90-97% of its users' requests in the engine (running + waiting)
+
+
+def fed(level: ramps.LevelResult) -> bool:
+    """The engine held the level's load: running + waiting at least FED_SHARE of the users. A
+    level the load generator did not deliver (Locust still spawning, or starved) shows a low
+    running and no queue — read as saturation, it would place every later level from nothing."""
+    return level.running + level.waiting >= FED_SHARE * level.users
+
+
+def _fresh(users: int, step: int, measured: set[int]) -> int:
+    """`users`, or the first level `step` apart above it that was not measured yet."""
+    while users in measured:
+        users += max(1, step)
+    return users
+
+
 class PredictRamp:
     """The one level below the knee first (short), then deep levels past the predicted knee; a
     search only when a deep level refutes the prediction. `note` says when and why the plan left
@@ -64,20 +82,34 @@ class PredictRamp:
         return [*sorted(self._below(self.predicted)), first, first + math.ceil(deep_waiting(self.predicted))]
 
     def next_level(self, history: list[ramps.LevelResult]) -> int | None:
+        """The next level, never one already measured: the load generator reports a level it is
+        already at as reached at its first arrival, so a repeated level would hold no time at all."""
+        if len(history) >= MAX_LEVELS:
+            self._say(f"stopped after {MAX_LEVELS} levels")
+            return None
         measured = {h.users for h in history}
         # Upwards first: stopping streaming users blocks Locust's loop (1.6 s for 14 users measured
         # here), which starves the level after a step down; the levels below the knee are short.
         for n in sorted(self._below(self.predicted)):
             if n not in measured:
                 return self._cap(n)
-        if not any(h.users >= deep_users(self.predicted) for h in history):
-            return self._cap(deep_users(self.predicted))
-        saturated = [h for h in history if h.saturated]
-        if not saturated:  # the knee lies above every level so far: double, prediction-free
-            top = max(h.users for h in history)
+        first = deep_users(self.predicted)
+        if not any(h.users >= first for h in history):
+            return self._cap(first)
+        step = math.ceil(deep_waiting(self.predicted))
+        unfed = [h for h in history if not fed(h)]
+        if unfed:
+            self._say(f"N={', '.join(str(h.users) for h in unfed)}: the engine held fewer than half the users' "
+                      "requests (the load did not reach it): not read as the engine's limit")
+        seen = [h for h in history if fed(h)]
+        saturated = [h for h in seen if h.saturated]
+        if not saturated:
+            top = max((h.users for h in seen if h.users >= first), default=None)
+            if top is None:  # no deep level reached the engine: the next deep level, still from the prediction
+                return self._cap(_fresh(first + step, step, measured))
             self._say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
                       "searching by doubling")
-            return self._cap(2 * top)
+            return self._cap(_fresh(2 * top, step, measured))
         deepest = max(saturated, key=lambda h: h.users)
         basis = self.predicted
         if abs(deepest.running - basis) > max(REFUTED_SHARE * basis, REFUTED_MIN):
@@ -85,9 +117,10 @@ class PredictRamp:
             self._say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
                       "the remaining levels are placed from the measurement")
         first = deep_users(basis)
+        step = math.ceil(deep_waiting(basis))
         deep = sorted(h.users for h in saturated if h.users >= first)
         if len(deep) < DEEP_LEVELS:
-            return self._cap(deep[-1] + math.ceil(deep_waiting(basis)) if deep else first)
+            return self._cap(_fresh(deep[-1] + step if deep else first, step, measured))
         return next((n for n in self._below(basis) if n not in measured), None)
 
     def _below(self, basis: float) -> list[int]:
