@@ -97,10 +97,10 @@ class PredictRamp:
         if not any(h.users >= first for h in history):
             return self._cap(first)
         step = math.ceil(deep_waiting(self.predicted))
-        unfed = [h for h in history if not fed(h)]
-        if unfed:
-            self._say(f"N={', '.join(str(h.users) for h in unfed)}: the engine held fewer than half the users' "
-                      "requests (the load did not reach it): not read as the engine's limit")
+        for h in history:
+            if not fed(h):
+                self._say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
+                          "not reach it): not read as the engine's limit")
         seen = [h for h in history if fed(h)]
         saturated = [h for h in seen if h.saturated]
         if not saturated:
