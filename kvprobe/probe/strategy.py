@@ -44,6 +44,7 @@ def deep_users(limit: float) -> int:
 
 
 MAX_LEVELS = 12  # a bound on a plan that keeps finding the engine elsewhere (each level holds at least a lifetime)
+QUEUED_SHARE = 0.5  # of deep_waiting: a deep level past the knee shows at least this queue in the engine
 FED_SHARE = 0.5  # a closed loop keeps ~90-97% of its users' requests in the engine (running + waiting)
 
 
@@ -118,7 +119,10 @@ class PredictRamp:
                       "the remaining levels are placed from the measurement")
         first = deep_users(basis)
         step = math.ceil(deep_waiting(basis))
-        deep = sorted(h.users for h in saturated if h.users >= first)
+        # deep as the analysis reads it: a queue of its own, not just N past the knee (a starved
+        # load generator holds the queue in the client, and the plateau stays unconfirmed)
+        queued = QUEUED_SHARE * deep_waiting(basis)
+        deep = sorted(h.users for h in saturated if h.users >= first and h.waiting >= queued)
         if len(deep) < DEEP_LEVELS:
             return self._cap(_fresh(deep[-1] + step if deep else first, step, measured))
         return next((n for n in self._below(basis) if n not in measured), None)

@@ -144,3 +144,16 @@ def test_a_level_is_fed_once_the_engine_holds_half_its_users():
     assert fed_since(t, running, waiting, 0.0, 1.4, 0.5 * 60) is None  # still spawning: not steady yet
     # a flat zero is steady to MSER: the fed time, not the detected start, bounds the window
     assert detected_start(t, [running, waiting], 0.0, 1.4) == 0.0
+
+
+def test_deep_levels_without_a_queue_do_not_end_the_plan():
+    # the bench's 'knee~24' on a busy machine: N=30 and 33 ran at the limit with no queue in the
+    # engine (Locust's loop held it), the plan stopped, and the plateau had no deep level at all
+    true = engine(24.0)
+
+    def starved(n: int) -> LevelResult:
+        level = true(n)
+        return LevelResult(n, 24.0, 0.3, 0.0, saturated=True) if n in (30, 33) else level
+    levels = walk(PredictRamp(24.0, clean_limit=20), starved)
+    assert levels[:3] == [19, 30, 33] and len(levels) >= 5, levels
+    assert sum(1 for n in levels if true(n).waiting >= deep_waiting(24.0)) >= 2
