@@ -103,10 +103,17 @@ class PredictRamp:
                 self._say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
                           "not reach it): not read as the engine's limit")
         seen = [h for h in history if fed(h)]
-        saturated = [h for h in seen if h.saturated]
+        # saturated as the engine's limit: a queue in the engine; running far below N without one
+        # is a load generator that held the requests back (a busy machine), and refutes nothing
+        queued = QUEUED_SHARE * deep_waiting(self.predicted)
+        saturated = [h for h in seen if h.saturated and h.waiting >= queued]
+        for h in seen:
+            if h.saturated and h.waiting < queued and h.users >= first:
+                self._say(f"N={h.users} ran {h.running:.1f} with no queue in the engine (the load generator held "
+                          "the requests): not read as the engine's limit")
         if not saturated:
-            top = max((h.users for h in seen if h.users >= first), default=None)
-            if top is None:  # no deep level reached the engine: the next deep level, still from the prediction
+            top = max((h.users for h in seen if h.users >= first and not h.saturated), default=None)
+            if top is None:  # no deep level showed the engine's limit: the next one, still from the prediction
                 return self._cap(_fresh(first + step, step, measured))
             self._say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
                       "searching by doubling")

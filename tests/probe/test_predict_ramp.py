@@ -157,3 +157,17 @@ def test_deep_levels_without_a_queue_do_not_end_the_plan():
     levels = walk(PredictRamp(24.0, clean_limit=20), starved)
     assert levels[:3] == [19, 30, 33] and len(levels) >= 5, levels
     assert sum(1 for n in levels if true(n).waiting >= deep_waiting(24.0)) >= 2
+
+
+def test_a_deep_level_held_back_by_the_load_generator_refutes_nothing():
+    # the bench's 'knee~58' on a busy machine: N=69 ran 37.6 with no queue in the engine, and the
+    # plan placed every later level from 37.6 (10 levels, ± 7.3)
+    true = engine(58.5)
+    first = deep_users(58.5)
+
+    def held(n: int) -> LevelResult:
+        return LevelResult(n, 37.6, 0.3, 0.0, saturated=True) if n == first else true(n)
+    ramp = PredictRamp(58.5)
+    levels = walk(ramp, held)
+    assert "was predicted" not in (ramp.note or "") and f"N={first} ran 37.6 with no queue" in ramp.note
+    assert levels[:3] == [29, first, first + math.ceil(deep_waiting(58.5))] and len(levels) == 4, levels
