@@ -142,7 +142,8 @@ def _least_steady(pr: ProbeRun) -> float:
 
 
 def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
-    """Hold until the level's warm-up is over (detected: `analysis.steady`) and its figures serve
+    """Hold until the level's warm-up is over (detected: `analysis.steady`, and not before the engine
+    holds FED_SHARE of the users' requests) and its figures serve
     the verdict — a level below the knee after the least steady window; a saturated one, with an
     exact gauge, until the rejection point's verdict is settled (or right away when the plateau
     still needs another deep level), with a sampled one until its running mean is precise to
