@@ -17,7 +17,8 @@ Reported per run: the ramp's time to verdict in seconds and in request lifetimes
 calibration excluded), levels, the measured plateau ± its uncertainty, and the verdict of the
 rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
 
-Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]`
+Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]
+[--shapes 'knee~24,x2'] [--keep DIR]`
 (about 15 minutes; `--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
@@ -107,7 +108,9 @@ def one(shape: Shape, strategy: str, workdir: Path) -> dict:
     return {"shape": shape.name, "strategy": strategy, "seconds": ramp.get("seconds"),
             "lifetimes": ramp.get("lifetimes"), "levels": len(result.levels),
             "measured": None if rp is None else rp.measured, "uncertainty": None if rp is None else rp.uncertainty,
-            "predicted": None if rp is None else rp.predicted, "verdict": verdict, "note": ramp.get("note")}
+            "predicted": None if rp is None else rp.predicted, "verdict": verdict, "note": ramp.get("note"),
+            "users": [lv.users for lv in result.levels],
+            "reason": None if verdict == "PASS" else (result.error or (rp.reason if rp else None))}
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="one right and one wrong vLLM shape")
     ap.add_argument("--shadows", action="store_true", help="add the real engines' shadow shapes")
     ap.add_argument("--engines", default="vllm,sglang")
+    ap.add_argument("--shapes", default="", help="only the shapes whose name contains one of these (a comma list)")
+    ap.add_argument("--keep", default=None, help="keep each probe's artifacts under this folder")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="a comma list of " + ", ".join(STRATEGIES))
     args = ap.parse_args(argv or [])
     strategies = [s for s in STRATEGIES if s in args.strategies.split(",")]
@@ -126,11 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     shapes = [s for s in shapes if s.name.split()[0] in args.engines.split(",")]
     if args.shadows:
         shapes += SHADOWS
+    if args.shapes:
+        shapes = [s for s in shapes if any(part in s.name for part in args.shapes.split(","))]
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
         for shape in shapes:
             for strategy in strategies:
-                run = one(shape, strategy, Path(tmp))
+                run = one(shape, strategy, Path(args.keep or tmp))
                 runs.append(run)
                 print("   " + " | ".join(str(v) for v in run.values()), flush=True)
     rows = [[r["shape"], r["strategy"], _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],

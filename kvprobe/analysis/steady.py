@@ -48,6 +48,18 @@ def detected_start(t: np.ndarray, columns: list[np.ndarray], t_start: float, t_e
     return float(times[min(cut, times.size - 1)]) if cut else t_start
 
 
+def fed_since(t: np.ndarray, running: np.ndarray, waiting: np.ndarray, t_start: float, t_end: float,
+               least: float) -> float | None:
+    """When the engine first held `least` requests (running + waiting) in [t_start, t_end], or None
+    when it has not yet. A closed loop keeps nearly all its users' requests in the engine; before
+    the load generator delivers them (spawning, a starved loop) the series is flat and MSER finds
+    it steady — at the wrong figure."""
+    sel = (t >= t_start) & (t <= t_end)
+    held = np.nan_to_num(running[sel], nan=0.0) + np.nan_to_num(waiting[sel], nan=0.0)
+    hit = np.flatnonzero(held >= least)
+    return float(t[sel][hit[0]]) if hit.size else None
+
+
 def window_start(window, warmup_fraction: float) -> float:
     """Where a level's steady figures start: its detected start when the ramp detected one,
     else the profile's fixed warm-up share of the window."""

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis import plateau
-from kvprobe.analysis.steady import detected_start
+from kvprobe.analysis.steady import detected_start, fed_since
 from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
-from kvprobe.probe.strategy import make_ramp, settled
+from kvprobe.probe.strategy import FED_SHARE, make_ramp, settled
 
 
 def level_result(stats, *, gauge_exact: bool = True):
@@ -142,7 +142,8 @@ def _least_steady(pr: ProbeRun) -> float:
 
 
 def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
-    """Hold until the level's warm-up is over (detected: `analysis.steady`) and its figures serve
+    """Hold until the level's warm-up is over (detected: `analysis.steady`, and not before the engine
+    holds FED_SHARE of the users' requests) and its figures serve
     the verdict — a level below the knee after the least steady window; a saturated one, with an
     exact gauge, until the rejection point's verdict is settled (or right away when the plateau
     still needs another deep level), with a sampled one until its running mean is precise to
@@ -156,10 +157,13 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         now = time.time()
         arrays = pr.sampler.series.arrays()
         steady = detected_start(arrays["t"], [arrays["running"], arrays["waiting"]], t_start, now)
+        # not steady before the load reached the engine (a flat zero is steady to MSER)
+        fed = fed_since(arrays["t"], arrays["running"], arrays["waiting"], t_start, now, FED_SHARE * users)
+        steady = max(steady, fed if fed is not None else now)
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
         if now >= longest:
             return window
-        if now - steady < least:
+        if fed is None or now - steady < least:
             continue
         stats = analysis.level_stats(arrays, [window], counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
         if stats.too_few_samples:

@@ -43,6 +43,25 @@ def deep_users(limit: float) -> int:
     return math.ceil(limit / FOLLOW_GUESS + deep_waiting(limit))
 
 
+MAX_LEVELS = 12  # a bound on a plan that keeps finding the engine elsewhere (each level holds at least a lifetime)
+QUEUED_SHARE = 0.5  # of deep_waiting: a deep level past the knee shows at least this queue in the engine
+FED_SHARE = 0.5  # a closed loop keeps ~90-97% of its users' requests in the engine (running + waiting)
+
+
+def fed(level: ramps.LevelResult) -> bool:
+    """The engine held the level's load: running + waiting at least FED_SHARE of the users. A
+    level the load generator did not deliver (Locust still spawning, or starved) shows a low
+    running and no queue — read as saturation, it would place every later level from nothing."""
+    return level.running + level.waiting >= FED_SHARE * level.users
+
+
+def _fresh(users: int, step: int, measured: set[int]) -> int:
+    """`users`, or the first level `step` apart above it that was not measured yet."""
+    while users in measured:
+        users += max(1, step)
+    return users
+
+
 class PredictRamp:
     """The one level below the knee first (short), then deep levels past the predicted knee; a
     search only when a deep level refutes the prediction. `note` says when and why the plan left
@@ -64,20 +83,41 @@ class PredictRamp:
         return [*sorted(self._below(self.predicted)), first, first + math.ceil(deep_waiting(self.predicted))]
 
     def next_level(self, history: list[ramps.LevelResult]) -> int | None:
+        """The next level, never one already measured: the load generator reports a level it is
+        already at as reached at its first arrival, so a repeated level would hold no time at all."""
+        if len(history) >= MAX_LEVELS:
+            self._say(f"stopped after {MAX_LEVELS} levels")
+            return None
         measured = {h.users for h in history}
         # Upwards first: stopping streaming users blocks Locust's loop (1.6 s for 14 users measured
         # here), which starves the level after a step down; the levels below the knee are short.
         for n in sorted(self._below(self.predicted)):
             if n not in measured:
                 return self._cap(n)
-        if not any(h.users >= deep_users(self.predicted) for h in history):
-            return self._cap(deep_users(self.predicted))
-        saturated = [h for h in history if h.saturated]
-        if not saturated:  # the knee lies above every level so far: double, prediction-free
-            top = max(h.users for h in history)
+        first = deep_users(self.predicted)
+        if not any(h.users >= first for h in history):
+            return self._cap(first)
+        step = math.ceil(deep_waiting(self.predicted))
+        for h in history:
+            if not fed(h):
+                self._say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
+                          "not reach it): not read as the engine's limit")
+        seen = [h for h in history if fed(h)]
+        # saturated as the engine's limit: a queue in the engine; running far below N without one
+        # is a load generator that held the requests back (a busy machine), and refutes nothing
+        queued = QUEUED_SHARE * deep_waiting(self.predicted)
+        saturated = [h for h in seen if h.saturated and h.waiting >= queued]
+        for h in seen:
+            if h.saturated and h.waiting < queued and h.users >= first:
+                self._say(f"N={h.users} ran {h.running:.1f} with no queue in the engine (the load generator held "
+                          "the requests): not read as the engine's limit")
+        if not saturated:
+            top = max((h.users for h in seen if h.users >= first and not h.saturated), default=None)
+            if top is None:  # no deep level showed the engine's limit: the next one, still from the prediction
+                return self._cap(_fresh(first + step, step, measured))
             self._say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
                       "searching by doubling")
-            return self._cap(2 * top)
+            return self._cap(_fresh(2 * top, step, measured))
         deepest = max(saturated, key=lambda h: h.users)
         basis = self.predicted
         if abs(deepest.running - basis) > max(REFUTED_SHARE * basis, REFUTED_MIN):
@@ -85,9 +125,13 @@ class PredictRamp:
             self._say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
                       "the remaining levels are placed from the measurement")
         first = deep_users(basis)
-        deep = sorted(h.users for h in saturated if h.users >= first)
+        step = math.ceil(deep_waiting(basis))
+        # deep as the analysis reads it: a queue of its own, not just N past the knee (a starved
+        # load generator holds the queue in the client, and the plateau stays unconfirmed)
+        queued = QUEUED_SHARE * deep_waiting(basis)
+        deep = sorted(h.users for h in saturated if h.users >= first and h.waiting >= queued)
         if len(deep) < DEEP_LEVELS:
-            return self._cap(deep[-1] + math.ceil(deep_waiting(basis)) if deep else first)
+            return self._cap(_fresh(deep[-1] + step if deep else first, step, measured))
         return next((n for n in self._below(basis) if n not in measured), None)
 
     def _below(self, basis: float) -> list[int]:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from kvprobe.analysis.plateau import RejectionPoint, deep_waiting
-from kvprobe.analysis.steady import detected_start, mser_truncation
+from kvprobe.analysis.steady import detected_start, fed_since, mser_truncation
 from kvprobe.errors import ConfigError
 from kvprobe.load.ramps import LevelResult
-from kvprobe.probe.strategy import PredictRamp, deep_users, make_ramp, settled
+from kvprobe.probe.strategy import MAX_LEVELS, PredictRamp, deep_users, fed, make_ramp, settled
 from kvprobe.spec.schema import RampSpec
 
 
@@ -105,3 +105,69 @@ def test_mser_finds_the_end_of_a_climb_and_nothing_in_a_steady_series():
     t = np.arange(60) * 0.1
     assert detected_start(t, [climb, np.zeros(60)], 0.0, 6.0) == pytest.approx(t[cut])
     assert mser_truncation(climb[:15]) == 0  # fewer than four batches: nothing to compare
+
+
+def test_the_plan_never_repeats_a_level_and_stops_after_max_levels():
+    # a level the load generator reports as reached at its first arrival would hold no time when
+    # repeated (the 'predicted x0.5' bench shape ran 2098 zero-length levels of N=35): here only
+    # N=32 saturates, so "one deep level more" keeps finding the level after it unsaturated
+    def flaky(n: int) -> LevelResult:
+        if n == 32:
+            return LevelResult(n, 24.0, 6.4, 0.0, saturated=True)
+        return LevelResult(n, 0.95 * n, 0.0, 0.0, saturated=False)
+    levels = walk(PredictRamp(12.0), flaky, most=50)
+    assert len(levels) == len(set(levels)), levels
+    assert len(levels) <= MAX_LEVELS
+
+
+def test_a_deep_level_the_load_did_not_reach_refutes_nothing():
+    # the bench's 'knee~100' and 'sglang knee~50' shapes: Locust's loop starved, the first deep
+    # level read running 0-3.5 with no queue, and the plan placed every later level from it
+    true = engine(100.0)
+    first = deep_users(100.0)
+
+    def starved_once(n: int) -> LevelResult:
+        return LevelResult(n, 0.0, 0.0, 0.0, saturated=True) if n == first else true(n)
+    ramp = PredictRamp(100.0)
+    levels = walk(ramp, starved_once)
+    step = math.ceil(deep_waiting(100.0))
+    assert levels[:3] == [50, first, first + step], levels
+    assert "was predicted" not in (ramp.note or "") and ramp.note.count("did not reach") == 1
+    assert not fed(starved_once(first)) and fed(true(first + step))
+
+
+def test_a_level_is_fed_once_the_engine_holds_half_its_users():
+    t = np.arange(40) * 0.1
+    running = np.concatenate([np.zeros(15), np.full(25, 30.0)])
+    waiting = np.concatenate([np.zeros(15), np.full(25, 10.0)])
+    assert fed_since(t, running, waiting, 0.0, 4.0, 0.5 * 60) == pytest.approx(t[15])
+    assert fed_since(t, running, waiting, 0.0, 1.4, 0.5 * 60) is None  # still spawning: not steady yet
+    # a flat zero is steady to MSER: the fed time, not the detected start, bounds the window
+    assert detected_start(t, [running, waiting], 0.0, 1.4) == 0.0
+
+
+def test_deep_levels_without_a_queue_do_not_end_the_plan():
+    # the bench's 'knee~24' on a busy machine: N=30 and 33 ran at the limit with no queue in the
+    # engine (Locust's loop held it), the plan stopped, and the plateau had no deep level at all
+    true = engine(24.0)
+
+    def starved(n: int) -> LevelResult:
+        level = true(n)
+        return LevelResult(n, 24.0, 0.3, 0.0, saturated=True) if n in (30, 33) else level
+    levels = walk(PredictRamp(24.0, clean_limit=20), starved)
+    assert levels[:3] == [19, 30, 33] and len(levels) >= 5, levels
+    assert sum(1 for n in levels if true(n).waiting >= deep_waiting(24.0)) >= 2
+
+
+def test_a_deep_level_held_back_by_the_load_generator_refutes_nothing():
+    # the bench's 'knee~58' on a busy machine: N=69 ran 37.6 with no queue in the engine, and the
+    # plan placed every later level from 37.6 (10 levels, ± 7.3)
+    true = engine(58.5)
+    first = deep_users(58.5)
+
+    def held(n: int) -> LevelResult:
+        return LevelResult(n, 37.6, 0.3, 0.0, saturated=True) if n == first else true(n)
+    ramp = PredictRamp(58.5)
+    levels = walk(ramp, held)
+    assert "was predicted" not in (ramp.note or "") and f"N={first} ran 37.6 with no queue" in ramp.note
+    assert levels[:3] == [29, first, first + math.ceil(deep_waiting(58.5))] and len(levels) == 4, levels
