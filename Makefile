@@ -27,11 +27,15 @@ bench: $(STAMP)
 
 # The release pairs of expectations/diff/ on every release kvprobe has facts for (emulated: the
 # emulator plays each release's admission rule); a change found exits 1, which is what a matrix is for.
+# Then the pairs with a shadow environment per release, on the real engines' code (--install builds a
+# missing environment: ~2-4 min and 2.5 GB each).
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos.yaml --versions 0.5.20,0.5.21,0.5.22,0.5.23 \
 		--artifacts artifacts/matrix/sglang
+	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions 0.5.21,0.5.23 --install \
+		--artifacts artifacts/matrix/sglang-shadow
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

@@ -1,8 +1,8 @@
-"""The SGLang 0.5.23 engine environment: the pinned CPU install, a torchvision stand-in, and the
-entry point through which SGLang loads kvprobe's plugin.
+"""The SGLang engine environments (0.5.21, 0.5.23): the pinned CPU install, a torchvision stand-in,
+and the entry point through which SGLang loads kvprobe's plugin.
 
 Install (measured 1-2 min with a warm pip cache, 2.5 GB):
-`pip install --no-deps -r pins/sglang-0.5.23.txt` (torch 2.13.0 CPU build, sglang, triton, and
+`pip install --no-deps -r pins/sglang-<version>.txt` (torch 2.13.0 CPU build, sglang, triton, and
 SGLang's pure-Python runtime set), then two steps written here:
 
 - `torchvision/`: `torchvision_standin.py` copied as the package (SGLang imports torchvision at
@@ -82,17 +82,30 @@ def _revision(*texts: str) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
 
 
-RECIPE = envs.register(envs.Recipe(
-    engine=SGLANG, version=SGLANG_DEFAULT_VERSION, module="sglang",
-    steps=(
-        envs.Pip(pins=f"sglang-{SGLANG_DEFAULT_VERSION}.txt"),
-        envs.Call("torchvision stand-in", write_torchvision_standin, _revision(_standin_source())),
-        envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_plugin_entry_point,
-                  _revision(*_dist_files(kvprobe.__version__).values())),
-    ),
-    # the scheduler, the model runner the plugin hooks, the HTTP server, and a torchvision submodule
-    extra_checks=("sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner",
-                  "sglang.srt.entrypoints.http_server", "torchvision.transforms.v2.functional"),
-    notes="torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
-          "torchvision is kvprobe's stand-in",
-))
+# The releases with a recipe, and what each recipe does differently from SGLang's own pins.
+TORCH_NOTES = {
+    "0.5.21": "torch 2.13.0 CPU build (SGLang 0.5.21's own pin); triton without dependencies; "
+              "torchvision is kvprobe's stand-in",
+    SGLANG_DEFAULT_VERSION: "torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
+                            "torchvision is kvprobe's stand-in",
+}
+
+
+def _recipe(version: str) -> envs.Recipe:
+    return envs.Recipe(
+        engine=SGLANG, version=version, module="sglang",
+        steps=(
+            envs.Pip(pins=f"sglang-{version}.txt"),
+            envs.Call("torchvision stand-in", write_torchvision_standin, _revision(_standin_source())),
+            envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_plugin_entry_point,
+                      _revision(*_dist_files(kvprobe.__version__).values())),
+        ),
+        # the scheduler, the model runner the plugin hooks, the HTTP server, and a torchvision submodule
+        extra_checks=("sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner",
+                      "sglang.srt.entrypoints.http_server", "torchvision.transforms.v2.functional"),
+        notes=TORCH_NOTES[version],
+    )
+
+
+RECIPES = {version: envs.register(_recipe(version)) for version in TORCH_NOTES}
+RECIPE = RECIPES[SGLANG_DEFAULT_VERSION]

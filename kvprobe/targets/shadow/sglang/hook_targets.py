@@ -21,6 +21,13 @@ TARGETS = {
 }
 
 
+# SGLang 0.5.21 defines the same six targets with the same signatures (model_runner.py L1184, L1005, L1078;
+# kv_cache_configurator.py L2177, the same KV budget formula; tp_worker.py L598, without 0.5.23's
+# `return_kv_loc_plan`, which the replacement takes with a default; sampling_batch_info.py L358), and its
+# plugins/ package is 0.5.23's: the plugin needs no adaptation keyed on the version (docs/shadow.md, Releases).
+VERSIONS = ("0.5.21", "0.5.23")
+
+
 def applied(target: str, fn) -> bool:
     """Whether `target` now calls `fn`: a REPLACE wrapper (hook_registry.py `_wrap_fn`) holds the hook
     in its closure."""

@@ -2,7 +2,8 @@
 
 SGLang 0.5.23 loads every entry point of the group `sglang.srt.plugins` early in each of its
 processes (`sglang/srt/plugins/__init__.py::load_plugins`, called from `run_scheduler_process`
-scheduler.py L6323, the detokenizer L552, the launcher engine.py L286). kvprobe writes such an entry
+scheduler.py L6323, the detokenizer L552, the launcher engine.py L286; 0.5.21 from scheduler.py L6043
+and engine.py L268 only, which is where the hooks act). kvprobe writes such an entry
 point into its shadow environment (`kvprobe/targets/shadow/sglang/env.py`); it points at `register` below,
 which does nothing unless `KVPROBE_SHADOW=1` — a real GPU install that happens to have kvprobe is
 never touched.

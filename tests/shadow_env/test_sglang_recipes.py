@@ -1,0 +1,75 @@
+"""The SGLang recipes and their pin lists (no install): 0.5.21 beside 0.5.23, each pinning what its
+own wheel's METADATA pins."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvprobe.errors import ConfigError
+from kvprobe.targets.shadow import envs, recipes
+from kvprobe.targets.shadow.sglang import env as sglang_env
+
+# The exact `Requires-Dist: NAME==VERSION` pins (no extras) of the wheels' METADATA that the pin lists
+# also hold, copied from `pip download sglang==X --no-deps` (sglang-X.dist-info/METADATA). torch is
+# 0.5.23's exception: SGLang pins 2.14.1, a CUDA build on PyPI; the recipe keeps 2.13.0's CPU build.
+WHEEL_PINS = {
+    "0.5.21": {"apache-tvm-ffi": "0.1.11", "compressed-tensors": "0.18.0", "openai": "2.6.1",
+               "sentencepiece": "0.2.1", "soundfile": "0.13.1", "tokenizers": "0.22.2", "torch": "2.13.0",
+               "transformers": "5.12.1", "xgrammar": "0.2.7"},
+    "0.5.23": {"apache-tvm-ffi": "0.1.11", "compressed-tensors": "0.18.0", "openai": "2.8.0",
+               "sentencepiece": "0.2.1", "soundfile": "0.13.1", "tokenizers": "0.23.2", "torch": "2.14.1",
+               "transformers": "5.19.0", "xgrammar": "0.2.7"},
+}
+CPU_TORCH = "2.13.0"
+
+
+def _pins(version: str) -> dict[str, str]:
+    out = {}
+    for n, line in enumerate(envs.pins_text(f"sglang-{version}.txt").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, sep, pinned = line.partition("==")
+        assert sep and pinned.strip(), f"sglang-{version}.txt line {n}: expected NAME==VERSION, got {line!r}"
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        assert key not in out, f"sglang-{version}.txt line {n}: {name} pinned twice"
+        out[key] = pinned.strip()
+    return out
+
+
+@pytest.mark.parametrize("version", sorted(WHEEL_PINS))
+def test_each_release_has_its_recipe_and_pins_its_own_sglang(version):
+    rec = recipes.recipe("sglang", version)
+    assert rec is sglang_env.RECIPES[version] and rec.module == "sglang"
+    assert rec.steps[0] == envs.Pip(pins=f"sglang-{version}.txt")
+    pins = _pins(version)
+    assert pins["sglang"] == version
+    assert pins["torch"] == CPU_TORCH, "the CPU build of torch (a CUDA one pulls ~2.2 GB of nvidia wheels)"
+
+
+@pytest.mark.parametrize("version", sorted(WHEEL_PINS))
+def test_pins_follow_the_wheel_metadata(version):
+    pins = _pins(version)
+    differs = {name: (want, pins.get(name)) for name, want in WHEEL_PINS[version].items()
+               if pins.get(name) != want and name != "torch"}
+    assert differs == {}, f"sglang-{version}.txt against the {version} wheel's Requires-Dist: {differs}"
+
+
+def test_0_5_21_pins_differ_from_0_5_23_only_where_the_wheels_do():
+    old, new = _pins("0.5.21"), _pins("0.5.23")
+    assert old.keys() == new.keys()
+    changed = {name for name in old if old[name] != new[name]}
+    assert changed == {"sglang", "openai", "tokenizers", "transformers"}
+
+
+def test_the_two_releases_build_apart_and_newest_is_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path))
+    old, new = envs.env_for("sglang", "0.5.21"), envs.env_for("sglang", "0.5.23")
+    assert old.root != new.root and old.root.name.startswith("sglang-0.5.21-")
+    assert recipes.recipe("sglang", "0.5.21").digest != recipes.recipe("sglang", "0.5.23").digest
+    assert recipes.parse_spec("sglang") == ("sglang", "0.5.23")
+    assert {"0.5.21", "0.5.23"} <= set(recipes.known_versions("sglang"))
+    # a release with no recipe is refused by name, listing the ones there are
+    with pytest.raises(ConfigError, match=r"sglang==0\.5\.21, sglang==0\.5\.23"):
+        recipes.recipe("sglang", "0.5.22")
