@@ -163,13 +163,25 @@ class ExpectationFile(pytest.File):
                 yield ChangeItem.from_parent(self, name=f"{exp.name}[expect_change]", expectation=exp,
                                              releases=releases)
 
-    def repr_failure(self, excinfo, style=None):
+    def repr_failure(self, excinfo):  # a Collector's takes no style: passing one was a TypeError
         if isinstance(excinfo.value, KvprobeError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+
+class _ReportedItem(pytest.Item):
+    """An item whose failure is a verdict or a bad input: its text, not a traceback."""
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 
+    def reportinfo(self):
+        return self.path, 0, f"kvprobe {self.name}"
 
-class KvprobeItem(pytest.Item):
+
+class KvprobeItem(_ReportedItem):
     def __init__(self, *, expectation, check, **kwargs):
         super().__init__(**kwargs)
         self.expectation = expectation
@@ -210,13 +222,6 @@ class KvprobeItem(pytest.Item):
                     if expected_fail else "")
             raise CheckFailed(f"{lead}{verdict_table(result)}\n{_artifact_lines(result)}")
 
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
-    def reportinfo(self):
-        return self.path, 0, f"kvprobe {self.name}"
 
 
 def release_expectations(exp) -> list:
@@ -229,7 +234,7 @@ def release_expectations(exp) -> list:
     return [with_version(exp, v, label) for v, label in zip(exp.versions, labels(list(exp.versions)), strict=True)]
 
 
-class ChangeItem(pytest.Item):
+class ChangeItem(_ReportedItem):
     """`expect_change:` of an expectation with `versions:`: each named figure must change between
     consecutive releases (kvprobe.probe.diff, as `kvprobe diff` finds it); the releases' probes are
     the ones their check items share."""
@@ -266,13 +271,6 @@ class ChangeItem(pytest.Item):
         for c in changes:
             self.user_properties.append(("kvprobe_change", change_line(c)))
 
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, (CheckFailed, KvprobeError)):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
-    def reportinfo(self):
-        return self.path, 0, f"kvprobe {self.name}"
 
 
 def _artifact_lines(result) -> str:

@@ -67,3 +67,22 @@ def test_the_other_engine_is_bad_input(kvp, served):
     assert "could not measure" not in out
     assert any(f"engine: the server at {engine.url} looks like sglang, not vllm" in line and
                line.rstrip().endswith("write `engine: sglang`") for line in said), said
+
+
+def test_a_collection_error_that_is_not_kvprobes_is_reported_not_a_crash(kvp):
+    """An expectation file whose loading fails with an error kvprobe did not raise: pytest's own
+    collection-error report, never an INTERNALERROR from the plugin's failure text."""
+    kvp.makeconftest("""
+import kvprobe.spec.expectation as spec
+
+def _broken(*args, **kwargs):
+    raise RuntimeError("boom from a broken loader")
+
+spec.load_expectations = _broken
+""")
+    _expectation(kvp, "vllm")
+    result = kvp.runpytest_subprocess("--kvprobe", timeout=120)
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out and "TypeError" not in out
+    assert "boom from a broken loader" in out
+    result.assert_outcomes(errors=1)
