@@ -12,21 +12,28 @@ import argparse
 import sys
 
 from kvprobe.releases import version_tuple
-from kvprobe.targets.shadow import envs, recipes
+from kvprobe.targets.shadow import disk, envs, recipes
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("shadow", help="run the real vLLM/SGLang serving stack without a model",
                               description=__doc__)
-    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,vllm,sglang}")
+    sub = p.add_subparsers(dest="shadow_command", metavar="{install,list,prune,vllm,sglang}")
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
                       help="e.g. vllm==0.33.0 or sglang==0.5.23 (an engine alone: its newest known version)")
     inst.add_argument("--force", action="store_true", help="rebuild even when the environment is ready")
     inst.set_defaults(func=_install)
-    lst = sub.add_parser("list", help="the versions kvprobe can install, and which are installed")
+    lst = sub.add_parser("list", help="the versions kvprobe can install, which are installed, and the disk each takes")
     lst.set_defaults(func=_list)
+    prn = sub.add_parser("prune", help="remove the engine environments not named by --keep (default: the releases "
+                                       "the test suite runs), partial installs and older recipes")
+    prn.add_argument("--keep", action="append", metavar="ENGINE==VERSION", default=None,
+                     help="an environment to keep (repeatable); default: " + ", ".join(
+                         f"{e}=={v}" for e, v in disk.SUITE_RELEASES))
+    prn.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    prn.set_defaults(func=_prune)
     from kvprobe.cli import shadow_sglang as sglang_cli
     from kvprobe.cli import shadow_vllm as vllm_cli
 
@@ -48,9 +55,36 @@ def _install(args) -> int:
 
 def _list(args) -> int:
     from kvprobe.tables import render_table
+    from kvprobe.units import format_bytes
 
-    rows = [[f"{engine}=={version}", "installed" if recipes.find(engine, version) else "not installed"]
-            for engine, version in sorted(recipes.RECIPES, key=lambda k: (k[0], version_tuple(k[1])))]
-    print(render_table(["environment", "state"], rows, title=f"engine environments under {envs.cache_root() / 'envs'}",
-                       align="ll"), file=sys.stdout)
+    rows, listed = [], set()
+    for engine, version in sorted(recipes.RECIPES, key=lambda k: (k[0], version_tuple(k[1]))):
+        env = recipes.find(engine, version)
+        if env is not None:
+            listed.add(env.root)
+        rows.append([f"{engine}=={version}", "installed" if env else "not installed",
+                     format_bytes(disk.disk_bytes(env.root)) if env else "-", env.root.name if env else "-"])
+    for folder in disk.env_folders():  # what prune would remove: partial installs, older recipes
+        if folder.path not in listed:
+            what = f"{folder.engine}=={folder.version}" if folder.engine else "?"
+            rows.append([what, "partial or older recipe (prune removes it)", format_bytes(disk.disk_bytes(folder.path)),
+                         folder.path.name])
+    print(render_table(["environment", "state", "disk", "folder"], rows,
+                       title=f"engine environments under {envs.cache_root() / 'envs'}", align="llrl"), file=sys.stdout)
+    return 0
+
+
+def _prune(args) -> int:
+    from kvprobe.units import format_bytes
+
+    keep = [recipes.parse_spec(spec) for spec in args.keep] if args.keep else list(disk.SUITE_RELEASES)
+    for engine, version in keep:
+        recipes.recipe(engine, version)  # a release kvprobe cannot build is a typo, not a wish
+    removed = disk.prune(keep, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for folder, size in removed:
+        print(f"kvprobe shadow: {verb} {folder.path} ({format_bytes(size)})")
+    total = sum(size for _, size in removed)
+    print(f"kvprobe shadow: {verb} {len(removed)} environment(s), {format_bytes(total)}; kept "
+          + ", ".join(f"{e}=={v}" for e, v in keep))
     return 0
