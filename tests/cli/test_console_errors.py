@@ -72,7 +72,7 @@ def test_shadow_list_is_aligned(capsys):
     rc, out, _ = run(capsys, "shadow", "list")
     assert rc == 0
     header, rule, *rows = out.splitlines()[1:]
-    assert header.split() == ["environment", "state"]
+    assert header.split() == ["environment", "state", "disk", "folder"]
     column = header.index("state")
     assert rows and all(row[column - 2:column] == "  " and row[column] != " " for row in rows), out
 
