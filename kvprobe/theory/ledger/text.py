@@ -5,6 +5,7 @@ ledger adds the fleet's lines after its replica's."""
 from __future__ import annotations
 
 from kvprobe.tables import render_table
+from kvprobe.theory.admission import policy_rule
 from kvprobe.theory.ledger.fleet import FleetLedger
 from kvprobe.theory.ledger.sections import Ledger
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
@@ -188,7 +189,7 @@ def _admission_text(led: Ledger) -> str:
     limit_how = a.how or "running when saturated, per replica"
     if a.limit_mean is not None and a.limit_mean != a.limit:
         limit_how = f"most running at once (time average {a.limit_mean:g}); " + limit_how
-    rows = [["policy", a.policy, a.method]]
+    rows = [["policy", a.policy, f"{a.method}; the release rule: {policy_rule(a.policy)}"]]
     if led.inputs.engine == "vllm":
         mode = "async" if a.async_scheduling else "sync"
         rows.append(["scheduling", mode, "AsyncScheduler: slots one step earlier, frees one step later"
