@@ -9,7 +9,6 @@ from kvprobe.engines import get_dialect
 from kvprobe.verdict.claim import Figures, claim_from_reported, engine_claim, figures
 
 LEDGER_SOURCE = "the lines above"
-_CAP_FLAG = {"vllm": "max-num-seqs", "sglang": "max-running-requests"}
 
 
 def hybrid_groups(capacity: dict) -> str | None:
@@ -66,7 +65,7 @@ def probe_figures(result) -> Figures | None:
     claim = claim_from_reported(exp.engine, facts.reported, shape.prompt_tokens, shape.output_tokens)
     admission = ledger.get("admission") or {}
     check = next((c for c in result.checks if c.name == "rejection_point"), None)
-    cap_given = exp.flags.get(_CAP_FLAG[exp.engine]) if exp.engine == "sglang" else None
+    cap_given = exp.flags.get(get_dialect(exp.engine).REQUEST_CAP_FLAG) if exp.engine == "sglang" else None
     groups = hybrid_groups(ledger["capacity"]) or hybrid_groups(ledger.get("request") or {})
     return figures(claim, ledger_limit=admission.get("limit"), binding=admission.get("binding"),
                    measured=None if check is None else check.measured,

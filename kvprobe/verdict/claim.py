@@ -23,8 +23,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-_CAP = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
-_POOL = {"vllm": "GPU KV cache size", "sglang": "max_total_num_tokens"}
+from kvprobe.engines import get_dialect
+
+
+def _cap_name(engine: str) -> str:
+    """The engine's request cap as its logs and config name it (max_num_seqs, max_running_requests)."""
+    return get_dialect(engine).REQUEST_CAP_FLAG.replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,9 @@ class EngineClaim:
 
     @property
     def how(self) -> str:
-        text = f"{_POOL[self.engine]} {self.tokens:,} tokens / {self.per_request:,} per request"
+        text = f"{get_dialect(self.engine).POOL_LINE} {self.tokens:,} tokens / {self.per_request:,} per request"
         if self.max_running is not None and self.max_running < self.tokens / self.per_request:
-            text = f"{_CAP[self.engine]} {self.max_running:,} (below {text})"
+            text = f"{_cap_name(self.engine)} {self.max_running:,} (below {text})"
         return text
 
 
@@ -117,7 +121,7 @@ def figures(claim: EngineClaim | None, *, ledger_limit: float | None, binding: s
     if claim is None:
         return out
     if cap_given is not None and claim.max_running is not None and claim.max_running < cap_given:
-        out.misleads.append(f"{_CAP[claim.engine]} {cap_given:,} was given, the engine clamped it to "
+        out.misleads.append(f"{_cap_name(claim.engine)} {cap_given:,} was given, the engine clamped it to "
                             f"{claim.max_running:,}" + (" (at most the pool's tokens // 2)" if claim.engine == "sglang"
                                                         else ""))
     reference, said = (measured, "measured") if measured is not None else (ledger_limit, "the ledger")

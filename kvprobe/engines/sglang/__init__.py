@@ -75,6 +75,7 @@ from kvprobe.engines.sglang.limits import (
 )
 from kvprobe.engines.sglang.logs import (
     LEAK_LOG,
+    POOL_LINE,
     RETRACT_LOG,
     capacity_line,
     claim_lines,
@@ -117,7 +118,7 @@ __all__ = [
     "error_body", "generate_error_body", "streaming_abort_chunk", "bad_request", "stream_chunk", "usage",
     "usage_chunk", "completion_response", "generate_response", "models_body", "server_info_body",
     "FIRST_TOKEN_LEAD_STEPS", "RETRACT_LOG", "LEAK_LOG", "log_prefix", "capacity_line", "claim_lines", "startup_lines",
-    "serving_lines", "parse_startup_log", "parse_hybrid_startup", "startup_refusal_line", "LABELS",
+    "serving_lines", "POOL_LINE", "parse_startup_log", "parse_hybrid_startup", "startup_refusal_line", "LABELS",
     "TOKENIZER_LABELS", "METRICS", "DECODE_LOG_INTERVAL", "IDLE_REPORT_SECONDS", "TTFT_BUCKETS", "E2E_BUCKETS",
     "HELP", "reported_from_metrics", "HYBRID_METRICS", "hybrid_gauges", "RUNNING_GAUGE_EXACT",
     "PREEMPTION_COUNTER_LAZY", "reported_from_info", "max_req_input_len", "resolve_max_running_requests",

@@ -27,6 +27,10 @@ def log_prefix(t: float | None = None) -> str:
     return "[" + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + "] "
 
 
+# The capacity line's own name for the pool (managers/scheduler.py L1267-1276, 0.5.23).
+POOL_LINE = "max_total_num_tokens"
+
+
 def capacity_line(*, max_total_num_tokens: int, chunked_prefill_size: int, max_prefill_tokens: int,
                   max_running_requests: int, context_len: int, available_gpu_mem: float = 0.0) -> str:
     """managers/scheduler.py L1267-1276 (TP rank 0)."""

@@ -67,6 +67,7 @@ from kvprobe.engines.vllm.info import (
 )
 from kvprobe.engines.vllm.logs import (
     NON_DEFAULT_ARGS,
+    POOL_LINE,
     STARTUP_FAILED,
     capacity_lines,
     capacity_messages,
@@ -117,7 +118,7 @@ __all__ = [
     "completion_response", "models_body", "FIRST_TOKEN_LEAD_STEPS", "length_limit", "capacity_numbers",
     "log_prefix", "capacity_lines", "capacity_messages", "claim_lines", "startup_lines", "serving_line",
     "startup_refusal", "STARTUP_FAILED",
-    "parse_startup_log", "startup_refusal_line", "NON_DEFAULT_ARGS", "non_default_args_line",
+    "parse_startup_log", "POOL_LINE", "startup_refusal_line", "NON_DEFAULT_ARGS", "non_default_args_line",
     "parse_non_default_args", "LABELS", "METRICS", "WAITING_REASONS", "FINISHED_REASONS", "SLEEP_STATES",
     "TTFT_BUCKETS", "E2E_BUCKETS", "HELP", "cache_config_labels", "STATS_FAMILY_PREFIX", "CACHE_CONFIG_FLAGS",
     "reported_from_metrics", "RUNNING_GAUGE_EXACT", "PREEMPTION_COUNTER_LAZY", "SERVER_INFO_FLAGS",

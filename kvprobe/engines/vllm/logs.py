@@ -12,6 +12,9 @@ from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy, two_line_c
 from kvprobe.errors import ConfigError
 from kvprobe.theory.vllm.budget import vllm_capacity_numbers, vllm_check_fits
 
+# The capacity line's own name for the pool (kv_cache_utils.py `update_kv_cache_capacity`, 0.33.0).
+POOL_LINE = "GPU KV cache size"
+
 
 def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
     """(kv tokens, max concurrency) as 0.33.0 logs them; theory owns the arithmetic."""
