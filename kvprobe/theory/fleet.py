@@ -38,8 +38,10 @@ Rust policies of sgl-project/sglang `sgl-model-gateway/src/policies/`, older tre
   cache_threshold (0.3), else the replica with the smallest tree. kvprobe's prompts reach the
   router as text (token ids are refused, kvprobe/targets/fleet/router.py) of equal length, unique from
   the first word: no match reaches 0.3, and the smallest tree is the replica that was sent the
-  fewest requests so far — a cycle, like round_robin (measured: 12 requests in flight over three
-  replicas, 4/4/4 by `GET /workers`). The imbalance rule never fires under that cycle.
+  fewest requests so far — a cycle, like round_robin (measured: 12 requests arriving in turn over
+  three replicas, 4/4/4 by `GET /workers`; the router routes concurrent arrivals in parallel, and
+  two that read the sizes before either is inserted share a replica: 3/4/5 seen once when 12 arrived
+  at once). The imbalance rule never fires under that cycle.
 
 Time model: every replica steps once per time unit in lockstep (identical replicas, one engine
 step each); a finished request's user resubmits through the router before the next step, as in

@@ -65,11 +65,28 @@ def test_router_forwards_text_refuses_ids_and_round_robin_alternates(make_fleet)
     assert not any(group_members(g) for g in groups)
 
 
-def _in_flight(ft, policy_requests: int, out: int = 150) -> dict[str, int]:
+def running_total(urls: list[str]) -> float:
+    """Requests running over the replicas (vllm:num_requests_running)."""
+    total = 0.0
+    for url in urls:
+        text, _ = scrape_once(url, VLLM.METRICS)
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("vllm:num_requests_running{"))
+    return total
+
+
+def _in_flight(ft, policy_requests: int, out: int = 400) -> dict[str, int]:
+    """Sends the requests one after another, each once the one before runs on a replica: the
+    router routes concurrent arrivals in parallel, and two that read the tree sizes before either
+    is inserted go to the same worker (CI saw 3/4/5) — the claim is about arrivals in turn."""
     threads = [threading.Thread(target=post, args=(ft.url, prompt(10 + k), out)) for k in range(policy_requests)]
-    for t in threads:
-        t.start()
     try:
+        for k, t in enumerate(threads):
+            t.start()
+            deadline = time.monotonic() + 10
+            while running_total(ft.replica_urls) < k + 1:
+                assert time.monotonic() < deadline, f"request {k + 1} never ran"
+                time.sleep(0.02)
         deadline = time.monotonic() + 20
         sampler = FleetSampler(ft.replica_urls, VLLM.METRICS, interval=0.05)
         with sampler:
@@ -80,13 +97,14 @@ def _in_flight(ft, policy_requests: int, out: int = 150) -> dict[str, int]:
         return {"router": sorted(loads.values()), "running": running}
     finally:
         for t in threads:
-            t.join(60)
+            if t.ident is not None:  # started
+                t.join(60)
 
 
 @pytest.mark.slow
 def test_cache_aware_with_unique_texts_cycles_and_power_of_two_sees_no_load(make_fleet):
     """theory/fleet.py's two measured claims: cache_aware's smallest-tree rule sends equal-length
-    unique texts round the replicas (12 in flight over 3: 4/4/4, the router counting them), and
+    unique texts arriving in turn round the replicas (12 in flight over 3: 4/4/4, the router counting them), and
     power_of_two's router-side load stays 0 with a vLLM backend (so it picks uniformly)."""
     ca = _in_flight(make_fleet(3, "cache_aware"), 12)
     assert ca["router"] == [4, 4, 4] and sorted(ca["running"]) == [4, 4, 4]
