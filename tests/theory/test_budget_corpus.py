@@ -97,7 +97,10 @@ def why_not_runnable(case: dict) -> str | None:
     if case["model"] not in SHIPPED:
         return f"no config.json shipped for {case['model']}"
     if not is_known_version("vllm", case["version"]):
-        return f"release {case['version']} not read (a build between releases)"
+        if re.search(r"rc|dev", case["version"]):
+            return f"release {case['version']} not read (a build between releases)"
+        return (f"release {case['version']} not read: a final release kvprobe holds no facts for "
+                f"(`kvprobe ledger --engine-version {case['version']}` refuses it)")
     if "kv_cache_gib" not in logged:
         return "the log prints no KV pool (refused before sizing it)"
     if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
