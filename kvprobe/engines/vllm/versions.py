@@ -15,7 +15,8 @@ KNOWN_VERSIONS = _KNOWN[VLLM]
 
 
 def is_legacy(version: str) -> bool:
-    """0.11.x and older: first-chunk admission, two-line capacity log, 400 for P + max_tokens > M."""
+    """0.11.x and older: the capacity log's block count, 400 for P + max_tokens > M (admission is
+    kvprobe.theory.vllm.releases.policy's: the first chunk up to 0.18.x)."""
     return version_tuple(version) < (0, 12)
 
 
