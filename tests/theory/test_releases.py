@@ -107,3 +107,10 @@ def test_torch_sort_warmup_counts_what_apply_top_k_top_p_holds_at_its_scatter():
     flashinfer = sampler_warmup_bytes(geom, profile_rules("0.11.0"), max_num_seqs=256, max_num_batched_tokens=8192)
     assert torch_path - hidden == 256 * geom.vocab_size * (2 + 4 + 22)
     assert flashinfer - hidden == 256 * geom.vocab_size * (2 + 4 + 8)
+
+
+def test_async_scheduling_is_the_default_from_the_release_that_made_it_so():
+    """config/scheduler.py `async_scheduling: bool = False` up to 0.13.0, `Field(default=None)` (on) from 0.14.0."""
+    dialect = get_dialect("vllm")
+    assert [dialect.async_scheduling_default(v) for v in ("0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.19.0")] == \
+        [False, False, False, True, True]
