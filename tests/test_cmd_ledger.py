@@ -11,6 +11,7 @@ import pytest
 
 from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
+from kvprobe.releases import KNOWN_VERSIONS
 from kvprobe.tables import format_cell, render_table
 from kvprobe.units import format_bytes, parse_bytes, parse_count
 
@@ -45,7 +46,7 @@ def test_table_sglang(capsys):
     (["--engine", "vllm", *LLAMA[:2], "--gpu-memory", "24 parsecs"], "--gpu-memory"),
     (["--engine", "sglang", *LLAMA, "--max-num-seqs", "8"], "expected a sglang flag (--max-num-seqs is a vllm flag"),
     (["--engine", "vllm", *LLAMA, "--engine-version", "9.9.9"],
-     "0.9.2, 0.10.1.1, 0.11.0, 0.19.0, 0.20.0, 0.20.1, 0.24.0, 0.33.0"),
+     ", ".join(KNOWN_VERSIONS["vllm"])),
     (["--engine", "vllm", *LLAMA, "--block-size", "many"], "--block-size: expected an integer"),
     (["--engine", "vllm", *LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8000", "--output-tokens", "500"],
      "beyond max_model_len"),

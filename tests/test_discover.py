@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import ConfigError
 from kvprobe.observe.discovery import discover, same_value
 from kvprobe.probe.run import predict
+from kvprobe.releases import KNOWN_VERSIONS
 from kvprobe.spec.attach import preset_for
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.targets.facts import EngineFacts, merge_reports
@@ -97,9 +99,9 @@ def test_no_gpu_memory_and_no_pool_flag_takes_the_engines_pool(tmp_path):
 def test_versions_the_engine_reports(tmp_path):
     exp = staging(tmp_path, served_model_name="staging-llama")
     reports = [*real_vllm_reports()[:2], ("GET /version", ReportedCapacity(version="0.34.0"))]
+    known = re.escape(", ".join(KNOWN_VERSIONS["vllm"]))
     with pytest.raises(ConfigError, match=r"reports vllm 0.34.0: expected a vllm version kvprobe has facts for "
-                                          r"\(0.9.2, 0.10.1.1, 0.11.0, 0.19.0, 0.20.0, 0.20.1, 0.24.0, 0.33.0\), "
-                                          r"or name the admission policy with `policy:`"):
+                                          rf"\({known}\), or name the admission policy with `policy:`"):
         discover(exp, facts(reports))
     chosen = staging(tmp_path, served_model_name="staging-llama", version="0.33.0", policy="vllm-0.33")
     disc = discover(chosen, facts(reports))

@@ -14,6 +14,7 @@ import yaml
 
 from kvprobe.cli.main import main
 from kvprobe.errors import ConfigError
+from kvprobe.releases import KNOWN_VERSIONS
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.spec.profile import SHIPPED_PROFILES, shipped_profiles
 
@@ -66,8 +67,10 @@ def test_an_unknown_version_lists_the_known_ones_and_the_policy_key(tmp_path):
     path = write(tmp_path, version="9.9.9")
     with pytest.raises(ConfigError) as err:
         load_expectations(path)
-    assert str(err.value) == (f"{path}: version: expected a vllm version kvprobe has facts for (0.9.2, 0.10.1.1, "
-                              "0.11.0, 0.19.0, 0.20.0, 0.20.1, 0.24.0, 0.33.0), or name the admission policy "
+    known = ", ".join(KNOWN_VERSIONS["vllm"])
+    assert known.startswith("0.9.2, 0.10.1.1, 0.11.0, 0.11.1, ") and known.endswith(", 0.32.0, 0.33.0")
+    assert str(err.value) == (f"{path}: version: expected a vllm version kvprobe has facts for ({known}), "
+                              "or name the admission policy "
                               "with `policy:` (vllm-0.33, vllm-0.11, "
                               "worst-case) to probe '9.9.9' under a rule you chose, got '9.9.9'")
     (exp,) = load_expectations(write(tmp_path, version="9.9.9", policy="vllm-0.33"))

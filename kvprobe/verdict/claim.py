@@ -5,7 +5,7 @@ An operator reads the engine's capacity line (vLLM `GPU KV cache size: N tokens`
 request, at most the request cap, is how many requests "fit". That reading is the engine's claim
 here. It is not the engine's admission rule, and this module says where the two part and why:
 
-- vLLM admits a request when its prompt fits (0.12 and later: the whole prompt; 0.11: its first
+- vLLM admits a request when its prompt fits (0.19 and later: the whole prompt; before: its first
   chunk) and grows its blocks as it decodes, so at any moment the running requests hold fewer than
   P + O tokens each and more of them run than N / (P + O), until preemption evicts some;
 - SGLang reserves each request's remaining output at admission (scaled by new_token_ratio before

@@ -25,7 +25,7 @@ TOL = Tolerances(reported_capacity=0.01, rejection_point=1.0, rejection_point_re
 def figures(**changes) -> dict:
     """One release's figures as kvprobe.probe.diff.release_figures writes them: vLLM 0.33 on a pool of 201."""
     base = {"version": "0.33.0", "startup": "started", "refusal": None, "ledger_startup": "starts",
-            "policy": "vllm-0.33", "rule": "whole prompt must fit from 0.12", "async_scheduling": True,
+            "policy": "vllm-0.33", "rule": "whole prompt must fit from 0.19", "async_scheduling": True,
             "pool_unit": "blocks", "pool": 201, "ledger_pool": 201, "predicted": 3.9, "predicted_binding": "kv",
             "predicted_usage": 0.759, "rejection_point": 4.0, "uncertainty": 0.05, "deep_levels": [7, 9],
             "preemptions_per_deep_level": 0.0, "ledger_preemption_rate": 0.0, "ledger_preemption_users": 9,
@@ -44,7 +44,7 @@ def test_a_move_the_ledgers_rule_makes_too_is_explained_by_that_rule():
     assert set(found) == {"preemptions per deep level", "usage at saturation"}
     for change in found.values():
         assert change["explained"] and change["explanation"] == (
-            "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.12")
+            "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.19")
     assert found["preemptions per deep level"]["measured"] == [28.5, 0.0]
 
 
@@ -131,7 +131,7 @@ def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(caps
     assert "engine's capacity line" in out and new["engine_claim"]["requests"] > 0
     found = {c["quantity"]: c for c in doc["changes"]}
     assert found["preemptions per deep level"]["explained"]
-    rule = "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.12"
+    rule = "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.19"
     assert found["preemptions per deep level"]["explanation"].startswith(rule)
     assert "pool" not in found and "startup" not in found
     assert "changes:" in out and "0.11.0 -> 0.33.0: preemptions per deep level" in out

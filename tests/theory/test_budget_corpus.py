@@ -47,16 +47,27 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 21  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 23  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = 0.06  # no runnable case beyond this error (Qwen2.5-72B's small pool: +5.8% today)
-MEDIAN_ALLOWED = 0.012  # 1.1% today
-RUNNABLE = 22
+MEDIAN_ALLOWED = 0.010  # 0.95% today
+RUNNABLE = 24
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
     "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
                                        "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
                                        "+6% of so small a pool",
+}
+# Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
+# a miss beyond 5% with what the log does say.
+TOKEN_ONLY_MISSES = {
+    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 178,828 (5.46x) the ledger: +116%, a pool "
+                                  "of about 2.1 GiB against the ledger's 4.6 GiB. The smoke script kept no budget "
+                                  "line, so the term is not in the log (its DCGM view, 18,604 MiB used, does not "
+                                  "split them). The same model's 0.19.0 H100 logs "
+                                  "print the terms the ledger sizes low for gpt-oss: CUDA-graph estimate (1.84 GiB "
+                                  "logged, the ledger 0.27; subtracted from 0.20.0), activation peak and MXFP4 "
+                                  "weights (13.64 vs 12.83 GiB)",
 }
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
 TOKEN_LINE_DIFFERS = {
@@ -101,12 +112,21 @@ def why_not_runnable(case: dict) -> str | None:
             return f"release {case['version']} not read (a build between releases)"
         return (f"release {case['version']} not read: a final release kvprobe holds no facts for "
                 f"(`kvprobe ledger --engine-version {case['version']}` refuses it)")
-    if "kv_cache_gib" not in logged:
+    if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
     if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
         return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line), and "
                 f"kvprobe has no GPU named {case['gpu']!r}")
+    argv = ledger_argv(case)
+    _, extra = build_parser(argv).parse_known_args(argv)
+    if extra:
+        return f"flags the ledger does not take: {extra}"
+    if "kv_cache_gib" not in logged:
+        return TOKENS_ONLY
     return None
+
+
+TOKENS_ONLY = "the log prints the pool in tokens only: compared in tokens (test_pools_logged_in_tokens_only)"
 
 
 def gpu_by_name(case: dict):
@@ -221,6 +241,19 @@ def test_kv_tokens_follow_the_pool(table):
             assert abs(token_error - r["error"]) < 0.02, (r["case"], token_error, r["error"])
 
 
+def test_pools_logged_in_tokens_only(table):
+    """The cases whose log keeps the token line only run in tokens: each within 5% or a named miss."""
+    _, skipped = table
+    errors = {}
+    for stem in (s for s, why in skipped.items() if why == TOKENS_ONLY):
+        logged = CASES[stem]["logged"]["kv_tokens"]
+        errors[stem] = run_ledger(CASES[stem]).budget.kv_tokens / logged - 1
+        print(f"tokens only: {stem}: {logged} logged, ledger {errors[stem]:+.1%}")
+    assert set(TOKEN_ONLY_MISSES) <= set(errors), "a named token-only miss no longer runs"
+    misses = {s for s, e in errors.items() if abs(e) > WITHIN}
+    assert misses == set(TOKEN_ONLY_MISSES), {s: errors[s] for s in misses ^ set(TOKEN_ONLY_MISSES)}
+
+
 def test_weights_where_logged(table):
     """Weights within 2% where the log prints them, except the known weight misses (and gpt-oss's MXFP4
     experts, padded for the kernel: 12.83 vs 13.64 GiB at TP1). The multimodal checkpoints count their vision
@@ -304,8 +337,9 @@ def test_activation_peak_where_logged(table):
 
 @pytest.mark.parametrize(("version", "release", "util", "graph"), [
     ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
-    ("0.19.0", "0.19.0", 0.9, "logged"), ("0.19.1", "0.19.0", 0.9, "logged"), ("0.20.1", "0.20.0", 0.92, "subtracted"),
-    ("0.24.0", "0.20.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
+    ("0.15.1", "0.14.0", 0.9, "none"), ("0.19.0", "0.18.0", 0.9, "logged"), ("0.19.1", "0.18.0", 0.9, "logged"),
+    ("0.20.1", "0.20.0", 0.92, "subtracted"), ("0.24.0", "0.21.0", 0.92, "subtracted"),
+    ("0.29.0", "0.21.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
 def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
     from kvprobe.theory.vllm.memory_profile import profile_rules
     from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
@@ -319,7 +353,7 @@ def test_the_ledger_prints_the_rule_it_applied():
     from kvprobe.theory.ledger.text import render_ledger
 
     text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
-    assert "memory profile          vLLM 0.19.0" in text
+    assert "memory profile          vLLM 0.18.0" in text  # 0.19.0 runs the rules 0.18.0 changed
     assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text
 
 

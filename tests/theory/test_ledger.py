@@ -162,7 +162,7 @@ def test_admission_absent_without_request_shape():
 
 
 @pytest.mark.parametrize("engine,version,rule", [
-    ("vllm", "0.11.0", "first chunk fits, before 0.12"), ("vllm", "0.33.0", "whole prompt must fit from 0.12"),
+    ("vllm", "0.11.0", "first chunk fits, before 0.19"), ("vllm", "0.33.0", "whole prompt must fit from 0.19"),
     ("sglang", "0.5.21", "new_token_ratio, up to 0.5.21"), ("sglang", "0.5.23", "in full (ratio 1.0) from 0.5.22")])
 def test_the_ledger_names_the_release_rule_it_applied(engine, version, rule):
     led = build_ledger(LedgerInputs(engine=engine, model="meta-llama/Llama-3.1-8B", engine_version=version,

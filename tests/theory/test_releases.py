@@ -4,7 +4,7 @@ applies (the engine dialect's `policy()`), for every known release and the ones 
 import pytest
 
 from kvprobe.engines import get_dialect
-from kvprobe.releases import KNOWN_VERSIONS
+from kvprobe.releases import KNOWN_VERSIONS, version_tuple
 from kvprobe.theory.admission import policy_for
 from kvprobe.theory.ledger.build import build_ledger
 from kvprobe.theory.ledger.inputs import LedgerInputs
@@ -12,7 +12,7 @@ from kvprobe.theory.sglang import releases as sglang_releases
 from kvprobe.theory.vllm import releases as vllm_releases
 
 GIB = 2**30
-BETWEEN = {"vllm": ("0.11.1", "0.12.0", "0.20.1"), "sglang": ("0.5.21.post1", "0.5.22")}
+BETWEEN = {"vllm": ("0.10.2", "0.18.2", "0.32.1"), "sglang": ("0.5.21.post1", "0.5.22")}
 CASES = [(engine, v) for engine in ("vllm", "sglang") for v in (*KNOWN_VERSIONS[engine], *BETWEEN[engine])]
 
 
@@ -39,8 +39,78 @@ def test_vllm_reserve_full_isl_is_read_the_same_way(version, reserve_full_isl):
 
 
 def test_the_release_rules():
-    assert [vllm_releases.policy(v) for v in ("0.9.2", "0.11.0", "0.11.1", "0.12.0", "0.33.0")] == \
-        ["vllm-0.11", "vllm-0.11", "vllm-0.11", "vllm-0.33", "vllm-0.33"]
+    assert [vllm_releases.policy(v) for v in ("0.9.2", "0.11.0", "0.12.0", "0.18.1", "0.19.0", "0.33.0")] == \
+        ["vllm-0.11", "vllm-0.11", "vllm-0.11", "vllm-0.11", "vllm-0.33", "vllm-0.33"]
     assert vllm_releases.policy("0.33.0", reserve_full_isl=False) == "vllm-0.11"
     assert [sglang_releases.policy(v) for v in ("0.5.21", "0.5.21.post1", "0.5.22", "0.5.23")] == \
         ["sglang-0.5.21", "sglang-0.5.21", "sglang-0.5.22", "sglang-0.5.22"]
+
+
+# What each vLLM release's wheel says, read file by file (not derived from kvprobe's tables): admission
+# (v1/core/sched/scheduler.py: can_fit_full_sequence / scheduler_reserve_full_isl from 0.19.0);
+# config/cache.py gpu_memory_utilization; request_memory's ceil (v1/worker/utils.py); the CUDA-graph
+# estimate (gpu_worker.py + envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default); the dummy sampler's
+# top-k/top-p path (topk_topp_sampler.py + envs.py VLLM_USE_FLASHINFER_SAMPLER default, on an H100).
+READ = {  # release: (policy, util, ceil, graph, sampler)
+    "0.10.1.1": ("vllm-0.11", 0.9, False, "none", "flashinfer"),
+    "0.11.0": ("vllm-0.11", 0.9, False, "none", "flashinfer"),
+    "0.11.1": ("vllm-0.11", 0.9, False, "none", "torch"), "0.11.2": ("vllm-0.11", 0.9, False, "none", "torch"),
+    "0.12.0": ("vllm-0.11", 0.9, False, "none", "torch"), "0.13.0": ("vllm-0.11", 0.9, False, "none", "torch"),
+    "0.14.0": ("vllm-0.11", 0.9, True, "none", "torch"), "0.14.1": ("vllm-0.11", 0.9, True, "none", "torch"),
+    "0.15.0": ("vllm-0.11", 0.9, True, "none", "torch"), "0.15.1": ("vllm-0.11", 0.9, True, "none", "torch"),
+    "0.16.0": ("vllm-0.11", 0.9, True, "none", "torch"),
+    "0.17.0": ("vllm-0.11", 0.9, True, "none", "triton"), "0.17.1": ("vllm-0.11", 0.9, True, "none", "triton"),
+    "0.18.0": ("vllm-0.11", 0.9, True, "logged", "triton"), "0.18.1": ("vllm-0.11", 0.9, True, "logged", "triton"),
+    "0.19.0": ("vllm-0.33", 0.9, True, "logged", "triton"), "0.19.1": ("vllm-0.33", 0.9, True, "logged", "triton"),
+    **{v: ("vllm-0.33", 0.92, True, "subtracted", "triton") for v in ("0.20.0", "0.20.1", "0.20.2")},
+    **{v: ("vllm-0.33", 0.92, True, "subtracted", "flashinfer")
+       for v in ("0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
+                 "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")},
+}
+
+
+@pytest.mark.parametrize("version", sorted(READ, key=version_tuple))
+def test_each_vllm_release_runs_the_rules_its_source_has(version):
+    from kvprobe.theory.vllm.memory_profile import profile_rules
+
+    rules = profile_rules(version)
+    assert (vllm_releases.policy(version), rules.gpu_memory_utilization, rules.requested_ceil, rules.cudagraph,
+            rules.sampler) == READ[version]
+    assert not rules.legacy and rules.snapshot_after_distributed == (version != "0.10.1.1")
+
+
+def test_every_vllm_release_read_is_known_and_every_known_one_was_read():
+    assert set(READ) | {"0.9.2", "0.33.0"} == set(KNOWN_VERSIONS["vllm"])
+
+
+def test_a_rule_is_keyed_by_the_release_that_changed_it():
+    from kvprobe.theory.vllm.memory_profile import RULES
+
+    fields = [(r.gpu_memory_utilization, r.requested_ceil, r.cudagraph, r.sampler, r.snapshot_after_distributed)
+              for r in RULES if not r.legacy]
+    assert all(a != b for a, b in zip(fields, fields[1:], strict=False)), "two consecutive rules say the same"
+    assert [r.release for r in RULES] == ["0.9.2", "0.10.1.1", "0.11.0", "0.11.1", "0.14.0", "0.17.0", "0.18.0",
+                                          "0.20.0", "0.21.0", "0.33.0"]
+    assert all(r.sources for r in RULES)
+
+
+def test_torch_sort_warmup_counts_what_apply_top_k_top_p_holds_at_its_scatter():
+    """0.11.1-0.16.0's sampler warm-up: per row x vocab element the bf16 logits, their fp32 copy, and at
+    `scatter` the sorted fp32 logits, int64 indices, two bool masks, the fp32 cumsum and the fp32
+    result (2 + 4 + 22 bytes); FlashInfer's path holds two fp32 temporaries instead (2 + 4 + 8)."""
+    from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+    from kvprobe.theory.vllm.memory_profile import profile_rules, sampler_warmup_bytes
+
+    geom = geometry_from_config(load_model_config("meta-llama/Llama-3.1-8B")[0])
+    hidden = 8192 * geom.hidden_size * geom.dtype_bytes
+    torch_path = sampler_warmup_bytes(geom, profile_rules("0.15.1"), max_num_seqs=256, max_num_batched_tokens=8192)
+    flashinfer = sampler_warmup_bytes(geom, profile_rules("0.11.0"), max_num_seqs=256, max_num_batched_tokens=8192)
+    assert torch_path - hidden == 256 * geom.vocab_size * (2 + 4 + 22)
+    assert flashinfer - hidden == 256 * geom.vocab_size * (2 + 4 + 8)
+
+
+def test_async_scheduling_is_the_default_from_the_release_that_made_it_so():
+    """config/scheduler.py `async_scheduling: bool = False` up to 0.13.0, `Field(default=None)` (on) from 0.14.0."""
+    dialect = get_dialect("vllm")
+    assert [dialect.async_scheduling_default(v) for v in ("0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.19.0")] == \
+        [False, False, False, True, True]

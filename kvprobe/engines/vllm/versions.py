@@ -15,7 +15,8 @@ KNOWN_VERSIONS = _KNOWN[VLLM]
 
 
 def is_legacy(version: str) -> bool:
-    """0.11.x and older: first-chunk admission, two-line capacity log, 400 for P + max_tokens > M."""
+    """0.11.x and older: the capacity log's block count, 400 for P + max_tokens > M (admission is
+    kvprobe.theory.vllm.releases.policy's: the first chunk up to 0.18.x)."""
     return version_tuple(version) < (0, 12)
 
 
@@ -33,9 +34,9 @@ def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = 
     0.33.0: `SchedulerConfig.async_scheduling` defaults to None (config/scheduler.py L211) and
     `VllmConfig.__post_init__` turns it on unless the model pools, the executor cannot, or the V1
     runner is incompatible (config/vllm.py L1685-1719); the CPU platform forces it off
-    (platforms/cpu.py L348). It arrived opt-in and experimental (vllm-project/vllm#19970, June
-    2025; 0.11 has `--async-scheduling` off by default); the release that made it the default lies
-    between 0.11 and 0.33 and is not pinned here: 0.12 and later are taken as on."""
+    (platforms/cpu.py L348). It arrived opt-in (vllm-project/vllm#19970): `async_scheduling: bool =
+    False` in config/scheduler.py up to 0.13.0 (L133); 0.14.0 made it `Field(default=None)` (L133),
+    which `VllmConfig.__post_init__` turns on (config/vllm.py L588-628). Read in every wheel 0.11.0-0.15.0."""
     if platform == "cpu":
         return False
-    return version_tuple(version) >= (0, 12)
+    return version_tuple(version) >= (0, 14)

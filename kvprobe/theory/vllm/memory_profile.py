@@ -4,9 +4,18 @@ total memory into the KV pool in each release kvprobe has read, and which term m
     available = requested - (weights + torch peak increase + non-torch increase) [- CUDA-graph estimate]
 
 Every release measures the same terms on the GPU; what changed between releases is what is counted
-and what is subtracted. Each rule names the release it was read in and the engine file it comes
-from (docs/ledger.md has the table). A version between two read releases takes the rules of the
-newest read release at or below it (the rules are keyed by the release that changed them).
+and what is subtracted. The rules are keyed by the release that changed them, found by reading every
+final release from 0.11.0 to 0.33.0 (and their patch releases): the snapshot after NCCL init (0.11.0),
+FlashInfer's sampler made opt-in, torch's sort path by default (0.11.1), requested rounded up (0.14.0),
+the triton top-k/top-p kernel (0.17.0), the CUDA-graph estimate logged (0.18.0), then subtracted with
+utilisation 0.92 (0.20.0), FlashInfer's sampler on by default again (0.21.0). Each rule names the engine
+file and line it comes from (docs/ledger.md has the table). A version takes the rules of the newest
+release at or below it that changed one.
+
+0.27.0 measures the same sum another way (`memory_profiling`, utils/mem_utils.py L317-326: the free
+memory consumed since the init snapshot plus the torch peak above what is still allocated, instead of
+weights + torch peak increase + non-torch increase); with PyTorch's own allocator the two differ only
+by blocks it keeps reserved after `empty_cache`, so it is no new rule here.
 
 0.33.0 keeps kvprobe's own estimates (`legacy=True`: `vllm.budget.estimate_vllm_*`), on which the
 expectations and shadow checks rest; the sampler warm-up below is in its source too (see
@@ -35,7 +44,7 @@ class ProfileRules:
     gpu_memory_utilization: float  # CacheConfig default
     requested_ceil: bool  # requested = ceil(total x util) (v1/worker/utils.py request_memory); else total x util
     cudagraph: str  # "none": not profiled; "logged": estimated and printed, not subtracted; "subtracted"
-    sampler: str  # the dummy sampler's top-k/top-p path: "flashinfer" | "triton"
+    sampler: str  # the dummy sampler's top-k/top-p path: "flashinfer" | "torch" (sort) | "triton"
     snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
@@ -71,27 +80,49 @@ RULES: tuple[ProfileRules, ...] = (
                  "v1/sample/ops/topk_topp_sampler.py L46: FlashInfer top-k/top-p on CUDA (the `flashinfer` "
                  "extra, as 0.10.1.1)")),
     ProfileRules(
-        "0.19.0", 0.9, requested_ceil=True, cudagraph="logged", sampler="triton",
+        "0.11.1", 0.9, requested_ceil=False, cudagraph="none", sampler="torch",
         snapshot_after_distributed=True,
-        sources=("config/cache.py L41: gpu_memory_utilization = 0.9",
-                 "v1/worker/gpu_worker.py L263-283: init_worker_distributed_environment, then the snapshot "
-                 "and request_memory (v1/worker/utils.py L408: ceil)",
-                 "v1/worker/gpu_worker.py L376-421: profile_cudagraph_memory() estimated and logged; "
-                 "subtracted only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (envs.py L1654, default 0)",
-                 "v1/worker/gpu_model_runner.py L5721-5795 profile_run -> _dummy_sampler_run (L5556): "
-                 "max_num_seqs rows, top-k and top-p -> topk_topp_triton.py")),
+        sources=("envs.py L647-651: VLLM_USE_FLASHINFER_SAMPLER unset = None, and "
+                 "v1/sample/ops/topk_topp_sampler.py L34-47: FlashInfer only on opt-in (=1), else forward_native",
+                 "v1/sample/ops/topk_topp_sampler.py L152-191 apply_top_k_top_p: the sort path "
+                 "(sort, masks, softmax/cumsum, scatter); same through 0.16.0 (L243-282)")),
+    ProfileRules(
+        "0.14.0", 0.9, requested_ceil=True, cudagraph="none", sampler="torch",
+        snapshot_after_distributed=True,
+        sources=("v1/worker/gpu_worker.py L234: requested_memory = request_memory(...); "
+                 "v1/worker/utils.py L253-260: math.ceil(total x util) (0.13.0 gpu_worker.py L241: no ceil)",)),
+    ProfileRules(
+        "0.17.0", 0.9, requested_ceil=True, cudagraph="none", sampler="triton",
+        snapshot_after_distributed=True,
+        sources=("v1/sample/ops/topk_topp_sampler.py L245-255 apply_top_k_top_p: the triton kernel "
+                 "(v1/sample/ops/topk_topp_triton.py, new in 0.17.0) from 8 rows, torch's sort below; "
+                 "FlashInfer still opt-in",)),
+    ProfileRules(
+        "0.18.0", 0.9, requested_ceil=True, cudagraph="logged", sampler="triton",
+        snapshot_after_distributed=True,
+        sources=("v1/worker/gpu_worker.py L398-399: profile_cudagraph_memory() estimated and logged; L413-415: "
+                 "subtracted only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS (envs.py L1635-1636, default 0)",
+                 "read again in 0.19.0: config/cache.py L41; gpu_worker.py L263-283 (request_memory, "
+                 "v1/worker/utils.py L408: ceil), L376-421; envs.py L1654; gpu_model_runner.py L5721-5795 "
+                 "profile_run -> _dummy_sampler_run (L5556): max_num_seqs rows, top-k and top-p")),
     ProfileRules(
         "0.20.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="triton",
         snapshot_after_distributed=True,
         sources=("config/cache.py L66: gpu_memory_utilization = 0.92",
                  "envs.py L1724: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default 1: the estimate is "
-                 "subtracted (v1/worker/gpu_worker.py determine_available_memory); same in 0.20.1 and 0.24.0 "
-                 "(config/cache.py L67, envs.py L1894)")),
+                 "subtracted (v1/worker/gpu_worker.py determine_available_memory)")),
     ProfileRules(
-        "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="triton",
+        "0.21.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
+        snapshot_after_distributed=True,
+        sources=("envs.py L726-730: VLLM_USE_FLASHINFER_SAMPLER unset = True; v1/sample/ops/topk_topp_sampler.py "
+                 "L39-49: FlashInfer top-k/top-p where the GPU supports it (flashinfer a CUDA requirement: "
+                 "0.23.0 L29); same through 0.32.0 (envs.py L878-882)",)),
+    ProfileRules(
+        "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
         snapshot_after_distributed=True, legacy=True,
         sources=("config/cache.py L215: gpu_memory_utilization = 0.92",
-                 "v1/worker/gpu_worker.py L702-757, envs.py L2219-2221: graph estimate subtracted by default")),
+                 "v1/worker/gpu_worker.py L702-757, envs.py L2219-2221: graph estimate subtracted by default",
+                 "envs.py L887-891: FlashInfer sampler on by default (kvprobe's estimates do not use it)")),
 )
 
 
@@ -108,16 +139,19 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     models at max_num_seqs 1024: one row per dummy request (`_dummy_run`: min(tokens, max_num_seqs)).
 
     Live at the peak, per row x vocab element: the model-dtype logits (compute_logits), their fp32
-    copy (v1/sample/sampler.py `logits.to(torch.float32)`), and two fp32 temporaries of the sampling
-    path: triton (0.19+) softmax probs + random_sample's exponential `q = torch.empty_like(probs)`
-    (v1/sample/ops/topk_topp_sampler.py); FlashInfer (0.10) top_k_mask_logits + softmax. The triton
-    path adds its cached per-program rows; the forward's hidden states (max_num_batched_tokens rows,
-    profile_run keeps them until the sampler returns) are live throughout. With PP the sampler runs on
-    the last rank, which also holds the received hidden states and residual of max_num_batched_tokens
+    copy (v1/sample/sampler.py `logits.to(torch.float32)`), and the sampling path's temporaries:
+    triton (0.17-0.20) two fp32, softmax probs + random_sample's exponential `q = torch.empty_like(probs)`
+    (v1/sample/ops/topk_topp_sampler.py); FlashInfer (0.10, 0.11.0, 0.21-0.32) two fp32, top_k_mask_logits
+    + softmax; torch's sort (0.11.1-0.16, `apply_top_k_top_p` at its `scatter`) the sorted fp32 logits,
+    their int64 indices, the top-k and top-p bool masks, the fp32 softmax/cumsum and the scattered fp32
+    result (the sort's own workspace is not modelled). The triton path adds its cached per-program
+    rows; the forward's hidden states (max_num_batched_tokens rows, profile_run keeps them until the
+    sampler returns) are live throughout. With PP the sampler runs on the last rank, which also holds
+    the received hidden states and residual of max_num_batched_tokens
     (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
     the ranks (the executor takes the minimum), so this rank's peak is the one that counts."""
     rows = min(max_num_seqs, max_num_batched_tokens)
-    per_element = geom.dtype_bytes + 4 + 4 + 4
+    per_element = geom.dtype_bytes + 4 + (4 + 8 + 1 + 4 + 1 + 4 if rules.sampler == "torch" else 4 + 4)
     peak = rows * geom.vocab_size * per_element
     if rules.sampler == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
         sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])

@@ -8,21 +8,26 @@ from __future__ import annotations
 from kvprobe.releases import VLLM_DEFAULT_VERSION, version_tuple
 from kvprobe.theory.vllm.memory_profile import profile_rules
 
+# The first release that makes the whole prompt fit before admitting it: 0.19.0 brought
+# `scheduler_reserve_full_isl` (config/scheduler.py L139, default True) and the gate in
+# v1/core/sched/scheduler.py L732-744 (`kv_cache_manager.can_fit_full_sequence`, kv_cache_manager.py
+# L218-248). None of 0.11.0-0.18.1 has the flag or any full-sequence check: they allocate the first chunk.
+# 0.21.0 moved the check into `allocate_slots(full_sequence_must_fit=...)` (kv_cache_manager.py L235).
+FULL_PROMPT_FROM = (0, 19)
+
 
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
-    """The admission policy (schedsim's name) of a vLLM version. 0.11 and older admit a prompt by
-    its first chunk; later releases make the whole prompt fit before admitting it
-    (vllm/v1/core/kv_cache_manager.py `allocate_slots(full_sequence_must_fit=...)`, set from
-    vllm/config/scheduler.py `scheduler_reserve_full_isl`, on by default; off, they admit as 0.11
-    does). The release that brought the flag lies between 0.11 and 0.33: 0.12 is taken as the first."""
-    return "vllm-0.11" if version_tuple(version) < (0, 12) or not reserve_full_isl else "vllm-0.33"
+    """The admission policy (schedsim's name) of a vLLM version. Before 0.19.0 a prompt is admitted
+    by its first chunk; from 0.19.0 the whole prompt must fit before it is admitted
+    (`scheduler_reserve_full_isl`, on by default; off, a release admits as 0.11 does)."""
+    return "vllm-0.11" if version_tuple(version) < FULL_PROMPT_FROM or not reserve_full_isl else "vllm-0.33"
 
 
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
-    """`config/cache.py`'s default: 0.9 up to 0.19.0, 0.92 from 0.20.0 (memory_profile.RULES names the lines)."""
+    """`config/cache.py`'s default: 0.9 up to 0.19.1, 0.92 from 0.20.0 (memory_profile.RULES names the lines)."""
     return profile_rules(version or VLLM_DEFAULT_VERSION).gpu_memory_utilization
 
 
 # What each policy's rule says, in the words a diff between two releases names it with (`kvprobe diff`).
-RULES = {"vllm-0.11": "a prompt is admitted when its first chunk fits, before 0.12",
-         "vllm-0.33": "whole prompt must fit from 0.12 (scheduler_reserve_full_isl on by default)"}
+RULES = {"vllm-0.11": "a prompt is admitted when its first chunk fits, before 0.19",
+         "vllm-0.33": "whole prompt must fit from 0.19 (scheduler_reserve_full_isl on by default)"}
