@@ -37,11 +37,15 @@ def post(url: str, ids: list[int], out: int, *, text: bool = True) -> tuple[int,
         return err.code, {"raw": err.read().decode("utf-8", "replace")}
 
 
+def metric_sum(url: str, name: str) -> float:
+    """The sum of a replica's samples of one vLLM metric family, every label set."""
+    text, _ = scrape_once(url, VLLM.METRICS)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
 def finished(url: str) -> float:
     """Requests a replica finished (vllm:request_success_total, all reasons)."""
-    text, _ = scrape_once(url, VLLM.METRICS)
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total{"))
+    return metric_sum(url, VLLM.METRICS.success + "_total")
 
 
 def prompt(k: int, n: int = 24) -> list[int]:
@@ -67,12 +71,7 @@ def test_router_forwards_text_refuses_ids_and_round_robin_alternates(make_fleet)
 
 def running_total(urls: list[str]) -> float:
     """Requests running over the replicas (vllm:num_requests_running)."""
-    total = 0.0
-    for url in urls:
-        text, _ = scrape_once(url, VLLM.METRICS)
-        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("vllm:num_requests_running{"))
-    return total
+    return sum(metric_sum(url, VLLM.METRICS.running) for url in urls)
 
 
 def _in_flight(ft, policy_requests: int, out: int = 400) -> dict[str, int]:
