@@ -30,6 +30,9 @@ CONFIGS = ROOT / "kvprobe" / "theory" / "model" / "configs"
 MODELS = {
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": CONFIGS / "qwen2.5-7b.json",
     "Qwen/QwQ-32B": CORPUS / "sglang-configs" / "qwq-32b.json",
+    # DeepSeek-R1-Distill-Qwen-32B is distilled onto Qwen2.5-32B: the same 32B geometry as the QwQ config (64 layers,
+    # 8 KV heads of 128, 152064 vocab, 131072 positions, as its log's context_len says).
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B": CORPUS / "sglang-configs" / "qwq-32b.json",
     "Qwen/Qwen3-Reranker-0.6B": CORPUS / "sglang-configs" / "qwen3-0.6b.json",
 }
 WITHIN = 0.05
