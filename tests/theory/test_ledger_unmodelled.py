@@ -54,7 +54,8 @@ VLLM_CASES = {
                   dict(kinds=WINDOW, sliding_window=128, max_model_len=8192, max_num_batched_tokens=2048,
                        async_scheduling=False)),
     "V7@0.21.0/figure": ("0.21.0", "0.20.2", dict(max_model_len=8190), dict(max_model_len=8192)),
-    "V7@0.21.0/startup": ("0.21.0", "0.20.2", dict(num_gpu_blocks_override=400), dict()),
+    "V7@0.21.0/startup": ("0.21.0", "0.20.2", dict(num_gpu_blocks_override=400, refused=True),
+                          dict(num_gpu_blocks_override=400)),
     "V10@0.28.0": ("0.28.0", "0.27.1", dict(gpu_memory_bytes=180 * GIB),
                    dict(gpu_memory_bytes=180 * GIB, max_num_batched_tokens_given=True)),
     "V14@0.14.0": ("0.14.0", "0.13.0", dict(max_model_len_auto=True), dict()),
@@ -223,3 +224,28 @@ def test_the_copied_releases_are_release_changes_mds():
         section = re.search(rf"^### {entry}\. .*?(?=^### |^---)", text, re.M | re.S)
         assert section is not None, entry
         assert release in section.group(0), (entry, release)
+
+
+def test_a_probe_of_an_unmodelled_configuration_stops_with_the_line(tmp_path):
+    """`--max-model-len auto` does not exist before 0.14.0 (and an override fed no auto-fit before
+    0.21.0): a probe has nothing to judge against; from 0.21.0 both are modelled."""
+    import yaml
+
+    from kvprobe.errors import ConfigError
+    from kvprobe.probe.run import predict
+    from kvprobe.spec.expectation import load_expectations
+
+    def expectation(version: str):
+        doc = {"engine": "vllm", "version": version, "model": "meta-llama/Llama-3.1-8B",
+               "flags": {"num-gpu-blocks-override": 201, "max-model-len": "auto"},
+               "target": {"launch": "emulator"}, "profile": "short"}
+        path = tmp_path / version / "exp.yaml"
+        path.parent.mkdir(parents=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return load_expectations(path)[0]
+
+    wanted = (r"expected a release and flags kvprobe models: not modelled before vLLM 0\.21\.0: .*; "
+              r"not modelled before vLLM 0\.14\.0: --max-model-len auto")
+    with pytest.raises(ConfigError, match=wanted):
+        predict(expectation("0.13.0"))
+    assert predict(expectation("0.21.0")).admission is not None

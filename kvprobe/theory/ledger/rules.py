@@ -58,7 +58,8 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: in
         gpu_memory_bytes=inputs.gpu_memory_bytes, async_scheduling=bool(inputs.async_scheduling),
         prefix_caching=caching, num_blocks=bud.num_blocks,
         num_groups=len(bud.plan.groups) if bud.plan is not None else 1,
-        num_gpu_blocks_override=inputs.num_gpu_blocks_override, prompt_tokens=inputs.prompt_tokens)
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None,
+        prompt_tokens=inputs.prompt_tokens)
     applied = []
     if bud.rules:
         applied.append(("memory profile", bud.rules))

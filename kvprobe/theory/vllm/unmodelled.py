@@ -38,6 +38,7 @@ class VllmFacts:
     num_blocks: int = 0  # the pool as logged (null block included)
     num_groups: int = 1  # KV cache groups of the plan
     num_gpu_blocks_override: int | None = None
+    refused: bool = False  # the ledger's startup check refuses this configuration
     prompt_tokens: int | None = None
 
     def has(self, kind: str) -> bool:
@@ -82,8 +83,9 @@ def _capacity_figure_differs(f: VllmFacts) -> bool:
     return f.num_groups > 1 or f.max_model_len % f.block_size != 0
 
 
-def _override_given(f: VllmFacts) -> bool:
-    return f.num_gpu_blocks_override is not None
+def _override_decides_start(f: VllmFacts) -> bool:
+    """An override whose blocks the ledger auto-fits to or refuses by (a fitting one starts either way)."""
+    return f.num_gpu_blocks_override is not None and (f.max_model_len_auto or f.refused)
 
 
 def _large_gpu_default_budget(f: VllmFacts) -> bool:
@@ -137,9 +139,9 @@ ROWS: tuple[Unmodelled, ...] = (
     Unmodelled(
         "V7", ENGINE, "0.21.0", "before", "startup",
         "--num-gpu-blocks-override did not feed the one-request check and auto-fit (they used the profiled "
-        "memory); the ledger checks the override's blocks",
+        "memory); the ledger auto-fits to or refuses by the override's blocks",
         ("0.33.0 v1/core/kv_cache_planning.py L251 _pool_bytes_per_block; first in 0.21.0: release-changes.md V7",),
-        _override_given),
+        _override_decides_start),
     Unmodelled(
         "V10", ENGINE, "0.28.0", "before", "pool",
         "a GPU of 160 GiB or more got the 70 GiB tier's max_num_batched_tokens 8192, not 16384 (the ledger "
