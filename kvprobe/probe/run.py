@@ -40,6 +40,9 @@ def predict(exp, users: int | None = None):
     from kvprobe.theory.ledger.build import build_ledger
 
     ledger = build_ledger(ledger_inputs(exp, users=users))
+    if ledger.admission is None and (ledger.not_predicted or "").startswith("not modelled "):
+        # a release change kvprobe has no model for: nothing to judge the engine against
+        raise ConfigError(f"expected a release and flags kvprobe models: {ledger.not_predicted}", key="version")
     return targets.target_kind(exp).ledger(exp, ledger)
 
 

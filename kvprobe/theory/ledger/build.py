@@ -9,6 +9,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory import admission, schedsim
 from kvprobe.theory.ledger.inputs import LedgerInputs, normalized, validate
+from kvprobe.theory.ledger.rules import ReleaseRules, sglang_release_rules, vllm_release_rules
 from kvprobe.theory.ledger.sections import Capacity, Ledger, ModelSection, RequestSection
 from kvprobe.theory.model.geometry import (
     ModelGeometry,
@@ -127,11 +128,17 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         # admission needs the prompt's blocks; the last output's KV is never written (its token is
         # sampled, not run through the model: vllm/v1/core/sched/scheduler.py)
         request = RequestSection(p, o, cdiv(p, blk), cdiv(p + o - 1, blk), "blocks", bud.max_model_len)
-    if bud.refusal is not None:  # the engine would not start: nothing is admitted
-        return Ledger(inputs, model, bud, cap, request, None, None, version, bud.refusal)
-    if not_modelled is not None:
-        return Ledger(inputs, model, bud, cap, None, None, None, version, not_predicted=not_modelled)
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
+    rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, tokens=tokens, caching=caching,
+                               policy=policy if request is not None else None)
+    if bud.refusal is not None:  # the engine would not start: nothing is admitted
+        return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, bud.refusal), rules)
+    if not_modelled is not None:
+        return _with_rules(Ledger(inputs, model, bud, cap, None, None, None, version, not_predicted=not_modelled),
+                           rules)
+    if request is not None and rules.blocks_prediction:  # a release change the admission model lacks
+        return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version,
+                                  not_predicted=rules.why_not_predicted()), rules)
     sched = schedsim.VllmConfig(
         num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
         max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
@@ -141,7 +148,13 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         groups=groups)
     layers = tuple(group_layers(bud.plan)) if groups else ()
     pred = _predict(sched, inputs, policy, request, layers)
-    return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+    return _with_rules(Ledger(inputs, model, bud, cap, request, pred, sched, version), rules)
+
+
+def _with_rules(led: Ledger, rules: ReleaseRules) -> Ledger:
+    """The ledger naming the release rules it applied and the changes it has no model for here."""
+    led.release_rules, led.not_modelled = list(rules.applied), rules.lines
+    return led
 
 
 def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
@@ -168,8 +181,11 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     cap = Capacity(m // page, m // page, page, bud.cell_size * page, m, bud.profiled_tokens, m / ctx, ctx,
                    bud.max_running_requests, bud.chunked_prefill_size,
                    sglang_pool_groups(bud.pools) if bud.pools else [])
+    policy = inputs.policy or admission.policy_for("sglang", version)
+    rules = sglang_release_rules(inputs, bud, version=version, ctx=ctx,
+                                 policy=policy if inputs.prompt_tokens is not None else None)
     if bud.refusal is not None:  # SGLang would not start: no pool, nothing admitted
-        return Ledger(inputs, model, bud, cap, None, None, None, version, bud.refusal)
+        return _with_rules(Ledger(inputs, model, bud, cap, None, None, None, version, bud.refusal), rules)
     request = None
     if inputs.prompt_tokens is not None:
         p, o = inputs.prompt_tokens, inputs.output_tokens
@@ -183,11 +199,13 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     lay = bud.pools.layout if bud.pools else None
     not_modelled = _sglang_hybrid_not_modelled(inputs, lay)
     if not_modelled is not None:
-        return Ledger(inputs, model, bud, cap, request, None, None, version,
-                      not_predicted=not_modelled if request is not None else None)
+        return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version,
+                                  not_predicted=not_modelled if request is not None else None), rules)
+    if request is not None and rules.blocks_prediction:  # a release change the admission model lacks
+        return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version,
+                                  not_predicted=rules.why_not_predicted()), rules)
     window = lay is not None and lay.pool == "hybrid_swa"  # Qwen3-Next, radix off: the plain scheduler
     #   on the full pool, max_running_requests = the state slots (tests/theory/test_real_sglang.py)
-    policy = inputs.policy or admission.policy_for("sglang", version)
     sched = schedsim.SglangConfig(
         max_total_num_tokens=m, page_size=page, max_running_requests=bud.max_running_requests,
         chunked_prefill_size=bud.chunked_prefill_size,
@@ -200,8 +218,9 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
     try:
         pred = _predict(sched, inputs, policy, request, layers)
     except admission.NotModelled as err:  # the radix cache on, a re-admission onto an old path
-        return Ledger(inputs, model, bud, cap, request, None, sched, version, not_predicted=str(err))
-    return Ledger(inputs, model, bud, cap, request, pred, sched, version)
+        return _with_rules(Ledger(inputs, model, bud, cap, request, None, sched, version, not_predicted=str(err)),
+                           rules)
+    return _with_rules(Ledger(inputs, model, bud, cap, request, pred, sched, version), rules)
 
 
 def _sglang_hybrid_not_modelled(inputs: LedgerInputs, lay) -> str | None:

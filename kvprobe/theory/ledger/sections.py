@@ -68,6 +68,11 @@ class Ledger:
     # the engine's own text when it would refuse to start (build_ledger(explain_refusal=True))
     refusal: str | None = None
     not_predicted: str | None = None  # why admission is not predicted although the request is given
+    # the release rule applied, per aspect ("memory profile", "admission policy", ...): (aspect, rule)
+    release_rules: list = field(default_factory=list)
+    # "not modelled since vLLM 0.20.0: ..." lines: release changes these inputs reach and kvprobe does not
+    # model (kvprobe/theory/vllm/unmodelled.py, kvprobe/theory/sglang/unmodelled.py)
+    not_modelled: list = field(default_factory=list)
 
     @property
     def startup(self) -> dict:
@@ -101,6 +106,8 @@ class Ledger:
             "admission": None,
             "scheduler_config": _scheduler_dict(self.scheduler_config),
             "startup": self.startup,
+            "release_rules": [{"aspect": a, "rule": r} for a, r in self.release_rules],
+            "not_modelled": list(self.not_modelled),
         }
         if self.admission is not None:
             a = dataclasses.asdict(self.admission)

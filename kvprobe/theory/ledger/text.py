@@ -18,6 +18,11 @@ def render_ledger(led: Ledger | FleetLedger) -> str:
     if isinstance(led, FleetLedger):
         return render_ledger(led.replica) + "\n\n" + render_fleet(led)
     sections = _render_sections(led)
+    if led.release_rules:
+        sections.append(render_table(["release rules", "applied"], [list(r) for r in led.release_rules],
+                                     align="ll"))
+    if led.not_modelled:
+        sections.append("\n".join(led.not_modelled))
     if led.refusal is not None:
         sections.append(_refusal_text(led))
     return "\n\n".join(sections)
@@ -83,7 +88,7 @@ def _render_sections(led: Ledger) -> list[str]:
     if r is not None:
         req_rows = [
             ["prompt + output tokens", f"{r.prompt_tokens} + {r.output_tokens}", f"length limit {r.length_limit}"],
-            [f"{r.unit} to admit", r.blocks_admission, "prompt blocks (full ISL)" if vllm
+            [f"{r.unit} to admit", r.blocks_admission, _admit_how(led) if vllm
              else "prompt + min(O, 4096) reserved"],
             [f"peak {r.unit}", r.blocks_peak, "ceil((P+O-1)/B)" if vllm else "P + O - 1"],
             ["requests the pool holds at peak", (c.usable_blocks if vllm else c.kv_tokens) // r.blocks_peak,
@@ -105,6 +110,14 @@ def _render_sections(led: Ledger) -> list[str]:
         out.append(render_table(["request", "value", "how"], req_rows, align="lrl"))
     out.append(_admission_text(led))
     return out
+
+
+def _admit_how(led: Ledger) -> str:
+    """What a vLLM release needs free to admit a prompt: its first chunk before 0.19, the whole prompt from it."""
+    policy = led.admission.policy if led.admission is not None else None
+    if policy == "vllm-0.11":
+        return "prompt blocks; admitted once its first chunk, min(P, token budget), fits (before 0.19)"
+    return "prompt blocks (full ISL)"
 
 
 def _budget_rows(led: Ledger) -> list[list[object]]:

@@ -1,0 +1,99 @@
+"""Which release's rule the ledger applied, per figure, and which release changes it has no model
+for in this configuration (the engines' tables: `kvprobe.theory.vllm.unmodelled`,
+`kvprobe.theory.sglang.unmodelled`). The ledger prints the first as its "release rules" table and
+the second as "not modelled since / before ..." lines; where one of those moves the pool, the start
+or the admission, the admission is not predicted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvprobe.releases import version_tuple
+from kvprobe.theory.admission import policy_rule
+from kvprobe.theory.sglang.unmodelled import SglangFacts
+from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
+from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
+from kvprobe.theory.vllm.unmodelled import VllmFacts
+from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
+
+# The first vLLM release whose defaults the ledger's batch tiers are (engine/arg_utils.py
+# get_batch_defaults: the >= 160 GiB tier, release-changes.md V10), and the first that schedules
+# asynchronously by default (kvprobe.engines.vllm.versions.async_scheduling_default).
+VLLM_BATCH_TIERS_FROM = "0.28.0"
+VLLM_ASYNC_DEFAULT_FROM = (0, 14)
+
+
+@dataclass
+class ReleaseRules:
+    """The rules applied (aspect -> what, with the release) and the changes not modelled."""
+
+    applied: list[tuple[str, str]] = field(default_factory=list)
+    unmodelled: list[Unmodelled] = field(default_factory=list)
+
+    @property
+    def lines(self) -> list[str]:
+        return [r.line() for r in self.unmodelled]
+
+    @property
+    def blocks_prediction(self) -> bool:
+        return blocks_prediction(self.unmodelled)
+
+    def why_not_predicted(self) -> str | None:
+        """The ledger's reason for no admission prediction, or None when the rows leave it standing."""
+        if not self.blocks_prediction:
+            return None
+        return "; ".join(r.line() for r in self.unmodelled if r.effect != "figure")
+
+
+def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: int, caching: bool,
+                       policy: str | None) -> ReleaseRules:
+    """The vLLM rules the ledger applied for `version`, and the rows of its unmodelled table these
+    inputs reach (`inputs`: LedgerInputs; `bud`: the VllmBudget)."""
+    lay = geom.layers
+    facts = VllmFacts(
+        version=version, kinds=lay.kinds, sliding_window=lay.sliding_window,
+        attention_chunk_size=lay.attention_chunk_size, block_size=bud.block_size, max_model_len=bud.max_model_len,
+        max_model_len_auto=inputs.max_model_len == -1, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+        max_num_batched_tokens_given=inputs.max_num_batched_tokens is not None,
+        gpu_memory_bytes=inputs.gpu_memory_bytes, async_scheduling=bool(inputs.async_scheduling),
+        prefix_caching=caching, num_blocks=bud.num_blocks,
+        num_groups=len(bud.plan.groups) if bud.plan is not None else 1,
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None,
+        prompt_tokens=inputs.prompt_tokens)
+    applied = []
+    if bud.rules:
+        applied.append(("memory profile", bud.rules))
+    batch = "given" if inputs.max_num_seqs and inputs.max_num_batched_tokens else (
+        f"the GPU-tier defaults of vLLM {VLLM_BATCH_TIERS_FROM}-0.33.0 (engine/arg_utils.py get_batch_defaults) "
+        "for what was not given")
+    applied.append(("max_num_seqs / max_num_batched_tokens", batch))
+    async_default = "on" if version_tuple(version) >= VLLM_ASYNC_DEFAULT_FROM else "off"
+    applied.append(("scheduling", f"{'async' if inputs.async_scheduling else 'sync'} (the default of this release: "
+                                  f"{async_default}; on by default from 0.14.0, config/scheduler.py)"))
+    applied.append(("KV cache size figure", "max_concurrency x max_model_len (vLLM 0.21.0 on, "
+                                            "v1/core/kv_cache_utils.py get_kv_cache_capacity)"))
+    if bud.plan is not None:
+        applied.append(("KV cache groups", "vLLM 0.33.0's hybrid rules (window cap from 0.20.0, in-flight "
+                                           "W-1+2T with async scheduling from 0.26.0)"))
+    if policy is not None:
+        applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
+    return ReleaseRules(applied, vllm_unmodelled(facts))
+
+
+def sglang_release_rules(inputs, bud, *, version: str, ctx: int, policy: str | None) -> ReleaseRules:
+    """The SGLang rules the ledger applied for `version`, and the rows of its unmodelled table these
+    inputs reach (`bud`: the SglangBudget)."""
+    facts = SglangFacts(
+        version=version, max_total_num_tokens=bud.max_total_num_tokens, context_len=ctx, page_size=bud.page_size,
+        dp=inputs.dp, max_running_requests=inputs.max_running_requests, prompt_tokens=inputs.prompt_tokens,
+        output_tokens=inputs.output_tokens)
+    applied = [("mem_fraction_static", f"{bud.fraction_source}")]
+    applied.append(("max_running_requests", "resolve_max_num_reqs of 0.5.14-0.5.23: a given value capped at "
+                                            "M // 2; the default clamp(M / context_len x 512, 2048, 4096), "
+                                            "capped at M // 2"))
+    applied.append(("max_new_tokens", "clipped to context and memory (max_new_tokens_for_memory, 0.5.21 on)"))
+    if bud.pools is not None:
+        applied.append(("hybrid pools", "SGLang 0.5.21-0.5.23's (earlier releases refused)"))
+    if policy is not None:
+        applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
+    return ReleaseRules(applied, sglang_unmodelled(facts))
