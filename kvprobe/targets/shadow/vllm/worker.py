@@ -13,8 +13,10 @@ This worker answers only what the GPU worker would answer:
   after a step time from kvprobe's time model (the emulator's), overlapped with scheduling when
   async scheduling is on, as a GPU overlaps them.
 
-Runs inside the engine: imports only the standard library, vllm (and torch) and `kvprobe.theory`.
-Its settings come from the environment the launcher sets (`kvprobe.targets.shadow.vllm.target`).
+Runs inside the engine: imports only the standard library, vllm (and torch), `kvprobe.theory` and the
+shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where vLLM 0.18.1's interfaces differ
+from 0.33.0's, the one place that asks which release runs). Its settings come from the environment the
+launcher sets (`kvprobe.targets.shadow.vllm.target`).
 """
 
 from __future__ import annotations
