@@ -24,6 +24,7 @@ MAX_LINES = 400
 # here they may fail to import, and only for want of that engine's packages.
 ENGINE_SIDE = {
     "kvprobe.targets.shadow.sglang.hooks": {"torch", "sglang"},
+    "kvprobe.targets.shadow.vllm.compat": {"vllm"},
     "kvprobe.targets.shadow.vllm.kvplan": {"torch", "vllm"},
     "kvprobe.targets.shadow.vllm.kvspec": {"torch", "vllm"},
     "kvprobe.targets.shadow.vllm.worker": {"torch", "vllm"},

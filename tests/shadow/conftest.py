@@ -1,5 +1,6 @@
-"""The vLLM shadow target's tests run vLLM 0.33.0's own code: the engine environment is installed
-when it is missing (never skipped), once per session, with its progress on the terminal."""
+"""The vLLM shadow target's tests run vLLM 0.33.0's own code (and 0.18.1's, for the release pair): the
+engine environment is installed when it is missing (never skipped), once per session, with its progress
+on the terminal."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.targets.shadow import envs
+from kvprobe.targets.shadow import envs, recipes
 from tests.conftest import add_figure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +30,21 @@ def vllm_env(pytestconfig):
     mp = pytest.MonkeyPatch()
     mp.setenv(envs.CACHE_ENV, str(envs.cache_root()))
     yield envs.ensure("vllm", VERSION, log=log)  # ~90 s warm pip cache, 2-3 min cold
+    mp.undo()
+
+
+@pytest.fixture(scope="session")
+def vllm_release_env(pytestconfig):
+    """`vllm_release_env(VERSION)`: any vLLM release with a shadow recipe (0.18.1 beside 0.33.0),
+    installed when missing, the first time a test of the session asks for it."""
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(envs.CACHE_ENV, str(envs.cache_root()))
+
+    def get(version: str) -> envs.EngineEnv:
+        return recipes.ensure("vllm", version, log=reporter.write_line if reporter is not None else print)
+
+    yield get
     mp.undo()
 
 

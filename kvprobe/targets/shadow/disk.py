@@ -19,9 +19,12 @@ from pathlib import Path
 from kvprobe.errors import ConfigError
 from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.targets.shadow import envs
+from kvprobe.targets.shadow.vllm import env as vllm_env
 
-# What `make test` installs: pruning without --keep leaves these.
-SUITE_RELEASES = (("vllm", VLLM_DEFAULT_VERSION), ("sglang", SGLANG_DEFAULT_VERSION), ("sglang-router", "0.3.2"))
+# What `make test` installs (vLLM 0.18.1 for tests/shadow/test_vllm_release_pair.py): pruning without
+# --keep leaves these.
+SUITE_RELEASES = (("vllm", VLLM_DEFAULT_VERSION), ("vllm", vllm_env.VERSION), ("sglang", SGLANG_DEFAULT_VERSION),
+                  ("sglang-router", "0.3.2"))
 
 
 def disk_bytes(root: Path) -> int:

@@ -21,9 +21,10 @@ from kvprobe.targets.shadow.envs import (
     require,
 )
 from kvprobe.targets.shadow.sglang import env as sglang_env
+from kvprobe.targets.shadow.vllm import env as vllm_env
 
-# The modules that register a recipe besides envs itself (its vLLM recipe is all pins).
-RECIPE_MODULES = (sglang_env, router_env)
+# The modules that register a recipe besides envs itself (its vLLM 0.33.0 recipe is all pins).
+RECIPE_MODULES = (sglang_env, vllm_env, router_env)
 
 __all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "known_versions",
            "parse_spec", "recipe", "require"]

@@ -23,6 +23,12 @@ import types
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: the planner itself is device-free
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+from kvprobe.targets.shadow.vllm import compat  # noqa: E402
+
+if compat.OLD_INTERFACES:  # 0.18.1 has no kv_cache_planning module (its planner is kv_cache_utils')
+    sys.exit(f"kvprobe.targets.shadow.vllm.kvplan runs vLLM 0.33.0's planner; this environment holds vLLM "
+             f"{compat.VLLM_VERSION}, whose worker describes full-attention models only (compat.py)")
+
 from vllm.config import VllmConfig  # noqa: E402
 from vllm.v1.core.kv_cache_planning import (  # noqa: E402
     get_global_kv_cache_groups,

@@ -42,11 +42,10 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
-    SparseCacheRole,
-    get_kv_quant_mode,
 )
 
 from kvprobe.errors import ConfigError
+from kvprobe.targets.shadow.vllm import compat
 from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, weight_bytes
 from kvprobe.theory.vllm import budget
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
@@ -87,7 +86,7 @@ def to_vllm_spec(d: dict) -> KVCacheSpec:
             prefill_checkpoint_alignment=d.get("prefill_checkpoint_alignment"))
     cls = _ATTENTION[d["spec"]]
     kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
-              dtype=getattr(torch, d["dtype"]), kv_quant_mode=get_kv_quant_mode(d["cache_dtype"]))
+              dtype=getattr(torch, d["dtype"]), **compat.quant_fields(d["cache_dtype"]))
     if cls is not ChunkedLocalAttentionSpec:  # chunked_local_attention.py L119-128 passes no head_size_v
         kw["head_size_v"] = d["head_size_v"]
     if cls is SlidingWindowSpec:
@@ -163,6 +162,15 @@ def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
 
 
 def layout(vllm_config: VllmConfig) -> Layout:
+    lay = _layout(vllm_config)
+    kind = "hybrid layers" if lay.hybrid is not None else "MLA attention" if lay.mla else None
+    reason = compat.refusal(kind) if kind else None  # a release whose spec fields kvprobe has not written
+    if reason:
+        raise UnsupportedModelError(reason)
+    return lay
+
+
+def _layout(vllm_config: VllmConfig) -> Layout:
     mc = vllm_config.model_config
     if not mc.is_attention_free:
         geom = _geometry(vllm_config)
@@ -212,7 +220,7 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     cache_dtype = cc.cache_dtype
     dtype = kv_cache_dtype_str_to_dtype(cache_dtype, mc)
-    quant = get_kv_quant_mode(cache_dtype)
+    quant = compat.quant_fields(cache_dtype)
     specs: dict[str, KVCacheSpec] = {}
     if not lay.mla:
         heads = mc.get_num_kv_heads(vllm_config.parallel_config)
@@ -220,7 +228,7 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
         for i in lay.layers:
             specs[f"model.layers.{i}.self_attn.attn"] = FullAttentionSpec(
                 block_size=block_size, num_kv_heads=heads, head_size=head, head_size_v=head,
-                dtype=dtype, kv_quant_mode=quant)
+                dtype=dtype, **quant)
         return specs
     text = mc.hf_text_config
     # DeepseekV2Model allocates the sparse top-k buffer as [max_num_batched_tokens, index_topk]
@@ -229,9 +237,11 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     for i in lay.layers:
         specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
             block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
-            dtype=dtype, cache_dtype_str=cache_dtype, kv_quant_mode=quant,
+            dtype=dtype, cache_dtype_str=cache_dtype, **quant,
             state_content_bytes=DS_MLA_STATE_BYTES.get(cache_dtype),
             topk_buffer_width=topk_width, is_index_group_leader=i in lay.indexer_layers)
+    from vllm.v1.kv_cache_interface import SparseCacheRole  # 0.33's field (compat.py): MLA is refused before
+
     d = getattr(text, "index_head_dim", 0)
     for i in lay.indexer_layers:
         specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(

@@ -13,20 +13,22 @@ This worker answers only what the GPU worker would answer:
   after a step time from kvprobe's time model (the emulator's), overlapped with scheduling when
   async scheduling is on, as a GPU overlaps them.
 
-Runs inside the engine: imports only the standard library, vllm (and torch) and `kvprobe.theory`.
-Its settings come from the environment the launcher sets (`kvprobe.targets.shadow.vllm.target`).
+Runs inside the engine: imports only the standard library, vllm (and torch), `kvprobe.theory` and the
+shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where vLLM 0.18.1's interfaces differ
+from 0.33.0's, the one place that asks which release runs). Its settings come from the environment the
+launcher sets (`kvprobe.targets.shadow.vllm.target`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import zlib
 
 from vllm.logger import init_logger
-from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
-from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+from vllm.v1.worker.worker_base import WorkerBase
 
 from kvprobe.targets.shadow.settings import (
     ENV_SETTINGS,
@@ -36,6 +38,7 @@ from kvprobe.targets.shadow.settings import (
     restored_line,
     scheduler_line,
 )
+from kvprobe.targets.shadow.vllm import compat
 from kvprobe.targets.shadow.vllm import kvspec as vllm_kvspec
 from kvprobe.theory.sim.steptime import TimeModel
 
@@ -58,7 +61,7 @@ class _Sequences:
             self.prompt.pop(rid, None)
             self.outputs.pop(rid, None)
         for new in so.scheduled_new_reqs:
-            self.prompt[new.req_id] = new.prompt_len
+            self.prompt[new.req_id] = compat.prompt_len(new)
             self.outputs[new.req_id] = 0
         cached = so.scheduled_cached_reqs
         for rid, n_out in zip(cached.req_ids, cached.num_output_tokens, strict=True):
@@ -122,7 +125,8 @@ def _wait_until(t: float) -> None:
 
 
 class ShadowWorker(WorkerBase):
-    """The GPU worker's contract (v1/worker/gpu_worker.py, 0.33.0), with no device and no model."""
+    """The GPU worker's contract (v1/worker/gpu_worker.py, 0.33.0; where 0.18.1's differs, `compat.py`),
+    with no device and no model."""
 
     def __init__(self, vllm_config, local_rank: int, rank: int, distributed_init_method: str,
                  is_driver_worker: bool = False, **_ignored) -> None:
@@ -155,11 +159,16 @@ class ShadowWorker(WorkerBase):
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         # No attention backend declares a layout: vLLM's default preference (utils.py L243-262)
-        return [layout.name for layout in _DEFAULT_LAYOUT_PREFERENCE]
+        return compat.default_kv_cache_layouts()
 
     def determine_available_memory(self) -> int:
         plan = vllm_kvspec.available_kv_bytes(self.vllm_config, gpu_memory_bytes=self.settings.gpu_memory_bytes,
                                               estimates=self.settings.estimates)
+        override = self.cache_config.num_gpu_blocks_override
+        if plan.source == "num_gpu_blocks_override" and (
+                pool := compat.override_pool_bytes(override, self.get_kv_cache_spec())):
+            plan = dataclasses.replace(plan, kv_bytes=pool, detail="override x bytes per block (vLLM checks the bytes "
+                                                                   "before it applies the override: compat.py)")
         self.memory_plan = plan
         logger.info(memory_line(plan.source, plan.kv_bytes, plan.detail))
         return plan.kv_bytes
@@ -171,8 +180,8 @@ class ShadowWorker(WorkerBase):
         logger.info(scheduler_line("AsyncScheduler" if sc.async_scheduling else "Scheduler", sc.async_scheduling,
                                    kv_cache_config.num_blocks, block, self.time_model.encode()))
 
-    def compile_or_warm_up_model(self) -> CompilationTimes:
-        return CompilationTimes(language_model=0.0, encoder=0.0)
+    def compile_or_warm_up_model(self):
+        return compat.compile_times()
 
     def check_health(self) -> None:
         return

@@ -1,0 +1,104 @@
+"""Where the vLLM releases kvprobe's shadow worker runs in differ in the interfaces it implements or
+builds: the one place that branches on the installed vLLM's version (the worker and `kvspec.py` ask
+here). Runs inside the engine environment (imports vllm).
+
+Releases with a shadow recipe: 0.33.0 (the worker is written for it) and 0.18.1, the last before
+0.19.0 brought whole-prompt admission. Each difference below was read in both wheels
+(`pip download vllm==V --no-deps`); the releases between them were not read, so the branch is
+drawn at 0.19 only because that is where kvprobe's two recipes part, not because every difference
+appeared there.
+
+Each difference, 0.33.0 first, then 0.18.1 (files under vllm/):
+
+- `compile_or_warm_up_model` returns `CompilationTimes(language_model, encoder)` (v1/worker/worker_base.py
+  L39-41, L121) / a float, the compilation seconds (v1/worker/worker_base.py L89; v1/executor/abstract.py
+  L118-126 takes the max). -> `compile_times`
+- `get_supported_kv_cache_layouts` is asked by EngineCore (v1/engine/core.py L288; the default preference
+  is v1/attention/backends/utils.py `_DEFAULT_LAYOUT_PREFERENCE` L229-236) / never asked (no such RPC),
+  and `_DEFAULT_LAYOUT_PREFERENCE` does not exist. -> `default_kv_cache_layouts`
+- The attention specs carry `kv_quant_mode` (`get_kv_quant_mode`), MLA's `max_tp_shards`,
+  `state_content_bytes`, `topk_buffer_width`, `cache_role` (`SparseCacheRole`) / only `block_size,
+  num_kv_heads, head_size, dtype, page_size_padded, head_size_v, sliding_window, attention_chunk_size`
+  (v1/kv_cache_interface.py L65-107), MLA adds `cache_dtype_str` alone (L191-193), `MambaSpec` has no
+  prefill checkpoints (L274-280). -> `quant_fields`, `refusal`
+- `--num-gpu-blocks-override` with no profiled bytes: the planner puts override x bytes per block in
+  their place before it checks them (v1/core/kv_cache_planning.py L1510-1531) / it checks the profiled
+  bytes first (v1/core/kv_cache_utils.py L1571-1578; `_check_enough_kv_cache_memory` L616-627 refuses 0
+  bytes: "No available memory for the cache blocks") and applies the override after
+  (`may_override_num_blocks` L820-833). -> `override_pool_bytes`
+- `NewRequestData.prompt_len` is a property (v1/core/sched/output.py L85-91) / absent; the same two
+  fields, `prompt_token_ids` and `prompt_embeds`, are there (v1/core/sched/output.py L31-43). -> `prompt_len`
+  (no branch: 0.33's computation works on both)
+- The CPU platform is chosen by `VLLM_TARGET_DEVICE=cpu` (platforms/__init__.py L173-181) / only for a CPU
+  build of vLLM or on macOS (platforms/__init__.py L163-185). Not a worker interface: the 0.18.1 recipe
+  installs `cpu_platform_plugin.py` (`env.py`), so the branch is the recipe.
+
+So on 0.18.1 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
+refused at start-up, naming the release): those specs are written with 0.33's fields.
+"""
+
+from __future__ import annotations
+
+from vllm import __version__ as VLLM_VERSION
+
+from kvprobe.releases import version_tuple
+
+# True on 0.18.1's worker and spec interfaces (see the table above); False on 0.33.0's.
+OLD_INTERFACES = version_tuple(VLLM_VERSION) < (0, 19)
+
+
+def compile_times():
+    """What `compile_or_warm_up_model` returns when nothing was compiled."""
+    if OLD_INTERFACES:
+        return 0.0
+    from vllm.v1.worker.worker_base import CompilationTimes
+
+    return CompilationTimes(language_model=0.0, encoder=0.0)
+
+
+def default_kv_cache_layouts() -> list[str]:
+    """The layouts a worker with no attention backend supports: vLLM's default preference (0.33),
+    nothing on 0.18.1, which never asks."""
+    if OLD_INTERFACES:
+        return []
+    from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
+
+    return [layout.name for layout in _DEFAULT_LAYOUT_PREFERENCE]
+
+
+def quant_fields(cache_dtype: str) -> dict:
+    """The attention spec's quantization field for this cache dtype (0.33: `kv_quant_mode`); none on 0.18.1."""
+    if OLD_INTERFACES:
+        return {}
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    return {"kv_quant_mode": get_kv_quant_mode(cache_dtype)}
+
+
+def override_pool_bytes(num_blocks: int, specs: dict) -> int:
+    """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none on 0.33 (its planner
+    puts override x bytes per block in their place); on 0.18.1 that same product, the pool the override
+    asks for, so that the planner's check sees what 0.33's would (num_blocks = bytes // page // layers,
+    kv_cache_utils.py L836-849, gives back the override)."""
+    if not OLD_INTERFACES:
+        return 0
+    return num_blocks * sum(spec.page_size_bytes for spec in specs.values())
+
+
+def refusal(kind: str) -> str | None:
+    """On 0.18.1 only full attention is described: the reason a model of another layer kind is refused
+    there (kvspec raises it at start-up), or None."""
+    if not OLD_INTERFACES:
+        return None
+    return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) models on vLLM {VLLM_VERSION}; this "
+            f"model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
+
+
+def prompt_len(new_request) -> int:
+    """A new request's prompt length, as 0.33's `NewRequestData.prompt_len` computes it (0.18.1 has
+    no such property; the same two fields are there)."""
+    if new_request.prompt_token_ids is not None:
+        return len(new_request.prompt_token_ids)
+    if new_request.prompt_embeds is not None:
+        return new_request.prompt_embeds.shape[0]
+    return 0

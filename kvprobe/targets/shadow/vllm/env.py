@@ -1,0 +1,98 @@
+"""The vLLM 0.18.1 engine environment: the pinned CPU install plus a platform plugin; registered
+here as the SGLang releases are in `kvprobe.targets.shadow.sglang.env` (0.33.0's recipe, pins
+only, is in `kvprobe.targets.shadow.envs`).
+
+0.18.1 is the last release before 0.19.0 brought whole-prompt admission (`scheduler_reserve_full_isl`;
+kvprobe/theory/vllm/releases.py FULL_PROMPT_FROM): with it and 0.33.0, `kvprobe diff
+expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.33.0` runs both admission rules on
+the engines' own code.
+
+Install (measured 104 s with a warm pip cache, 2.2 GB): `pip install --no-deps -r pins/vllm-0.18.1.txt`,
+then one step written here:
+
+- `kvprobe_vllm_cpu_platform.py` and `kvprobe_shadow_vllm-<v>.dist-info`: `cpu_platform_plugin.py`
+  copied as a top-level module, and a distribution with no other code whose entry point in vLLM's
+  group `vllm.platform_plugins` names it. 0.18.1 picks the CPU platform only for a CPU build of vLLM
+  (`VLLM_TARGET_DEVICE=cpu` is 0.33's rule); the plugin applies 0.33's rule, so the PyPI wheel starts.
+
+Where the worker's interfaces differ between the two releases: `kvprobe.targets.shadow.vllm.compat`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from importlib import resources
+
+import kvprobe
+from kvprobe.releases import VLLM
+from kvprobe.targets.shadow import envs
+
+VERSION = "0.18.1"
+PLUGIN_GROUP = "vllm.platform_plugins"  # vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP L19 (0.18.1)
+PLUGIN_NAME = "kvprobe_cpu"
+PLUGIN_MODULE = "kvprobe_vllm_cpu_platform"
+PLUGIN_TARGET = f"{PLUGIN_MODULE}:cpu_platform"
+DIST_NAME = "kvprobe_shadow_vllm"
+
+
+def _plugin_source() -> str:
+    return resources.files("kvprobe.targets.shadow.vllm").joinpath("cpu_platform_plugin.py").read_text("utf-8")
+
+
+def _dist_files(version: str) -> dict[str, str]:
+    info = f"{DIST_NAME}-{version}.dist-info"
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
+                    "Summary: kvprobe's vLLM CPU platform plugin (0.33's VLLM_TARGET_DEVICE=cpu rule)\n",
+        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n",
+        "top_level.txt": f"{PLUGIN_MODULE}\n",
+        "INSTALLER": "kvprobe\n",
+    }
+    # RECORD: one `path,hash,size` row per file (importlib.metadata reads it; an empty line breaks it)
+    names = [f"{PLUGIN_MODULE}.py", *(f"{info}/{n}" for n in [*files, "RECORD"])]
+    files["RECORD"] = "".join(f"{n},,\n" for n in names)
+    return {f"{info}/{name}": text for name, text in files.items()}
+
+
+_CHECK = """
+import os
+os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+from vllm.platforms import current_platform
+assert current_platform.device_type == "cpu", current_platform
+"""
+
+
+def write_platform_plugin(env: envs.EngineEnv) -> None:
+    for old in env.site_packages.glob(f"{DIST_NAME}-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    (env.site_packages / f"{PLUGIN_MODULE}.py").write_text(_plugin_source())
+    for rel, text in _dist_files(kvprobe.__version__).items():
+        path = env.site_packages / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    out = subprocess.run([str(env.python), "-c", _CHECK], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise envs.EnvError(f"vLLM in {env.root} does not pick the CPU platform through the {PLUGIN_GROUP} "
+                            "entry point: " + (out.stderr.strip().splitlines() or ["no output"])[-1])
+
+
+def _revision(*texts: str) -> str:
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+
+
+RECIPE = envs.register(envs.Recipe(
+    engine=VLLM, version=VERSION, module="vllm",
+    steps=(
+        envs.Pip(pins=f"vllm-{VERSION}.txt"),
+        envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
+                  _revision(_plugin_source(), *_dist_files(kvprobe.__version__).values())),
+    ),
+    # the scheduler, the OpenAI server, and what the shadow worker subclasses and returns
+    extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server",
+                  "vllm.v1.worker.worker_base", "vllm.v1.outputs"),
+    notes="torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; transformers 4.57.6, openai 2.24.0 "
+          "(its METADATA caps them below 5 and 2.25); a vllm.platform_plugins entry point for the CPU platform",
+))
