@@ -121,3 +121,21 @@ def test_an_expectation_says_it_as_hardware_gpu_free_memory(tmp_path):
     assert abs(free - 36.54 * GIB) < 1
     led = build_ledger(LedgerInputs(**ledger_kwargs(loaded)))
     assert led.budget.fraction == 0.86 and led.budget.estimates == {"other_bytes": NVL - free}
+
+
+@pytest.mark.parametrize("version,dropped_mib", [
+    ("0.5.9", 0), ("0.5.10.post1", 0), ("0.5.13", 0),  # the decode reserve whatever the flag
+    ("0.5.14", 58 * 8),  # both backends "disabled": the prefill reserve goes, the decode one stays
+    ("0.5.15", 58 * 8 + 256 * 2), ("0.5.19", 58 * 8 + 256 * 2), ("0.5.22", 58 * 8 + 256 * 2),
+    (None, 58 * 8 + 256 * 2),  # 0.5.23's formula
+])
+def test_disable_cuda_graph_drops_the_reserves_of_its_release(version, dropped_mib):
+    on, off = budget(version), budget(version, disable_cuda_graph=True)
+    assert on.reserved_mib - off.reserved_mib == dropped_mib
+
+
+def test_the_h100_nvl_log_confirms_0_5_10_keeps_the_decode_reserve():
+    """The graphs-off run logged 0.86 with --disable-cuda-graph: dropping the 512 MiB decode reserve too would
+    have given 0.865."""
+    assert budget(disable_cuda_graph=True, disable_piecewise_cuda_graph=True).fraction == 0.86
+    assert round((NVL / MIB - 13440 + 512) / (NVL / MIB), 3) == 0.865

@@ -160,6 +160,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
         model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype, version=version,
         gpu_free_bytes=inputs.gpu_free_memory_bytes, disable_piecewise_cuda_graph=inputs.disable_piecewise_cuda_graph,
+        disable_cuda_graph=inputs.disable_cuda_graph,
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
                                   disable_radix_cache=inputs.disable_radix_cache,
                                   disable_overlap_schedule=inputs.disable_overlap_schedule,

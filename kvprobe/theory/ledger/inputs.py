@@ -50,6 +50,7 @@ class LedgerInputs:
     mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
     disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
     disable_piecewise_cuda_graph: bool = False  # SGLang 0.5.10-0.5.19 --disable-piecewise-cuda-graph
+    disable_cuda_graph: bool = False  # SGLang --disable-cuda-graph (its reserves: from 0.5.14)
     # SGLang's hybrid-pool flags (theory/sglang/pools.py SglangOptions; None: SGLang's default)
     disable_hybrid_swa_memory: bool = False
     max_mamba_cache_size: int | None = None

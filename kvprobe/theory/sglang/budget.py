@@ -17,7 +17,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.releases import KNOWN_VERSIONS, SGLANG, SGLANG_DEFAULT_VERSION, normalize_version
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
-from kvprobe.theory.sglang.memory_profile import memory_rules, release_key
+from kvprobe.theory.sglang.memory_profile import cuda_graph_reserves_dropped, memory_rules, release_key
 from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.units import format_bytes
@@ -163,7 +163,8 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   estimates: dict[str, int] | None = None, refuse: bool = True,
                   model_config: dict | None = None, hybrid_opts: SglangOptions | None = None,
                   kv_cache_dtype: str = "auto", version: str | None = None,
-                  gpu_free_bytes: int | None = None, disable_piecewise_cuda_graph: bool = False) -> SglangBudget:
+                  gpu_free_bytes: int | None = None, disable_piecewise_cuda_graph: bool = False,
+                  disable_cuda_graph: bool = False) -> SglangBudget:
     """KV pool = F x mfs - W, F the *free* memory when SGLang starts, while the defaults (the fraction,
     chunked_prefill_size, the graph batch sizes) come from the card's total, `gpu_memory_bytes`
     (server_args.py `_handle_gpu_memory_settings(get_device_memory_capacity())`; the profile's F:
@@ -217,12 +218,15 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         if max_total_tokens is not None:
             graph_cap = min(graph_cap, max_total_tokens)
         graphs = sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)
+        no_prefill, no_decode = cuda_graph_reserves_dropped(None if rules is None else version) \
+            if disable_cuda_graph else (False, False)
+        graphs = graphs and not no_prefill
         reserved = sglang_reserved_mib(mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla,
                                        cuda_graph_max_bs=max_bs, prefill_graph_max_bs=graph_cap,
-                                       prefill_graphs=graphs)
+                                       prefill_graphs=graphs, decode_graphs=not no_decode)
         fraction = sglang_default_mem_fraction_static(
             mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla, cuda_graph_max_bs=max_bs,
-            prefill_graph_max_bs=graph_cap, prefill_graphs=graphs)
+            prefill_graph_max_bs=graph_cap, prefill_graphs=graphs, decode_graphs=not no_decode)
         how = "default formula" if rules is None else f"default formula, SGLang {rules.release}-{rules.until} rules"
         if mib is None and rules is not None:
             reserved, fraction = None, rules.no_gpu_fraction

@@ -132,9 +132,6 @@ _TIERS = ("chunked_prefill_size / cuda_graph_max_bs by gpu_mem: below 20 GiB 204
 # L3960) and reserve only `if prefill_cuda_graph_config.backend != Backend.DISABLED` (0.5.14 L3300, 0.5.15
 # L3663, 0.5.18 reserve_for_graph_mb L5101, 0.5.19 arg_groups/memory_hook.py L317). 0.5.20-0.5.23 no longer
 # have it (no "disable-piecewise-cuda-graph" anywhere in the 0.5.20 wheel, nor in 0.5.21-0.5.23's arg_groups).
-# --disable-cuda-graph is not modelled: it moves no reserve in 0.5.10-0.5.13 (L1290 adds cuda_graph_max_bs x 2
-# regardless), but from 0.5.14 it sets both phases' backends "disabled" (0.5.14 L2942), dropping the prefill
-# reserve, and from 0.5.15 the decode one too (L3641).
 _PIECEWISE_FLAG = ("server_args.py _handle_gpu_memory_settings (0.5.10-0.5.19): --disable-piecewise-cuda-graph "
                    "drops the prefill-graph reserve (0.5.10.post1 L1305 `if not self.disable_piecewise_cuda_graph`; "
                    "0.5.14-0.5.19 via cuda_graph_backend_prefill 'disabled'); the flag is absent before 0.5.10 "
@@ -210,6 +207,20 @@ RULES: tuple[SglangMemoryRules, ...] = (
                  "prefill graphs capped at min(8192, chunked_prefill_size) (kvprobe/theory/sglang/budget.py)",
                  "model_executor/kv_cache_configurator.py _profile_available_bytes (0.5.23)")),
 )
+
+
+def cuda_graph_reserves_dropped(version: str | None) -> tuple[bool, bool]:
+    """(prefill, decode): the graph reserves --disable-cuda-graph drops from the default fraction. None: 0.5.23.
+
+    0.5.3-0.5.13 add cuda_graph_max_bs x 2 whatever the flag (server_args.py _handle_gpu_memory_settings: 0.5.3
+    L646, 0.5.4 L772, 0.5.4.post1 L756, 0.5.9 L1029, 0.5.10.post1 L1290, 0.5.11 L1443, 0.5.12 L1550, 0.5.13 L1601)
+    and tie no piecewise graph to it. From 0.5.14 the flag sets both phases' backends "disabled" (0.5.14
+    server_args.py L2942, 0.5.15 L3214, 0.5.20 and 0.5.23 arg_groups/cuda_graph_hook.py L60 / L55): 0.5.14 then
+    skips the prefill reserve (L3300) and still adds the decode one (L3285); from 0.5.15 both are skipped (L3641,
+    L3663; 0.5.18 reserve_for_graph_mb L5085 / L5101; 0.5.20 memory_hook.py L359 / L375; 0.5.23 L366 / L382).
+    Before 0.5.3 the fraction has no graph term."""
+    key = release_key(version) if version is not None else (0, 5, 23, 0)
+    return key >= (0, 5, 14, 0), key >= (0, 5, 15, 0)
 
 
 def _formula_tier(gpu_mem_mib: int, tp: int, mid: tuple[int, int, int]) -> tuple[int, int]:
