@@ -46,6 +46,14 @@ def test_shadow_target_with_its_time_model_and_env(tmp_path):
     assert t.env == {"OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "DEBUG", "FLAG": "1"}
 
 
+def test_shadow_refuses_a_free_memory_at_start(tmp_path):
+    """The shadow worker sizes from one declared GPU figure, as an empty card: a shared card's free memory
+    (hardware.gpu_free_memory, the ledger's SGLang input) would size it differently from the ledger."""
+    message = refused(tmp_path, {"launch": "shadow"},
+                      hardware={"gpu_memory": "80GiB", "gpu_free_memory": "40GiB", "count": 1})
+    assert "hardware.gpu_free_memory: " in message and "launch: shadow" in message, message
+
+
 def test_shadow_is_valid_for_sglang_too(tmp_path, monkeypatch):
     from kvprobe.targets.shadow import envs
 

@@ -14,7 +14,7 @@ import json
 import sys
 import textwrap
 
-from kvprobe.cli.common import add_gpu_arguments, gpu_from_args
+from kvprobe.cli.common import GPU_FREE_MEMORY_HELP, add_gpu_arguments, gpu_from_args
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES, SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
@@ -81,6 +81,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--policy", help="admission policy (default: the engine version's; required for a version "
                                     "kvprobe has no facts for)")
     add_gpu_arguments(p)
+    p.add_argument("--gpu-free-memory", metavar="SIZE", help=GPU_FREE_MEMORY_HELP)
     p.add_argument("--gpu-arch", choices=GPU_ARCHS,
                    help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
                         "sm100 Blackwell")
@@ -195,6 +196,7 @@ def _typed(raw: str, kind: str) -> object:
 def inputs_from_args(args: argparse.Namespace, gpu=None):
     from kvprobe.engines import is_known_version, unknown_version_message
     from kvprobe.spec.flags import flag_ledger_kwargs
+    from kvprobe.spec.gpus import gpu_free_memory
     from kvprobe.theory.admission import POLICIES
     from kvprobe.theory.ledger.inputs import LedgerInputs
 
@@ -218,6 +220,7 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
     return LedgerInputs(
         engine=args.engine, model=args.model, engine_version=args.engine_version, policy=args.policy,
         gpu_memory_bytes=None if gpu is None else gpu.total_bytes,
+        gpu_free_memory_bytes=gpu_free_memory(getattr(args, "gpu_free_memory", None), total=gpu),
         gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch, estimates=estimates, **request,
         **flag_ledger_kwargs(args.engine, given_flags(args), args.engine_version))

@@ -155,17 +155,21 @@ def parse_model(node: Node, config_node: Node | None, base_dir: Path) -> tuple[s
 
 def parse_hardware(node: Node) -> Hardware:
     """`gpu: NAME` (a known card: its memory as CUDA reports it) or `gpu_memory: SIZE` with its unit
-    (GiB binary, GB decimal: kvprobe.spec.gpus), and `count`."""
-    from kvprobe.spec.gpus import gpu_memory
+    (GiB binary, GB decimal: kvprobe.spec.gpus), `gpu_free_memory` (SGLang on a shared card: free at start),
+    and `count`."""
+    from kvprobe.spec.gpus import gpu_free_memory, gpu_memory
 
-    keys = node.mapping(("gpu", "gpu_memory", "count"))
+    keys = node.mapping(("gpu", "gpu_memory", "gpu_free_memory", "count"))
     name = keys["gpu"].string(what='a GPU name, e.g. "H100-80GB"') if "gpu" in keys else None
     memory = keys["gpu_memory"].value if "gpu_memory" in keys else None
     prefix = f"{node.path}." if node.path else ""
     said = gpu_memory(gpu=name, memory=memory, gpu_key=f"{prefix}gpu", memory_key=f"{prefix}gpu_memory",
                       file=node.file)
+    free = gpu_free_memory(keys["gpu_free_memory"].value if "gpu_free_memory" in keys else None, total=said,
+                           key=f"{prefix}gpu_free_memory", file=node.file)
     count = keys["count"].integer(lo=1, hi=4096, what="a number of GPUs") if "count" in keys else 1
-    return Hardware(None if said is None else said.total_bytes, count, said.gpu.name if said and said.gpu else name)
+    return Hardware(None if said is None else said.total_bytes, count, said.gpu.name if said and said.gpu else name,
+                    free)
 
 
 def check_consistency(exp: Expectation, node: Node) -> None:

@@ -174,7 +174,7 @@ def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
     """Keyword arguments of `kvprobe.theory.ledger.build.LedgerInputs` for one expectation."""
     kw: dict = dict(
         engine=exp.engine, model=exp.model_config or exp.model, engine_version=exp.version,
-        gpu_memory_bytes=exp.hardware.gpu_memory_bytes,
+        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, gpu_free_memory_bytes=exp.hardware.gpu_free_memory_bytes,
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir, policy=exp.policy,
         shared_prefix_tokens=exp.profile.request.shared_prefix_tokens,

@@ -157,3 +157,25 @@ def _gpu_memory(gpu, memory, gpu_key: str, memory_key: str) -> GpuMemory | None:
         raise ConfigError(f"{str(memory).strip()!r} is less than 1 GiB: write the memory of one GPU, e.g. 24GiB or "
                           "80GB", key=memory_key)
     return GpuMemory(size, f"GPU memory {describe_memory_size(str(memory), size)}")
+
+
+def gpu_free_memory(memory: str | int | None, *, total: GpuMemory | None, key: str = "--gpu-free-memory",
+                    file: str | None = None) -> int | None:
+    """`--gpu-free-memory SIZE` (`hardware.gpu_free_memory`): what a shared card had free when the engine
+    started, in the units `--gpu-memory` takes. SGLang takes its defaults from the total and its pool from this
+    (kvprobe/theory/sglang/budget.py sglang_free_at_start). Refused naming `key`: without a total, or above it."""
+    if memory is None:
+        return None
+    try:
+        size = parse_memory_size(memory, key=key)
+        if total is None:
+            raise ConfigError("the card's total too (--gpu NAME or --gpu-memory SIZE; hardware.gpu / gpu_memory): "
+                              "SGLang takes its defaults from the total and its pool from the free memory", key=key)
+        if size > total.total_bytes:
+            raise ConfigError(f"a free memory at most the card's total {format_bytes(total.total_bytes)}, got "
+                              f"{describe_memory_size(str(memory), size)}", key=key)
+    except ConfigError as err:
+        if file is None:
+            raise
+        raise ConfigError(str(err), file=file) from None
+    return size

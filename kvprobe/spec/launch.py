@@ -123,6 +123,11 @@ def check_shadow(exp, node: Node) -> None:
         recipes.recipe(exp.engine, exp.version)
     except ConfigError as err:
         raise node.child("version").error(f"a version with a shadow engine environment ({err})", exp.version) from None
+    if exp.hardware.gpu_free_memory_bytes is not None:  # the shadow sizes from one declared figure
+        raise node.child("hardware").child("gpu_free_memory").error(
+            "no free memory at start with target launch: shadow (the shadow worker is told one GPU figure and "
+            "sizes the pool from it as from an empty card; give the free memory as hardware.gpu_memory there)",
+            Shown("a free memory"))
     pool_flags = {"vllm": ("num-gpu-blocks-override", "kv-cache-memory-bytes"), "sglang": ("max-total-tokens",)}
     flags = pool_flags.get(exp.engine, ())
     if exp.hardware.gpu_memory_bytes is None and not any(exp.flags.get(f) is not None for f in flags):

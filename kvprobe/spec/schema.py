@@ -99,6 +99,7 @@ class Hardware:
     gpu_memory_bytes: int | None = None
     gpu_count: int = 1
     name: str | None = None
+    gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: all of it
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@ and flags each SGLang start-up log of tests/data/gpu_logs/ states, against the K
 (`max_total_num_tokens`). Prints the table; asserts the count within 5% as a floor (a ratchet), that every
 miss is a known one with its reason, and that every case it cannot run says why.
 
-The GPU memory given to the ledger is the engine's own starting figure: SGLang sizes the pool from the
-free memory after CUDA/NCCL initialisation (`Load weight begin. avail mem=`), not from the card's total,
-and its logs print no total. The CUDA context and what else holds the card are outside the ledger's
-formula (`--estimate other_bytes=` when the total is given instead)."""
+SGLang sizes the pool from the free memory after CUDA/NCCL initialisation (`Load weight begin. avail mem=`)
+and takes its defaults (mem_fraction_static, chunked_prefill_size) from the card's total (nvidia-smi's
+memory.total), which its logs do not print. Where the card's total is known (CARD_TOTAL) the ledger gets
+both, as `--gpu-memory` and `--gpu-free-memory`; elsewhere the starting figure is given as `--gpu-memory`
+(the defaults then come from it: each such case passes its fraction or lands on the logged one)."""
 
 from __future__ import annotations
 
@@ -34,10 +35,24 @@ MODELS = {
     # 8 KV heads of 128, 152064 vocab, 131072 positions, as its log's context_len says).
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B": CORPUS / "sglang-configs" / "qwq-32b.json",
     "Qwen/Qwen3-Reranker-0.6B": CORPUS / "sglang-configs" / "qwen3-0.6b.json",
+    # Qwen2.5-0.5B's own config.json (the Instruct model's geometry; the file's _provenance says where from)
+    "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
 }
+# nvidia-smi's memory.total, what SGLang's defaults read (utils/common.py get_nvgpu_memory_capacity): 95830MiB on
+# every H100 NVL nvidia-smi table found in public repositories (find_string "H100 NVL                On": 10
+# posts, drivers 550-570); CUDA's total (spec/gpus.py H100-NVL) is 595 MiB less, which moves 0.86 to 0.859.
+CARD_TOTAL = {"NVIDIA H100 NVL": "95830MiB"}
 WITHIN = 0.05
-FLOOR_WITHIN_5 = 2  # the ratchet: raise it when a rule improves; never lower it to pass
-RUNNABLE = 3
+FLOOR_WITHIN_5 = 3  # the ratchet: raise it when a rule improves; never lower it to pass
+RUNNABLE = 4
+# Cases run with the card's total and the free memory at start, from which the ledger must land within 1%.
+WITHIN_1 = {"sglang-0.5.10.post1-h100nvl-qwen25-0.5b-nographs"}
+# SGLang's own arithmetic on its printed figures that does not close within their rounding, and why.
+PROFILE_GAPS = {
+    "sglang-0.5.10.post1-h100nvl-qwen25-0.5b-nographs": "2,661,146 tokens from the printed figures, +0.11%: the "
+    "profile read ~0.03 GiB less free memory than 'Load weight end' printed (allocated between the two, not "
+    "printed); with a 12 KiB cell, 0.01 GB is 874 tokens",
+}
 KNOWN_MISSES = {
     "sglang-0.4.3.post4-l4-qwq-32b-tp4": "weights: 15.26 GiB per rank from config.json vs 'mem usage=15.54 GB' "
                                          "logged; at TP4 on a 22.5 GiB card the pool is 2.8 GiB, so 0.28 GiB of "
@@ -76,10 +91,17 @@ def free_at_start(logged: dict) -> float | None:
     return None
 
 
+def card_total(case: dict) -> str | None:
+    return next((total for gpu, total in CARD_TOTAL.items() if case["gpu"].startswith(gpu)), None)
+
+
 def ledger_argv(case: dict) -> list[str]:
     free = round(free_at_start(case["logged"]) * GIB)  # SGLang prints it rounded to 0.01 GB (GiB)
+    total = card_total(case)
+    memory = ["--gpu-memory", f"{free}B"] if total is None else \
+        ["--gpu-memory", total, "--gpu-free-memory", f"{free}B"]
     argv = ["ledger", "--engine", "sglang", "--model", str(MODELS[case["model"]]),
-            "--engine-version", case["version"], "--gpu-memory", f"{free}B"]
+            "--engine-version", case["version"], *memory]
     for key, value in case["flags"].items():
         name = key.replace("_", "-")
         argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
@@ -150,6 +172,15 @@ def test_misses_are_the_known_ones(table):
     assert not fixed, f"now within 5%: strike off KNOWN_MISSES and raise FLOOR_WITHIN_5: {sorted(fixed)}"
 
 
+def test_a_shared_card_is_sized_from_its_free_memory_with_the_totals_defaults(table):
+    """The H100 NVL another tenant shared (36.54 of 93.6 GiB free): the defaults from the card's total
+    (0.86 without the piecewise-graph reserve, chunked_prefill_size 8192), the pool from the free memory."""
+    rows, _ = table
+    near = {r["case"]: r["error"] for r in rows if r["case"] in WITHIN_1}
+    assert set(near) == WITHIN_1, f"not run: {sorted(WITHIN_1 - set(near))}"
+    assert all(abs(e) <= 0.01 for e in near.values()), near
+
+
 def test_the_release_defaults_are_the_logged_ones(table):
     """The default fraction and chunked_prefill_size each release chose, as its ServerArgs line prints them."""
     rows, _ = table
@@ -177,7 +208,11 @@ def test_the_profile_reproduces_the_logged_pool_from_the_logged_terms():
         rest = logged["avail_after_load_gib"] - free_at_start(logged) * (1 - logged["mem_fraction_static"])
         tokens = int(rest * (1 << 30) // kv.total)
         slack = 0.006 * (1 << 30) / kv.total * 2  # each printed figure is rounded to 0.01
-        assert abs(tokens - logged["sglang_max_total_num_tokens"]) <= slack, (stem, tokens)
+        off = abs(tokens - logged["sglang_max_total_num_tokens"])
+        if stem in PROFILE_GAPS:  # known, and still small: it may not grow
+            assert slack < off <= 0.002 * logged["sglang_max_total_num_tokens"], (stem, tokens, PROFILE_GAPS[stem])
+            continue
+        assert off <= slack, (stem, tokens)
 
 
 @pytest.mark.parametrize(("version", "release", "tp", "gpu_mib", "fraction"), [

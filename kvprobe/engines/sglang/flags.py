@@ -62,6 +62,13 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
     Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
+    # 0.5.10-0.5.19 only (not in 0.5.23): the default mem_fraction_static then reserves no prefill graphs
+    # (theory/sglang/memory_profile.py _PIECEWISE_FLAG); the ledger refuses it for other releases.
+    # the reserves it drops by release: theory/sglang/memory_profile.py cuda_graph_reserves_dropped
+    Flag("disable-cuda-graph", None, False, "no cuda graphs (from 0.5.14 no memory reserved for them either)",
+         emulated=False, ledger="disable_cuda_graph"),
+    Flag("disable-piecewise-cuda-graph", None, False, "0.5.10-0.5.19: no prefill (piecewise) cuda graphs, and no "
+         "memory reserved for them", emulated=False, ledger="disable_piecewise_cuda_graph"),
     # window pool tokens / full pool tokens of a hybrid sliding-window model (schedule.py L150-162;
     # unset resolves to 0.8; pool_configurator.py L880-891)
     Flag("swa-full-tokens-ratio", float, None, "sliding-window models: window pool / full pool tokens (default 0.8)",
@@ -90,9 +97,9 @@ CPU_UNREGISTERED_QUANTIZATION = ("mxfp4",)
 OTHER_FLAGS = (
     "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
-    "extra-metric-labels", "trust-remote-code", "random-seed", "disable-cuda-graph",
+    "extra-metric-labels", "trust-remote-code", "random-seed",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
-    "stream-interval", "sleep-on-idle", "device",
+    "stream-interval", "sleep-on-idle", "device", "sampling-backend",
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}

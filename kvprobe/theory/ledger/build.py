@@ -88,6 +88,10 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
+    if inputs.gpu_free_memory_bytes is not None:  # vLLM's pool is total x utilization, not the free memory
+        from kvprobe.theory.vllm.memory_profile import FREE_MEMORY_NOT_MODELLED
+
+        raise ConfigError(FREE_MEMORY_NOT_MODELLED, key="gpu_free_memory")
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
     seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len, gpu_name=inputs.gpu_name)
     seqs = inputs.max_num_seqs or seqs
@@ -168,6 +172,8 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         max_total_tokens=inputs.max_total_tokens, max_running_requests=inputs.max_running_requests,
         tp=inputs.tp, pp=inputs.pp, dp=inputs.dp, estimates=inputs.estimates, refuse=refuse,
         model_config=model.config, kv_cache_dtype=inputs.kv_cache_dtype, version=version,
+        gpu_free_bytes=inputs.gpu_free_memory_bytes, disable_piecewise_cuda_graph=inputs.disable_piecewise_cuda_graph,
+        disable_cuda_graph=inputs.disable_cuda_graph,
         hybrid_opts=SglangOptions(swa_full_tokens_ratio=inputs.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO,
                                   disable_radix_cache=inputs.disable_radix_cache,
                                   disable_overlap_schedule=inputs.disable_overlap_schedule,

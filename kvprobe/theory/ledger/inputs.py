@@ -18,6 +18,7 @@ class LedgerInputs:
     model: str
     engine_version: str | None = None
     gpu_memory_bytes: int | None = None
+    gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: the whole card
     gpu_name: str | None = None  # the card by name (--gpu): vLLM's batch defaults set an A100 apart
     gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
     gpu_memory_utilization: float | None = None
@@ -48,6 +49,8 @@ class LedgerInputs:
     swa_full_tokens_ratio: float | None = None  # SGLang --swa-full-tokens-ratio (hybrid sliding-window models)
     mamba_radix_cache_strategy: str | None = None  # SGLang (Qwen3-Next): None = its default, extra_buffer
     disable_overlap_schedule: bool = False  # SGLang --disable-overlap-schedule
+    disable_piecewise_cuda_graph: bool = False  # SGLang 0.5.10-0.5.19 --disable-piecewise-cuda-graph
+    disable_cuda_graph: bool = False  # SGLang --disable-cuda-graph (its reserves: from 0.5.14)
     # SGLang's hybrid-pool flags (theory/sglang/pools.py SglangOptions; None: SGLang's default)
     disable_hybrid_swa_memory: bool = False
     max_mamba_cache_size: int | None = None
@@ -76,7 +79,8 @@ def validate(inp: LedgerInputs) -> None:
         raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
     for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
                  "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
-                 "kv_cache_memory_bytes", "gpu_memory_bytes", "prompt_tokens", "output_tokens", "users"):
+                 "kv_cache_memory_bytes", "gpu_memory_bytes", "gpu_free_memory_bytes", "prompt_tokens",
+                 "output_tokens", "users"):
         _positive(name, getattr(inp, name))
     if inp.max_model_len is not None and inp.max_model_len != -1:
         _positive("max_model_len", inp.max_model_len)
@@ -84,7 +88,7 @@ def validate(inp: LedgerInputs) -> None:
         raise ConfigError("give both prompt_tokens and output_tokens, or neither", key="prompt_tokens")
 
 
-_BYTE_FIELDS = ("gpu_memory_bytes", "kv_cache_memory_bytes")
+_BYTE_FIELDS = ("gpu_memory_bytes", "gpu_free_memory_bytes", "kv_cache_memory_bytes")
 _COUNT_FIELDS = ("block_size", "page_size", "max_model_len", "context_length", "max_num_seqs",
                  "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
                  "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users",

@@ -130,14 +130,18 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     if isinstance(b, VllmBudget):
         return _vllm_budget_rows(b, how)
     total = "-" if b.total_bytes is None else format_bytes(b.total_bytes)
+    held = est.get("other_bytes") if b.total_bytes is not None else None  # a shared card: SGLang's pool is
+    free = [["free at start", format_bytes(b.total_bytes - held), f"{format_bytes(held)} held by others"]] \
+        if held else []  # sized from the free memory, its defaults from the total
     return [
-        ["GPU memory", total, "per GPU, assumed empty before load"],
+        ["GPU memory", total, "per GPU: SGLang's defaults" if held else "per GPU, assumed empty before load"],
+        *free,
         ["mem_fraction_static", b.fraction, b.fraction_source],
         ["reserved (MiB)", b.reserved_mib, f"chunked_prefill {b.chunked_prefill_size}, decode graph bs "
          f"{b.cuda_graph_max_bs}" if b.reserved_mib is not None else "-"],
         ["- weights", format_bytes(b.weights), "from config.json"],
         ["= KV pool", None if b.kv_pool_bytes is None else format_bytes(b.kv_pool_bytes),
-         "total x fraction - weights"],
+         "free x fraction - weights" if held else "total x fraction - weights"],
     ]
 
 

@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
-from kvprobe.releases import KNOWN_VERSIONS, SGLANG, normalize_version
+from kvprobe.releases import KNOWN_VERSIONS, SGLANG, SGLANG_DEFAULT_VERSION, normalize_version
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry
 from kvprobe.theory.model.sizes import GIB, MIB
-from kvprobe.theory.sglang.memory_profile import memory_rules, release_key
+from kvprobe.theory.sglang.memory_profile import cuda_graph_reserves_dropped, memory_rules, release_key
 from kvprobe.theory.sglang.pools import SglangLayout, SglangOptions, SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.units import format_bytes
@@ -162,9 +162,14 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                   tp: int = 1, pp: int = 1, dp: int = 1,
                   estimates: dict[str, int] | None = None, refuse: bool = True,
                   model_config: dict | None = None, hybrid_opts: SglangOptions | None = None,
-                  kv_cache_dtype: str = "auto", version: str | None = None) -> SglangBudget:
-    """KV pool = T x mfs - W - other. SGLang takes T as the *free* memory before the weights load;
-    we assume an empty card (free = total) unless estimates["other_bytes"] says what else is there.
+                  kv_cache_dtype: str = "auto", version: str | None = None,
+                  gpu_free_bytes: int | None = None, disable_piecewise_cuda_graph: bool = False,
+                  disable_cuda_graph: bool = False) -> SglangBudget:
+    """KV pool = F x mfs - W, F the *free* memory when SGLang starts, while the defaults (the fraction,
+    chunked_prefill_size, the graph batch sizes) come from the card's total, `gpu_memory_bytes`
+    (server_args.py `_handle_gpu_memory_settings(get_device_memory_capacity())`; the profile's F:
+    `sglang_free_at_start`). `gpu_free_bytes` is F on a shared card; else the card is taken as
+    empty (F = total) unless estimates["other_bytes"] says what else is there.
     Where SGLang would refuse to start (no memory left for the pool) this raises its message; with
     `refuse=False` the budget is returned with `refusal` set and an empty pool, so a ledger can
     show every number that leads there. A hybrid model (`model_config` and `hybrid_opts` given) is
@@ -186,6 +191,9 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     if estimates:
         raise ConfigError(f"SGLang has no estimate(s) {sorted(estimates)}; its reserve is a formula "
                           "(only other_bytes applies)", key="estimates")
+    free = sglang_free_at_start(gpu_memory_bytes, gpu_free_bytes, other)
+    if gpu_free_bytes is not None:
+        other = gpu_memory_bytes - gpu_free_bytes  # what other processes hold, shown as other_bytes
     mib = None if gpu_memory_bytes is None else gpu_memory_bytes // MIB
     tier_cps, max_bs = sglang_gpu_tier(mib, tp=tp) if rules is None else rules.gpu_defaults(mib, tp)
     cps = tier_cps if chunked_prefill_size is None else chunked_prefill_size
@@ -195,11 +203,13 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     page = page_size or sglang_default_page_size(geom)
     reserved = None
     if mem_fraction_static is not None:
+        sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)  # the flag's release
         fraction, how = mem_fraction_static, "--mem-fraction-static"
         if not 0 < fraction < 1:
             raise ConfigError(f"expected 0 < mem_fraction_static < 1, got {fraction}",
                               key="mem_fraction_static")
     elif not formula:
+        sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)  # refused before 0.5.10
         fraction = rules.default_fraction(mib, tp=tp, pp=pp)
         how = f"default, SGLang {rules.release}-{rules.until} rules"
     else:
@@ -207,20 +217,23 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         graph_cap = min(8192, cps) if mla else cps
         if max_total_tokens is not None:
             graph_cap = min(graph_cap, max_total_tokens)
-        graphs = rules is None or rules.prefill_graphs  # on by default from 0.5.10
+        graphs = sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)
+        no_prefill, no_decode = cuda_graph_reserves_dropped(None if rules is None else version) \
+            if disable_cuda_graph else (False, False)
+        graphs = graphs and not no_prefill
         reserved = sglang_reserved_mib(mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla,
                                        cuda_graph_max_bs=max_bs, prefill_graph_max_bs=graph_cap,
-                                       prefill_graphs=graphs)
+                                       prefill_graphs=graphs, decode_graphs=not no_decode)
         fraction = sglang_default_mem_fraction_static(
             mib, chunked_prefill_size=cps, tp=tp, pp=pp, mla=mla, cuda_graph_max_bs=max_bs,
-            prefill_graph_max_bs=graph_cap, prefill_graphs=graphs)
+            prefill_graph_max_bs=graph_cap, prefill_graphs=graphs, decode_graphs=not no_decode)
         how = "default formula" if rules is None else f"default formula, SGLang {rules.release}-{rules.until} rules"
         if mib is None and rules is not None:
             reserved, fraction = None, rules.no_gpu_fraction
     kv_bytes = profiled = None
     if gpu_memory_bytes is not None:
         # kv_cache_configurator.py::_profile_available_bytes, in GiB floats as SGLang does it.
-        free_gb = (gpu_memory_bytes - other) / GIB
+        free_gb = free / GIB
         rest_gb = (free_gb - weights / GIB) - free_gb * (1 - fraction)
         if rest_gb <= 0:
             need = math.ceil((1 - (free_gb - weights / GIB) / free_gb) * 1000) / 1000
@@ -253,6 +266,38 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
                         kv.total, tokens, profiled, page, mrr, cps, max_bs,
                         sglang_max_req_input_len(context_len, tokens), context_len,
                         {"other_bytes": other} if other else {}, rules=None if rules is None else rules.describe())
+
+
+def sglang_free_at_start(total: int | None, free: int | None, other: int = 0) -> int | None:
+    """F, the free memory the profile starts from: `free` as given (the card shared), else the total less
+    what estimates["other_bytes"] says holds it. Refused naming the key: a free memory without the card's
+    total (SGLang's defaults are the total's), above it, or given with other_bytes (the same memory twice)."""
+    if free is None:
+        return None if total is None else total - other
+    if total is None:
+        raise ConfigError("a free GPU memory needs the card's total too (--gpu / --gpu-memory): SGLang takes "
+                          "its defaults from the total and the pool from the free memory", key="gpu_free_memory")
+    if free > total:
+        raise ConfigError(f"expected the free memory at start ({format_bytes(free)}) at most the card's total "
+                          f"({format_bytes(total)})", key="gpu_free_memory")
+    if other:
+        raise ConfigError("one of the free memory at start or estimates other_bytes (both say what else holds "
+                          "the card)", key="gpu_free_memory")
+    return free
+
+
+def sglang_prefill_graphs_reserved(rules, version: str | None, disabled: bool) -> bool:
+    """Whether the default fraction reserves the prefill (piecewise) cuda graphs (memory_profile.py rules:
+    on by default from 0.5.10). --disable-piecewise-cuda-graph drops the reserve where the release has
+    the flag (`rules.piecewise_flag`, 0.5.10-0.5.19); elsewhere SGLang's argparse rejects it, so the
+    ledger refuses it naming the release (0.5.23's formula, rules None, has no such flag either)."""
+    if disabled and (rules is None or not rules.piecewise_flag):
+        have = "0.5.10-0.5.19 (removed in 0.5.20: --cuda-graph-backend-prefill disabled, not modelled)"
+        raise ConfigError(f"SGLang {version or SGLANG_DEFAULT_VERSION} has no --disable-piecewise-cuda-graph "
+                          f"(it exists in {have})", key="disable_piecewise_cuda_graph")
+    if rules is None:
+        return True
+    return rules.prefill_graphs and not disabled
 
 
 def _sglang_hybrid_budget(geom, model_config, opts, kv_bytes, kv_cache_dtype, context_len, max_total_tokens, page,

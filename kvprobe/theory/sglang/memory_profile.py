@@ -53,6 +53,9 @@ class SglangMemoryRules:
     mid_tier: tuple[int, int, int] = (2048, 16, 80)
     prefill_graphs: bool = False
     clamp_max_bs: bool = False
+    # --disable-piecewise-cuda-graph exists and drops the prefill-graph reserve (0.5.10-0.5.19; absent before
+    # 0.5.10 and from 0.5.20, where argparse rejects it)
+    piecewise_flag: bool = False
     no_gpu_fraction: float = 0.88
     sources: tuple[str, ...] = ()
 
@@ -120,6 +123,20 @@ _FORMULA = ("server_args.py _handle_gpu_memory_settings ({rel}): reserved = 512 
 _TIERS = ("chunked_prefill_size / cuda_graph_max_bs by gpu_mem: below 20 GiB 2048 / 8; below 35 GiB {mid}; "
           "below 60 GiB 4096 / 32 or 160; below 160 GiB 8192 / 256 or 512; else 16384 / 512; 4096 / 160 without a GPU")
 
+# --disable-piecewise-cuda-graph, read in 0.5.2, 0.5.3, 0.5.4, 0.5.4.post1 and every release 0.5.9-0.5.23:
+# 0.5.3-0.5.9 have no such flag (0.5.4 server_args.py L2976 and 0.5.9 L4606 have the opt-in
+# --enable-piecewise-cuda-graph; 0.5.2 neither). 0.5.10-0.5.13 guard the 8 MiB-per-size reserve with
+# `if not self.disable_piecewise_cuda_graph:` (server_args.py _handle_gpu_memory_settings: 0.5.10 and
+# 0.5.10.post1 L1305, 0.5.11 L1458, 0.5.12 L1565, 0.5.13 L1616). 0.5.14-0.5.19 map the flag to
+# cuda_graph_backend_prefill "disabled" (DeprecatedStoreConstAction: 0.5.14 server_args.py L6390, 0.5.19
+# L3960) and reserve only `if prefill_cuda_graph_config.backend != Backend.DISABLED` (0.5.14 L3300, 0.5.15
+# L3663, 0.5.18 reserve_for_graph_mb L5101, 0.5.19 arg_groups/memory_hook.py L317). 0.5.20-0.5.23 no longer
+# have it (no "disable-piecewise-cuda-graph" anywhere in the 0.5.20 wheel, nor in 0.5.21-0.5.23's arg_groups).
+_PIECEWISE_FLAG = ("server_args.py _handle_gpu_memory_settings (0.5.10-0.5.19): --disable-piecewise-cuda-graph "
+                   "drops the prefill-graph reserve (0.5.10.post1 L1305 `if not self.disable_piecewise_cuda_graph`; "
+                   "0.5.14-0.5.19 via cuda_graph_backend_prefill 'disabled'); the flag is absent before 0.5.10 "
+                   "and from 0.5.20")
+
 RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.4.1.post7", "0.4.5", "tp-table", small_gpu_mib=25_000, large_gpu_mib=None,
@@ -161,9 +178,10 @@ RULES: tuple[SglangMemoryRules, ...] = (
                  _TIERS.format(mid="2048 and cuda_graph_max_bs 24 (tp < 4) or 80"), _PROFILE)),
     SglangMemoryRules(
         "0.5.10", "0.5.19", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
-        no_gpu_chunked=4096, mid_tier=(2048, 24, 80), prefill_graphs=True,
+        no_gpu_chunked=4096, mid_tier=(2048, 24, 80), prefill_graphs=True, piecewise_flag=True,
         sources=(_FORMULA.format(rel="0.5.10; the same to 0.5.18, arg_groups/memory_hook.py "
                                  "handle_gpu_memory_settings in 0.5.19"),
+                 _PIECEWISE_FLAG,
                  "server_args.py _handle_gpu_memory_settings (0.5.10): piecewise cuda graphs on by default "
                  "(disable_piecewise_cuda_graph False): + 8 MiB per captured token size up to chunked_prefill_size "
                  "(2048 for MLA, which reserves 1.5 GiB instead), capped by --max-total-tokens; 0.5.13-0.5.16 also "
@@ -189,6 +207,20 @@ RULES: tuple[SglangMemoryRules, ...] = (
                  "prefill graphs capped at min(8192, chunked_prefill_size) (kvprobe/theory/sglang/budget.py)",
                  "model_executor/kv_cache_configurator.py _profile_available_bytes (0.5.23)")),
 )
+
+
+def cuda_graph_reserves_dropped(version: str | None) -> tuple[bool, bool]:
+    """(prefill, decode): the graph reserves --disable-cuda-graph drops from the default fraction. None: 0.5.23.
+
+    0.5.3-0.5.13 add cuda_graph_max_bs x 2 whatever the flag (server_args.py _handle_gpu_memory_settings: 0.5.3
+    L646, 0.5.4 L772, 0.5.4.post1 L756, 0.5.9 L1029, 0.5.10.post1 L1290, 0.5.11 L1443, 0.5.12 L1550, 0.5.13 L1601)
+    and tie no piecewise graph to it. From 0.5.14 the flag sets both phases' backends "disabled" (0.5.14
+    server_args.py L2942, 0.5.15 L3214, 0.5.20 and 0.5.23 arg_groups/cuda_graph_hook.py L60 / L55): 0.5.14 then
+    skips the prefill reserve (L3300) and still adds the decode one (L3285); from 0.5.15 both are skipped (L3641,
+    L3663; 0.5.18 reserve_for_graph_mb L5085 / L5101; 0.5.20 memory_hook.py L359 / L375; 0.5.23 L366 / L382).
+    Before 0.5.3 the fraction has no graph term."""
+    key = release_key(version) if version is not None else (0, 5, 23, 0)
+    return key >= (0, 5, 14, 0), key >= (0, 5, 15, 0)
 
 
 def _formula_tier(gpu_mem_mib: int, tp: int, mid: tuple[int, int, int]) -> tuple[int, int]:

@@ -184,3 +184,12 @@ def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int) -> int | None:
     if tp == 1:
         return NON_TORCH_ONE_RANK
     return NON_TORCH_TP if rules.snapshot_after_distributed else None
+
+
+# vLLM requests total x gpu_memory_utilization and subtracts only its own process's increase (0.18.1 and 0.33.0
+# v1/worker/utils.py request_memory, gpu_worker.py): other processes' memory moves no pool there; it enters
+# only the start-up check "Free memory on device ... is less than desired GPU memory utilization", not modelled.
+FREE_MEMORY_NOT_MODELLED = (
+    "the free memory at start is SGLang's input: vLLM sizes its pool from the card's total x "
+    "gpu_memory_utilization, and what other processes hold enters only its start-up check (free >= requested), "
+    "which the ledger does not model; give the card's total alone")
