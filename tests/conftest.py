@@ -1,13 +1,16 @@
 """The suite's shared plumbing: pytester, the measured figures the engine-bound tests print, and how
 the suite shares two cores when it runs on two pytest-xdist workers (`make test`).
 
-On two workers (`-n 2 --dist loadgroup`) the end-to-end tests — everything under ENGINE_DIRS (the
-real vLLM / SGLang code) and every module with a SERIAL_SIGN (servers and Locust, or the clock) —
-are one unit of work: one worker runs them one after another, first, as a run on one worker does.
-They are tuned for a busy two-core machine, and their probes judge their own client's lag, so none
-of them runs beside another. The other worker runs the rest (unit tests: no servers, no clock)
-beside them at a lower CPU priority (nice 10), so a probe's engine and client still get the cores
-when they need them. Run on one worker, the suite is the same tests in the same order.
+On two workers (`-n 2 --dist loadgroup`) the end-to-end tests run in lanes: a lane is one unit of
+work, its tests one after another on one worker, at full priority. The real engines' tests (the
+modules under ENGINE_DIRS) are one lane, the tests that drive kvprobe's emulator or read the clock
+(a module with a SERIAL_SIGN: servers and Locust, a deadline, a bound on how long something took)
+the other. Their probes judge their own client's lag and fail when it lags, so a lane never runs two
+of its tests at once. The other tests (unit tests: no load, no clock) take whichever worker is free,
+at a lower CPU priority (nice 10), so a probe's engine and client still get the cores when they need
+them. SHARES_THE_CORES names the modules whose directory or signs would put them in a lane but that
+neither drive load nor judge time. KVPROBE_TEST_LANES=1 runs both lanes as one, on one worker, as a
+busier machine may need. Run on one worker, the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
@@ -22,35 +25,67 @@ pytest_plugins = ["pytester"]
 
 ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
-# took, a deadline), runs in the end-to-end unit: none of its tests shares the cores with a probe
+# took, a deadline), runs in a lane: none of its tests shares its worker with a probe
 SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait_for(", "timeout=")
-SERIAL_GROUP = "end-to-end"
-YIELDING_NICE = 10  # the priority of the other worker's tests
+# Modules a lane would take by their directory or a sign but that only compute: the engines' own code
+# run in a subprocess, or a CLI, with a deadline minutes above what the work takes at any priority.
+SHARES_THE_CORES = {
+    "tests/theory/test_real_sglang.py": "SGLang's scheduler run step by step in its env (900 s deadline)",
+    "tests/theory/test_real_vllm.py": "vLLM's scheduler run step by step in its env (900 s deadline)",
+    "tests/theory/test_real_vllm_hybrid.py": "vLLM's hybrid scheduler step by step in its env (900 s deadline)",
+    "tests/shadow/test_vllm_planner.py": "vLLM's KV planner on the worker's specs, no server",
+    "tests/shadow/test_vllm_target.py": "the shadow command line and settings, no server",
+    "tests/shadow_env/test_envs.py": "environment bookkeeping on a fake recipe",
+    "tests/shadow_env/test_prune.py": "environment bookkeeping on fake folders",
+    "tests/shadow_env/test_sglang_recipes.py": "the recipes' text",
+    "tests/shadow_env/test_hybrid_vllm.py": "vLLM's config resolution and planner in its env, no server",
+    "tests/shadow_env/test_hybrid_vllm_worker.py": "vLLM's planner on the worker's hybrid specs, no server",
+    "tests/shadow_env/test_hybrid_sglang.py": "SGLang's pool sizing in its env, no server",
+    "tests/shadow_env/test_modeldir.py": "transformers loading the model folder in the env (300 s deadline)",
+    "tests/shadow_sglang/test_units.py": "SGLang's hook functions in-process",
+    "tests/shadow_sglang/test_hybrid_units.py": "SGLang's hybrid pools in-process",
+    "tests/shadow_sglang/test_env.py": "imports in the env (300 s deadline)",
+    "tests/test_house.py": "every module imported in a fresh interpreter (120 s deadline)",
+    "tests/test_cmd_ledger.py": "the ledger CLI (60 s deadline)",
+    "tests/test_engine_figures.py": "capacity lines from recorded logs",
+    "tests/test_spec_first_run.py": "the CLI refusing or writing a first spec (60 s deadline)",
+}
+ENGINES_LANE, EMULATOR_LANE = "end-to-end: engines", "end-to-end: emulator"
+YIELDING_NICE = 10  # the priority of the tests outside the lanes
 FIGURES = "measured figures"  # the user_properties key a test's figure lines travel under
 _reported: list[tuple[str, str]] = []
 
 
 @functools.cache
-def _serial_module(root: Path, path: str) -> bool:
+def _module_lane(root: Path, path: str) -> str | None:
+    if path in SHARES_THE_CORES:
+        return None
     if path.startswith(ENGINE_DIRS):
-        return True
+        return ENGINES_LANE
     try:
         text = (root / path).read_text(encoding="utf-8")
     except OSError:
-        return False
-    return any(sign in text for sign in SERIAL_SIGNS)
+        return None
+    if not any(sign in text for sign in SERIAL_SIGNS):
+        return None
+    return EMULATOR_LANE if os.environ.get("KVPROBE_TEST_LANES", "2") != "1" else ENGINES_LANE
+
+
+def lane(root: Path, nodeid: str) -> str | None:
+    """The lane the test `nodeid` (relative to `root`) runs in, or None when it shares the cores."""
+    return _module_lane(root, nodeid.split("::", 1)[0])
 
 
 def serial(root: Path, nodeid: str) -> bool:
-    """Does the test `nodeid` (relative to `root`) run in the end-to-end unit?"""
-    return _serial_module(root, nodeid.split("::", 1)[0])
+    """Does the test `nodeid` run in a lane?"""
+    return lane(root, nodeid) is not None
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` with the end-to-end tests as one group, found by module. (xdist's own
-    xdist_group marks rename node ids, which pytest 9 no longer lets a plugin do.) xdist hands
-    out the largest unit first (--loadscope-reorder, its default)."""
+    """`--dist loadgroup` with each lane one group, found by module. (xdist's own xdist_group marks
+    rename node ids, which pytest 9 no longer lets a plugin do.) xdist hands out the largest unit
+    first (--loadscope-reorder, its default): the lanes, one to each worker."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -59,15 +94,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class EndToEndGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return SERIAL_GROUP if serial(root, nodeid) else nodeid
+            return lane(root, nodeid) or nodeid
 
     return EndToEndGroupScheduling(config, log)
 
 
 def pytest_runtest_setup(item):
-    # a worker's unit tests yield the cores to the end-to-end tests running beside them (the
-    # priority holds for the rest of the worker's life: the end-to-end unit, handed out first,
-    # has run on its worker before any other test there)
+    # a worker's unit tests yield the cores to the lanes running beside them (the priority holds
+    # for the rest of the worker's life: a lane, handed out first, has run on its worker before
+    # any other test there)
     if os.environ.get("PYTEST_XDIST_WORKER") and not serial(item.config.rootpath, item.nodeid):
         if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICE:
             os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICE)

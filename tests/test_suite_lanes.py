@@ -1,0 +1,49 @@
+"""How `make test` shares two cores (tests/conftest.py): which modules run in a lane and which share
+the cores at the lower priority. A wrong entry here would put a probe beside another, or leave a
+renamed module in a lane nobody meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import conftest
+
+ROOT = Path(__file__).resolve().parents[1]
+# how a test starts load: a probe (in-process, by the CLI, by the plugin) or Locust itself
+LOAD_SIGNS = ("run_probe", "LocustRun", '"probe"', "--kvprobe", "import ramp", "kvprobe.load.runner")
+
+
+@pytest.mark.parametrize("path", sorted(conftest.SHARES_THE_CORES))
+def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
+    text = (ROOT / path).read_text(encoding="utf-8")
+    # a module that starts Locust or a probe belongs in a lane: its client's lag is judged
+    found = [sign for sign in LOAD_SIGNS if sign in text]
+    assert not found, f"{path} drives load ({found}): it belongs in a lane"
+
+
+@pytest.mark.parametrize(("nodeid", "lane"), [
+    ("tests/shadow/test_vllm_e2e.py::test_x", conftest.ENGINES_LANE),
+    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.ENGINES_LANE),
+    ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.EMULATOR_LANE),
+    ("tests/load/test_load_run.py::test_x", conftest.EMULATOR_LANE),
+    ("tests/theory/test_real_vllm.py::test_x", None),   # named in SHARES_THE_CORES
+    ("tests/shadow/test_vllm_planner.py::test_x", None),  # under ENGINE_DIRS, but named
+    ("tests/test_spec.py::test_x", None),                # no sign
+])
+def test_lanes_by_module(nodeid, lane, monkeypatch):
+    monkeypatch.delenv("KVPROBE_TEST_LANES", raising=False)
+    conftest._module_lane.cache_clear()
+    assert conftest.lane(ROOT, nodeid) == lane
+    assert conftest.serial(ROOT, nodeid) is (lane is not None)
+
+
+def test_one_lane_when_asked(monkeypatch):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", "1")
+    conftest._module_lane.cache_clear()
+    try:
+        assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.ENGINES_LANE
+        assert conftest.lane(ROOT, "tests/shadow/test_vllm_e2e.py::t") == conftest.ENGINES_LANE
+    finally:
+        conftest._module_lane.cache_clear()
