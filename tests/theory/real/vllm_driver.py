@@ -28,6 +28,7 @@ from vllm.v1.core import kv_cache_utils  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -118,7 +119,7 @@ def run(args: dict) -> dict:
         count += 1
 
     queue = []
-    preemptions = window_preemptions = 0
+    preemptions = window_preemptions = reported = 0
     sums = [0, 0, 0.0, 0]
     trace = [] if args.get("trace") else None
     nxt = 0
@@ -141,6 +142,10 @@ def run(args: dict) -> dict:
         if not asyn or len(queue) == 2:
             outs = sched.update_from_output(*queue.pop(0))
             finished = sum(1 for eco in outs.values() for o in eco.outputs if o.finish_reason is not None)
+            # what vllm:num_preemptions counts: PREEMPTED events, delivered with a request's next output
+            # (v1/metrics/stats.py IterationStats.update_from_events)
+            reported += sum(1 for eco in outs.values() for o in eco.outputs for e in (o.events or ())
+                            if e.type == EngineCoreEventType.PREEMPTED) if t >= t0 else 0
         running, waiting = sched.get_request_counts()
         if trace is not None:
             trace.append((running, waiting, pool.get_num_free_blocks()))
@@ -154,7 +159,7 @@ def run(args: dict) -> dict:
     w = max(sums[3], 1)
     return {"running": sums[0] / w, "waiting": sums[1] / w, "usage": sums[2] / w, "steps": t_end,
             "seconds": time.time() - started, "trace": trace, "preemptions": preemptions,
-            "window_preemptions": window_preemptions}
+            "window_preemptions": window_preemptions, "window_reported_preemptions": reported}
 
 
 if __name__ == "__main__":
