@@ -145,6 +145,9 @@ def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(caps
     old, new = doc["results"]["0.11.0"], doc["results"]["0.33.0"]
     assert (old["policy"], new["policy"]) == ("vllm-0.11", "vllm-0.33")
     assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
+    # the measured side in the ledger's unit: the streams timed the steps
+    assert old["preemptions_per_1k_steps"] > 0 and new["preemptions_per_1k_steps"] == 0
+    assert "/1k steps" in out.split("preemptions (measured)")[1].splitlines()[0]
     assert old["pool"] == new["pool"] == 201
     assert old["engine_claim"]["tokens"] == 201 * 16  # 0.11's capacity line: num_gpu_blocks x block_size
     assert "engine's capacity line" in out and new["engine_claim"]["requests"] > 0
