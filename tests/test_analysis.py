@@ -106,6 +106,22 @@ def test_preemptions_are_counted_from_the_counter():
     assert rp.preempting_levels == [21, 22, 24, 28] and rp.last_clean_users == 20
 
 
+def test_engine_steps_are_timed_by_the_streams_median_inter_token_time():
+    # 24 users on a 20-slot engine: 2 preemptions a second; streams of 65 tokens, one a step of 25 ms
+    arrays, windows = ramp_series([24], preempt_per_s=2.0)
+    w = windows[0]
+    steady = w.t_start + 0.3 * (w.t_end - w.t_start)
+    records = [{"t_send": t - 0.5, "t_first": t, "t_end": t + 64 * 0.025, "completion_tokens": 65}
+               for t in np.arange(steady, w.t_end - 2, 0.2)]
+    records.append({"t_send": steady, "t_first": steady, "t_end": steady + 64 * 0.2, "completion_tokens": 65})
+    (stats,) = level_stats(arrays, windows, records=records)  # a paused (preempted) stream: left out by the median
+    span = (w.t_end - steady)
+    assert stats.engine_steps == pytest.approx(span / 0.025, rel=0.02)
+    # per 1k steps: 2 a second at 40 steps a second is 50 per 1k steps, whatever the hold
+    assert 1000 * stats.preemptions / stats.engine_steps == pytest.approx(50, rel=0.06)
+    assert level_stats(arrays, windows)[0].engine_steps is None  # no streams: no step to time
+
+
 def test_a_counter_restart_counts_from_zero():
     assert counter_increase(np.array([10, 12, np.nan, 15, 1, 3])) == pytest.approx(5 + 1 + 2)
     assert counter_increase(np.array([np.nan, 7.0])) == 0

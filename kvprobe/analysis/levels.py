@@ -65,6 +65,10 @@ class LevelStats:
     client_lag_limit_ms: float = LAG_SATURATED_MS  # the lag above which the client set the timing (lag_limit_ms)
     client_saturated: bool = False  # the load generator, not the engine, set this level's timing
     client_saturated_by: list[str] = field(default_factory=list)  # which load processes, when there are several
+    # engine steps over the span `preemptions` was counted in: the span over the median inter-token
+    # time of the streams decoded inside it (one token per running request per step); the unit the
+    # ledger's preemption rate is in (per 1k steps). None: no records, or no stream to time a step by
+    engine_steps: float | None = None
 
 
 @dataclass
@@ -202,6 +206,22 @@ def _spans(records, lead_steps: float):
             np.sort(np.asarray(ends, dtype=float)))
 
 
+def step_seconds(records, t0: float, t1: float) -> float | None:
+    """One engine step as the streams show it: the median inter-token time of the requests whose
+    decode ran inside [t0, t1] (a token per running request per step, sync or async). A stream a
+    preemption paused has a longer mean; the median leaves those few out. None: no such stream."""
+    itls = []
+    for r in records or ():
+        if (_rec(r, "kind") or "request") != "request":
+            continue
+        first, end, n = _rec(r, "t_first"), _rec(r, "t_end"), _rec(r, "completion_tokens") or 0
+        if first is None or end is None or n < 2 or float(first) < t0 or float(end) > t1:
+            continue
+        itls.append((float(end) - float(first)) / (n - 1))
+    itl = float(np.median(itls)) if itls else 0.0
+    return itl if itl > 0 else None
+
+
 def client_side_counts(records, t0: float, t1: float, step: float, *, lead_steps: float = 0.0):
     """(running, waiting) as the client sees them on `time_grid(t0, t1, step)`: running = admitted
     (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet admitted."""
@@ -251,8 +271,10 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
         preempt = counter_increase(pre) if seen else None
         ts = t[sel][np.isfinite(pre)]
         span = float(ts[-1] - ts[0]) if ts.size >= 2 else 0.0
-        client = client_waiting = client_se = None
+        client = client_waiting = client_se = steps = None
         if records is not None:
+            step = step_seconds(records, start, w.t_end)
+            steps = span / step if step and span > 0 and preempt is not None else None
             run, wait = client_side_counts(records, start, w.t_end, GRID, lead_steps=lead_steps)
             client = float(run.mean()) if run.size else None
             client_waiting = float(wait.mean()) if wait.size else None
@@ -270,7 +292,7 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
             t_start=w.t_start, t_end=w.t_end, t_steady=w.t_steady, too_few_samples=usable < min_samples,
             running_se=batch_se(running), engine_running_mean=engine, engine_waiting_mean=_stat(waiting, np.mean),
-            engine_running_max=_stat(running, np.max), client_running_se=client_se,
+            engine_running_max=_stat(running, np.max), client_running_se=client_se, engine_steps=steps,
         ))
     return out
 

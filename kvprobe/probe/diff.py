@@ -4,7 +4,8 @@ Each release runs the probe `kvprobe probe` runs (`run_probe`), with only `versi
 emulator plays that release's admission policy, a shadow target runs that release's engine
 environment. From each result the diff keeps what a release change moves (`release_figures`): the
 start-up or the refusal, the pool, the ledger's prediction and the rule it applied, the rejection
-point with its uncertainty, preemptions per deep level, the usage gauge at saturation and the
+point with its uncertainty, preemptions at the deep levels (per 1k engine steps, the unit of the
+ledger's simulated rate, beside the count per level), the usage gauge at saturation and the
 binding limit. Between consecutive releases every figure that moved beyond the expectation's
 tolerance is a change (`find_changes`); it is explained when the ledger's own figure, under each
 release's rules, moved the same way beyond the same tolerance, and named with the rule that changed.
@@ -169,7 +170,8 @@ def empty_figures(exp, artifacts: Path) -> dict:
             "engine_claim": None,
             "predicted": None, "predicted_binding": None, "predicted_usage": None,
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
-            "preemptions_per_deep_level": None, "ledger_preemption_rate": None, "ledger_preemption_users": None,
+            "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None,
+            "ledger_preemption_rate": None, "ledger_preemption_users": None,
             "usage_at_saturation": None, "binding": None, "status": None, "reason": None,
             "artifacts": str(artifacts)}
 
@@ -208,6 +210,7 @@ def release_figures(result, artifacts: Path) -> dict:
         out["binding"] = result.diagnosis.limit
     deep = [lv for lv in result.levels if lv.users in set(out["deep_levels"])]
     out["preemptions_per_deep_level"] = _per_level_preemptions(exp.engine, deep)
+    out["preemptions_per_1k_steps"] = _per_1k_steps(out["preemptions_per_deep_level"], deep)
     if deep:
         out["ledger_preemption_users"] = users = max(lv.users for lv in deep)
         out["ledger_preemption_rate"] = _ledger_preemption_rate(exp, users)
@@ -226,6 +229,22 @@ def _per_level_preemptions(engine: str, levels: list) -> float | None:
     if any(c is None for c in counts):
         return None
     return _round(sum(counts) / len(counts))
+
+
+def _per_1k_steps(per_level: float | None, levels: list) -> float | None:
+    """The deep levels' preemptions per 1,000 engine steps, the unit of the ledger's rate (its
+    simulation counts steps, not seconds: a count per level grows with the hold, a rate per second
+    with the engine's speed). Steps come from the streams (analysis.levels.step_seconds); None when
+    a level could not time one, except that no preemption is 0 in any unit."""
+    if per_level is None:
+        return None
+    if per_level == 0:
+        return 0.0
+    counts = [lv.preemptions or 0.0 for lv in levels]
+    steps = [getattr(lv, "engine_steps", None) for lv in levels]
+    if any(n is None for n in steps) or not sum(steps):
+        return None
+    return _round(1000 * sum(counts) / sum(steps), 2)
 
 
 def _ledger_preemption_rate(exp, users: int) -> float | None:
@@ -284,20 +303,26 @@ class Quantity:
     state: Callable[[object], object] = lambda x: x
     allowance: Callable[[object, float, float], float] = lambda tol, a, b: 0.0
     spread: Callable[[dict, dict], float] = lambda ra, rb: 0.0
+    # a "state" read from another field than the one shown (the preemptions' presence: from the
+    # count, known even where the streams could not time a step for the rate)
+    state_field: str | None = None
 
     def measured(self, r: dict):
         return r[self.field]
+
+    def _state_source(self, r: dict):
+        return r.get(self.state_field) if self.state_field else self.measured(r)
 
     def ledger(self, r: dict):
         return r[self.ledger_field]
 
     def moved(self, ra: dict, rb: dict, tol) -> bool | None:
+        if self.kind == "state":
+            sa, sb = self.state(self._state_source(ra)), self.state(self._state_source(rb))
+            return None if sa is None or sb is None else sa != sb
         a, b = self.measured(ra), self.measured(rb)
         if a is None or b is None:
             return None
-        if self.kind == "state":
-            sa, sb = self.state(a), self.state(b)
-            return None if sa is None or sb is None else sa != sb
         return abs(b - a) - self.spread(ra, rb) > self.allowance(tol, a, b) + 1e-9
 
     def ledger_moved(self, ra: dict, rb: dict, tol) -> bool:
@@ -307,7 +332,7 @@ class Quantity:
         if la is None or lb is None:
             return False
         if self.kind == "state":
-            return self.state(la) != self.state(lb) and self.state(lb) == self.state(self.measured(rb))
+            return self.state(la) != self.state(lb) and self.state(lb) == self.state(self._state_source(rb))
         a, b = self.measured(ra), self.measured(rb)
         return (lb - la) * (b - a) > 0 and abs(lb - la) > self.allowance(tol, la, lb) + 1e-9
 
@@ -331,9 +356,10 @@ QUANTITIES = (
              allowance=lambda tol, a, b: max(tol.rejection_point, tol.rejection_point_relative * max(abs(a), abs(b))),
              # beyond the tolerance even allowing for both uncertainties: a move the noise cannot make
              spread=lambda ra, rb: math.hypot(ra["uncertainty"] or 0.0, rb["uncertainty"] or 0.0)),
-    # whether deep levels preempt at all: the count per level follows the hold, the rate the step time
-    Quantity("preemptions", "preemptions per deep level", "preemptions_per_deep_level", "ledger_preemption_rate",
-             "state", state=_preempts),
+    # whether deep levels preempt at all, shown per 1k engine steps on both sides (the ledger's unit;
+    # the count per deep level, beside it in the table, follows the hold)
+    Quantity("preemptions", "preemptions per 1k steps", "preemptions_per_1k_steps", "ledger_preemption_rate",
+             "state", state=_preempts, state_field="preemptions_per_deep_level"),
     Quantity("usage", "usage at saturation", "usage_at_saturation", "predicted_usage",
              allowance=lambda tol, a, b: tol.usage_gap),
     Quantity("binding", "binding limit", "binding", "predicted_binding", "state", state=_binding),

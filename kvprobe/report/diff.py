@@ -37,6 +37,11 @@ def _preemptions(r: dict) -> str:
     return _num(r["preemptions_per_deep_level"], "{:.1f}")
 
 
+def _preemption_rate(r: dict) -> str:
+    """Measured per 1k engine steps, the ledger's unit (its row beneath)."""
+    return _num(r.get("preemptions_per_1k_steps"), "{:g}/1k steps")
+
+
 def _ledger_preemptions(r: dict) -> str:
     if r["ledger_preemption_rate"] is None:
         return "—"
@@ -63,6 +68,7 @@ ROWS = (
     ("measured rejection point", _measured),
     ("deep levels", lambda r: ", ".join(map(str, r["deep_levels"])) or "—"),
     ("preemptions per deep level", _preemptions),
+    ("preemptions (measured)", _preemption_rate),
     ("ledger: preemptions", _ledger_preemptions),
     ("usage at saturation", lambda r: f"{_pct(r['usage_at_saturation'])} (ledger {_pct(r['predicted_usage'])})"),
     ("binding limit (measured)", lambda r: r["binding"] or "—"),

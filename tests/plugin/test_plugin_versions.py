@@ -54,5 +54,5 @@ def test_the_expected_change_is_found_and_a_missing_one_fails(kvp):
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) + outcomes.get("errors", 0) == 2, outcomes
     out = result.stdout.str()
     assert "expected a change of pool between 0.11.0 -> 0.33.0" in out
-    assert "preemptions per deep level" in out and "explained: vllm-0.11 -> vllm-0.33" in out
+    assert "preemptions per 1k steps" in out and "explained: vllm-0.11 -> vllm-0.33" in out
     assert (kvp.path / "art" / "pair@0.11.0" / "result.json").is_file()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from kvprobe.probe.diff import UNEXPLAINED, find_changes, labels
+from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels
+from kvprobe.report.diff import change_line
 from kvprobe.spec.schema import Tolerances
 from tests.cli.console import run
 
@@ -28,7 +30,8 @@ def figures(**changes) -> dict:
             "policy": "vllm-0.33", "rule": "whole prompt must fit from 0.19", "async_scheduling": True,
             "pool_unit": "blocks", "pool": 201, "ledger_pool": 201, "predicted": 3.9, "predicted_binding": "kv",
             "predicted_usage": 0.759, "rejection_point": 4.0, "uncertainty": 0.05, "deep_levels": [7, 9],
-            "preemptions_per_deep_level": 0.0, "ledger_preemption_rate": 0.0, "ledger_preemption_users": 9,
+            "preemptions_per_deep_level": 0.0, "preemptions_per_1k_steps": 0.0, "ledger_preemption_rate": 0.0,
+            "ledger_preemption_users": 9,
             "usage_at_saturation": 0.76, "binding": "kv", "status": "passed", "reason": "", "artifacts": "x"}
     return base | changes
 
@@ -39,19 +42,35 @@ def changes_between(a: dict, b: dict) -> dict[str, dict]:
 
 def test_a_move_the_ledgers_rule_makes_too_is_explained_by_that_rule():
     old = figures(version="0.11.0", policy="vllm-0.11", rule="first chunk", preemptions_per_deep_level=28.5,
-                  ledger_preemption_rate=77.5, usage_at_saturation=0.86, predicted_usage=0.849)
+                  preemptions_per_1k_steps=61.2, ledger_preemption_rate=77.5, usage_at_saturation=0.86,
+                  predicted_usage=0.849)
     found = changes_between(old, figures())
-    assert set(found) == {"preemptions per deep level", "usage at saturation"}
+    assert set(found) == {"preemptions per 1k steps", "usage at saturation"}
     for change in found.values():
         assert change["explained"] and change["explanation"] == (
             "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.19")
-    assert found["preemptions per deep level"]["measured"] == [28.5, 0.0]
+    # the measured side in the ledger's unit (per 1k engine steps), not the count per level (28.5)
+    assert found["preemptions per 1k steps"]["measured"] == [61.2, 0.0]
+    assert found["preemptions per 1k steps"]["ledger"] == [77.5, 0.0]
+    assert change_line(found["preemptions per 1k steps"]).startswith(
+        "A -> B: preemptions per 1k steps 61.2 -> 0 (ledger 77.5 -> 0); explained")
+
+
+def test_preemptions_per_1k_steps_come_from_the_levels_steps():
+    # 0.18.1's shadow run: 6 and 16 preemptions over ~430 and ~440 steps at the deep levels
+    deep = [SimpleNamespace(preemptions=6.0, engine_steps=430.0), SimpleNamespace(preemptions=16.0, engine_steps=440.0)]
+    assert _per_1k_steps(11.0, deep) == pytest.approx(1000 * 22 / 870, abs=0.01)
+    assert _per_1k_steps(0.0, [SimpleNamespace(preemptions=0.0, engine_steps=None)]) == 0.0  # none in any unit
+    # a level whose steps the streams could not time: no rate, but the presence is still compared
+    assert _per_1k_steps(6.0, [SimpleNamespace(preemptions=6.0, engine_steps=None)]) is None
+    found = changes_between(figures(preemptions_per_deep_level=6.0, preemptions_per_1k_steps=None), figures())
+    assert found["preemptions per 1k steps"]["measured"] == [None, 0.0]
 
 
 def test_a_move_the_ledger_does_not_make_is_unexplained():
     # the engine preempts on the newer release, the ledger predicts no preemption on either
     found = changes_between(figures(), figures(preemptions_per_deep_level=3.0, rejection_point=6.5))
-    assert set(found) == {"preemptions per deep level", "rejection point"}
+    assert set(found) == {"preemptions per 1k steps", "rejection point"}
     assert all(not c["explained"] and c["explanation"] == UNEXPLAINED for c in found.values())
 
 
@@ -126,15 +145,18 @@ def test_vllm_first_chunk_against_whole_prompt_admission_is_found_and_named(caps
     old, new = doc["results"]["0.11.0"], doc["results"]["0.33.0"]
     assert (old["policy"], new["policy"]) == ("vllm-0.11", "vllm-0.33")
     assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
+    # the measured side in the ledger's unit: the streams timed the steps
+    assert old["preemptions_per_1k_steps"] > 0 and new["preemptions_per_1k_steps"] == 0
+    assert "/1k steps" in out.split("preemptions (measured)")[1].splitlines()[0]
     assert old["pool"] == new["pool"] == 201
     assert old["engine_claim"]["tokens"] == 201 * 16  # 0.11's capacity line: num_gpu_blocks x block_size
     assert "engine's capacity line" in out and new["engine_claim"]["requests"] > 0
     found = {c["quantity"]: c for c in doc["changes"]}
-    assert found["preemptions per deep level"]["explained"]
+    assert found["preemptions per 1k steps"]["explained"]
     rule = "explained: vllm-0.11 -> vllm-0.33, whole prompt must fit from 0.19"
-    assert found["preemptions per deep level"]["explanation"].startswith(rule)
+    assert found["preemptions per 1k steps"]["explanation"].startswith(rule)
     assert "pool" not in found and "startup" not in found
-    assert "changes:" in out and "0.11.0 -> 0.33.0: preemptions per deep level" in out
+    assert "changes:" in out and "0.11.0 -> 0.33.0: preemptions per 1k steps" in out
     assert (tmp_path / "0.11.0" / "result.json").is_file() and (tmp_path / "0.33.0" / "result.json").is_file()
     assert (tmp_path / "diff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot per release
 
@@ -150,7 +172,7 @@ def test_sglang_ignore_eos_reservation_is_found_and_named(capsys, tmp_path):
     assert (old["policy"], new["policy"]) == ("sglang-0.5.21", "sglang-0.5.22")
     assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
     found = {c["quantity"]: c for c in doc["changes"]}
-    change = found["preemptions per deep level"]
+    change = found["preemptions per 1k steps"]
     assert change["explained"] and change["explanation"] == (
         "explained: sglang-0.5.21 -> sglang-0.5.22, an ignore_eos request's output reserved in full (ratio 1.0) "
         "from 0.5.22")

@@ -47,12 +47,15 @@ def test_first_chunk_against_whole_prompt_admission_is_found_and_named_on_the_re
         assert release["status"] == "passed", (release["version"], release["reason"])
     assert old["preemptions_per_deep_level"] > 0 and old["ledger_preemption_rate"] > 0
     assert new["preemptions_per_deep_level"] == 0 and new["ledger_preemption_rate"] == 0
+    # one unit on both sides: per 1k engine steps (the probe's in-phase levels read ~20, the ledger's evenly
+    # ramped users ~138: tests/theory/test_first_chunk_phase.py)
+    assert old["preemptions_per_1k_steps"] > 0 and new["preemptions_per_1k_steps"] == 0
     found = {c["quantity"]: c for c in doc["changes"]}
-    change = found["preemptions per deep level"]
+    change = found["preemptions per 1k steps"]
     assert change["explained"], change
     assert change["explanation"] == f"explained: vllm-0.11 -> vllm-0.33, {RULES['vllm-0.33']}"
     assert "startup" not in found and "pool" not in found
-    assert f"{OLD} -> {NEW}: preemptions per deep level" in out
+    assert f"{OLD} -> {NEW}: preemptions per 1k steps" in out
 
 
 def test_the_0_18_1_environment_takes_the_cpu_platform_only_when_asked(vllm_release_env):

@@ -12,6 +12,7 @@ Counts are read after update_from_output, where Prometheus samples them; finishe
 before the next step. Prints one JSON line: the window's means of running, waiting and the usage
 gauge, the preemptions, and with `trace` the running, waiting and free blocks after every step.
 """
+import inspect
 import json
 import os
 import sys
@@ -23,13 +24,11 @@ import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
-from vllm.v1.core.kv_cache_utils import (  # noqa: E402
-    get_request_block_hasher,
-    init_none_hash,
-    resolve_kv_cache_block_sizes,
-)
+from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -43,15 +42,27 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 
+def accepted(cls, **kw):
+    """The keywords `cls` takes: the driver also runs 0.18.1's scheduler, whose configs lack some of
+    0.33.0's fields (watermark, hash_block_size, prefix_cache_retention_interval)."""
+    params = inspect.signature(cls).parameters
+    return {k: v for k, v in kw.items() if k in params}
+
+
 def run(args: dict) -> dict:
     """One closed loop; see the module doc."""
     G, B, P, O, N = args["blocks"], args["block_size"], args["P"], args["O"], args["users"]  # noqa: E741
     mml, asyn, K = args["mml"], args["async"], args["K"]
     arrivals, t0, t_end = args["arrivals"], args["t0"], args["t_end"]
     mc = ModelConfig(model=args["model_dir"], dtype="float16", skip_tokenizer_init=True, max_model_len=mml)
-    sc = SchedulerConfig(max_num_seqs=args["max_num_seqs"], max_num_batched_tokens=args["max_num_batched_tokens"],
+    sc = SchedulerConfig(**accepted(
+                         SchedulerConfig, max_num_seqs=args["max_num_seqs"],
+                         max_num_batched_tokens=args["max_num_batched_tokens"],
                          max_model_len=mml, is_encoder_decoder=False, enable_chunked_prefill=True,
-                         async_scheduling=asyn, watermark=args.get("watermark", 0.0))
+                         async_scheduling=asyn, watermark=args.get("watermark", 0.0)),
+                         # 0.19.0+ only, and never filtered out: asked of 0.18.1 it fails loudly
+                         **({} if args.get("reserve_full_isl") is None
+                            else {"scheduler_reserve_full_isl": args["reserve_full_isl"]}))
     cc = CacheConfig(block_size=B, enable_prefix_caching=args["caching"])
     groups = args.get("groups") or [{"kind": "full"}]
     if any(g["kind"] == "mamba" for g in groups):
@@ -77,14 +88,19 @@ def run(args: dict) -> dict:
                          mamba_cache_mode=cc.mamba_cache_mode, **ckpt)
 
     specs = [spec(g) for g in groups for _ in range(g.get("copies", 1))]
-    kvc = KVCacheConfig(num_blocks=G, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
-                        prefix_cache_retention_interval=cc.prefix_cache_retention_interval)
+    kvc = KVCacheConfig(**accepted(
+        KVCacheConfig, num_blocks=G, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        prefix_cache_retention_interval=getattr(cc, "prefix_cache_retention_interval", None)))
     cc.num_gpu_blocks = G
-    sched_block, hash_block = resolve_kv_cache_block_sizes(kvc, vc)  # as EngineCore (core.py L176-188)
-    sched = (AsyncScheduler if asyn else Scheduler)(vllm_config=vc, kv_cache_config=kvc, block_size=sched_block,
-                                                    hash_block_size=hash_block, log_stats=True,
-                                                    structured_output_manager=StructuredOutputManager(vc))
+    if hasattr(kv_cache_utils, "resolve_kv_cache_block_sizes"):  # as EngineCore (core.py L176-188)
+        sched_block, hash_block = kv_cache_utils.resolve_kv_cache_block_sizes(kvc, vc)
+    else:  # 0.18.1: one block size for scheduling and hashing
+        sched_block = hash_block = B
+    cls = AsyncScheduler if asyn else Scheduler  # AsyncScheduler hands its keywords on to Scheduler
+    sched = cls(**accepted(Scheduler, vllm_config=vc, kv_cache_config=kvc, block_size=sched_block,
+                           hash_block_size=hash_block, log_stats=True,
+                           structured_output_manager=StructuredOutputManager(vc)))
     sched.use_v2_model_runner = False
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
@@ -103,7 +119,7 @@ def run(args: dict) -> dict:
         count += 1
 
     queue = []
-    preemptions = 0
+    preemptions = window_preemptions = reported = 0
     sums = [0, 0, 0.0, 0]
     trace = [] if args.get("trace") else None
     nxt = 0
@@ -114,7 +130,9 @@ def run(args: dict) -> dict:
             submit()
             nxt += 1
         so = sched.schedule()
-        preemptions += len(so.preempted_req_ids or ())
+        preempted = len(so.preempted_req_ids or ())
+        preemptions += preempted
+        window_preemptions += preempted if t >= t0 else 0
         ids = list(so.num_scheduled_tokens)
         tokens = [[] if sched.requests[r].is_prefill_chunk else [7] for r in ids]
         queue.append((so, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -124,6 +142,10 @@ def run(args: dict) -> dict:
         if not asyn or len(queue) == 2:
             outs = sched.update_from_output(*queue.pop(0))
             finished = sum(1 for eco in outs.values() for o in eco.outputs if o.finish_reason is not None)
+            # what vllm:num_preemptions counts: PREEMPTED events, delivered with a request's next output
+            # (v1/metrics/stats.py IterationStats.update_from_events)
+            reported += sum(1 for eco in outs.values() for o in eco.outputs for e in (o.events or ())
+                            if e.type == EngineCoreEventType.PREEMPTED) if t >= t0 else 0
         running, waiting = sched.get_request_counts()
         if trace is not None:
             trace.append((running, waiting, pool.get_num_free_blocks()))
@@ -136,7 +158,8 @@ def run(args: dict) -> dict:
             submit()
     w = max(sums[3], 1)
     return {"running": sums[0] / w, "waiting": sums[1] / w, "usage": sums[2] / w, "steps": t_end,
-            "seconds": time.time() - started, "trace": trace, "preemptions": preemptions}
+            "seconds": time.time() - started, "trace": trace, "preemptions": preemptions,
+            "window_preemptions": window_preemptions, "window_reported_preemptions": reported}
 
 
 if __name__ == "__main__":
