@@ -32,6 +32,7 @@ SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait
 SHARES_THE_CORES = {
     "tests/theory/test_real_sglang.py": "SGLang's scheduler run step by step in its env (900 s deadline)",
     "tests/theory/test_real_vllm.py": "vLLM's scheduler run step by step in its env (900 s deadline)",
+    "tests/theory/test_real_vllm_first_chunk.py": "vLLM 0.18.1's and 0.33.0's first-chunk schedulers in their envs",
     "tests/theory/test_real_vllm_hybrid.py": "vLLM's hybrid scheduler step by step in its env (900 s deadline)",
     "tests/shadow/test_vllm_planner.py": "vLLM's KV planner on the worker's specs, no server",
     "tests/shadow/test_vllm_target.py": "the shadow command line and settings, no server",
