@@ -1,16 +1,16 @@
 """The suite's shared plumbing: pytester, the measured figures the engine-bound tests print, and how
-the suite shares two cores when it runs on two pytest-xdist workers (`make test`).
+the suite shares two cores when it runs on three pytest-xdist workers (`make test`).
 
-On two workers (`-n 2 --dist loadgroup`) the end-to-end tests run in lanes: a lane is one unit of
-work, its tests one after another on one worker, at full priority. The real engines' tests (the
-modules under ENGINE_DIRS) are one lane, the tests that drive kvprobe's emulator or read the clock
-(a module with a SERIAL_SIGN: servers and Locust, a deadline, a bound on how long something took)
-the other. Their probes judge their own client's lag and fail when it lags, so a lane never runs two
-of its tests at once. The other tests (unit tests: no load, no clock) take whichever worker is free,
-at a lower CPU priority (nice 10), so a probe's engine and client still get the cores when they need
-them. SHARES_THE_CORES names the modules whose directory or signs would put them in a lane but that
-neither drive load nor judge time. KVPROBE_TEST_LANES=1 runs both lanes as one, on one worker, as a
-busier machine may need. Run on one worker, the suite is the same tests in the same order.
+On three workers (`-n 3 --dist loadgroup`) the end-to-end tests — the real engines' (modules under
+ENGINE_DIRS) and those that drive kvprobe's emulator or read the clock (a module with a SERIAL_SIGN:
+servers and Locust, a deadline, a bound on how long something took) — run in two lanes side by side:
+a lane is one unit of work, its tests one after another on one worker, at full priority. Their probes
+judge their own client's lag, so a lane never runs two of its tests at once. The other tests (unit
+tests: no load, no clock) run on the third worker at a lower CPU priority (nice 10), so a probe's
+engine and client still get the cores when they need them. SHARES_THE_CORES names the modules whose
+directory or signs would put them in a lane but that neither drive load nor judge time.
+KVPROBE_TEST_LANES=1 makes the two lanes one, as a busier machine may need (then `-n 2`). Run on one
+worker, the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ import pytest
 pytest_plugins = ["pytester"]
 
 ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
+# The two lanes, split so that each holds about half the end-to-end time (measured: the vLLM shadow's
+# ~19 min and the emulator's other modules ~10 min; the SGLang shadow's ~15 and tests/probe/ ~12):
+# a module under SECOND_LANE_DIRS runs in the second lane, every other lane module in the first.
+FIRST_LANE, SECOND_LANE = "end-to-end: vLLM shadow, emulator", "end-to-end: SGLang shadow, probes"
+SECOND_LANE_DIRS = ("tests/shadow_sglang/", "tests/probe/")
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
 # took, a deadline), runs in a lane: none of its tests shares its worker with a probe
 SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait_for(", "timeout=")
@@ -51,7 +56,6 @@ SHARES_THE_CORES = {
     "tests/test_engine_figures.py": "capacity lines from recorded logs",
     "tests/test_spec_first_run.py": "the CLI refusing or writing a first spec (60 s deadline)",
 }
-ENGINES_LANE, EMULATOR_LANE = "end-to-end: engines", "end-to-end: emulator"
 YIELDING_NICE = 10  # the priority of the tests outside the lanes
 FIGURES = "measured figures"  # the user_properties key a test's figure lines travel under
 _reported: list[tuple[str, str]] = []
@@ -61,15 +65,15 @@ _reported: list[tuple[str, str]] = []
 def _module_lane(root: Path, path: str) -> str | None:
     if path in SHARES_THE_CORES:
         return None
-    if path.startswith(ENGINE_DIRS):
-        return ENGINES_LANE
-    try:
-        text = (root / path).read_text(encoding="utf-8")
-    except OSError:
-        return None
-    if not any(sign in text for sign in SERIAL_SIGNS):
-        return None
-    return EMULATOR_LANE if os.environ.get("KVPROBE_TEST_LANES", "2") != "1" else ENGINES_LANE
+    if not path.startswith(ENGINE_DIRS):
+        try:
+            text = (root / path).read_text(encoding="utf-8")
+        except OSError:
+            return None
+        if not any(sign in text for sign in SERIAL_SIGNS):
+            return None
+    one = os.environ.get("KVPROBE_TEST_LANES", "2") == "1"
+    return SECOND_LANE if path.startswith(SECOND_LANE_DIRS) and not one else FIRST_LANE
 
 
 def lane(root: Path, nodeid: str) -> str | None:

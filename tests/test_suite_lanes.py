@@ -24,10 +24,12 @@ def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
 
 
 @pytest.mark.parametrize(("nodeid", "lane"), [
-    ("tests/shadow/test_vllm_e2e.py::test_x", conftest.ENGINES_LANE),
-    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.ENGINES_LANE),
-    ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.EMULATOR_LANE),
-    ("tests/load/test_load_run.py::test_x", conftest.EMULATOR_LANE),
+    ("tests/shadow/test_vllm_e2e.py::test_x", conftest.FIRST_LANE),
+    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.SECOND_LANE),
+    ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.SECOND_LANE),
+    ("tests/load/test_load_run.py::test_x", conftest.FIRST_LANE),
+    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.SECOND_LANE),
+    ("tests/shadow_env/test_hybrid_vllm_probe.py::test_x", conftest.FIRST_LANE),  # no sign needed
     ("tests/theory/test_real_vllm.py::test_x", None),   # named in SHARES_THE_CORES
     ("tests/shadow/test_vllm_planner.py::test_x", None),  # under ENGINE_DIRS, but named
     ("tests/test_spec.py::test_x", None),                # no sign
@@ -43,7 +45,7 @@ def test_one_lane_when_asked(monkeypatch):
     monkeypatch.setenv("KVPROBE_TEST_LANES", "1")
     conftest._module_lane.cache_clear()
     try:
-        assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.ENGINES_LANE
-        assert conftest.lane(ROOT, "tests/shadow/test_vllm_e2e.py::t") == conftest.ENGINES_LANE
+        assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.FIRST_LANE
+        assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
     finally:
         conftest._module_lane.cache_clear()
