@@ -8,6 +8,8 @@ import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.targets.shadow import envs
+from kvprobe.targets.shadow.sglang import env as sglang_env
+from kvprobe.targets.shadow.vllm import env as vllm_env
 
 
 @pytest.fixture
@@ -115,3 +117,29 @@ def test_a_new_recipe_builds_beside_the_old_and_prunes_it(cache, fake_recipe):
     assert envs.find("fakeengine", "1.2.3") == new
     assert not old.root.exists()
     assert any(f"older recipe at {old.root}" in ln for ln in lines)
+
+
+def _venv(root):
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(root)
+    return envs.EngineEnv("vllm", "0.0.0", root)
+
+
+@pytest.mark.parametrize("module", [vllm_env, sglang_env])
+def test_a_plugin_distribution_replaces_the_old_and_its_entry_point_is_seen(tmp_path, module):
+    """The SGLang plugin's and vLLM 0.18.1's CPU-platform entry points, written into a bare venv: an older
+    version's dist-info goes, the entry point is visible from the env's python (the check is the recipe's
+    own, minus importing the engine)."""
+    env = _venv(tmp_path / "env")
+    stale = env.site_packages / f"{module.DIST_NAME}-0.0.1.dist-info"
+    stale.mkdir(parents=True)
+    (stale / "METADATA").write_text("Name: x\n")
+    files = module.files("9.9")
+    check = ("from importlib.metadata import entry_points\n"
+             f"eps = [ep.value for ep in entry_points(group={module.PLUGIN_GROUP!r})]\n"
+             f"assert eps == [{module.PLUGIN_TARGET!r}], eps\n")
+    envs.write_distribution(env, module.DIST_NAME, files, check=check, what="entry point not seen")
+    assert not stale.exists()
+    with pytest.raises(envs.EnvError, match="entry point not seen in .*: AssertionError"):
+        envs.write_distribution(env, module.DIST_NAME, files, check="assert False", what="entry point not seen")

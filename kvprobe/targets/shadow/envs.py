@@ -109,6 +109,28 @@ class Call:
         return f"{self.name} r{self.revision}"
 
 
+def revision(*texts: str) -> str:
+    """A Call's revision from the texts it writes: an edit to any of them rebuilds the environments."""
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+
+
+def write_distribution(env: EngineEnv, dist_name: str, files: dict[str, str], *, check: str, what: str,
+                       timeout: float = 300) -> None:
+    """Replace every version of `dist_name` in the env's site-packages with `files` (paths relative to
+    site-packages: a dist-info and the modules it owns), then run `check` in the env's python."""
+    for old in env.site_packages.glob(f"{dist_name}-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    for rel, text in files.items():
+        path = env.site_packages / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    out = subprocess.run([str(env.python), "-c", check], capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise EnvError(f"{what} in {env.root}: " + (out.stderr.strip().splitlines() or ["no output"])[-1])
+
+
 @dataclass(frozen=True)
 class Recipe:
     engine: str

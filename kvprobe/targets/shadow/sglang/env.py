@@ -18,8 +18,6 @@ SGLang's pure-Python runtime set), then two steps written here:
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 from importlib import resources
 
 import kvprobe
@@ -42,7 +40,8 @@ def write_torchvision_standin(env: envs.EngineEnv) -> None:
     (pkg / "__init__.py").write_text(_standin_source())
 
 
-def _dist_files(version: str) -> dict[str, str]:
+def files(version: str) -> dict[str, str]:
+    """What the recipe writes under site-packages: the plugin's distribution (the plugin is kvprobe's)."""
     info = f"{DIST_NAME}-{version}.dist-info"
     files = {
         "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
@@ -64,22 +63,8 @@ assert found == [{PLUGIN_TARGET!r}], found
 
 
 def write_plugin_entry_point(env: envs.EngineEnv) -> None:
-    for old in env.site_packages.glob(f"{DIST_NAME}-*.dist-info"):
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    for rel, text in _dist_files(kvprobe.__version__).items():
-        path = env.site_packages / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    out = subprocess.run([str(env.python), "-c", _CHECK_ENTRY_POINT], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        raise envs.EnvError(f"the {PLUGIN_GROUP} entry point is not visible in {env.root}: "
-                            + (out.stderr.strip().splitlines() or ["no output"])[-1])
-
-
-def _revision(*texts: str) -> str:
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    envs.write_distribution(env, DIST_NAME, files(kvprobe.__version__), check=_CHECK_ENTRY_POINT,
+                            what=f"the {PLUGIN_GROUP} entry point is not visible", timeout=120)
 
 
 # The releases with a recipe, and what each recipe does differently from SGLang's own pins.
@@ -96,9 +81,9 @@ def _recipe(version: str) -> envs.Recipe:
         engine=SGLANG, version=version, module="sglang",
         steps=(
             envs.Pip(pins=f"sglang-{version}.txt"),
-            envs.Call("torchvision stand-in", write_torchvision_standin, _revision(_standin_source())),
+            envs.Call("torchvision stand-in", write_torchvision_standin, envs.revision(_standin_source())),
             envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_plugin_entry_point,
-                      _revision(*_dist_files(kvprobe.__version__).values())),
+                      envs.revision(*files(kvprobe.__version__).values())),
         ),
         # the scheduler, the model runner the plugin hooks, the HTTP server, and a torchvision submodule
         extra_checks=("sglang.srt.managers.scheduler", "sglang.srt.model_executor.model_runner",

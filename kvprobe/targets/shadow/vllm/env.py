@@ -20,8 +20,6 @@ Where the worker's interfaces differ between the two releases: `kvprobe.targets.
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 from importlib import resources
 
 import kvprobe
@@ -38,6 +36,11 @@ DIST_NAME = "kvprobe_shadow_vllm"
 
 def _plugin_source() -> str:
     return resources.files("kvprobe.targets.shadow.vllm").joinpath("cpu_platform_plugin.py").read_text("utf-8")
+
+
+def files(version: str) -> dict[str, str]:
+    """What the recipe writes under site-packages: the plugin module, then its distribution."""
+    return {f"{PLUGIN_MODULE}.py": _plugin_source(), **_dist_files(version)}
 
 
 def _dist_files(version: str) -> dict[str, str]:
@@ -64,23 +67,8 @@ assert current_platform.device_type == "cpu", current_platform
 
 
 def write_platform_plugin(env: envs.EngineEnv) -> None:
-    for old in env.site_packages.glob(f"{DIST_NAME}-*.dist-info"):
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    (env.site_packages / f"{PLUGIN_MODULE}.py").write_text(_plugin_source())
-    for rel, text in _dist_files(kvprobe.__version__).items():
-        path = env.site_packages / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    out = subprocess.run([str(env.python), "-c", _CHECK], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        raise envs.EnvError(f"vLLM in {env.root} does not pick the CPU platform through the {PLUGIN_GROUP} "
-                            "entry point: " + (out.stderr.strip().splitlines() or ["no output"])[-1])
-
-
-def _revision(*texts: str) -> str:
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    envs.write_distribution(env, DIST_NAME, files(kvprobe.__version__), check=_CHECK,
+                            what=f"vLLM does not pick the CPU platform through the {PLUGIN_GROUP} entry point")
 
 
 RECIPE = envs.register(envs.Recipe(
@@ -88,7 +76,7 @@ RECIPE = envs.register(envs.Recipe(
     steps=(
         envs.Pip(pins=f"vllm-{VERSION}.txt"),
         envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
-                  _revision(_plugin_source(), *_dist_files(kvprobe.__version__).values())),
+                  envs.revision(*files(kvprobe.__version__).values())),
     ),
     # the scheduler, the OpenAI server, and what the shadow worker subclasses and returns
     extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server",
