@@ -14,7 +14,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 -n 3 --dist loadgroup
+	$(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadgroup
 
 probe: $(STAMP)
 	$(BIN)/kvprobe probe expectations/emulated-vllm.yaml --artifacts artifacts/probe

@@ -1,16 +1,20 @@
 """The suite's shared plumbing: pytester, the measured figures the engine-bound tests print, and how
-the suite shares two cores when it runs on three pytest-xdist workers (`make test`).
+the suite shares two cores when it runs on pytest-xdist workers (`make test`).
 
-On three workers (`-n 3 --dist loadgroup`) the end-to-end tests — the real engines' (modules under
-ENGINE_DIRS) and those that drive kvprobe's emulator or read the clock (a module with a SERIAL_SIGN:
-servers and Locust, a deadline, a bound on how long something took) — run in two lanes side by side:
-a lane is one unit of work, its tests one after another on one worker, at full priority. Their probes
-judge their own client's lag, so a lane never runs two of its tests at once. The other tests (unit
-tests: no load, no clock) run on the third worker at a lower CPU priority (nice 10), so a probe's
-engine and client still get the cores when they need them. SHARES_THE_CORES names the modules whose
-directory or signs would put them in a lane but that neither drive load nor judge time.
-KVPROBE_TEST_LANES=1 makes the two lanes one, as a busier machine may need (then `-n 2`). Run on one
-worker, the suite is the same tests in the same order.
+The end-to-end tests — the real engines' (modules under ENGINE_DIRS) and those that drive kvprobe's
+emulator or read the clock (a module with a SERIAL_SIGN: servers and Locust, a deadline, a bound on
+how long something took) — run in a lane: one unit of work, its tests one after another on one
+worker, at full priority. Their probes judge their own client's lag and call a level inconclusive
+when it lags, so a lane never runs two of its tests at once. The other tests (unit tests: no load, no
+clock) run on the other worker at a lower CPU priority (nice 10), so a probe's engine and client
+still get the cores when they need them. SHARES_THE_CORES names the modules whose directory or signs
+would put them in the lane but that neither drive load nor judge time.
+
+`make test` runs one lane on two workers (`-n 2 --dist loadgroup`). KVPROBE_TEST_LANES=2 with `-n 3`
+splits it in two lanes side by side (SECOND_LANE_DIRS), for a machine with cores to spare: on this
+two-core machine that run took 31 minutes instead of about 50, but two probes ramping at once starved
+each other's Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts), and those probes
+were rightly inconclusive. Run on one worker, the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import pytest
 pytest_plugins = ["pytester"]
 
 ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
-# The two lanes, split so that each holds about half the end-to-end time (measured: the vLLM shadow's
-# ~19 min and the emulator's other modules ~10 min; the SGLang shadow's ~15 and tests/probe/ ~12):
+# With KVPROBE_TEST_LANES=2, two lanes of about half the end-to-end time each (measured: the vLLM
+# shadow's ~19 min and the emulator's other modules ~10; the SGLang shadow's ~15 and tests/probe/ ~12):
 # a module under SECOND_LANE_DIRS runs in the second lane, every other lane module in the first.
 FIRST_LANE, SECOND_LANE = "end-to-end: vLLM shadow, emulator", "end-to-end: SGLang shadow, probes"
 SECOND_LANE_DIRS = ("tests/shadow_sglang/", "tests/probe/")
@@ -72,8 +76,8 @@ def _module_lane(root: Path, path: str) -> str | None:
             return None
         if not any(sign in text for sign in SERIAL_SIGNS):
             return None
-    one = os.environ.get("KVPROBE_TEST_LANES", "2") == "1"
-    return SECOND_LANE if path.startswith(SECOND_LANE_DIRS) and not one else FIRST_LANE
+    two = os.environ.get("KVPROBE_TEST_LANES", "1") == "2"
+    return SECOND_LANE if two and path.startswith(SECOND_LANE_DIRS) else FIRST_LANE
 
 
 def lane(root: Path, nodeid: str) -> str | None:

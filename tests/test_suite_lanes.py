@@ -15,6 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LOAD_SIGNS = ("run_probe", "LocustRun", '"probe"', "--kvprobe", "import ramp", "kvprobe.load.runner")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_lanes():
+    # the lanes are cached per module and read KVPROBE_TEST_LANES once: each test reads them afresh,
+    # and leaves no entry of its own environment behind for this worker's scheduling of priorities
+    conftest._module_lane.cache_clear()
+    yield
+    conftest._module_lane.cache_clear()
+
+
 @pytest.mark.parametrize("path", sorted(conftest.SHARES_THE_CORES))
 def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
     text = (ROOT / path).read_text(encoding="utf-8")
@@ -28,24 +37,18 @@ def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
     ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.SECOND_LANE),
     ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.SECOND_LANE),
     ("tests/load/test_load_run.py::test_x", conftest.FIRST_LANE),
-    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.SECOND_LANE),
     ("tests/shadow_env/test_hybrid_vllm_probe.py::test_x", conftest.FIRST_LANE),  # no sign needed
     ("tests/theory/test_real_vllm.py::test_x", None),   # named in SHARES_THE_CORES
     ("tests/shadow/test_vllm_planner.py::test_x", None),  # under ENGINE_DIRS, but named
     ("tests/test_spec.py::test_x", None),                # no sign
 ])
-def test_lanes_by_module(nodeid, lane, monkeypatch):
-    monkeypatch.delenv("KVPROBE_TEST_LANES", raising=False)
-    conftest._module_lane.cache_clear()
+def test_two_lanes_by_module(nodeid, lane, monkeypatch):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
     assert conftest.lane(ROOT, nodeid) == lane
     assert conftest.serial(ROOT, nodeid) is (lane is not None)
 
 
-def test_one_lane_when_asked(monkeypatch):
-    monkeypatch.setenv("KVPROBE_TEST_LANES", "1")
-    conftest._module_lane.cache_clear()
-    try:
-        assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.FIRST_LANE
-        assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
-    finally:
-        conftest._module_lane.cache_clear()
+def test_one_lane_by_default(monkeypatch):
+    monkeypatch.delenv("KVPROBE_TEST_LANES", raising=False)
+    assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.FIRST_LANE
+    assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
