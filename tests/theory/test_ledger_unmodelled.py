@@ -53,13 +53,13 @@ VLLM_CASES = {
                                            max_num_batched_tokens=2048, async_scheduling=True),
                   dict(kinds=WINDOW, sliding_window=128, max_model_len=8192, max_num_batched_tokens=2048,
                        async_scheduling=False)),
-    "V7@0.21.0/figure": ("0.21.0", "0.20.2", dict(max_model_len=8190), dict(max_model_len=8192)),
-    "V7@0.21.0/startup": ("0.21.0", "0.20.2", dict(num_gpu_blocks_override=400, refused=True),
+    "V7@0.20.1/figure": ("0.20.1", "0.20.0", dict(max_model_len=8190), dict(max_model_len=8192)),
+    "V7@0.20.1/startup": ("0.20.1", "0.20.0", dict(num_gpu_blocks_override=400, refused=True),
                           dict(num_gpu_blocks_override=400)),
     "V10@0.28.0": ("0.28.0", "0.27.1", dict(gpu_memory_bytes=180 * GIB),
                    dict(gpu_memory_bytes=180 * GIB, max_num_batched_tokens_given=True)),
     "V14@0.14.0": ("0.14.0", "0.13.0", dict(max_model_len_auto=True), dict()),
-    "V15@0.33.0": ("0.33.0", "0.32.0", dict(kinds=MAMBA, prefix_caching=True), dict(kinds=MAMBA, prefix_caching=False)),
+    "V15@0.28.0": ("0.28.0", "0.27.1", dict(kinds=MAMBA, prefix_caching=True), dict(kinds=MAMBA, prefix_caching=False)),
 }
 
 
@@ -142,12 +142,12 @@ def test_the_ledger_says_not_modelled_and_predicts_nothing_on_the_changed_side()
 
 
 def test_a_reported_figure_not_modelled_keeps_the_prediction():
-    """V7: before 0.21.0 the KV cache size line was num_blocks x B; with max_model_len 8190 (not a
-    multiple of 16) the ledger's 0.21.0 figure differs, the blocks and the admission do not."""
-    led = vllm_ledger("0.20.2", gpu_memory_bytes=24 * GIB, max_model_len=8190)
-    assert [n.split(":")[0] for n in led.not_modelled] == ["not modelled before vLLM 0.21.0"]
+    """V7: before 0.20.1 the KV cache size line was num_blocks x B; with max_model_len 8190 (not a
+    multiple of 16) the ledger's 0.20.1 figure differs, the blocks and the admission do not."""
+    led = vllm_ledger("0.20.0", gpu_memory_bytes=24 * GIB, max_model_len=8190)
+    assert [n.split(":")[0] for n in led.not_modelled] == ["not modelled before vLLM 0.20.1"]
     assert led.admission is not None and led.not_predicted is None
-    assert vllm_ledger("0.21.0", gpu_memory_bytes=24 * GIB, max_model_len=8190).not_modelled == []
+    assert vllm_ledger("0.20.1", gpu_memory_bytes=24 * GIB, max_model_len=8190).not_modelled == []
 
 
 def test_sglang_ledger_says_the_running_cap_is_not_modelled_before_0_5_14():
@@ -191,7 +191,11 @@ REFERENCE_RELEASES = {"V1": "0.19.0", "V2": "0.20.0", "V3": "0.20.0", "V4": "0.2
                       "V6": "0.14.0", "V7": "0.21.0", "V10": "0.28.0", "V14": "0.14.0", "V15": "0.33.0",
                       "S1": "0.5.22", "S2": "0.5.3", "S3": "0.5.10", "S5": "0.5.14", "S8": "0.5.21", "S10": "0.5.19"}
 # Where kvprobe read the wheel and found otherwise.
-READ_OTHERWISE = {"S10": "0.5.20"}  # 0.5.19 arg_groups/memory_hook.py L74-87: still 2048 / 24 in the 20-35 GiB tier
+READ_OTHERWISE = {
+    "S10": "0.5.20",  # 0.5.19 arg_groups/memory_hook.py L74-87: still 2048 / 24 in the 20-35 GiB tier
+    "V7": "0.20.1",  # 0.20.1 v1/core/kv_cache_utils.py L1699-1706, L1982-2002 (0.20.0 L1694-1698, L893-909)
+    "V15": "0.28.0",  # 0.28.0 model_executor/models/config.py L603-604 "align" (0.27.1 L614-617 "all")
+}
 
 
 def _first(rules, pred) -> str:
@@ -228,7 +232,7 @@ def test_the_copied_releases_are_release_changes_mds():
 
 def test_a_probe_of_an_unmodelled_configuration_stops_with_the_line(tmp_path):
     """`--max-model-len auto` does not exist before 0.14.0 (and an override fed no auto-fit before
-    0.21.0): a probe has nothing to judge against; from 0.21.0 both are modelled."""
+    0.20.1): a probe has nothing to judge against; from 0.20.1 both are modelled."""
     import yaml
 
     from kvprobe.errors import ConfigError
@@ -244,8 +248,8 @@ def test_a_probe_of_an_unmodelled_configuration_stops_with_the_line(tmp_path):
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return load_expectations(path)[0]
 
-    wanted = (r"expected a release and flags kvprobe models: not modelled before vLLM 0\.21\.0: .*; "
+    wanted = (r"expected a release and flags kvprobe models: not modelled before vLLM 0\.20\.1: .*; "
               r"not modelled before vLLM 0\.14\.0: --max-model-len auto")
     with pytest.raises(ConfigError, match=wanted):
         predict(expectation("0.13.0"))
-    assert predict(expectation("0.21.0")).admission is not None
+    assert predict(expectation("0.20.1")).admission is not None

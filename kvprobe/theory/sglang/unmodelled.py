@@ -2,7 +2,7 @@
 kvprobe does not model, the engine file and line, and when a configuration reaches the change
 (`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries).
 
-Read in the released wheels (`sglang/srt/...`) of 0.5.13, 0.5.14, 0.5.16, 0.5.17, 0.5.21 and 0.5.22.
+Read in the released wheels (`sglang/srt/...`) of 0.5.9-0.5.14, 0.5.16, 0.5.17, 0.5.21 and 0.5.22.
 Hybrid (sliding-window, Mamba) pools before 0.5.21 are refused by the budget itself
 (`kvprobe.theory.sglang.budget.sglang_budget`), so the hybrid entries (S4, S6, S7) need no row.
 """
@@ -63,7 +63,10 @@ ROWS: tuple[Unmodelled, ...] = (
         ("0.5.13 model_executor/model_runner_kv_cache_mixin.py L876-887 _resolve_max_num_reqs: min(value // dp, "
          "estimated)",
          "0.5.14 model_executor/model_runner_kv_cache_mixin.py L981-994: min(value // dp, token_capacity // 2)",
-         "up to 0.5.9 used as given: release-changes.md S5 (not read here)"),
+         "0.5.9 model_executor/model_runner.py L593-600: min(value // dp, req_to_token_pool.size), the pool "
+         "sized to the value itself (model_runner_kv_cache_mixin.py L339-340 init_memory_pool): used as given",
+         "0.5.10 model_executor/model_runner_kv_cache_mixin.py L840-851 _resolve_max_num_reqs: first with "
+         "min(value // dp, estimated), as release-changes.md S5 says"),
         _running_cap_differs),
     Unmodelled(
         "S8", ENGINE, "0.5.21", "before", "admission",

@@ -2,8 +2,10 @@
 kvprobe does not model, the engine file and line, and when a configuration reaches the change
 (`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries).
 
-Read in the released wheels of 0.18.1 and 0.33.0 (`vllm/...`); a first release taken from
-release-changes.md where the wheels between were not read is said so in the row's sources.
+Read in the released wheels (`vllm/...`): a row's first release was found by reading the same
+function in every release from 0.18.1 to 0.33.0 (and 0.12.0-0.14.0 for V14), and its sources cite the
+release before and the first release; a first release that differs from release-changes.md's is said
+so there, and a row that took its release from release-changes.md says that.
 """
 
 from __future__ import annotations
@@ -106,10 +108,11 @@ ROWS: tuple[Unmodelled, ...] = (
         "a hybrid Mamba model with max_num_seqs above the pool's blocks is refused at startup "
         "(\"max_num_seqs (N) exceeds available Mamba cache blocks (M)\", FULL cuda graphs on) and the ledger "
         "does not refuse it",
-        ("config/compilation.py _check_and_update_cudagraph_mode, 0.33.0 L1516-1532: raises when "
+        ("config/compilation.py resolve_cudagraph_mode_and_sizes (release-changes.md names it "
+         "_check_and_update_cudagraph_mode), 0.20.0 L1427-1442 (0.33.0 L1517-1532): raises when "
          "kv_cache_config.has_mamba_layers and max_num_reqs > kv_cache_config.num_blocks",
-         "0.18.1 config/compilation.py L1198 adjust_cudagraph_sizes_for_mamba_cache: capped instead (first "
-         "release with the refusal 0.20.0: release-changes.md V3, 0.19.x not read here)"),
+         "0.19.1 config/compilation.py L1285 adjust_cudagraph_sizes_for_mamba_cache: capped instead, no such "
+         "raise (0.18.1 L1198 the same); first in 0.20.0, as release-changes.md V3 says"),
         _mamba_seqs_over_blocks),
     Unmodelled(
         "V4", ENGINE, "0.20.0", "before", "admission",
@@ -124,45 +127,61 @@ ROWS: tuple[Unmodelled, ...] = (
         "V5", ENGINE, "0.26.0", "before", "admission",
         "the window/chunk cap was W-1+T (async scheduling's second batch in flight not reserved, blocks freed "
         "on the scheduled count); kvprobe applies 0.26.0's W-1+2T with async scheduling",
-        ("0.33.0 config/vllm.py L601-610 max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens; "
-         "v1/kv_cache_interface.py L918-944",
-         "first in 0.26.0: release-changes.md V5, PR #47728 (0.19-0.25 not read here)"),
+        ("0.26.0 config/vllm.py L524-533 max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens; "
+         "v1/kv_cache_interface.py L567-598 SlidingWindowSpec.max_admission_blocks_per_request(max_in_flight_tokens) "
+         "(0.33.0 config/vllm.py L601-610, v1/kv_cache_interface.py L918-944)",
+         "0.25.1 v1/kv_cache_interface.py L546-575: max_admission_blocks_per_request(max_num_batched_tokens), "
+         "W-1+T; config/vllm.py has no max_in_flight_tokens; first in 0.26.0, as release-changes.md V5 "
+         "says (PR #47728)"),
         _async_window_long_len),
     Unmodelled(
-        "V7", ENGINE, "0.21.0", "before", "figure",
-        "\"GPU KV cache size\" was num_blocks // groups x min block size; the pool (tokens) line is 0.21.0's "
+        "V7", ENGINE, "0.20.1", "before", "figure",
+        "\"GPU KV cache size\" was num_blocks // groups x min block size; the pool (tokens) line is 0.20.1's "
         "max_concurrency x max_model_len (the blocks and the prediction are the same)",
-        ("0.18.1 v1/core/kv_cache_utils.py L1299-1303",
-         "0.33.0 v1/core/kv_cache_utils.py L1124-1128 (get_kv_cache_capacity)",
-         "first in 0.21.0: release-changes.md V7"),
+        ("0.20.0 v1/core/kv_cache_utils.py L1694-1698 _report_kv_cache_config: num_blocks // groups x "
+         "min_block_size (0.18.1 L1299-1303 the same)",
+         "0.20.1 v1/core/kv_cache_utils.py L1699-1706 _report_kv_cache_config: int(max_concurrency x "
+         "max_model_len) (0.33.0 L1124-1128 get_kv_cache_capacity)",
+         "first in 0.20.1, not 0.21.0 as release-changes.md V7 says"),
         _capacity_figure_differs),
     Unmodelled(
-        "V7", ENGINE, "0.21.0", "before", "startup",
+        "V7", ENGINE, "0.20.1", "before", "startup",
         "--num-gpu-blocks-override did not feed the one-request check and auto-fit (they used the profiled "
         "memory); the ledger auto-fits to or refuses by the override's blocks",
-        ("0.33.0 v1/core/kv_cache_planning.py L251 _pool_bytes_per_block; first in 0.21.0: release-changes.md V7",),
+        ("0.20.0 v1/core/kv_cache_utils.py L893-909 may_override_num_blocks: the override replaces num_blocks "
+         "only after get_kv_cache_configs' auto-fit and check (L1989-2002), which use the profiled memory",
+         "0.20.1 v1/core/kv_cache_utils.py L1982-2002 get_kv_cache_configs: available_memory = override x "
+         "_pool_bytes_per_block (L903) before auto-fit and the check (0.33.0 v1/core/kv_cache_planning.py "
+         "L1510-1531, L251 _pool_bytes_per_block)",
+         "first in 0.20.1, not 0.21.0 as release-changes.md V7 says"),
         _override_decides_start),
     Unmodelled(
         "V10", ENGINE, "0.28.0", "before", "pool",
         "a GPU of 160 GiB or more got the 70 GiB tier's max_num_batched_tokens 8192, not 16384 (the ledger "
         "takes 0.28.0's tiers: activation peak and chunking differ); give --max-num-batched-tokens",
-        ("0.18.1 engine/arg_utils.py L2008-2016 get_batch_defaults: >= 70 GiB and not A100: 8192 / 1024",
-         "0.33.0 engine/arg_utils.py L2973-2990: >= 160 GiB 16384 (first in 0.28.0: release-changes.md V10, "
-         "PR #51726)"),
+        ("0.27.1 engine/arg_utils.py L2544-2553 get_batch_defaults: >= 70 GiB and not A100: 8192 / 1024, no "
+         "higher tier (0.18.1 L2008-2016 the same)",
+         "0.28.0 engine/arg_utils.py L2582-2591 get_batch_defaults: >= 160 GiB 16384 / 1024 (0.33.0 L2973-2990); "
+         "first in 0.28.0, as release-changes.md V10 says (PR #51726)"),
         _large_gpu_default_budget),
     Unmodelled(
         "V14", ENGINE, "0.14.0", "before", "startup",
         "--max-model-len auto does not exist (the engine refuses the value); the ledger auto-fits",
-        ("0.33.0 v1/core/kv_cache_planning.py L1337 _auto_fit_max_model_len (first in 0.14.0: "
-         "release-changes.md V14)",),
+        ("0.13.0 engine/arg_utils.py L300-307: --max-model-len parsed by human_readable_int (L2026, no 'auto'); "
+         "v1/core/kv_cache_utils.py has no auto-fit",
+         "0.14.0 engine/arg_utils.py L300-302 human_readable_int_or_auto (L2121-2135: 'auto' / -1 -> -1); "
+         "v1/core/kv_cache_utils.py L1389 _auto_fit_max_model_len, called L1508-1509 (0.33.0 "
+         "v1/core/kv_cache_planning.py L1337); first in 0.14.0, as release-changes.md V14 says"),
         _auto_len),
     Unmodelled(
-        "V15", ENGINE, "0.33.0", "before", "pool",
+        "V15", ENGINE, "0.28.0", "before", "pool",
         "with prefix caching a Mamba hybrid model's mamba_cache_mode resolved to 'all' where the model "
-        "supports it (0.33.0: always 'align', which kvprobe models)",
-        ("0.18.1 model_executor/models/config.py L367-383: 'all' if supports_mamba_prefix_caching else 'align'",
-         "0.33.0 model_executor/models/config.py L763-765: 'align'; releases 0.19-0.32 not read (V15: detail "
-         "unconfirmed)"),
+        "supports it (0.28.0 on: always 'align', which kvprobe models)",
+        ("0.27.1 model_executor/models/config.py L614-617 MambaModelConfig.verify_and_update_config: 'all' if "
+         "supports_mamba_prefix_caching else 'align' (0.18.1 L368-371, every release 0.19.0-0.27.1 the same; "
+         "0.20.0-0.21.0 L352-362 'align' only with speculative decoding)",
+         "0.28.0 model_executor/models/config.py L603-604: 'align' (0.33.0 L764-765); first in 0.28.0, not "
+         "0.33.0 as taken from release-changes.md V15 (which names no first release for it)"),
         _mamba_prefix_caching),
 )
 
