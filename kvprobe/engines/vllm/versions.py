@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from kvprobe.releases import KNOWN_VERSIONS as _KNOWN
 from kvprobe.releases import VLLM, VLLM_DEFAULT_VERSION, version_tuple
-from kvprobe.theory.vllm.releases import policy  # noqa: F401 — the admission policy of a release is the theory's rule
+from kvprobe.theory.vllm.releases import (
+    ASYNC_DEFAULT_FROM,
+    policy,  # noqa: F401 — the admission policy of a release is the theory's rule
+)
 
 NAME = VLLM
 DEFAULT_VERSION = VLLM_DEFAULT_VERSION
@@ -39,4 +42,4 @@ def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = 
     which `VllmConfig.__post_init__` turns on (config/vllm.py L588-628). Read in every wheel 0.11.0-0.15.0."""
     if platform == "cpu":
         return False
-    return version_tuple(version) >= (0, 14)
+    return version_tuple(version) >= ASYNC_DEFAULT_FROM

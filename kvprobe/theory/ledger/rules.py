@@ -13,14 +13,13 @@ from kvprobe.theory.admission import policy_rule
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
-from kvprobe.theory.vllm.unmodelled import VllmFacts
+from kvprobe.theory.vllm.releases import ASYNC_DEFAULT_FROM
+from kvprobe.theory.vllm.unmodelled import VllmFacts, first_release
 from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
 
 # The first vLLM release whose defaults the ledger's batch tiers are (engine/arg_utils.py
-# get_batch_defaults: the >= 160 GiB tier, release-changes.md V10), and the first that schedules
-# asynchronously by default (kvprobe.engines.vllm.versions.async_scheduling_default).
-VLLM_BATCH_TIERS_FROM = "0.28.0"
-VLLM_ASYNC_DEFAULT_FROM = (0, 14)
+# get_batch_defaults: the >= 160 GiB tier; the unmodelled table's V10 row).
+VLLM_BATCH_TIERS_FROM = first_release("V10")
 
 
 @dataclass
@@ -67,14 +66,15 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: in
         f"the GPU-tier defaults of vLLM {VLLM_BATCH_TIERS_FROM}-0.33.0 (engine/arg_utils.py get_batch_defaults) "
         "for what was not given")
     applied.append(("max_num_seqs / max_num_batched_tokens", batch))
-    async_default = "on" if version_tuple(version) >= VLLM_ASYNC_DEFAULT_FROM else "off"
+    async_default = "on" if version_tuple(version) >= ASYNC_DEFAULT_FROM else "off"
+    since = ".".join(map(str, ASYNC_DEFAULT_FROM))
     applied.append(("scheduling", f"{'async' if inputs.async_scheduling else 'sync'} (the default of this release: "
-                                  f"{async_default}; on by default from 0.14.0, config/scheduler.py)"))
-    applied.append(("KV cache size figure", "max_concurrency x max_model_len (vLLM 0.21.0 on, "
+                                  f"{async_default}; on by default from {since}.0, config/scheduler.py)"))
+    applied.append(("KV cache size figure", f"max_concurrency x max_model_len (vLLM {first_release('V7')} on, "
                                             "v1/core/kv_cache_utils.py get_kv_cache_capacity)"))
     if bud.plan is not None:
-        applied.append(("KV cache groups", "vLLM 0.33.0's hybrid rules (window cap from 0.20.0, in-flight "
-                                           "W-1+2T with async scheduling from 0.26.0)"))
+        applied.append(("KV cache groups", f"vLLM 0.33.0's hybrid rules (window cap from {first_release('V4')}, "
+                                           f"in-flight W-1+2T with async scheduling from {first_release('V5')})"))
     if policy is not None:
         applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
     return ReleaseRules(applied, vllm_unmodelled(facts))

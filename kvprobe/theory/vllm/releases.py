@@ -14,6 +14,10 @@ from kvprobe.theory.vllm.memory_profile import profile_rules
 # L218-248). None of 0.11.0-0.18.1 has the flag or any full-sequence check: they allocate the first chunk.
 # 0.21.0 moved the check into `allocate_slots(full_sequence_must_fit=...)` (kv_cache_manager.py L235).
 FULL_PROMPT_FROM = (0, 19)
+# The first release that schedules asynchronously when --async-scheduling is not given (config/scheduler.py
+# `Field(default=None)` from 0.14.0, L133; `async_scheduling: bool = False` up to 0.13.0): the dialect's
+# `async_scheduling_default` reads the wheels' details.
+ASYNC_DEFAULT_FROM = (0, 14)
 
 
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:

@@ -189,3 +189,8 @@ ROWS: tuple[Unmodelled, ...] = (
 def unmodelled(facts: VllmFacts) -> list[Unmodelled]:
     """The rows this version and these inputs reach."""
     return applying(ROWS, facts, version_tuple)
+
+
+def first_release(entry: str) -> str:
+    """The release the table gives for `entry` (V4, V7, ...): where a rule the ledger applies begins."""
+    return next(row.release for row in ROWS if row.entry == entry)
