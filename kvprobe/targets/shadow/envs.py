@@ -114,6 +114,23 @@ def revision(*texts: str) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
 
 
+def dist_info(dist_name: str, version: str, summary: str, entry_points: str, *,
+              modules: tuple[str, ...] = ()) -> dict[str, str]:
+    """The files of a distribution with no other code than `modules` (top-level .py files written beside
+    it) whose entry points are `entry_points`, keyed by path under site-packages."""
+    info = f"{dist_name}-{version}.dist-info"
+    files = {"METADATA": f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\nSummary: {summary}\n",
+             "entry_points.txt": entry_points}
+    if modules:
+        files["top_level.txt"] = "".join(f"{m}\n" for m in modules)
+    files["INSTALLER"] = "kvprobe\n"
+    # RECORD: one `path,hash,size` row per file; importlib.metadata reads it, and transformers'
+    # packages_distributions() fails on a malformed one (an empty line breaks `import transformers`)
+    names = [*(f"{m}.py" for m in modules), *(f"{info}/{n}" for n in [*files, "RECORD"])]
+    files["RECORD"] = "".join(f"{n},,\n" for n in names)
+    return {f"{info}/{name}": text for name, text in files.items()}
+
+
 def write_distribution(env: EngineEnv, dist_name: str, files: dict[str, str], *, check: str, what: str,
                        timeout: float = 300) -> None:
     """Replace every version of `dist_name` in the env's site-packages with `files` (paths relative to

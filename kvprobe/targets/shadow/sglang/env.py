@@ -42,17 +42,9 @@ def write_torchvision_standin(env: envs.EngineEnv) -> None:
 
 def files(version: str) -> dict[str, str]:
     """What the recipe writes under site-packages: the plugin's distribution (the plugin is kvprobe's)."""
-    info = f"{DIST_NAME}-{version}.dist-info"
-    files = {
-        "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
-                    "Summary: kvprobe's SGLang shadow plugin (entry point only; acts with KVPROBE_SHADOW=1)\n",
-        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n",
-        "INSTALLER": "kvprobe\n",
-    }
-    # RECORD: one `path,hash,size` row per file; importlib.metadata reads it, and transformers'
-    # packages_distributions() fails on a malformed one (an empty line breaks `import transformers`).
-    files["RECORD"] = "".join(f"{info}/{name},,\n" for name in [*files, "RECORD"])
-    return {f"{info}/{name}": text for name, text in files.items()}
+    return envs.dist_info(DIST_NAME, version,
+                          "kvprobe's SGLang shadow plugin (entry point only; acts with KVPROBE_SHADOW=1)",
+                          f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n")
 
 
 _CHECK_ENTRY_POINT = f"""

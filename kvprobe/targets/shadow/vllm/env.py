@@ -44,18 +44,8 @@ def files(version: str) -> dict[str, str]:
 
 
 def _dist_files(version: str) -> dict[str, str]:
-    info = f"{DIST_NAME}-{version}.dist-info"
-    files = {
-        "METADATA": f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n"
-                    "Summary: kvprobe's vLLM CPU platform plugin (0.33's VLLM_TARGET_DEVICE=cpu rule)\n",
-        "entry_points.txt": f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n",
-        "top_level.txt": f"{PLUGIN_MODULE}\n",
-        "INSTALLER": "kvprobe\n",
-    }
-    # RECORD: one `path,hash,size` row per file (importlib.metadata reads it; an empty line breaks it)
-    names = [f"{PLUGIN_MODULE}.py", *(f"{info}/{n}" for n in [*files, "RECORD"])]
-    files["RECORD"] = "".join(f"{n},,\n" for n in names)
-    return {f"{info}/{name}": text for name, text in files.items()}
+    return envs.dist_info(DIST_NAME, version, "kvprobe's vLLM CPU platform plugin (0.33's VLLM_TARGET_DEVICE=cpu rule)",
+                          f"[{PLUGIN_GROUP}]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n", modules=(PLUGIN_MODULE,))
 
 
 _CHECK = """
