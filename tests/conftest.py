@@ -12,7 +12,7 @@ would put them in the lane but that neither drive load nor judge time.
 
 `make test` runs one lane on two workers (`-n 2 --dist loadgroup`). KVPROBE_TEST_LANES=2 with `-n 3`
 splits it in two lanes side by side (SECOND_LANE_DIRS), for a machine with cores to spare: on this
-two-core machine that run took 31 minutes instead of about 50, but two probes ramping at once starved
+two-core machine that run took 31 minutes instead of 54, but two probes ramping at once starved
 each other's Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts), and those probes
 were rightly inconclusive. Run on one worker, the suite is the same tests in the same order.
 """
