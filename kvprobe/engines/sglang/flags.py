@@ -62,9 +62,9 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("pp-size", int, 1, "pipeline parallel size", emulated=False, lo=1, ledger="pp"),
     Flag("dp-size", int, 1, "data parallel size", emulated=False, lo=1, ledger="dp"),
     Flag("cuda-graph-max-bs", int, None, "decode cuda-graph max batch size (older name)", emulated=False, lo=1),
-    # 0.5.10-0.5.19 only (not in 0.5.23): the default mem_fraction_static then reserves no prefill graphs
-    # (theory/sglang/memory_profile.py _PIECEWISE_FLAG); the ledger refuses it for other releases.
-    # the reserves it drops by release: theory/sglang/memory_profile.py cuda_graph_reserves_dropped
+    # The graph reserves each drops from the default mem_fraction_static, by release: --disable-cuda-graph
+    # theory/sglang/memory_profile.py cuda_graph_reserves_dropped; --disable-piecewise-cuda-graph (0.5.10-0.5.19
+    # only, not in 0.5.23: the ledger refuses it for other releases) _PIECEWISE_FLAG there.
     Flag("disable-cuda-graph", None, False, "no cuda graphs (from 0.5.14 no memory reserved for them either)",
          emulated=False, ledger="disable_cuda_graph"),
     Flag("disable-piecewise-cuda-graph", None, False, "0.5.10-0.5.19: no prefill (piecewise) cuda graphs, and no "

@@ -202,14 +202,15 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         max_bs = min(max_bs, max_running_requests)  # decode max_bs capped when it was defaulted
     page = page_size or sglang_default_page_size(geom)
     reserved = None
+    # whether the default fraction reserves the prefill graphs; refuses the flag where the release has none,
+    # whichever way the fraction is then found
+    graphs = sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)
     if mem_fraction_static is not None:
-        sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)  # the flag's release
         fraction, how = mem_fraction_static, "--mem-fraction-static"
         if not 0 < fraction < 1:
             raise ConfigError(f"expected 0 < mem_fraction_static < 1, got {fraction}",
                               key="mem_fraction_static")
     elif not formula:
-        sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)  # refused before 0.5.10
         fraction = rules.default_fraction(mib, tp=tp, pp=pp)
         how = f"default, SGLang {rules.release}-{rules.until} rules"
     else:
@@ -217,7 +218,6 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
         graph_cap = min(8192, cps) if mla else cps
         if max_total_tokens is not None:
             graph_cap = min(graph_cap, max_total_tokens)
-        graphs = sglang_prefill_graphs_reserved(rules, version, disable_piecewise_cuda_graph)
         no_prefill, no_decode = cuda_graph_reserves_dropped(None if rules is None else version) \
             if disable_cuda_graph else (False, False)
         graphs = graphs and not no_prefill
