@@ -4,26 +4,31 @@ the suite shares two cores when it runs on pytest-xdist workers (`make test`).
 The end-to-end tests — the real engines' (modules under ENGINE_DIRS) and those that drive kvprobe's
 emulator or read the clock (a module with a SERIAL_SIGN: servers and Locust, a deadline, a bound on
 how long something took) — run in a lane: one unit of work, its tests one after another on one
-worker, at full priority. Their probes judge their own client's lag and call a level inconclusive
-when it lags, so a lane never runs two of its tests at once. The other tests (unit tests: no load, no
-clock) run on the other worker at a lower CPU priority (nice 10), so a probe's engine and client
-still get the cores when they need them. SHARES_THE_CORES names the modules whose directory or signs
-would put them in the lane but that neither drive load nor judge time.
+worker, at full priority. The other tests (unit tests: no load, no clock) run on another worker at a
+lower CPU priority (nice 10), so a probe's engine and client still get the cores when they need
+them. SHARES_THE_CORES names the modules whose directory or signs would put them in the lane but
+that neither drive load nor judge time.
 
-`make test` runs one lane on two workers (`-n 2 --dist loadgroup`). KVPROBE_TEST_LANES=2 with `-n 3`
-splits it in two lanes side by side (SECOND_LANE_DIRS), for a machine with cores to spare: on this
-two-core machine that run took 31 minutes instead of 54, but two probes ramping at once starved
-each other's Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts), and those probes
-were rightly inconclusive. Run on one worker, the suite is the same tests in the same order.
+`make test` runs two lanes side by side (KVPROBE_TEST_LANES=2, `-n 3`: SECOND_LANE_DIRS in the
+second) and they take turns at loading the machine: a probe judges its own client's lag and calls a
+level inconclusive when it lags, and two probes ramping at once on two cores starved each other's
+Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the lanes share one load
+turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
+its load's stop, and every other lane test holds it throughout; the other lane's engine starts and
+drains meanwhile. Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
+taken; on one worker the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from kvprobe.load.turns import TURN_ENV, load_turn
 
 pytest_plugins = ["pytester"]
 
@@ -60,6 +65,23 @@ SHARES_THE_CORES = {
     "tests/test_engine_figures.py": "capacity lines from recorded logs",
     "tests/test_spec_first_run.py": "the CLI refusing or writing a first spec (60 s deadline)",
 }
+# Lane modules whose load comes only from kvprobe's probes (in-process, or a console or pytest
+# subprocess that inherits the environment): with two lanes each probe holds the machine's load turn
+# (kvprobe.load.turns) from its calibration to its load's stop, so the other lane's engines start
+# while it ramps. Every other lane test holds the turn from its setup to its teardown.
+PROBES_TAKE_TURNS = (
+    "tests/cli/test_declared_flags.py", "tests/fleet/test_fleet_e2e.py", "tests/hardening/test_secrets.py",
+    "tests/plugin/test_plugin.py", "tests/plugin/test_plugin_attach.py", "tests/plugin/test_plugin_bad_input.py",
+    "tests/plugin/test_plugin_outcomes.py", "tests/plugin/test_plugin_versions.py", "tests/probe/test_attach_e2e.py",
+    "tests/probe/test_diff.py", "tests/probe/test_measurement_e2e.py", "tests/probe/test_predict_ramp_e2e.py",
+    "tests/probe/test_probe_e2e.py", "tests/shadow/test_repro_vllm.py", "tests/shadow/test_vllm_e2e.py",
+    "tests/shadow/test_vllm_release_pair.py", "tests/shadow/test_vllm_staging.py",
+    "tests/shadow_env/test_hybrid_vllm_probe.py", "tests/shadow_sglang/test_attach_checks.py",
+    "tests/shadow_sglang/test_console_probe.py", "tests/shadow_sglang/test_declared_gpu.py",
+    "tests/shadow_sglang/test_hybrid_shadow.py", "tests/shadow_sglang/test_repro.py",
+    "tests/shadow_sglang/test_shared_no_radix.py", "tests/shadow_sglang/test_shared_radix.py",
+    "tests/shadow_sglang/test_usage_gauge.py",
+)
 YIELDING_NICE = 10  # the priority of the tests outside the lanes
 FIGURES = "measured figures"  # the user_properties key a test's figure lines travel under
 _reported: list[tuple[str, str]] = []
@@ -76,8 +98,7 @@ def _module_lane(root: Path, path: str) -> str | None:
             return None
         if not any(sign in text for sign in SERIAL_SIGNS):
             return None
-    two = os.environ.get("KVPROBE_TEST_LANES", "1") == "2"
-    return SECOND_LANE if two and path.startswith(SECOND_LANE_DIRS) else FIRST_LANE
+    return SECOND_LANE if two_lanes() and path.startswith(SECOND_LANE_DIRS) else FIRST_LANE
 
 
 def lane(root: Path, nodeid: str) -> str | None:
@@ -106,6 +127,31 @@ def pytest_xdist_make_scheduler(config, log):
             return lane(root, nodeid) or nodeid
 
     return EndToEndGroupScheduling(config, log)
+
+
+def two_lanes() -> bool:
+    return os.environ.get("KVPROBE_TEST_LANES", "1") == "2"
+
+
+def pytest_configure(config):
+    # the controller names the turn's file before its workers start; they inherit it
+    if two_lanes() and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
+        os.environ[TURN_ENV] = str(Path(tempfile.gettempdir()) / f"kvprobe-load-turn-{os.getpid()}")
+        config.add_cleanup(lambda path=os.environ[TURN_ENV]: Path(path).unlink(missing_ok=True))
+
+
+@pytest.fixture(autouse=True)
+def _load_turn(request, monkeypatch):
+    """A lane test whose load is not only its probes' holds the load turn throughout (and its
+    probes, inside it, take none)."""
+    item = request.node
+    path = item.nodeid.split("::", 1)[0]
+    if not os.environ.get(TURN_ENV) or path in PROBES_TAKE_TURNS or not serial(item.config.rootpath, item.nodeid):
+        yield
+        return
+    with load_turn():
+        monkeypatch.delenv(TURN_ENV)
+        yield
 
 
 def pytest_runtest_setup(item):

@@ -52,3 +52,16 @@ def test_one_lane_by_default(monkeypatch):
     monkeypatch.delenv("KVPROBE_TEST_LANES", raising=False)
     assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.FIRST_LANE
     assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
+
+
+PROBE_SIGNS = ("run_probe", '"probe"', "--kvprobe", '"diff"', "repro_chain")
+
+
+@pytest.mark.parametrize("path", conftest.PROBES_TAKE_TURNS)
+def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
+    # a module named here holds no turn of its own: its load must come from probes, which take one
+    text = (ROOT / path).read_text(encoding="utf-8")
+    assert [sign for sign in PROBE_SIGNS if sign in text], f"{path} runs no probe: its load would take no turn"
+    assert conftest.serial(ROOT, f"{path}::t"), f"{path} is in no lane: it needs no turn"
+    assert not [sign for sign in ("LocustRun(", "STALL_ENV", "burn") if sign in text], \
+        f"{path} loads the machine outside its probes: it must hold the turn throughout"

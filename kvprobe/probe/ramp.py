@@ -252,13 +252,17 @@ DRAIN_CHECKS = ("leak", "replica_leak")
 
 
 def stop_load(pr: ProbeRun) -> None:
-    """Stop Locust, watch the drain when a check needs it, stop the sampler, read the records."""
+    """Stop Locust and read its client's health over the levels held."""
     pr.t_stop = time.time()
     pr.load.stop()
     # the run's client health over the levels held: the spawn before the first and the stop after
     # the last block Locust's loop for a second or so, which in a short ramp outweighs its levels
     span = (pr.windows[0].t_start, pr.windows[-1].t_end) if pr.windows else ()
     pr.result.client = pr.load.client_health(*span)
+
+
+def watch_drain(pr: ProbeRun) -> None:
+    """Watch the drain when a check needs it, stop the sampler, read the records."""
     if set(DRAIN_CHECKS) & {*pr.exp.checks, pr.exp.expect_fail}:
         # long enough for an engine's idle report (SGLang's 30 s), unless it reads zero sooner
         wait_drained(pr.sampler, seconds=analysis.drain_window(pr.exp.profile.drain_seconds,

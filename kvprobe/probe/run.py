@@ -1,14 +1,15 @@
 """One probe, from an Expectation to a ProbeResult: predict, reach the engine, ramp, observe, judge.
 
 A probe is one `ProbeRun` (kvprobe.probe.state: expectation, prediction, target, load, sampler,
-windows, records) moved through named steps — begin, reach_engine, start_load, run_ramp, stop_load,
-analyse, judge, close — each taking what it needs from it; the console, the pytest plugin and the
-tests all enter through `run_probe(exp, options) -> ProbeResult`. Whatever happens (a failed check,
-a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the sampler and the engine it started,
-and writes what it has. The target is whatever kind the expectation names, through one interface
-(kvprobe.targets.interface); the steps do not ask which. The result and options live in
-`probe.result`, the calibration in `probe.calibrate`, the load steps in `probe.ramp`, the analysis
-and the checks in `probe.judge`.
+windows, records) moved through named steps — begin, reach_engine, time_a_request, start_load,
+run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs from it; the
+console, the pytest plugin and the tests all enter through `run_probe(exp, options) -> ProbeResult`.
+Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the
+sampler and the engine it started, and writes what it has. From the request timed alone to the
+load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns). The
+target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
+the steps do not ask which. The result and options live in `probe.result`, the calibration in
+`probe.calibrate`, the load steps in `probe.ramp`, the analysis and the checks in `probe.judge`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pathlib import Path
 
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError, TargetError
+from kvprobe.load.turns import load_turn
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
-from kvprobe.probe.ramp import run_ramp, start_load, stop_load
+from kvprobe.probe.ramp import run_ramp, start_load, stop_load, watch_drain
 from kvprobe.probe.result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
 from kvprobe.probe.state import ProbeRun
 from kvprobe.targets import open as targets
@@ -67,13 +69,16 @@ def begin(exp, options: ProbeOptions) -> ProbeRun:
 
 
 def reach_engine(pr: ProbeRun) -> None:
-    """Launch or attach, read what the engine reports, check it against the expectation, time a
-    request alone."""
+    """Launch or attach, read what the engine reports, check it against the expectation."""
     pr.log(f"kvprobe: {pr.exp.name}: predicted admission limit {pr.prediction.limit:g} "
            f"({pr.prediction.binding} binds)")
     pr.target = open_target(pr.exp, pr.options, pr.artifacts)
     pr.result.facts = pr.target.facts()
     discover_engine(pr)
+
+
+def time_a_request(pr: ProbeRun) -> None:
+    """Time a request alone (the unit of a hold in request lifetimes) and set each level's hold."""
     lifetimes = pr.exp.profile.hold.lifetimes
     lifetime, times = calibrate(pr.target, pr.exp, pr.model, requests=CALIBRATION_REQUESTS if lifetimes else 1)
     pr.lifetime = lifetime
@@ -149,9 +154,13 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
     pr = begin(exp, options)
     try:
         reach_engine(pr)
-        start_load(pr)
-        run_ramp(pr)
-        stop_load(pr)
+        with load_turn(log=pr.log) as waited:
+            pr.deadline += waited  # the budget counts the probe's own time, not another's turn
+            time_a_request(pr)
+            start_load(pr)
+            run_ramp(pr)
+            stop_load(pr)
+        watch_drain(pr)
         analyse(pr)
         judge(pr)
     except ConfigError as err:  # bad input (a refused API key, the other engine): written, then the caller's

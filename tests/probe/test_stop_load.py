@@ -45,5 +45,6 @@ def test_the_drain_is_watched_for_the_checks_that_read_it(monkeypatch, checks, e
     pr = SimpleNamespace(exp=exp, load=_Load(), sampler=_Sampler(), result=SimpleNamespace(client=None), windows=[],
                          log=lambda line: None, dialect=SimpleNamespace(IDLE_REPORT_SECONDS=idle_report))
     probe.stop_load(pr)
+    probe.watch_drain(pr)
     assert seen == ([window] if watched else [])
     assert pr.series == "series" and pr.sampler is None

@@ -1,0 +1,78 @@
+"""Probes that share a machine's cores take turns at loading it.
+
+A probe judges its own client (a Locust loop that lags makes a level inconclusive) and times a
+request alone before it ramps; a second probe ramping on the same cores spoils both. With
+KVPROBE_LOAD_TURN naming a lock file, a probe holds that file's lock from its calibration to the
+moment its load stops: its engine starts and its drain is watched outside the turn, so another
+probe's engine can start while this one ramps. Unset (the default), a probe never waits.
+
+The lock is an advisory `flock` on the file, released by the kernel if its holder dies; a turn
+waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from kvprobe.errors import ProbeError
+
+TURN_ENV = "KVPROBE_LOAD_TURN"
+# The longest another probe's load phase lasts: its profile's budget (the shipped ones: at most
+# 10 minutes) and Locust's stop. A turn not had by then is a holder that hangs.
+TURN_WAIT_SECONDS = 1200.0
+_POLL_SECONDS = 0.1
+
+
+@contextmanager
+def load_turn(*, log: Callable[[str], None] | None = None, path: str | None = None,
+              wait_seconds: float = TURN_WAIT_SECONDS) -> Iterator[float]:
+    """Hold the load turn (the lock file `path`, or $KVPROBE_LOAD_TURN; none: no turn) while the
+    block runs; yields the seconds waited for it."""
+    path = path if path is not None else os.environ.get(TURN_ENV)
+    if not path:
+        yield 0.0
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        waited = _acquire(fd, path, log=log, wait_seconds=wait_seconds)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield waited
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, path: str, *, log, wait_seconds: float) -> float:
+    start = time.monotonic()
+    said = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return time.monotonic() - start
+        except BlockingIOError:
+            pass
+        waited = time.monotonic() - start
+        if waited >= wait_seconds:
+            raise ProbeError(f"waited {waited:.0f} s for the load turn ({TURN_ENV}={path}, held by {holder(path)}); "
+                             "another probe on this machine has not stopped its load")
+        if log is not None and not said:
+            log(f"kvprobe: waiting for the load turn ({TURN_ENV}={path}, held by {holder(path)})")
+            said = True
+        time.sleep(_POLL_SECONDS)
+
+
+def holder(path: str) -> str:
+    """Who holds the turn, as its holder wrote it ("pid N"), or "an unknown process"."""
+    try:
+        with open(path, encoding="ascii") as f:
+            pid = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "an unknown process"

@@ -1,0 +1,65 @@
+"""The load turn: probes sharing a machine's cores hold it one at a time, a turn waited for is
+bounded and names its holder, and a holder that dies passes it on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from kvprobe.errors import ProbeError
+from kvprobe.load.turns import TURN_ENV, holder, load_turn
+
+
+def test_without_the_variable_there_is_no_turn(monkeypatch):
+    monkeypatch.delenv(TURN_ENV, raising=False)
+    with load_turn() as waited:
+        with load_turn() as again:  # would block on a real turn
+            assert (waited, again) == (0.0, 0.0)
+
+
+def test_a_second_holder_waits_until_the_first_lets_go(tmp_path):
+    path = str(tmp_path / "turn")
+    order, first_in, release = [], threading.Event(), threading.Event()
+
+    def first():
+        with load_turn(path=path):
+            order.append("first in")
+            first_in.set()
+            release.wait(30)
+            order.append("first out")
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert first_in.wait(30)
+    said = []
+    threading.Timer(0.3, release.set).start()  # the second must be waiting when the first lets go
+    with load_turn(path=path, log=said.append) as waited:
+        order.append("second in")
+    t.join(30)
+    assert order == ["first in", "first out", "second in"]
+    assert waited > 0
+    assert said and f"held by pid {os.getpid()}" in said[0], said
+
+
+def test_a_turn_not_had_in_time_names_the_file_and_its_holder(tmp_path):
+    path = str(tmp_path / "turn")
+    holder_proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from kvprobe.load.turns import load_turn\n"
+         f"with load_turn(path={path!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder_proc.stdout.readline().strip() == "held"
+        with pytest.raises(ProbeError) as err, load_turn(path=path, wait_seconds=0.3):
+            pytest.fail("the turn was had while another process held it")
+        assert f"{TURN_ENV}={path}" in str(err.value) and f"held by pid {holder_proc.pid}" in str(err.value)
+    finally:
+        holder_proc.kill()
+        holder_proc.wait(30)
+    # the kernel released the dead holder's lock: the turn is had at once
+    with load_turn(path=path, wait_seconds=5):
+        assert holder(path) == f"pid {os.getpid()}"
