@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from kvprobe.errors import ProbeError
-from kvprobe.load.turns import TURN_ENV, holder, load_turn
+from kvprobe.load.turns import TURN_BOOST, TURN_ENV, holder, load_turn
 
 
 def test_without_the_variable_there_is_no_turn(monkeypatch):
@@ -63,3 +63,21 @@ def test_a_turn_not_had_in_time_names_the_file_and_its_holder(tmp_path):
     # the kernel released the dead holder's lock: the turn is had at once
     with load_turn(path=path, wait_seconds=5):
         assert holder(path) == f"pid {os.getpid()}"
+
+
+def test_the_holder_starts_its_load_above_the_machine_where_it_may_and_gives_it_back(tmp_path):
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, before - 1)
+        allowed = True
+    except PermissionError:
+        allowed = False
+    else:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+    with load_turn(path=str(tmp_path / "turn")):
+        inside = os.getpriority(os.PRIO_PROCESS, 0)
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                               capture_output=True, text=True, timeout=60)
+    assert inside == (before - TURN_BOOST if allowed else before)
+    assert int(child.stdout) == inside  # the load generator it starts runs at its priority
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
