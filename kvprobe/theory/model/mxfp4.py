@@ -19,8 +19,9 @@ round H and I up to what the MoE kernel they pick needs. The kernel depends on t
   H -> 256` (oracle/mxfp4.py L871-873). SGLang picks `flashinfer_mxfp4` (gpt_oss.py L65-69): FusedMoE
   rounds H to 256 (`layers/moe/fused_moe_triton/layer.py` L452-457), create_weights I to 128 and H to
   128 (mxfp4.py L478-488), so H 2880 -> 3072 and I 2880 -> 2944 in both engines.
-* Ada (sm89: L4, L40S, RTX 4090), vLLM only: no native MXFP4 kernel there, vLLM picks MARLIN (0.29.0's
-  log on an L4: `Using 'MARLIN' Mxfp4 MoE backend.`), whose round-up is `I -> 128, H -> 256`
+* Ada (sm89: L4, L40S, RTX 4090), vLLM only: the kernels before it in gpt-oss's priority list (0.29.0
+  oracle/mxfp4.py L321-340: TRTLLM, AITER, TRITON, FLASHINFER_CUTLASS) do not run there, so vLLM picks MARLIN
+  (0.29.0's log on an L4: `Using 'MARLIN' Mxfp4 MoE backend.`), whose round-up is `I -> 128, H -> 256`
   (0.29.0 `fused_moe/oracle/mxfp4.py` mxfp4_round_up_hidden_size_and_intermediate_size L734-739): the
   same 3072 / 2944 as Blackwell, 0.86 GiB more than Hopper for gpt-oss-20b. SGLang on sm89 is not read.
 
