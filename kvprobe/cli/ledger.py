@@ -84,7 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu-free-memory", metavar="SIZE", help=GPU_FREE_MEMORY_HELP)
     p.add_argument("--gpu-arch", choices=GPU_ARCHS,
                    help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
-                        "sm100 Blackwell")
+                        "sm100 Blackwell, sm89 Ada (L4, L40S, RTX 4090; vLLM only)")
     p.add_argument("--estimate", action="append", default=[], metavar="NAME=BYTES",
                    help="override a vLLM non-KV estimate: activation_bytes, cudagraph_bytes, other_bytes")
     p.add_argument("--json", action="store_true", help="print the ledger as JSON (a refusal under `startup`)")

@@ -37,14 +37,16 @@ MODELS = {
     "Qwen/Qwen3-Reranker-0.6B": CORPUS / "sglang-configs" / "qwen3-0.6b.json",
     # Qwen2.5-0.5B's own config.json (the Instruct model's geometry; the file's _provenance says where from)
     "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
+    # MiniCPM5-1B's geometry from a public config of it (the file's _provenance: 24 layers, 2 KV heads of 128)
+    "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
 }
 # nvidia-smi's memory.total, what SGLang's defaults read (utils/common.py get_nvgpu_memory_capacity): 95830MiB on
 # every H100 NVL nvidia-smi table found in public repositories (find_string "H100 NVL                On": 10
 # posts, drivers 550-570); CUDA's total (spec/gpus.py H100-NVL) is 595 MiB less, which moves 0.86 to 0.859.
 CARD_TOTAL = {"NVIDIA H100 NVL": "95830MiB"}
 WITHIN = 0.05
-FLOOR_WITHIN_5 = 3  # the ratchet: raise it when a rule improves; never lower it to pass
-RUNNABLE = 4
+FLOOR_WITHIN_5 = 4  # the ratchet: raise it when a rule improves; never lower it to pass
+RUNNABLE = 5
 # Cases run with the card's total and the free memory at start, from which the ledger must land within 1%.
 WITHIN_1 = {"sglang-0.5.10.post1-h100nvl-qwen25-0.5b-nographs"}
 # SGLang's own arithmetic on its printed figures that does not close within their rounding, and why.
@@ -73,11 +75,22 @@ def why_not_runnable(case: dict) -> str | None:
         return f"no config.json for {case['model']}"
     if not is_known_version("sglang", case["version"]):
         return f"release {case['version']} not read"
-    if "sglang_max_total_num_tokens" not in logged:
+    if logged_pool(logged) is None:
         return "the log prints no max_total_num_tokens (refused before sizing the pool)"
     if free_at_start(logged) is None:
         return "the log prints no free memory at start ('Load weight begin. avail mem=', or the load's 'mem usage')"
     return None
+
+
+def logged_pool(logged: dict) -> int | None:
+    """max_total_num_tokens as the log prints it: the capacity line, or, where a post kept only the KV line,
+    its `#tokens`, the same figure for a one-pool model (0.5.13.post1 model_runner_kv_cache_mixin.py L701-702
+    builds MHATokenToKVPool(self.max_total_num_tokens, ...), which logs `#tokens: {size}`, mem_cache/
+    memory_pool.py L952 -> L819; where a case prints both they agree). Not for a hybrid model (its line is one
+    of its pools): none of those runs."""
+    if "sglang_max_total_num_tokens" in logged:
+        return logged["sglang_max_total_num_tokens"]
+    return logged.get("sglang_kv_tokens")
 
 
 def free_at_start(logged: dict) -> float | None:
@@ -118,7 +131,7 @@ def run_ledger(case: dict):
 def compare(stem: str, case: dict) -> dict:
     led = run_ledger(case)
     b, logged = led.budget, case["logged"]
-    row = {"case": stem, "logged": logged["sglang_max_total_num_tokens"], "ledger": b.max_total_num_tokens,
+    row = {"case": stem, "logged": logged_pool(logged), "ledger": b.max_total_num_tokens,
            "fraction": (logged.get("mem_fraction_static"), b.fraction), "weights": b.weights / GIB,
            "chunked": (logged.get("chunked_prefill_size"), b.chunked_prefill_size)}
     row["error"] = row["ledger"] / row["logged"] - 1
@@ -182,11 +195,16 @@ def test_a_shared_card_is_sized_from_its_free_memory_with_the_totals_defaults(ta
 
 
 def test_the_release_defaults_are_the_logged_ones(table):
-    """The default fraction and chunked_prefill_size each release chose, as its ServerArgs line prints them."""
+    """The default fraction and chunked_prefill_size each release chose, as its ServerArgs line prints them
+    (a post that kept no ServerArgs line, MiniCPM5's, prints no chunked_prefill_size: nothing to compare)."""
     rows, _ = table
+    compared = 0
     for r in rows:
         assert r["fraction"][0] == r["fraction"][1], (r["case"], r["fraction"])
-        assert r["chunked"][0] == r["chunked"][1], (r["case"], r["chunked"])
+        if r["chunked"][0] is not None:
+            assert r["chunked"][0] == r["chunked"][1], (r["case"], r["chunked"])
+            compared += 1
+    assert compared >= 4
 
 
 def test_the_profile_reproduces_the_logged_pool_from_the_logged_terms():
@@ -208,9 +226,9 @@ def test_the_profile_reproduces_the_logged_pool_from_the_logged_terms():
         rest = logged["avail_after_load_gib"] - free_at_start(logged) * (1 - logged["mem_fraction_static"])
         tokens = int(rest * (1 << 30) // kv.total)
         slack = 0.006 * (1 << 30) / kv.total * 2  # each printed figure is rounded to 0.01
-        off = abs(tokens - logged["sglang_max_total_num_tokens"])
+        off = abs(tokens - logged_pool(logged))
         if stem in PROFILE_GAPS:  # known, and still small: it may not grow
-            assert slack < off <= 0.002 * logged["sglang_max_total_num_tokens"], (stem, tokens, PROFILE_GAPS[stem])
+            assert slack < off <= 0.002 * logged_pool(logged), (stem, tokens, PROFILE_GAPS[stem])
             continue
         assert off <= slack, (stem, tokens)
 

@@ -86,6 +86,20 @@ def test_gpt_oss_20b_worked_figures():
     assert weight_bytes(g, engine="sglang", gpu_arch="sm100") == 14_679_230_592
 
 
+def test_on_ada_vllm_pads_for_marlin_like_blackwell():
+    """sm89 (L4, L40S, RTX 4090): vLLM 0.29.0 has no native MXFP4 MoE kernel there and picks MARLIN
+    (the corpus's L4 log: `Using 'MARLIN' Mxfp4 MoE backend.`), which rounds I to 128 and H to 256
+    (oracle/mxfp4.py L734-739): Blackwell's 3072 / 2944, so every extra byte is the same padding, and
+    vLLM's sinks stay bf16 on both. SGLang's layout there is not read: refused, naming the key."""
+    g = geom("openai/gpt-oss-20b")
+    assert engine_expert_dims("vllm", "sm89", H, INTER, 1) == (3072, 2944)
+    assert weight_bytes(g, engine="vllm", gpu_arch="sm89") == 13_761_264_768 + 24 * 32 * PAD_PER_EXPERT
+    assert weight_bytes(g, engine="vllm", gpu_arch="sm89") == weight_bytes(g, engine="vllm", gpu_arch="sm100")
+    with pytest.raises(ConfigError, match="sglang's MXFP4 expert layout on sm89 is not read") as err:
+        weight_bytes(g, engine="sglang", gpu_arch="sm89")
+    assert err.value.key == "gpu_arch"
+
+
 def test_tensor_parallel_pads_the_intermediate_per_rank():
     """TP 4 on Hopper: I per rank 2880 / 4 = 720 -> 768 (a multiple of 64), H whole. One rank holds
     all 32 experts' [2 x 768, 2880] and [2880, 768] slices; the bf16 rest splits by TP as before."""

@@ -19,6 +19,11 @@ round H and I up to what the MoE kernel they pick needs. The kernel depends on t
   H -> 256` (oracle/mxfp4.py L871-873). SGLang picks `flashinfer_mxfp4` (gpt_oss.py L65-69): FusedMoE
   rounds H to 256 (`layers/moe/fused_moe_triton/layer.py` L452-457), create_weights I to 128 and H to
   128 (mxfp4.py L478-488), so H 2880 -> 3072 and I 2880 -> 2944 in both engines.
+* Ada (sm89: L4, L40S, RTX 4090), vLLM only: the kernels before it in gpt-oss's priority list (0.29.0
+  oracle/mxfp4.py L321-340: TRTLLM, AITER, TRITON, FLASHINFER_CUTLASS) do not run there, so vLLM picks MARLIN
+  (0.29.0's log on an L4: `Using 'MARLIN' Mxfp4 MoE backend.`), whose round-up is `I -> 128, H -> 256`
+  (0.29.0 `fused_moe/oracle/mxfp4.py` mxfp4_round_up_hidden_size_and_intermediate_size L734-739): the
+  same 3072 / 2944 as Blackwell, 0.86 GiB more than Hopper for gpt-oss-20b. SGLang on sm89 is not read.
 
 What this leaves out, on purpose: the triton path's post-load swizzle (it replaces the buffers with
 kernel-layout copies; vLLM `_setup_kernel`, mxfp4.py L294-390) and the weight-load staging copies.
@@ -32,13 +37,14 @@ from kvprobe.theory.model.sizes import cdiv
 
 MXFP4_BLOCK = 32  # values per E8M0 scale byte (both engines: `mxfp4_block = 32`)
 BIAS_BYTES = 2  # expert biases are bf16 in the checkpoint and in both engines' buffers
-GPU_ARCHS = ("sm90", "sm100")
+GPU_ARCHS = ("sm89", "sm90", "sm100")
 DEFAULT_GPU_ARCH = "sm90"  # Hopper, as budget.py assumes for MLA's block size
 
 # (hidden alignment, intermediate-per-rank alignment) of the expert buffers: see the module doc.
 _ALIGN = {
     ("vllm", "sm90"): (1, 64),
     ("vllm", "sm100"): (256, 128),
+    ("vllm", "sm89"): (256, 128),  # MARLIN (module doc)
     ("sglang", "sm90"): (1, 64),
     ("sglang", "sm100"): (256, 128),
 }
@@ -76,6 +82,9 @@ def expert_tensor_bytes(kind: str, experts: int, hidden: int, inter: int, *, bia
 def engine_expert_dims(engine: str, gpu_arch: str, hidden: int, inter: int, tp: int) -> tuple[int, int]:
     """(H, I per rank) of the buffers `engine` allocates on `gpu_arch` (module doc)."""
     _check_arch(gpu_arch)
+    if (engine, gpu_arch) not in _ALIGN:
+        raise ConfigError(f"{engine}'s MXFP4 expert layout on {gpu_arch} is not read; expected one of "
+                          f"{', '.join(a for e, a in _ALIGN if e == engine)}", key="gpu_arch")
     h_align, i_align = _ALIGN[(engine, gpu_arch)]
     return _round_up(hidden, h_align), _round_up(inter // tp, i_align)
 
