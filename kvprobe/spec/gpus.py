@@ -36,6 +36,10 @@ class Gpu:
     smi_name: str  # the name nvidia-smi and torch print
     total_bytes: int  # CUDA's total (deviceQuery "Total amount of global memory", bytes)
     source: str  # where the figure was read
+    # the family the ledger's kernel-padding rules know (theory/model/mxfp4.py GPU_ARCHS): the card's
+    # compute capability, 9.0 Hopper "sm90", 8.9 Ada "sm89"; None where no rule is read (Ampere, RTX 5090's
+    # sm120): the ledger's default then holds
+    arch: str | None = None
 
 
 # Cards whose figure is torch's `_CudaDeviceProperties(..., total_memory=NMB, ...)` repr, pasted in
@@ -50,31 +54,31 @@ def _torch_repr(line: str) -> str:
 # Each row: deviceQuery's "Total amount of global memory: N MBytes (B bytes)" on that card.
 GPUS = (
     # H100 SXM, driver 565.57.01 / CUDA 12.7: 81106 MBytes (85045477376 bytes)
-    Gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 85045477376, _DQ + "H100SXMx8_deviceQuery.py"),
+    Gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 85045477376, _DQ + "H100SXMx8_deviceQuery.py", arch="sm90"),
     # H100 PCIe: "_CudaDeviceProperties(name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB,
     # multi_processor_count=114)"
     Gpu("H100-PCIe", "NVIDIA H100 PCIe", 81008 * 2**20,
-        _torch_repr("name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB")),
+        _torch_repr("name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB"), arch="sm90"),
     # H200 (SXM, 141 GB HBM3e): "_CudaDeviceProperties(name='NVIDIA H200', major=9, minor=0,
     # total_memory=143156MB, multi_processor_count=132, ...)"
     Gpu("H200", "NVIDIA H200", 143156 * 2**20,
-        _torch_repr("name='NVIDIA H200', major=9, minor=0, total_memory=143156MB")),
+        _torch_repr("name='NVIDIA H200', major=9, minor=0, total_memory=143156MB"), arch="sm90"),
     # H20 (96 GB HBM3): "_CudaDeviceProperties(name='NVIDIA H20', major=9, minor=0, total_memory=97285MB,
     # multi_processor_count=78)"
     Gpu("H20", "NVIDIA H20", 97285 * 2**20,
-        _torch_repr("name='NVIDIA H20', major=9, minor=0, total_memory=97285MB")),
+        _torch_repr("name='NVIDIA H20', major=9, minor=0, total_memory=97285MB"), arch="sm90"),
     # H100 NVL, driver 550.54.14: 95235 MBytes (99861594112 bytes)
-    Gpu("H100-NVL", "NVIDIA H100 NVL", 99861594112, _DQ + "H100NVLx2_deviceQuery.py"),
+    Gpu("H100-NVL", "NVIDIA H100 NVL", 99861594112, _DQ + "H100NVLx2_deviceQuery.py", arch="sm90"),
     # A100 SXM4 80GB, driver 555.42.02: 81158 MBytes (85100068864 bytes)
     Gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 85100068864, _DQ + "A100SXMx4_deviceQuery.py"),
     # A100 SXM4 40GB, CUDA 12.2: 40339 MBytes (42298834944 bytes), a deviceQuery pasted in the PR
     Gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 42298834944, "https://github.com/bottlerocket-os/bottlerocket/pull/3873"),
     # L40S, driver 550.127.05: 45589 MBytes (47803596800 bytes)
-    Gpu("L40S", "NVIDIA L40S", 47803596800, _DQ + "L40S_deviceQuery.py"),
+    Gpu("L40S", "NVIDIA L40S", 47803596800, _DQ + "L40S_deviceQuery.py", arch="sm89"),
     # A40, driver 550.127.05: 45403 MBytes (47608692736 bytes)
     Gpu("A40", "NVIDIA A40", 47608692736, _DQ + "A40x10_deviceQuery.py"),
     # L4, driver 550.90.07: 22478 MBytes (23570219008 bytes)
-    Gpu("L4", "NVIDIA L4", 23570219008, _DQ + "L4_deviceQuery.py"),
+    Gpu("L4", "NVIDIA L4", 23570219008, _DQ + "L4_deviceQuery.py", arch="sm89"),
     # A10, CUDA 12.2: 21.99 GBytes (23609475072 bytes), a device query in the README
     Gpu("A10", "NVIDIA A10", 23609475072,
         "https://github.com/aalanwyr/face2cuda/blob/9ad81566c5da19bc4950596a37d3820a595b280a/step2cuda/README.md"),
@@ -83,11 +87,12 @@ GPUS = (
     Gpu("A10G", "NVIDIA A10G", 22587 * 2**20,
         _torch_repr("name='NVIDIA A10G', major=8, minor=6, total_memory=22587MB")),
     # RTX 6000 Ada, CUDA 12.4: 48640 MBytes (51002867712 bytes)
-    Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py"),
+    Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py",
+        arch="sm89"),
     # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes)
     Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 25327697920, _DQ + "RTX3090_deviceQuery.py"),
     # GeForce RTX 4090, driver 550.127.05: 24210 MBytes (25386352640 bytes)
-    Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 25386352640, _DQ + "RTX4090_deviceQuery.py"),
+    Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 25386352640, _DQ + "RTX4090_deviceQuery.py", arch="sm89"),
     # GeForce RTX 5090, driver 570.133.04 / CUDA 12.8: 32117 MBytes (33677180928 bytes), deviceQuery in the issue
     Gpu("RTX-5090", "NVIDIA GeForce RTX 5090", 33677180928,
         "https://github.com/aikitoria/open-gpu-kernel-modules/issues/1"),
@@ -103,6 +108,11 @@ def _key(name: str) -> str:
 
 _BY_KEY = {**{_key(g.name): g for g in GPUS}, **{_key(g.smi_name): g for g in GPUS}}
 _BY_KEY.update({_key(alias): _BY_KEY[_key(name)] for alias, name in _ALIASES.items()})
+
+
+def arch_of(name: str | None) -> str | None:
+    """The GPU family of the card `name` names, for the ledger's `gpu_arch` (None: not known)."""
+    return None if name is None else find_gpu(name, key="gpu").arch
 
 
 def known_names() -> list[str]:

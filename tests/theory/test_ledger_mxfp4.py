@@ -90,3 +90,22 @@ def test_cli_refuses_an_unknown_gpu_arch(capsys):
     with pytest.raises(ConfigError, match="sm90, sm100") as cfg_err:  # the same through LedgerInputs
         build_ledger(LedgerInputs(engine="vllm", model=GPT_OSS, gpu_arch="sm80"))
     assert cfg_err.value.key == "gpu_arch"
+
+
+def test_a_card_by_name_brings_its_family(tmp_path, capsys):
+    """`--gpu L4` (hardware.gpu: L4) is an Ada card (compute capability 8.9): the ledger pads the
+    experts for vLLM's MARLIN there as `--gpu-arch sm89` does, and an explicit `--gpu-arch` wins."""
+    def weights(*extra):
+        capsys.readouterr()
+        assert main(["ledger", "--engine", "vllm", "--model", GPT_OSS, *extra, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["budget"]["weights"]
+
+    assert weights("--gpu", "L4") == weights("--gpu-memory", "23570219008B", "--gpu-arch", "sm89") == WEIGHTS_SM100
+    assert weights("--gpu", "L4", "--gpu-arch", "sm90") == WEIGHTS_SM90
+    assert weights("--gpu", "H100-80GB") == WEIGHTS_SM90
+    from kvprobe.spec.expectation import ledger_inputs, load_expectations
+
+    path = tmp_path / "l4.yaml"
+    path.write_text("name: l4\nengine: vllm\nversion: '0.33.0'\nmodel: openai/gpt-oss-20b\n"
+                    "hardware: {gpu: L4}\ntarget: {launch: engine}\nprofile: short\n")
+    assert ledger_inputs(load_expectations(path)[0]).gpu_arch == "sm89"
