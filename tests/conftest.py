@@ -14,7 +14,8 @@ second) and they take turns at loading the machine: a probe judges its own clien
 level inconclusive when it lags, and two probes ramping at once on two cores starved each other's
 Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the lanes share one load
 turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
-its load's stop, and every other lane test holds it throughout; the other lane's engine starts and
+its load's stop, and every other lane test (and one marked `holds_the_turn`: it bounds the wall
+clock around its probe, which a wait for the turn would spend) holds it throughout; the other lane's engine starts and
 drains meanwhile. Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -146,7 +147,9 @@ def _load_turn(request, monkeypatch):
     probes, inside it, take none)."""
     item = request.node
     path = item.nodeid.split("::", 1)[0]
-    if not os.environ.get(TURN_ENV) or path in PROBES_TAKE_TURNS or not serial(item.config.rootpath, item.nodeid):
+    whole = item.get_closest_marker("holds_the_turn") is not None  # a bound on the wall clock around its probe
+    if not os.environ.get(TURN_ENV) or (path in PROBES_TAKE_TURNS and not whole) or \
+            not serial(item.config.rootpath, item.nodeid):
         yield
         return
     with load_turn():

@@ -107,6 +107,7 @@ def test_a_target_that_never_becomes_healthy_ends_in_bounded_time(expectation, t
     groups.assert_none_left()  # the engine and Locust groups are gone, by id
 
 
+@pytest.mark.holds_the_turn
 def test_a_target_that_dies_mid_probe_ends_with_the_reason(expectation, tmp_path, groups):
     exp = expectation("emulated-sglang.yaml")
     command = (sys.executable, str(HERE / "die_after.py"), "6", sys.executable, "-m", "kvprobe", "emulate", "sglang")
