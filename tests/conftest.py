@@ -16,15 +16,20 @@ Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the 
 turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
 its load's stop, and every other lane test (and one marked `holds_the_turn`: it bounds the wall
 clock around its probe, which a wait for the turn would spend) holds it throughout; the other lane's engine starts and
-drains meanwhile. Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
+drains meanwhile. A test marked `needs_a_quiet_machine` (a real API server streaming requests of under
+a second: an engine starting beside it makes it burst) runs while the other lane runs nothing.
+Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -138,23 +143,62 @@ def pytest_configure(config):
     # the controller names the turn's file before its workers start; they inherit it
     if two_lanes() and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
         os.environ[TURN_ENV] = str(Path(tempfile.gettempdir()) / f"kvprobe-load-turn-{os.getpid()}")
-        config.add_cleanup(lambda path=os.environ[TURN_ENV]: Path(path).unlink(missing_ok=True))
+        for path in (os.environ[TURN_ENV], os.environ[TURN_ENV] + ".quiet", os.environ[TURN_ENV] + ".want"):
+            config.add_cleanup(lambda path=path: Path(path).unlink(missing_ok=True))
 
 
 @pytest.fixture(autouse=True)
 def _load_turn(request, monkeypatch):
     """A lane test whose load is not only its probes' holds the load turn throughout (and its
-    probes, inside it, take none)."""
+    probes, inside it, take none). Every lane test holds the quiet lock shared; one marked
+    `needs_a_quiet_machine` holds it alone: the other lane then finishes its test and waits."""
     item = request.node
     path = item.nodeid.split("::", 1)[0]
-    whole = item.get_closest_marker("holds_the_turn") is not None  # a bound on the wall clock around its probe
-    if not os.environ.get(TURN_ENV) or (path in PROBES_TAKE_TURNS and not whole) or \
-            not serial(item.config.rootpath, item.nodeid):
+    if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
-    with load_turn():
-        monkeypatch.delenv(TURN_ENV)
+    quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
+    whole = quiet or item.get_closest_marker("holds_the_turn") is not None or path not in PROBES_TAKE_TURNS
+    with quiet_lock(exclusive=quiet), (load_turn() if whole else contextlib.nullcontext()):
+        if whole:
+            monkeypatch.delenv(TURN_ENV)
         yield
+
+
+QUIET_WAIT_SECONDS = 1800  # the other lane's longest test (the vLLM repro chain: under 4 minutes) and more
+
+
+@contextlib.contextmanager
+def quiet_lock(*, exclusive: bool):
+    """The lanes' quiet lock (beside the turn's file): shared by every lane test, exclusive for one
+    that needs the machine to itself. A test that wants it alone first holds the `.want` file, which
+    each other test passes through on its way in, so the other lane cannot keep it shared forever
+    (a new test starts a few milliseconds after the last one ends). Bounded: QUIET_WAIT_SECONDS."""
+    base = os.environ[TURN_ENV]
+    want = os.open(base + ".want", os.O_RDWR | os.O_CREAT, 0o644)
+    quiet = os.open(base + ".quiet", os.O_RDWR | os.O_CREAT, 0o644)
+    end = time.monotonic() + QUIET_WAIT_SECONDS
+    try:
+        _flock(want, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, end)
+        _flock(quiet, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, end)
+        os.close(want)  # closing a descriptor releases its lock
+        want = None
+        yield
+    finally:
+        for fd in (want, quiet):
+            if fd is not None:
+                os.close(fd)
+
+
+def _flock(fd: int, mode: int, end: float) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > end:
+                pytest.fail(f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock")
+            time.sleep(0.05)
 
 
 def pytest_runtest_setup(item):

@@ -65,3 +65,43 @@ def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
     assert conftest.serial(ROOT, f"{path}::t"), f"{path} is in no lane: it needs no turn"
     assert not [sign for sign in ("LocustRun(", "STALL_ENV", "burn") if sign in text], \
         f"{path} loads the machine outside its probes: it must hold the turn throughout"
+
+
+def test_a_quiet_test_waits_for_the_other_lanes_test_and_no_new_one_starts_before_it(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
+    order, a_in, a_go, b_waiting = [], threading.Event(), threading.Event(), threading.Event()
+
+    def lane_test(name, exclusive, started=None, go=None):
+        with conftest.quiet_lock(exclusive=exclusive):
+            order.append(f"{name} in")
+            if started:
+                started.set()
+            if go:
+                assert go.wait(30)
+            order.append(f"{name} out")
+
+    a = threading.Thread(target=lane_test, args=("a", False, a_in, a_go))
+    a.start()
+    assert a_in.wait(30)
+    b = threading.Thread(target=lane_test, args=("quiet", True))
+    b.start()
+    # the quiet test holds `.want` while it waits: the other lane's next test cannot slip in
+    end = conftest.time.monotonic() + 30
+    while not order.count("quiet in") and conftest.time.monotonic() < end:
+        try:
+            fd = conftest.os.open(str(tmp_path / "turn.want"), conftest.os.O_RDWR)
+            conftest.fcntl.flock(fd, conftest.fcntl.LOCK_SH | conftest.fcntl.LOCK_NB)
+            conftest.os.close(fd)
+        except (BlockingIOError, FileNotFoundError):
+            b_waiting.set()
+            break
+        conftest.time.sleep(0.01)
+    assert b_waiting.is_set(), order
+    c = threading.Thread(target=lane_test, args=("c", False))
+    c.start()
+    a_go.set()
+    for t in (a, b, c):
+        t.join(30)
+    assert order == ["a in", "a out", "quiet in", "quiet out", "c in", "c out"], order

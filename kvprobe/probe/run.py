@@ -156,10 +156,15 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
         reach_engine(pr)
         with load_turn(log=pr.log) as waited:
             pr.deadline += waited  # the budget counts the probe's own time, not another's turn
-            time_a_request(pr)
-            start_load(pr)
-            run_ramp(pr)
-            stop_load(pr)
+            try:
+                time_a_request(pr)
+                start_load(pr)
+                run_ramp(pr)
+                stop_load(pr)
+            except BaseException:
+                if pr.load is not None:
+                    pr.load.stop()  # before the turn passes on: no other probe ramps beside this load
+                raise
         watch_drain(pr)
         analyse(pr)
         judge(pr)

@@ -51,17 +51,21 @@ def assert_engine_gone(artifacts: Path) -> None:
     assert not [p for p in pids if alive(p)], f"engine processes left behind: {pids}"
 
 
+# The shapes of requests under a second (P+O <= 544 at 10 ms steps): their client lag limit is the
+# floor of 15 ms, and the real API server, slowed by another lane's engine starting, streams in bursts
+# that lag Locust's loop past it (21.4 ms at N=41 of prefix-caching, with that client 5 nice levels
+# up). They run on a quiet machine (tests/conftest.py).
+QUIET = pytest.mark.needs_a_quiet_machine
 CLI_PROBES = [
-    ("shadow-vllm.yaml", None),
-    ("shadow-vllm-shapes.yaml", "shadow-vllm-long-output"),
-    ("shadow-vllm-shapes.yaml", "shadow-vllm-kv-cache-memory-bytes"),
-    ("shadow-vllm-shapes.yaml", "shadow-vllm-gpu-memory-utilization"),
-    ("shadow-vllm-shapes.yaml", "shadow-vllm-mla"),
-    ("shadow-vllm-shapes.yaml", "shadow-vllm-prefix-caching"),
+    pytest.param("shadow-vllm.yaml", None, id="shadow-vllm.yaml"),
+    pytest.param("shadow-vllm-shapes.yaml", "shadow-vllm-long-output", id="shadow-vllm-long-output"),
+    *(pytest.param("shadow-vllm-shapes.yaml", name, id=name, marks=QUIET)
+      for name in ("shadow-vllm-kv-cache-memory-bytes", "shadow-vllm-gpu-memory-utilization", "shadow-vllm-mla",
+                   "shadow-vllm-prefix-caching")),
 ]
 
 
-@pytest.mark.parametrize(("file", "name"), CLI_PROBES, ids=[n or f for f, n in CLI_PROBES])
+@pytest.mark.parametrize(("file", "name"), CLI_PROBES)
 def test_kvprobe_probe_passes_against_real_vllm(vllm_env, tmp_path, say, file, name):
     args = ["probe", str(EXPECTATIONS / file), "--artifacts", str(tmp_path)] + (["--name", name] if name else [])
     t0 = time.monotonic()
