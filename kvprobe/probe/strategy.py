@@ -11,12 +11,10 @@ The ramp then stops as soon as the rejection point's verdict is settled (`settle
 levels only while it is not.
 
 Below the knee, the analysis needs one level (the hinge fit's closed-loop duty cycle:
-`plateau.fit_hinge`): half the limit. When the `no_preemption` check is selected, a second: the
-predicted no-preemption limit less the tolerance (the lowest clean level that passes it). That one
-lies close to the knee, where a request that arrives waits a step or two for the scheduler at any
-load (0.67 waiting at N=23 of a predicted 24 on the vLLM shadow, 1.4 s requests): the level at half
-the limit measures that step queue (`plateau.step_waiting_per_user` reads levels well below the
-knee), without which the clean level reads as waiting and no_preemption has nothing to judge.
+`plateau.fit_hinge`): half the limit, or, when the `no_preemption` check is selected, the
+predicted no-preemption limit less the tolerance (the lowest clean level that passes it). Step
+queueing is then read as zero (`plateau.step_waiting_per_user` needs a level well below the knee);
+the deep levels' queues dwarf it.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ def _fresh(users: int, step: int, measured: set[int]) -> int:
 
 
 class PredictRamp:
-    """The levels below the knee first (short), then deep levels past the predicted knee; a
+    """The one level below the knee first (short), then deep levels past the predicted knee; a
     search only when a deep level refutes the prediction. `note` says when and why the plan left
     the prediction."""
 
@@ -137,11 +135,10 @@ class PredictRamp:
         return next((n for n in self._below(basis) if n not in measured), None)
 
     def _below(self, basis: float) -> list[int]:
-        """The levels below the knee the analysis and the selected checks need."""
-        low = max(1, round(LOW_SHARE * basis))
-        if self.clean_limit is None:
-            return [low]
-        return sorted({low, max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))})
+        """The level below the knee the analysis and the selected checks need (a list: the plan's unit)."""
+        if self.clean_limit is not None:  # it serves the hinge fit too
+            return [max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))]
+        return [max(1, round(LOW_SHARE * basis))]
 
     def _say(self, line: str) -> None:
         if line not in (self.note or ""):

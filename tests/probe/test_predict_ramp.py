@@ -40,12 +40,9 @@ def test_a_right_prediction_runs_one_low_level_then_two_deep_ones():
         assert (0.95 * n - 24.0) / 0.95 >= deep_waiting(24.0)
 
 
-def test_no_preemption_adds_the_lowest_clean_level_that_passes_it_above_the_step_queue_level():
-    # the clean level sits near the knee: the level at half the limit measures the step queue it
-    # is judged against (plateau.step_waiting_per_user reads levels at most 0.75 of the knee)
+def test_no_preemption_moves_the_low_level_to_the_lowest_clean_level_that_passes_it():
     levels = walk(PredictRamp(24.0, clean_limit=20, tolerance=1.0), engine(24.0))
-    assert levels[:2] == [12, 19] and len(levels) == 4
-    assert levels[0] <= 0.75 * 24.0 < levels[1]
+    assert levels[0] == 19 and len(levels) == 3
 
 
 def test_a_prediction_twice_too_high_places_the_rest_from_the_measurement():
@@ -158,7 +155,7 @@ def test_deep_levels_without_a_queue_do_not_end_the_plan():
         level = true(n)
         return LevelResult(n, 24.0, 0.3, 0.0, saturated=True) if n in (30, 33) else level
     levels = walk(PredictRamp(24.0, clean_limit=20), starved)
-    assert levels[:4] == [12, 19, 30, 33] and len(levels) >= 6, levels
+    assert levels[:3] == [19, 30, 33] and len(levels) >= 5, levels
     assert sum(1 for n in levels if true(n).waiting >= deep_waiting(24.0)) >= 2
 
 
