@@ -4,6 +4,10 @@ renamed module in a lane nobody meant."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -68,8 +72,6 @@ def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
 
 
 def test_a_quiet_test_waits_for_the_other_lanes_test_and_no_new_one_starts_before_it(tmp_path, monkeypatch):
-    import threading
-
     monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
     order, a_in, a_go, b_waiting = [], threading.Event(), threading.Event(), threading.Event()
 
@@ -88,17 +90,22 @@ def test_a_quiet_test_waits_for_the_other_lanes_test_and_no_new_one_starts_befor
     b = threading.Thread(target=lane_test, args=("quiet", True))
     b.start()
     # the quiet test holds `.want` while it waits: the other lane's next test cannot slip in
-    end = conftest.time.monotonic() + 30
-    while not order.count("quiet in") and conftest.time.monotonic() < end:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
         try:
-            fd = conftest.os.open(str(tmp_path / "turn.want"), conftest.os.O_RDWR)
-            conftest.fcntl.flock(fd, conftest.fcntl.LOCK_SH | conftest.fcntl.LOCK_NB)
-            conftest.os.close(fd)
-        except (BlockingIOError, FileNotFoundError):
+            fd = os.open(str(tmp_path / "turn.want"), os.O_RDWR)
+        except FileNotFoundError:  # the quiet test has not opened it yet
+            time.sleep(0.01)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             b_waiting.set()
             break
-        conftest.time.sleep(0.01)
-    assert b_waiting.is_set(), order
+        finally:
+            os.close(fd)
+        time.sleep(0.01)
+    assert b_waiting.is_set() and "quiet in" not in order, order
     c = threading.Thread(target=lane_test, args=("c", False))
     c.start()
     a_go.set()

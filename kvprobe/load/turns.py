@@ -59,21 +59,32 @@ def load_turn(*, log: Callable[[str], None] | None = None, path: str | None = No
 
 
 def _acquire(fd: int, path: str, *, log, wait_seconds: float) -> float:
+    def say() -> None:
+        if log is not None:
+            log(f"kvprobe: waiting for the load turn ({TURN_ENV}={path}, held by {holder(path)})")
+
+    waited = flock_within(fd, fcntl.LOCK_EX, seconds=wait_seconds, on_wait=say)
+    if waited is None:
+        raise ProbeError(f"waited {wait_seconds:.0f} s for the load turn ({TURN_ENV}={path}, held by {holder(path)}); "
+                         "another probe on this machine has not stopped its load")
+    return waited
+
+
+def flock_within(fd: int, mode: int, *, seconds: float, on_wait: Callable[[], None] | None = None) -> float | None:
+    """`flock(fd, mode)` (LOCK_EX or LOCK_SH), polled for at most `seconds`: the seconds waited, or
+    None when it was not had in time. `on_wait` is called once, when the first try finds it held."""
     start = time.monotonic()
-    said = False
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return time.monotonic() - start
         except BlockingIOError:
             pass
-        waited = time.monotonic() - start
-        if waited >= wait_seconds:
-            raise ProbeError(f"waited {waited:.0f} s for the load turn ({TURN_ENV}={path}, held by {holder(path)}); "
-                             "another probe on this machine has not stopped its load")
-        if log is not None and not said:
-            log(f"kvprobe: waiting for the load turn ({TURN_ENV}={path}, held by {holder(path)})")
-            said = True
+        if time.monotonic() - start >= seconds:
+            return None
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
         time.sleep(_POLL_SECONDS)
 
 

@@ -36,13 +36,17 @@ def test_a_second_holder_waits_until_the_first_lets_go(tmp_path):
     t.start()
     assert first_in.wait(30)
     said = []
-    threading.Timer(0.3, release.set).start()  # the second must be waiting when the first lets go
-    with load_turn(path=path, log=said.append) as waited:
+
+    def waiting(line):  # the first lets go only once the second says it waits
+        said.append(line)
+        release.set()
+
+    with load_turn(path=path, log=waiting) as waited:
         order.append("second in")
     t.join(30)
     assert order == ["first in", "first out", "second in"]
     assert waited > 0
-    assert said and f"held by pid {os.getpid()}" in said[0], said
+    assert len(said) == 1 and f"held by pid {os.getpid()}" in said[0], said
 
 
 def test_a_turn_not_had_in_time_names_the_file_and_its_holder(tmp_path):
