@@ -193,3 +193,38 @@ def quiet_lock(*, exclusive: bool):
 def _flock(fd: int, mode: int, end: float) -> None:
     if flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is None:
         pytest.fail(f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock")
+
+
+
+def pytest_runtest_setup(item):
+    # a worker's unit tests yield the cores to the lanes running beside them (the priority holds
+    # for the rest of the worker's life: a lane, handed out first, has run on its worker before
+    # any other test there)
+    if os.environ.get("PYTEST_XDIST_WORKER") and not serial(item.config.rootpath, item.nodeid):
+        if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICE:
+            os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICE)
+
+
+def add_figure(node: pytest.Item, line: str) -> None:
+    """A figure line of `node`'s test: in the run's summary (from any worker), as well as wherever
+    the test printed it."""
+    node.user_properties.append((FIGURES, line))
+
+
+def pytest_runtest_logreport(report):
+    # the teardown report carries every line the test added; with xdist it reaches the controller
+    if report.when == "teardown":
+        _reported.extend((report.nodeid, value) for key, value in report.user_properties if key == FIGURES)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _reported:
+        return
+    terminalreporter.write_sep("=", "measured figures")
+    last = None
+    for nodeid, line in _reported:
+        if nodeid != last:
+            terminalreporter.write_line(f"{nodeid}:")
+            last = nodeid
+        for part in line.strip("\n").splitlines():
+            terminalreporter.write_line(f"  {part}")
