@@ -147,19 +147,40 @@ def pytest_configure(config):
             config.add_cleanup(lambda path=path: Path(path).unlink(missing_ok=True))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The quiet lock spans a lane test's whole protocol, not only its function: a module's engine
+    # (a module-scoped server fixture) starts in its first test's setup and stops in its last one's
+    # teardown, before and after any function fixture. Held from a fixture, the lock let the other
+    # lane start two SGLang shadows while a quiet test ramped (CI: loop lag 20.4 ms at N=37).
+    if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
+        yield
+        return
+    with quiet_lock(exclusive=item.get_closest_marker("needs_a_quiet_machine") is not None) as had:
+        if not had:
+            item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
+        yield
+
+
+_QUIET_MISSED = pytest.StashKey[str]()
+
+
 @pytest.fixture(autouse=True)
 def _load_turn(request, monkeypatch):
     """A lane test whose load is not only its probes' holds the load turn throughout (and its
-    probes, inside it, take none). Every lane test holds the quiet lock shared; one marked
-    `needs_a_quiet_machine` holds it alone: the other lane then finishes its test and waits."""
+    probes, inside it, take none). Its quiet lock (pytest_runtest_protocol) is held by then: shared
+    by every lane test, alone by one marked `needs_a_quiet_machine`, so the other lane finishes its
+    test and waits."""
     item = request.node
     path = item.nodeid.split("::", 1)[0]
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
+    if _QUIET_MISSED in item.stash:
+        pytest.fail(item.stash[_QUIET_MISSED])
     quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
     whole = quiet or item.get_closest_marker("holds_the_turn") is not None or path not in PROBES_TAKE_TURNS
-    with quiet_lock(exclusive=quiet), (load_turn() if whole else contextlib.nullcontext()):
+    with load_turn() if whole else contextlib.nullcontext():
         if whole:
             monkeypatch.delenv(TURN_ENV)
         yield
@@ -173,27 +194,26 @@ def quiet_lock(*, exclusive: bool):
     """The lanes' quiet lock (beside the turn's file): shared by every lane test, exclusive for one
     that needs the machine to itself. A test that wants it alone first holds the `.want` file, which
     each other test passes through on its way in, so the other lane cannot keep it shared forever
-    (a new test starts a few milliseconds after the last one ends). Bounded: QUIET_WAIT_SECONDS."""
+    (a new test starts a few milliseconds after the last one ends). Bounded: QUIET_WAIT_SECONDS;
+    yields whether it holds the lock (a hook cannot fail a test: the test fails on False)."""
     base = os.environ[TURN_ENV]
     want = os.open(base + ".want", os.O_RDWR | os.O_CREAT, 0o644)
     quiet = os.open(base + ".quiet", os.O_RDWR | os.O_CREAT, 0o644)
     end = time.monotonic() + QUIET_WAIT_SECONDS
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     try:
-        _flock(want, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, end)
-        _flock(quiet, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, end)
+        had = _flock(want, mode, end) and _flock(quiet, mode, end)
         os.close(want)  # closing a descriptor releases its lock
         want = None
-        yield
+        yield had
     finally:
         for fd in (want, quiet):
             if fd is not None:
                 os.close(fd)
 
 
-def _flock(fd: int, mode: int, end: float) -> None:
-    if flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is None:
-        pytest.fail(f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock")
-
+def _flock(fd: int, mode: int, end: float) -> bool:
+    return flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is not None
 
 
 def pytest_runtest_setup(item):

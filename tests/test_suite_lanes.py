@@ -112,3 +112,44 @@ def test_a_quiet_test_waits_for_the_other_lanes_test_and_no_new_one_starts_befor
     for t in (a, b, c):
         t.join(30)
     assert order == ["a in", "a out", "quiet in", "quiet out", "c in", "c out"], order
+
+
+class _Item:
+    """What the protocol hook reads of a pytest item."""
+
+    def __init__(self, config, nodeid: str, quiet: bool):
+        self.config, self.nodeid, self.stash = config, nodeid, pytest.Stash()
+        self._quiet = quiet
+
+    def get_closest_marker(self, name):
+        return object() if name == "needs_a_quiet_machine" and self._quiet else None
+
+
+def _quiet_lock_held(tmp_path, mode) -> bool:
+    fd = os.open(str(tmp_path / "turn.quiet"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(("nodeid", "quiet", "blocks_shared", "blocks_exclusive"), [
+    ("tests/shadow_sglang/test_usage_gauge.py::test_x", False, False, True),
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, True, True),
+    ("tests/theory/test_ledger.py::test_x", False, False, False),  # no lane: no lock
+])
+def test_the_quiet_lock_spans_the_whole_protocol(nodeid, quiet, blocks_shared, blocks_exclusive,
+                                                  tmp_path, monkeypatch, pytestconfig):
+    """Held from before the item's setup (a module's server fixture starts there) to after its teardown."""
+    monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
+    monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
+    hook = conftest.pytest_runtest_protocol(_Item(pytestconfig, nodeid, quiet), None)
+    next(hook)  # the protocol (setup, call, teardown) runs here
+    assert _quiet_lock_held(tmp_path, fcntl.LOCK_SH) == blocks_shared
+    assert _quiet_lock_held(tmp_path, fcntl.LOCK_EX) == blocks_exclusive
+    with pytest.raises(StopIteration):
+        next(hook)
+    assert not _quiet_lock_held(tmp_path, fcntl.LOCK_EX)
