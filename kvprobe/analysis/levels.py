@@ -54,6 +54,7 @@ class LevelStats:
     t_steady: float | None = None  # the detected steady start, when the ramp detected one (analysis.steady)
     too_few_samples: bool = False  # fewer than MIN_SAMPLES: reported, excluded from the rejection point
     running_se: float | None = None  # standard error of running_mean (batch means over the window)
+    waiting_se: float | None = None  # ... and of waiting_mean (decides a clean level: kvprobe.probe.ramp)
     engine_running_mean: float | None = None  # the engine's running gauge, steady mean (NaN: absent)
     engine_running_max: float | None = None  # its highest reading: what a sampled gauge shows at a full step
     engine_waiting_mean: float | None = None  # the engine's queue gauge, steady mean (NaN: absent)
@@ -291,7 +292,8 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
             samples=usable, client_running_mean=client, client_waiting_mean=client_waiting,
             waiting_capacity_mean=None if np.isnan(wcap) else wcap,
             t_start=w.t_start, t_end=w.t_end, t_steady=w.t_steady, too_few_samples=usable < min_samples,
-            running_se=batch_se(running), engine_running_mean=engine, engine_waiting_mean=_stat(waiting, np.mean),
+            running_se=batch_se(running), waiting_se=batch_se(waiting), engine_running_mean=engine,
+            engine_waiting_mean=_stat(waiting, np.mean),
             engine_running_max=_stat(running, np.max), client_running_se=client_se, engine_steps=steps,
         ))
     return out

@@ -123,7 +123,12 @@ def _preempted(lv) -> bool:
     return lv.preemptions is not None and lv.preemptions > 0
 
 
-def find_rejection_point(levels, *, waiting_threshold: float = 0.5, min_gap: float = 1.0) -> RejectionPoint:
+# A level waits when its queue beyond step queueing reaches this many requests on average; below
+# it, and without preemption, it ran clean (the no_preemption check's figure).
+CLEAN_WAITING = 0.5
+
+
+def find_rejection_point(levels, *, waiting_threshold: float = CLEAN_WAITING, min_gap: float = 1.0) -> RejectionPoint:
     """The plateau of running over every level that waits, weighted by depth, with its uncertainty.
 
     The engine is saturated when the levels from the onset on wait and running there falls at

@@ -4,6 +4,7 @@ reads and fills a `kvprobe.probe.state.ProbeRun`."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -144,12 +145,14 @@ def _least_steady(pr: ProbeRun) -> float:
 def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
     """Hold until the level's warm-up is over (detected: `analysis.steady`, and not before the engine
     holds FED_SHARE of the users' requests) and its figures serve
-    the verdict — a level below the knee after the least steady window; a saturated one, with an
+    the verdict — a level below the knee after the least steady window (the no_preemption check's
+    clean level: once its cleanliness is decided, `_clean_decided`); a saturated one, with an
     exact gauge, until the rejection point's verdict is settled (or right away when the plateau
     still needs another deep level), with a sampled one until its running mean is precise to
     LEVEL_PRECISION_SHARE of the allowance — or for the most it may take."""
     least = _least_steady(pr)
     longest = t_start + pr.hold + (pr.lifetime or 0.0)
+    clean_read = "no_preemption" in pr.exp.checks  # a level below the knee is the check's clean level
     check_every = max(0.25, 2 * pr.exp.profile.sample_interval)
     halves: list[tuple[float, float]] = []  # (time, the plateau's half-width with this level so far)
     while True:
@@ -169,7 +172,9 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         if stats.too_few_samples:
             continue
         if not level_result(stats).saturated:
-            return window
+            if not clean_read or _clean_decided(stats):
+                return window
+            continue
         if pr.dialect.RUNNING_GAUGE_EXACT:
             # the plateau with this level as held so far: hold while the verdict is unsettled and
             # this level still narrows it; an unconfirmed plateau needs another deep level instead
@@ -185,6 +190,24 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
         if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance:
             return window
+
+
+def _clean_decided(stats) -> bool:
+    """Has a level below the knee settled whether it ran clean, as the no_preemption check reads
+    it (`plateau.CLEAN_WAITING`)? It preempted, or its waiting mean's ~95% interval lies wholly
+    below the threshold or wholly at or above it. Arrivals that bunch (an API server or a client
+    that fell behind for a moment) queue a request or two for part of a lifetime; read over one
+    lifetime such a level sat on the threshold (waiting 0.25-0.67 at N=23, clean predicted up to
+    24, on the vLLM shadow) and the check had no clean level. So it is held on, up to the
+    profile's hold, until its mean is decided."""
+    if stats.preemptions:
+        return True
+    if not math.isfinite(stats.waiting_mean):
+        return True  # no queue gauge: nothing more to read
+    if stats.waiting_se is None:
+        return False
+    half = plateau.Z95 * stats.waiting_se
+    return stats.waiting_mean + half < plateau.CLEAN_WAITING or stats.waiting_mean - half >= plateau.CLEAN_WAITING
 
 
 def _narrowing(halves: list[tuple[float, float]], span: float) -> bool:

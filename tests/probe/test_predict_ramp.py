@@ -171,3 +171,34 @@ def test_a_deep_level_held_back_by_the_load_generator_refutes_nothing():
     levels = walk(ramp, held)
     assert "was predicted" not in (ramp.note or "") and f"N={first} ran 37.6 with no queue" in ramp.note
     assert levels[:3] == [29, first, first + math.ceil(deep_waiting(58.5))] and len(levels) == 4, levels
+
+
+def _below_knee(waiting: float, se: float | None, preemptions: float | None = 0.0):
+    from types import SimpleNamespace
+    return SimpleNamespace(waiting_mean=waiting, waiting_se=se, preemptions=preemptions)
+
+
+@pytest.mark.parametrize(("waiting", "se", "preemptions", "decided"), [
+    (0.05, 0.02, 0.0, True),     # clean beyond doubt
+    (1.40, 0.20, 0.0, True),     # it waits beyond doubt
+    (0.45, 0.10, 0.0, False),    # 0.25-0.65: on the threshold (the vLLM shadow's N=23 over one lifetime)
+    (0.30, 0.15, 0.0, False),    # 0.01-0.59: still on it
+    (0.30, None, 0.0, False),    # too few samples for an interval
+    (0.45, 0.10, 3.0, True),     # it preempted: not clean, whatever it waited
+    (float("nan"), None, 0.0, True),  # no queue gauge: holding reads nothing more
+])
+def test_the_clean_level_is_held_until_its_waiting_is_decided(waiting, se, preemptions, decided):
+    from kvprobe.probe.ramp import _clean_decided
+    assert _clean_decided(_below_knee(waiting, se, preemptions)) is decided
+
+
+def test_a_levels_waiting_has_a_standard_error():
+    from kvprobe.analysis.levels import LevelWindow, level_stats
+    t = np.arange(0.0, 10.0, 0.1)
+    waiting = np.where((t % 2.0) < 0.4, 2.0, 0.0)  # a burst that queues two for a fifth of each 2 s
+    arrays = {"t": t, "running": np.full_like(t, 20.0), "waiting": waiting, "usage": np.full_like(t, 0.8)}
+    lv = level_stats(arrays, [LevelWindow(users=22, t_start=0.0, t_end=10.0)], warmup_fraction=0.0)[0]
+    assert lv.waiting_mean == pytest.approx(0.4, abs=0.05)
+    assert lv.waiting_se is not None and 0.0 < lv.waiting_se < 0.2, lv.waiting_se
+    steady = level_stats({**arrays, "waiting": np.zeros_like(t)}, [LevelWindow(22, 0.0, 10.0)], warmup_fraction=0.0)[0]
+    assert steady.waiting_se == 0.0
