@@ -31,9 +31,7 @@ from pathlib import Path
 from statistics import median
 
 from kvprobe.errors import KvprobeError
-from kvprobe.probe.judge import analyse, judge
-from kvprobe.probe.ramp import run_ramp, start_load, stop_load
-from kvprobe.probe.run import ProbeOptions, begin, close, reach_engine, record_error
+from kvprobe.probe.run import ProbeOptions, begin, close, drive, record_error
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.spec.profile import load_profile
 from kvprobe.spec.schema import HoldSpec, RampSpec, RequestShape
@@ -83,19 +81,15 @@ def expectation(shape: Shape, strategy: str):
 
 def one(shape: Shape, strategy: str, workdir: Path) -> dict:
     """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`."""
+    def wrong(pr) -> None:
+        adm = pr.ledger.admission
+        pr.ledger = replace(pr.ledger, admission=replace(
+            adm, limit=adm.limit * shape.wrong,
+            no_preemption_limit=max(1, round(adm.no_preemption_limit * shape.wrong))))
+
     pr = begin(expectation(shape, strategy), ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}"))
     try:
-        reach_engine(pr)
-        if shape.wrong != 1.0:
-            adm = pr.ledger.admission
-            pr.ledger = replace(pr.ledger, admission=replace(
-                adm, limit=adm.limit * shape.wrong, no_preemption_limit=max(1, round(adm.no_preemption_limit
-                                                                                      * shape.wrong))))
-        start_load(pr)
-        run_ramp(pr)
-        stop_load(pr)
-        analyse(pr)
-        judge(pr)
+        drive(pr, adjust=wrong if shape.wrong != 1.0 else None)
     except KvprobeError as err:
         record_error(pr, err)
     finally:

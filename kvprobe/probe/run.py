@@ -32,7 +32,7 @@ from kvprobe.targets.interface import OpenHow
 from kvprobe.theory.ledger.text import render_ledger
 
 __all__ = ["ERROR", "FAILED", "PASSED", "SCHEMA_VERSION", "ProbeOptions", "ProbeResult", "ProbeRun", "analyse",
-           "judge", "run_probe", "predict", "open_target"]
+           "drive", "judge", "run_probe", "predict", "open_target"]
 
 
 def predict(exp, users: int | None = None):
@@ -153,21 +153,7 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
     """Run one probe end to end. Never raises for a failed check; raises KvprobeError for bad input."""
     pr = begin(exp, options)
     try:
-        reach_engine(pr)
-        with load_turn(log=pr.log) as waited:
-            pr.deadline += waited  # the budget counts the probe's own time, not another's turn
-            try:
-                time_a_request(pr)
-                start_load(pr)
-                run_ramp(pr)
-                stop_load(pr)
-            except BaseException:
-                if pr.load is not None:
-                    pr.load.stop()  # before the turn passes on: no other probe ramps beside this load
-                raise
-        watch_drain(pr)
-        analyse(pr)
-        judge(pr)
+        drive(pr)
     except ConfigError as err:  # bad input (a refused API key, the other engine): written, then the caller's
         record_error(pr, err)
         raise
@@ -176,6 +162,28 @@ def run_probe(exp, options: ProbeOptions) -> ProbeResult:
     finally:
         close(pr)
     return pr.result
+
+
+def drive(pr, *, adjust=None) -> None:
+    """A begun probe's steps, from reaching its engine to its verdict; `adjust(pr)` runs once the
+    engine is reached and the ledger read (a benchmark scales the prediction there)."""
+    reach_engine(pr)
+    if adjust is not None:
+        adjust(pr)
+    with load_turn(log=pr.log) as waited:
+        pr.deadline += waited  # the budget counts the probe's own time, not another's turn
+        try:
+            time_a_request(pr)
+            start_load(pr)
+            run_ramp(pr)
+            stop_load(pr)
+        except BaseException:
+            if pr.load is not None:
+                pr.load.stop()  # before the turn passes on: no other probe ramps beside this load
+            raise
+    watch_drain(pr)
+    analyse(pr)
+    judge(pr)
 
 
 def _safe(fn, default):
