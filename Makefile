@@ -40,6 +40,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/sglang-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.33.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow
+	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1 --install \
+		--artifacts artifacts/matrix/vllm-shadow-0.19
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

@@ -143,3 +143,41 @@ def test_a_plugin_distribution_replaces_the_old_and_its_entry_point_is_seen(tmp_
     assert not stale.exists()
     with pytest.raises(envs.EnvError, match="entry point not seen in .*: AssertionError"):
         envs.write_distribution(env, module.DIST_NAME, files, check="assert False", what="entry point not seen")
+
+
+# vLLM releases with a recipe in `kvprobe.targets.shadow.vllm.env` (no install): the pins each wheel's
+# METADATA sets that its list follows (`pip download vllm==X --no-deps`, vllm-X.dist-info/METADATA:
+# compressed-tensors is the one `==` pin among what the shadow imports that moves between them).
+VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"}}
+
+
+def _vllm_pins(version: str) -> dict[str, str]:
+    lines = [ln for ln in envs.pins_text(f"vllm-{version}.txt").splitlines() if ln.strip() and not ln.startswith("#")]
+    return dict(ln.split("==", 1) for ln in lines)
+
+
+@pytest.mark.parametrize("version", sorted(VLLM_WHEEL_PINS))
+def test_each_vllm_release_has_the_one_recipe_with_its_own_pins(version):
+    rec = envs.recipe("vllm", version)
+    assert rec is vllm_env.RECIPES[version] and rec.module == "vllm"
+    assert rec.steps[0] == envs.Pip(pins=f"vllm-{version}.txt")
+    pins = _vllm_pins(version)
+    assert pins["vllm"] == version
+    assert pins["torch"] == "2.13.0", "the CPU build of torch (a CUDA one pulls ~2.2 GB of nvidia wheels)"
+    assert {name: pins[name] for name in VLLM_WHEEL_PINS[version]} == VLLM_WHEEL_PINS[version]
+
+
+def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path))
+    old, new = vllm_env.RECIPES["0.18.1"], vllm_env.RECIPES["0.19.1"]
+    assert old.steps[1] == new.steps[1] and old.extra_checks == new.extra_checks  # one recipe, data apart
+    assert old.digest != new.digest
+    assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
+    assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
+    assert envs.parse_spec("vllm") == ("vllm", "0.33.0")  # the newest stays the default
+
+
+def test_vllm_0_19_1_pins_differ_from_0_18_1_only_where_its_wheel_does():
+    old, new = _vllm_pins("0.18.1"), _vllm_pins("0.19.1")
+    assert old.keys() == new.keys()
+    assert {name for name in old if old[name] != new[name]} == {"vllm", "compressed-tensors"}

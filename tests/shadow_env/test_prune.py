@@ -76,3 +76,9 @@ def test_list_shows_each_environments_disk(cache, fake_recipe, capsys):  # noqa:
 def test_a_kept_release_kvprobe_cannot_build_is_bad_input(cache, capsys):  # noqa: F811
     assert main(["shadow", "prune", "--keep", "vllm==0.0.1"]) == 2
     assert "no pinned install list for vllm 0.0.1" in capsys.readouterr().err
+
+
+def test_prune_keeps_by_default_only_what_make_test_runs():
+    """A release added for `make matrix` (vLLM 0.19.1) is not kept by default: the suite does not install it."""
+    assert disk.SUITE_RELEASES == (("vllm", "0.33.0"), ("vllm", "0.18.1"), ("sglang", "0.5.23"),
+                                   ("sglang-router", "0.3.2"))

@@ -2,11 +2,15 @@
 builds: the one place that branches on the installed vLLM's version (the worker and `kvspec.py` ask
 here). Runs inside the engine environment (imports vllm).
 
-Releases with a shadow recipe: 0.33.0 (the worker is written for it) and 0.18.1, the last before
-0.19.0 brought whole-prompt admission. Each difference below was read in both wheels
-(`pip download vllm==V --no-deps`); the releases between them were not read, so the branch is
-drawn at 0.19 only because that is where kvprobe's two recipes part, not because every difference
-appeared there.
+Releases with a shadow recipe: 0.33.0 (the worker is written for it), and 0.18.1 and 0.19.1, either
+side of 0.19.0's whole-prompt admission. Each difference below was read in the 0.18.1 and 0.33.0 wheels
+(`pip download vllm==V --no-deps`); 0.19.1's files are 0.18.1's for every one of them (v1/worker/
+worker_base.py differs only by `load_model`'s keyword `load_dummy_weights`, L125, which the worker already
+takes; v1/kv_cache_interface.py, v1/core/sched/output.py and platforms/__init__.py are the same files;
+v1/core/kv_cache_utils.py keeps the check-then-override order, `_check_enough_kv_cache_memory` L1579
+then `may_override_num_blocks` L823-836; no kv_cache_planning module, no layout RPC in v1/engine/core.py).
+So the old interfaces run through 0.19.1, `OLD_INTERFACES_THROUGH`; the releases between 0.19.1 and
+0.33.0 were not read and have no recipe.
 
 Each difference, 0.33.0 first, then 0.18.1 (files under vllm/):
 
@@ -43,8 +47,10 @@ from vllm import __version__ as VLLM_VERSION
 
 from kvprobe.releases import version_tuple
 
-# True on 0.18.1's worker and spec interfaces (see the table above); False on 0.33.0's.
-OLD_INTERFACES = version_tuple(VLLM_VERSION) < (0, 19)
+# The newest release read with 0.18.1's worker and spec interfaces (see the table above).
+OLD_INTERFACES_THROUGH = (0, 19, 1)
+# True on 0.18.1's and 0.19.1's worker and spec interfaces; False on 0.33.0's.
+OLD_INTERFACES = version_tuple(VLLM_VERSION) <= OLD_INTERFACES_THROUGH
 
 
 def compile_times():

@@ -1,21 +1,25 @@
-"""The vLLM 0.18.1 engine environment: the pinned CPU install plus a platform plugin; registered
-here as the SGLang releases are in `kvprobe.targets.shadow.sglang.env` (0.33.0's recipe, pins
-only, is in `kvprobe.targets.shadow.envs`).
+"""The vLLM engine environments of the releases either side of 0.19.0's whole-prompt admission
+(0.18.1, 0.19.1): each the pinned CPU install plus a platform plugin; registered here as the SGLang
+releases are in `kvprobe.targets.shadow.sglang.env` (0.33.0's recipe, pins only, is in
+`kvprobe.targets.shadow.envs`). One recipe, `_recipe(version)`; what differs per release is data
+(`RELEASES`: its pin list and its notes).
 
-0.18.1 is the last release before 0.19.0 brought whole-prompt admission (`scheduler_reserve_full_isl`;
-kvprobe/theory/vllm/releases.py FULL_PROMPT_FROM): with it and 0.33.0, `kvprobe diff
-expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.33.0` runs both admission rules on
-the engines' own code.
+0.19.0 brought whole-prompt admission (`scheduler_reserve_full_isl`, on by default: vllm/config/scheduler.py
+L139 and v1/core/sched/scheduler.py L732-744 in 0.19.1; kvprobe/theory/vllm/releases.py FULL_PROMPT_FROM).
+0.18.1 is the last release before it, 0.19.1 the one after: `kvprobe diff
+expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1` runs both admission rules on
+adjacent releases' own code (0.18.1 with 0.33.0 is the pair `make test` runs).
 
-Install (measured 104 s with a warm pip cache, 2.2 GB): `pip install --no-deps -r pins/vllm-0.18.1.txt`,
-then one step written here:
+Install (measured 104 s with a warm pip cache, 2.2 GB, for 0.18.1): `pip install --no-deps -r
+pins/vllm-<v>.txt`, then one step written here:
 
 - `kvprobe_vllm_cpu_platform.py` and `kvprobe_shadow_vllm-<v>.dist-info`: `cpu_platform_plugin.py`
   copied as a top-level module, and a distribution with no other code whose entry point in vLLM's
-  group `vllm.platform_plugins` names it. 0.18.1 picks the CPU platform only for a CPU build of vLLM
-  (`VLLM_TARGET_DEVICE=cpu` is 0.33's rule); the plugin applies 0.33's rule, so the PyPI wheel starts.
+  group `vllm.platform_plugins` names it. 0.18.1 and 0.19.1 pick the CPU platform only for a CPU build
+  of vLLM (vllm/platforms/__init__.py is the same file in both wheels; `VLLM_TARGET_DEVICE=cpu` is 0.33's
+  rule); the plugin applies 0.33's rule, so the PyPI wheel starts.
 
-Where the worker's interfaces differ between the two releases: `kvprobe.targets.shadow.vllm.compat`.
+Where the worker's interfaces differ between these releases and 0.33.0: `kvprobe.targets.shadow.vllm.compat`.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import kvprobe
 from kvprobe.releases import VLLM
 from kvprobe.targets.shadow import envs
 
+# The release `make test` runs beside 0.33.0 (tests/shadow/test_vllm_release_pair.py; `kvprobe shadow
+# prune` keeps it by default, kvprobe/targets/shadow/disk.py SUITE_RELEASES).
 VERSION = "0.18.1"
-PLUGIN_GROUP = "vllm.platform_plugins"  # vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP L19 (0.18.1)
+PLUGIN_GROUP = "vllm.platform_plugins"  # vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP L19 (0.18.1, 0.19.1)
 PLUGIN_NAME = "kvprobe_cpu"
 PLUGIN_MODULE = "kvprobe_vllm_cpu_platform"
 PLUGIN_TARGET = f"{PLUGIN_MODULE}:cpu_platform"
@@ -61,16 +67,30 @@ def write_platform_plugin(env: envs.EngineEnv) -> None:
                             what=f"vLLM does not pick the CPU platform through the {PLUGIN_GROUP} entry point")
 
 
-RECIPE = envs.register(envs.Recipe(
-    engine=VLLM, version=VERSION, module="vllm",
-    steps=(
-        envs.Pip(pins=f"vllm-{VERSION}.txt"),
-        envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
-                  envs.revision(*files(kvprobe.__version__).values())),
-    ),
-    # the scheduler, the OpenAI server, and what the shadow worker subclasses and returns
-    extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server",
-                  "vllm.v1.worker.worker_base", "vllm.v1.outputs"),
-    notes="torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; transformers 4.57.6, openai 2.24.0 "
-          "(its METADATA caps them below 5 and 2.25); a vllm.platform_plugins entry point for the CPU platform",
-))
+# The releases with this recipe, and what each does differently from vLLM's own pins (the pin list
+# itself is pins/vllm-<version>.txt; each file's header says which METADATA lines it follows).
+RELEASES = {
+    VERSION: "torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; transformers 4.57.6, openai 2.24.0 "
+             "(its METADATA caps them below 5 and 2.25); a vllm.platform_plugins entry point for the CPU platform",
+    "0.19.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; 0.18.1's pins but compressed-tensors "
+              "0.15.0.1 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+}
+
+
+def _recipe(version: str) -> envs.Recipe:
+    return envs.Recipe(
+        engine=VLLM, version=version, module="vllm",
+        steps=(
+            envs.Pip(pins=f"vllm-{version}.txt"),
+            envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
+                      envs.revision(*files(kvprobe.__version__).values())),
+        ),
+        # the scheduler, the OpenAI server, and what the shadow worker subclasses and returns
+        extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server",
+                      "vllm.v1.worker.worker_base", "vllm.v1.outputs"),
+        notes=RELEASES[version],
+    )
+
+
+RECIPES = {version: envs.register(_recipe(version)) for version in RELEASES}
+RECIPE = RECIPES[VERSION]

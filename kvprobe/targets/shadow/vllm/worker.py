@@ -14,7 +14,7 @@ This worker answers only what the GPU worker would answer:
   async scheduling is on, as a GPU overlaps them.
 
 Runs inside the engine: imports only the standard library, vllm (and torch), `kvprobe.theory` and the
-shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where vLLM 0.18.1's interfaces differ
+shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where vLLM 0.18.1's and 0.19.1's interfaces differ
 from 0.33.0's, the one place that asks which release runs). Its settings come from the environment the
 launcher sets (`kvprobe.targets.shadow.vllm.target`).
 """
@@ -125,7 +125,7 @@ def _wait_until(t: float) -> None:
 
 
 class ShadowWorker(WorkerBase):
-    """The GPU worker's contract (v1/worker/gpu_worker.py, 0.33.0; where 0.18.1's differs, `compat.py`),
+    """The GPU worker's contract (v1/worker/gpu_worker.py, 0.33.0; where 0.18.1's and 0.19.1's differ, `compat.py`),
     with no device and no model."""
 
     def __init__(self, vllm_config, local_rank: int, rank: int, distributed_init_method: str,
