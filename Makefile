@@ -38,6 +38,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/sglang
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions 0.5.21,0.5.23 --install \
 		--artifacts artifacts/matrix/sglang-shadow
+	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions 0.5.21,0.5.22 --install \
+		--artifacts artifacts/matrix/sglang-shadow-boundary
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.33.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1 --install \

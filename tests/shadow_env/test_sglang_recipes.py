@@ -1,5 +1,5 @@
-"""The SGLang recipes and their pin lists (no install): 0.5.21 beside 0.5.23, each pinning what its
-own wheel's METADATA pins."""
+"""The SGLang recipes and their pin lists (no install): 0.5.21 and 0.5.22 beside 0.5.23, each pinning
+what its own wheel's METADATA pins, and the plugin's hook targets read for each."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ import re
 import pytest
 
 from kvprobe.errors import ConfigError
-from kvprobe.targets.shadow import envs, recipes
+from kvprobe.releases import KNOWN_VERSIONS
+from kvprobe.targets.shadow import disk, envs, recipes
 from kvprobe.targets.shadow.sglang import env as sglang_env
+from kvprobe.targets.shadow.sglang import hook_targets
 
 # The exact `Requires-Dist: NAME==VERSION` pins (no extras) of the wheels' METADATA that the pin lists
 # also hold, copied from `pip download sglang==X --no-deps` (sglang-X.dist-info/METADATA). torch is
-# 0.5.23's exception: SGLang pins 2.14.1, a CUDA build on PyPI; the recipe keeps 2.13.0's CPU build.
+# 0.5.22's and 0.5.23's exception: SGLang pins 2.14.1, a CUDA build on PyPI; the recipe keeps 2.13.0's
+# CPU build.
 WHEEL_PINS = {
     "0.5.21": {"apache-tvm-ffi": "0.1.11", "compressed-tensors": "0.18.0", "openai": "2.6.1",
                "sentencepiece": "0.2.1", "soundfile": "0.13.1", "tokenizers": "0.22.2", "torch": "2.13.0",
                "transformers": "5.12.1", "xgrammar": "0.2.7"},
+    "0.5.22": {"apache-tvm-ffi": "0.1.11", "compressed-tensors": "0.18.0", "openai": "2.6.1",
+               "sentencepiece": "0.2.1", "soundfile": "0.13.1", "tokenizers": "0.23.2", "torch": "2.14.1",
+               "transformers": "5.19.0", "xgrammar": "0.2.7"},
     "0.5.23": {"apache-tvm-ffi": "0.1.11", "compressed-tensors": "0.18.0", "openai": "2.8.0",
                "sentencepiece": "0.2.1", "soundfile": "0.13.1", "tokenizers": "0.23.2", "torch": "2.14.1",
                "transformers": "5.19.0", "xgrammar": "0.2.7"},
@@ -63,6 +69,28 @@ def test_0_5_21_pins_differ_from_0_5_23_only_where_the_wheels_do():
     assert changed == {"sglang", "openai", "tokenizers", "transformers"}
 
 
+def test_0_5_22_pins_differ_from_0_5_23_only_in_openai():
+    """0.5.22's wheel already pins 0.5.23's tokenizers and transformers, and still 0.5.21's openai."""
+    old, new = _pins("0.5.22"), _pins("0.5.23")
+    assert old.keys() == new.keys()
+    assert {name for name in old if old[name] != new[name]} == {"sglang", "openai"}
+    assert old["openai"] == _pins("0.5.21")["openai"]
+
+
+def test_every_recipe_is_a_known_release_whose_hook_targets_were_read():
+    """A recipe is only as good as the plugin's hooks in that release: each version with a recipe has its
+    hook targets' lines read (hook_targets.py) and is a release kvprobe has facts for."""
+    assert set(sglang_env.RECIPES) == set(hook_targets.VERSIONS) == set(WHEEL_PINS)
+    assert set(hook_targets.VERSIONS) <= set(KNOWN_VERSIONS["sglang"])
+    assert "0.5.22" in recipes.known_versions("sglang")
+
+
+def test_the_matrix_only_releases_are_not_kept_by_prune_by_default():
+    """0.5.21 and 0.5.22 are `make matrix`'s (installed by `kvprobe diff --install`), not `make test`'s:
+    pruning without --keep leaves only the suite's SGLang."""
+    assert [v for e, v in disk.SUITE_RELEASES if e == "sglang"] == ["0.5.23"]
+
+
 def test_the_two_releases_build_apart_and_newest_is_the_default(tmp_path, monkeypatch):
     monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path))
     old, new = envs.env_for("sglang", "0.5.21"), envs.env_for("sglang", "0.5.23")
@@ -71,5 +99,5 @@ def test_the_two_releases_build_apart_and_newest_is_the_default(tmp_path, monkey
     assert recipes.parse_spec("sglang") == ("sglang", "0.5.23")
     assert {"0.5.21", "0.5.23"} <= set(recipes.known_versions("sglang"))
     # a release with no recipe is refused by name, listing the ones there are
-    with pytest.raises(ConfigError, match=r"sglang==0\.5\.21, sglang==0\.5\.23"):
-        recipes.recipe("sglang", "0.5.22")
+    with pytest.raises(ConfigError, match=r"sglang==0\.5\.21, sglang==0\.5\.22, sglang==0\.5\.23"):
+        recipes.recipe("sglang", "0.5.20")

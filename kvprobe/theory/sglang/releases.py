@@ -15,7 +15,8 @@ MAX_PREFILL_TOKENS = 16384
 def policy(version: str) -> str:
     """The admission policy (schedsim's name) of an SGLang version: 0.5.22 and later reserve an
     ignore_eos request's output at ratio 1.0; 0.5.21 and older scale it by new_token_ratio
-    (python/sglang/srt/managers/schedule_policy.py `PrefillAdder`)."""
+    (python/sglang/srt/managers/schedule_policy.py `PrefillAdder._get_running_request_total_token_offset`:
+    0.5.21 L788-795, 0.5.22 L754-763). Both sides run on their shadows (docs/diff.md, 0.5.21 -> 0.5.22)."""
     return "sglang-0.5.21" if version_tuple(version) <= (0, 5, 21) else "sglang-0.5.22"
 
 

@@ -1,4 +1,4 @@
-"""The SGLang engine environments (0.5.21, 0.5.23): the pinned CPU install, a torchvision stand-in,
+"""The SGLang engine environments (0.5.21, 0.5.22, 0.5.23): the pinned CPU install, a torchvision stand-in,
 and the entry point through which SGLang loads kvprobe's plugin.
 
 Install (measured 1-2 min with a warm pip cache, 2.5 GB):
@@ -62,6 +62,8 @@ def write_plugin_entry_point(env: envs.EngineEnv) -> None:
 # The releases with a recipe, and what each recipe does differently from SGLang's own pins.
 TORCH_NOTES = {
     "0.5.21": "torch 2.13.0 CPU build (SGLang 0.5.21's own pin); triton without dependencies; "
+              "torchvision is kvprobe's stand-in",
+    "0.5.22": "torch 2.13.0 CPU build in place of SGLang 0.5.22's pinned 2.14.1; triton without dependencies; "
               "torchvision is kvprobe's stand-in",
     SGLANG_DEFAULT_VERSION: "torch 2.13.0 CPU build in place of SGLang's pinned 2.14.1; triton without dependencies; "
                             "torchvision is kvprobe's stand-in",

@@ -25,7 +25,9 @@ TARGETS = {
 # kv_cache_configurator.py L2177, the same KV budget formula; tp_worker.py L598, without 0.5.23's
 # `return_kv_loc_plan`, which the replacement takes with a default; sampling_batch_info.py L358), and its
 # plugins/ package is 0.5.23's: the plugin needs no adaptation keyed on the version (docs/shadow.md, Releases).
-VERSIONS = ("0.5.21", "0.5.23")
+# SGLang 0.5.22 likewise (model_runner.py L1251, L1083, L1156; kv_cache_configurator.py L2671, the same formula;
+# tp_worker.py L603, already with `return_kv_loc_plan`; sampling_batch_info.py L409), plugins/ 0.5.23's.
+VERSIONS = ("0.5.21", "0.5.22", "0.5.23")
 
 
 def applied(target: str, fn) -> bool:
