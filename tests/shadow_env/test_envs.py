@@ -152,19 +152,37 @@ VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compr
 
 
 def _vllm_pins(version: str) -> dict[str, str]:
-    lines = [ln for ln in envs.pins_text(f"vllm-{version}.txt").splitlines() if ln.strip() and not ln.startswith("#")]
-    return dict(ln.split("==", 1) for ln in lines)
+    return envs.pinned(f"vllm-{version}.txt")
+
+
+RELEASE_RECIPES = [*(pytest.param("vllm", v, vllm_env.RECIPES, id=f"vllm-{v}") for v in sorted(vllm_env.RELEASES)),
+                   *(pytest.param("sglang", v, sglang_env.RECIPES, id=f"sglang-{v}")
+                     for v in sorted(sglang_env.TORCH_NOTES))]
+
+
+@pytest.mark.parametrize(("engine", "version", "registered"), RELEASE_RECIPES)
+def test_each_release_has_its_recipe_and_pins_its_engine_and_a_cpu_torch(engine, version, registered):
+    rec = envs.recipe(engine, version)
+    assert rec is registered[version] and rec.module == engine
+    assert rec.steps[0] == envs.Pip(pins=f"{engine}-{version}.txt")
+    pins = envs.pinned(f"{engine}-{version}.txt")
+    assert pins[engine] == version
+    assert pins["torch"] == "2.13.0", "the CPU build of torch (a CUDA one pulls ~2.2 GB of nvidia wheels)"
 
 
 @pytest.mark.parametrize("version", sorted(VLLM_WHEEL_PINS))
-def test_each_vllm_release_has_the_one_recipe_with_its_own_pins(version):
-    rec = envs.recipe("vllm", version)
-    assert rec is vllm_env.RECIPES[version] and rec.module == "vllm"
-    assert rec.steps[0] == envs.Pip(pins=f"vllm-{version}.txt")
+def test_each_vllm_release_pins_what_its_wheel_does(version):
     pins = _vllm_pins(version)
-    assert pins["vllm"] == version
-    assert pins["torch"] == "2.13.0", "the CPU build of torch (a CUDA one pulls ~2.2 GB of nvidia wheels)"
     assert {name: pins[name] for name in VLLM_WHEEL_PINS[version]} == VLLM_WHEEL_PINS[version]
+
+
+def test_pin_lists_are_read_strictly(monkeypatch):
+    monkeypatch.setattr(envs, "pins_text", lambda name: "# a list\nfoo_bar==1.0\nFoo.Bar==2.0\n")
+    with pytest.raises(ValueError, match="line 3: Foo.Bar pinned twice"):
+        envs.pinned("x.txt")
+    monkeypatch.setattr(envs, "pins_text", lambda name: "foo>=1.0\n")
+    with pytest.raises(ValueError, match="line 1: expected NAME==VERSION"):
+        envs.pinned("x.txt")
 
 
 def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monkeypatch):

@@ -3,8 +3,6 @@ what its own wheel's METADATA pins, and the plugin's hook targets read for each.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from kvprobe.errors import ConfigError
@@ -32,26 +30,7 @@ CPU_TORCH = "2.13.0"
 
 
 def _pins(version: str) -> dict[str, str]:
-    out = {}
-    for n, line in enumerate(envs.pins_text(f"sglang-{version}.txt").splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        name, sep, pinned = line.partition("==")
-        assert sep and pinned.strip(), f"sglang-{version}.txt line {n}: expected NAME==VERSION, got {line!r}"
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        assert key not in out, f"sglang-{version}.txt line {n}: {name} pinned twice"
-        out[key] = pinned.strip()
-    return out
-
-
-@pytest.mark.parametrize("version", sorted(WHEEL_PINS))
-def test_each_release_has_its_recipe_and_pins_its_own_sglang(version):
-    rec = recipes.recipe("sglang", version)
-    assert rec is sglang_env.RECIPES[version] and rec.module == "sglang"
-    assert rec.steps[0] == envs.Pip(pins=f"sglang-{version}.txt")
-    pins = _pins(version)
-    assert pins["sglang"] == version
-    assert pins["torch"] == CPU_TORCH, "the CPU build of torch (a CUDA one pulls ~2.2 GB of nvidia wheels)"
+    return envs.pinned(f"sglang-{version}.txt")
 
 
 @pytest.mark.parametrize("version", sorted(WHEEL_PINS))

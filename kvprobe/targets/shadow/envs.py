@@ -169,6 +169,22 @@ def pins_text(name: str) -> str:
     return resources.files("kvprobe.targets.shadow").joinpath("pins", name).read_text("utf-8")
 
 
+def pinned(name: str) -> dict[str, str]:
+    """The pin list `name` as {normalised distribution name: version}; every line NAME==VERSION, once."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(pins_text(name).splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        dist, sep, version = line.partition("==")
+        if not sep or not version.strip():
+            raise ValueError(f"pins/{name} line {n}: expected NAME==VERSION, got {line!r}")
+        key = re.sub(r"[-_.]+", "-", dist.strip()).lower()
+        if key in out:
+            raise ValueError(f"pins/{name} line {n}: {dist.strip()} pinned twice")
+        out[key] = version.strip()
+    return out
+
+
 RECIPES: dict[tuple[str, str], Recipe] = {}
 
 
