@@ -16,8 +16,8 @@ Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the 
 turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
 its load's stop, and every other lane test (and one marked `holds_the_turn`: it bounds the wall
 clock around its probe, which a wait for the turn would spend) holds it throughout; the other lane's engine starts and
-drains meanwhile. A test marked `needs_a_quiet_machine` (a real API server streaming requests of under
-a second: an engine starting beside it makes it burst) runs while the other lane runs nothing.
+drains meanwhile. A test marked `needs_a_quiet_machine` (a real server streaming requests of a second
+or two: an engine starting beside it makes it burst) runs while the other lane runs nothing.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """

@@ -224,6 +224,11 @@ def test_qwen3_next_full_pool_and_state_slots_as_predicted_and_in_use(servers, f
     assert "swa_pool_tokens" not in g and g["swa_usage"] == 0.0
 
 
+# On a quiet machine (tests/conftest.py): the servers are this module's, started before the probe's
+# turn at the machine's priority, so while the other lane started an engine beside the probe they
+# streamed in bursts and the client lagged past its limit (CI: 24.6 ms > 20.8 ms at N=9 of Qwen3-Next,
+# with the client 5 nice levels up).
+@pytest.mark.needs_a_quiet_machine
 @pytest.mark.parametrize("model", [GPT_OSS, QWEN_NEXT])
 def test_pytest_kvprobe_admission_on_real_sglang_is_the_ledgers(model, servers, pytester, tmp_path, figures):
     """The shipped expectation, attached to the model's shadow: the ledger's admission for SGLang's
