@@ -79,6 +79,7 @@ def test_a_kept_release_kvprobe_cannot_build_is_bad_input(cache, capsys):  # noq
 
 
 def test_prune_keeps_by_default_only_what_make_test_runs():
-    """A release added for `make matrix` (vLLM 0.19.1) is not kept by default: the suite does not install it."""
+    """The releases added for `make matrix` (vLLM 0.19.1, SGLang 0.5.21 and 0.5.22, installed by `kvprobe diff
+    --install`) are not kept by default: the suite does not install them."""
     assert disk.SUITE_RELEASES == (("vllm", "0.33.0"), ("vllm", "0.18.1"), ("sglang", "0.5.23"),
                                    ("sglang-router", "0.3.2"))

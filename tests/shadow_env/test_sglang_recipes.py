@@ -7,7 +7,7 @@ import pytest
 
 from kvprobe.errors import ConfigError
 from kvprobe.releases import KNOWN_VERSIONS
-from kvprobe.targets.shadow import disk, envs, recipes
+from kvprobe.targets.shadow import envs, recipes
 from kvprobe.targets.shadow.sglang import env as sglang_env
 from kvprobe.targets.shadow.sglang import hook_targets
 
@@ -62,12 +62,6 @@ def test_every_recipe_is_a_known_release_whose_hook_targets_were_read():
     assert set(sglang_env.RECIPES) == set(hook_targets.VERSIONS) == set(WHEEL_PINS)
     assert set(hook_targets.VERSIONS) <= set(KNOWN_VERSIONS["sglang"])
     assert "0.5.22" in recipes.known_versions("sglang")
-
-
-def test_the_matrix_only_releases_are_not_kept_by_prune_by_default():
-    """0.5.21 and 0.5.22 are `make matrix`'s (installed by `kvprobe diff --install`), not `make test`'s:
-    pruning without --keep leaves only the suite's SGLang."""
-    assert [v for e, v in disk.SUITE_RELEASES if e == "sglang"] == ["0.5.23"]
 
 
 def test_the_two_releases_build_apart_and_newest_is_the_default(tmp_path, monkeypatch):
