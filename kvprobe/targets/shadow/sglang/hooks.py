@@ -169,6 +169,9 @@ def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
     self.decode_cuda_graph_capture_bs = []
     self.graph_memory_usage = {}
     self.graph_time_usage = {}
+    # 0.5.15.post1 and 0.5.16 set the scalar here (model_runner.py L946 / L845), which the scheduler's
+    # get_internal_state reads (scheduler.py L3779 / L3885); 0.5.17 replaced it with graph_memory_usage.
+    self.graph_mem_usage = 0.0
 
 
 # ------------------------------------------ TpModelWorker.forward_batch_generation (tp_worker.py L622)
