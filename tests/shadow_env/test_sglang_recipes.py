@@ -107,3 +107,12 @@ def test_the_two_releases_build_apart_and_newest_is_the_default(tmp_path, monkey
     # a release with no recipe is refused by name, listing the ones there are
     with pytest.raises(ConfigError, match=r"sglang==0\.5\.14, sglang==0\.5\.15\.post1, .*sglang==0\.5\.23"):
         recipes.recipe("sglang", "0.5.13")
+
+
+@pytest.mark.parametrize(("version", "environ"), [("0.5.14", {"SGLANG_GRPC_PORT": compat.UNUSED_GRPC_PORT}),
+                                                   ("0.5.15.post1", {"SGLANG_GRPC_PORT": compat.UNUSED_GRPC_PORT}),
+                                                   ("0.5.16", {}), ("0.5.23", {})])
+def test_old_releases_get_a_valid_grpc_port_and_newer_ones_no_grpc_server(version, environ):
+    """0.5.14/0.5.15.post1 refuse to start when --port + 10000 > 65535 unless SGLANG_GRPC_PORT is set; from
+    0.5.16 that variable would start the native gRPC server, so it is not set there (compat.py)."""
+    assert compat.launch_environ(version) == environ

@@ -23,6 +23,11 @@ sglang==V --no-deps`, files under sglang/srt/), 0.5.23 first, then the older rel
   `model_executor/model_runner_components/load_model_utils.py` from 0.5.16 (L111; 0.5.23 L144) / the same
   three branches written inside `ModelRunner.load_model` through 0.5.15.post1 (model_runner.py L1556-1566;
   0.5.14 L1469-1479). -> `sliding_window_size`
+- The native gRPC port: through 0.5.15.post1 ServerArgs always derives it as `--port + 10000` unless
+  SGLANG_GRPC_PORT is set, and refuses one above 65535 (server_args.py L2761-2769 of 0.5.14, L2997-3005 of
+  0.5.15.post1), so an HTTP port above 55535 — which the launcher may pick — stops the start; the server
+  itself runs only with SGLANG_ENABLE_GRPC (L2759, L2995). From 0.5.16 the port is derived only for a gRPC mode
+  and SGLANG_GRPC_PORT turns the native server on (0.5.16 L3319-3334). -> `launch_environ` (kvprobe's side)
 
 Everything else the six hooks touch has 0.5.23's names and signatures in every one of these releases
 (`hook_targets.py` lists the lines), and `plugins/` differs from 0.5.23's only by formatting.
@@ -49,6 +54,14 @@ def release(version: str) -> tuple[int, ...]:
 def installed() -> tuple[int, ...]:
     """The SGLang of this process (the engine environment's)."""
     return release(metadata.version("sglang"))
+
+
+UNUSED_GRPC_PORT = "50051"  # a valid port for a server that stays off (SGLANG_ENABLE_GRPC unset)
+
+
+def launch_environ(version: str) -> dict[str, str]:
+    """What the shadow launch adds to that release's environment."""
+    return {} if budget_in_configurator(release(version)) else {"SGLANG_GRPC_PORT": UNUSED_GRPC_PORT}
 
 
 def budget_in_configurator(version: tuple[int, ...]) -> bool:
