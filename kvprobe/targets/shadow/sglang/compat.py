@@ -56,16 +56,16 @@ def installed() -> tuple[int, ...]:
     return release(metadata.version("sglang"))
 
 
+def budget_in_configurator(version: tuple[int, ...]) -> bool:
+    return version >= BUDGET_IN_CONFIGURATOR_FROM
+
+
 UNUSED_GRPC_PORT = "50051"  # a valid port for a server that stays off (SGLANG_ENABLE_GRPC unset)
 
 
 def launch_environ(version: str) -> dict[str, str]:
     """What the shadow launch adds to that release's environment."""
     return {} if budget_in_configurator(release(version)) else {"SGLANG_GRPC_PORT": UNUSED_GRPC_PORT}
-
-
-def budget_in_configurator(version: tuple[int, ...]) -> bool:
-    return version >= BUDGET_IN_CONFIGURATOR_FROM
 
 
 def budget_target(version: tuple[int, ...]) -> str:
