@@ -148,7 +148,9 @@ def test_a_plugin_distribution_replaces_the_old_and_its_entry_point_is_seen(tmp_
 # vLLM releases with a recipe in `kvprobe.targets.shadow.vllm.env` (no install): the pins each wheel's
 # METADATA sets that its list follows (`pip download vllm==X --no-deps`, vllm-X.dist-info/METADATA:
 # compressed-tensors is the one `==` pin among what the shadow imports that moves between them).
-VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"}}
+VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"},
+                   **{v: {"compressed-tensors": "0.15.0.1"} for v in ("0.20.2", "0.21.0", "0.22.1")},
+                   **{v: {"compressed-tensors": "0.17.0"} for v in ("0.23.0", "0.24.0", "0.25.1")}}
 
 
 def _vllm_pins(version: str) -> dict[str, str]:

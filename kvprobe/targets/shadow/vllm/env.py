@@ -74,6 +74,19 @@ RELEASES = {
              "(its METADATA caps them below 5 and 2.25); a vllm.platform_plugins entry point for the CPU platform",
     "0.19.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; 0.18.1's pins but compressed-tensors "
               "0.15.0.1 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.20.2": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins (its METADATA moves none "
+              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
+    "0.21.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins (its METADATA moves none "
+              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
+    "0.22.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins but llguidance 1.7.6 "
+              "(its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.23.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins but llguidance 1.7.6 and "
+              "compressed-tensors 0.17.0 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.24.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.23.0's pins but transformers 5.20.2 with "
+              "huggingface-hub 2.4.0 and tokenizers 0.23.3 (its METADATA: transformers>=5.5.3); "
+              "a vllm.platform_plugins entry point for the CPU platform",
+    "0.25.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.24.0's pins (its METADATA moves none "
+              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
 }
 
 
