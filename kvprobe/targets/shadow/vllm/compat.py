@@ -100,7 +100,8 @@ def default_kv_cache_layouts() -> list[str]:
 
 
 def quant_fields(cache_dtype: str) -> dict:
-    """The attention spec's quantization field for this cache dtype (0.20.2 on: `kv_quant_mode`); none on 0.18.1 and 0.19.1."""
+    """The attention spec's quantization field for this cache dtype (0.20.2 on: `kv_quant_mode`); none on
+    0.18.1 and 0.19.1."""
     if NO_KV_QUANT_MODE:
         return {}
     from vllm.v1.kv_cache_interface import get_kv_quant_mode
