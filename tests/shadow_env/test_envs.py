@@ -192,6 +192,9 @@ def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monke
     old, new = vllm_env.RECIPES["0.18.1"], vllm_env.RECIPES["0.19.1"]
     assert old.steps[1] == new.steps[1] and old.extra_checks == new.extra_checks  # one recipe, data apart
     assert old.digest != new.digest
+    recipes = vllm_env.RECIPES.values()  # 0.18.1-0.25.1: the same plugin step and checks, one build each
+    assert {r.steps[1] for r in recipes} == {old.steps[1]} and {r.extra_checks for r in recipes} == {old.extra_checks}
+    assert len({r.digest for r in recipes}) == len(vllm_env.RELEASES)
     assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
     assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
     assert envs.parse_spec("vllm") == ("vllm", "0.33.0")  # the newest stays the default
