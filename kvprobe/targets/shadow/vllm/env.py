@@ -88,8 +88,9 @@ RELEASES = {
     "0.24.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.23.0's pins but transformers 5.20.2 with "
               "huggingface-hub 2.4.0 and tokenizers 0.23.3 (its METADATA: transformers>=5.5.3); "
               "a vllm.platform_plugins entry point for the CPU platform",
-    "0.25.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.24.0's pins (its METADATA moves none "
-              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
+    "0.25.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.24.0's pins but openai 3.57.0 (its "
+              "tool_parsers/utils.py imports openai's NamespaceTool); a vllm.platform_plugins entry point for the CPU "
+              "platform",
 }
 
 
