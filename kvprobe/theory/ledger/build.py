@@ -49,10 +49,17 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
     model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp, engine=inputs.engine,
-                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH), source, cfg)
+                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH,
+                                                    ep=expert_parallel_size(inputs)), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
+
+
+def expert_parallel_size(inputs: LedgerInputs) -> int:
+    """vLLM's EP degree: with --enable-expert-parallel and more than one TP x DP rank, the MoE layers run
+    with ep_size = TP x DP and no TP of their own (0.29.0 `fused_moe/config.py` L1212-1256); else 1."""
+    return inputs.tp * inputs.dp if inputs.enable_expert_parallel else 1
 
 
 def with_quantization(cfg: dict, method: str | None, source: str) -> dict:
