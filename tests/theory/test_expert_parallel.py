@@ -53,3 +53,13 @@ def test_the_ledger_takes_the_flag_over_tp_and_dp():
     one_rank = dict(base, tp=1)  # one rank: vLLM's use_ep needs tp x dp > 1
     assert (build_ledger(LedgerInputs(**one_rank, enable_expert_parallel=True)).model.weight_bytes
             == build_ledger(LedgerInputs(**one_rank)).model.weight_bytes)
+
+
+
+def test_one_rank_prints_no_ep():
+    """TP x DP of 1: no expert parallelism (vLLM's use_ep needs more than one rank), so the row says none."""
+    led = build_ledger(LedgerInputs(engine="vllm", model="kvprobe/theory/model/configs/gpt-oss-20b.json",
+                                    engine_version="0.29.0", gpu_memory_bytes=22 * GIB, gpu_arch="sm89",
+                                    max_model_len=8192, enable_expert_parallel=True))
+    row = next(line for line in render_ledger(led).splitlines() if line.startswith("weights per rank"))
+    assert "TP1 PP1 DP1," in row and "EP" not in row

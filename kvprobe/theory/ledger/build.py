@@ -58,8 +58,9 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
 
 def expert_parallel_size(inputs: LedgerInputs) -> int:
     """vLLM's EP degree: with --enable-expert-parallel and more than one TP x DP rank, the MoE layers run
-    with ep_size = TP x DP and no TP of their own (0.29.0 `fused_moe/config.py` L1212-1256); else 1."""
-    return inputs.tp * inputs.dp if inputs.enable_expert_parallel else 1
+    with ep_size = TP x DP and no TP of their own (0.29.0 `fused_moe/config.py` L1212-1256); else 1 (SGLang's
+    expert parallelism is its own flags, not read)."""
+    return inputs.tp * inputs.dp if inputs.enable_expert_parallel and inputs.engine == "vllm" else 1
 
 
 def with_quantization(cfg: dict, method: str | None, source: str) -> dict:

@@ -35,7 +35,8 @@ def _pct(x: float | None) -> str:
 def _render_sections(led: Ledger) -> list[str]:
     inp, g, kv, b, c = led.inputs, led.model.geometry, led.model.kv, led.budget, led.capacity
     vllm = inp.engine == "vllm"
-    par = f"TP{inp.tp} PP{inp.pp} DP{inp.dp}" + (f" EP{inp.tp * inp.dp}" if inp.enable_expert_parallel else "")
+    ep = inp.tp * inp.dp if inp.enable_expert_parallel and vllm else 1
+    par = f"TP{inp.tp} PP{inp.pp} DP{inp.dp}" + (f" EP{ep}" if ep > 1 else "")
     kv_note = f"{kv.layers_per_rank} layers x {kv.per_layer_main} B"
     if kv.indexer:
         kv_note += f" + {kv.indexer_layers_per_rank} indexer layers x {kv.per_layer_indexer} B"

@@ -292,8 +292,7 @@ def experts_on_rank(experts: int, ep: int) -> int:
     return -(-experts // ep)
 
 
-def _expert_part_on_rank(part: WeightPart, geom: ModelGeometry, ep: int, engine: str | None,
-                         gpu_arch: str) -> int:
+def _expert_part_on_rank(part: WeightPart, ep: int, engine: str | None, gpu_arch: str) -> int:
     """A routed-expert part under EP: the MoE layer's own TP is 1, each rank holds whole experts
     (vLLM 0.29.0 `fused_moe/config.py` FusedMoEParallelConfig.make L1212-1256: ep_size = tp x dp,
     tp_size 1), so the intermediate size is not split and MXFP4 pads the whole of it."""
@@ -309,7 +308,7 @@ def _expert_part_on_rank(part: WeightPart, geom: ModelGeometry, ep: int, engine:
 def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int,
                         engine: str | None, gpu_arch: str, ep: int = 1) -> int:
     if ep > 1 and (part.special == "experts" or part.special.startswith("mxfp4_")):
-        return _expert_part_on_rank(part, geom, ep, engine, gpu_arch)
+        return _expert_part_on_rank(part, ep, engine, gpu_arch)
     if engine is not None and part.special.startswith("mxfp4_"):
         experts, hidden, inter = part.dims
         return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
