@@ -41,6 +41,8 @@ SHIPPED = {
     "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic": "llama-3.3-70b-instruct-fp8-dynamic.json",
     "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16": "llama-3.1-8b-instruct-w4a16.json",
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
+    # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
+    "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
 }
 WITHIN = 0.05  # the bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
