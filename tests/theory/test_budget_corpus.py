@@ -127,6 +127,8 @@ def why_not_runnable(case: dict) -> str | None:
             return f"release {case['version']} not read (a build between releases)"
         return (f"release {case['version']} not read: a final release kvprobe holds no facts for "
                 f"(`kvprobe ledger --engine-version {case['version']}` refuses it)")
+    if logged.get("refused") and FREE_AT_START.search(logged["refused"]) and "kv_cache_gib" not in logged:
+        return REFUSED_AT_START
     if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
     if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
@@ -144,6 +146,9 @@ def why_not_runnable(case: dict) -> str | None:
 # Cards of compute capability 8.9 (Ada) as the cases name them: vLLM runs MXFP4 experts with MARLIN there.
 ADA_CARDS = {"NVIDIA L4", "NVIDIA L40S", "NVIDIA GeForce RTX 4090"}
 TOKENS_ONLY = "the log prints the pool in tokens only: compared in tokens (test_pools_logged_in_tokens_only)"
+REFUSED_AT_START = "refused at start-up, before any pool: the refusal is checked (test_budget_corpus_refusals.py)"
+# vLLM's start-up check prints the free memory its init snapshot read (v1/worker/utils.py request_memory)
+FREE_AT_START = re.compile(r"Free memory on device \S+ \(([\d.]+)/[\d.]+ GiB\) on startup")
 
 
 def gpu_by_name(case: dict):
@@ -166,6 +171,9 @@ def ledger_argv(case: dict) -> list[str]:
         gpu = ["--gpu", gpu_by_name(case).name]
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
             "--engine-version", case["version"], *gpu]
+    free = FREE_AT_START.search(case["logged"].get("refused") or "")
+    if free:  # a shared card: the free memory the refusal prints
+        argv += ["--gpu-free-memory", f"{free.group(1)}GiB"]
     if case.get("quantization") == "mxfp4" and (case["gpu"].split(" (")[0] in ADA_CARDS):
         argv += ["--gpu-arch", "sm89"]  # the MXFP4 experts' MARLIN padding (model/mxfp4.py)
     for key, value in case["flags"].items():
@@ -388,12 +396,3 @@ def test_gpus_by_name_have_the_total_the_logs_print():
             checked += 1
     assert checked >= 19
 
-
-def test_the_token_line_of_0290_is_group_aware():
-    """0.29.0's `GPU KV cache size` of a sliding + full model: num_blocks / (full blocks + sliding blocks) per
-    max-length request x max_model_len (kv_cache_utils.py L1047-1069, L2011-2021), the sliding group holding
-    cdiv(W - 1 + 2 x max_num_batched_tokens, block) + 1 with async scheduling (kv_cache_interface.py L704-731)."""
-    b = run_ledger(CASES["vllm-0.29.0-l4-gpt-oss-20b"]).budget
-    per_request = 32768 // 16 + (-(-(127 + 2 * 4096) // 16) + 1)
-    assert per_request == 2048 + 521
-    assert b.kv_tokens == int(b.num_blocks / per_request * 32768)
