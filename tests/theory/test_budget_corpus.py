@@ -43,6 +43,8 @@ SHIPPED = {
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
     # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
     "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
+    # the SGLang cases' MiniCPM5-1B config (its _provenance inside): the model's geometry, whichever engine loads it
+    "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
