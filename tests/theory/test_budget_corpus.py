@@ -47,6 +47,7 @@ SHIPPED = {
     "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
     # the SGLang cases' Qwen2.5-0.5B-Instruct config: the geometry the post prints for its Qwen2.5-0.5B
     "Qwen2.5-0.5B (hub id not stated)": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
+    "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
