@@ -43,16 +43,21 @@ SHIPPED = {
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
     # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
     "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
+    # the SGLang cases' MiniCPM5-1B config (its _provenance inside): the model's geometry, whichever engine loads it
+    "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
+    # the SGLang cases' Qwen2.5-0.5B-Instruct config: the geometry the post prints for its Qwen2.5-0.5B
+    "Qwen2.5-0.5B (hub id not stated)": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
+    "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 23  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 24  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = 0.06  # no runnable case beyond this error (Qwen2.5-72B's small pool: +5.8% today)
-MEDIAN_ALLOWED = 0.010  # 0.95% today
-RUNNABLE = 24
+MEDIAN_ALLOWED = 0.011  # 1.02% today: 0.95% before the corpus2 pass added a real case at -1.9% (no rule moved)
+RUNNABLE = 25
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
