@@ -54,6 +54,10 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("tensor-parallel-size", int, 1, "tensor parallel GPUs", emulated=False, lo=1, ledger="tp"),
     Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
     Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1, ledger="dp"),
+    # 0.29.0 engine/arg_utils.py L1199-1203; fused_moe/config.py L1212-1256: the experts whole over TP x DP ranks
+    Flag("enable-expert-parallel", None, False, "place the MoE experts whole over the TP x DP ranks (expert "
+         "parallelism) instead of splitting each by TP", negatable=True, emulated=False,
+         ledger="enable_expert_parallel"),
 )}
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.
