@@ -28,7 +28,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True, ledger="reserve_full_isl"),
-    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting (vLLM 0.24.0 on)", lo=0,
+         ledger="watermark"),
     # None = the engine's default for the version and platform: async_scheduling_default() below.
     Flag("async-scheduling", None, None, "schedule the next step while one runs: blocks are taken one step earlier and "
          "freed one step later (default: on where the engine supports it)", negatable=True,

@@ -35,6 +35,7 @@ from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
+from kvprobe.theory.vllm.releases import watermark_refusal
 
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
@@ -113,6 +114,9 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
+    flag_refusal = watermark_refusal(version, inputs.watermark)  # a flag this release's `vllm serve` lacks
+    if flag_refusal is not None and refuse:  # the command line is parsed before anything else
+        raise ConfigError(flag_refusal, key="watermark")
     startup = _vllm_free_memory_refusal(inputs, version)  # vLLM checks it first, at worker init
     if startup is not None and refuse:
         raise ConfigError(startup, key="gpu_free_memory")
@@ -159,7 +163,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
     rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, tokens=tokens, caching=caching,
                                policy=policy if request is not None else None)
-    refusal = startup or bud.refusal
+    refusal = flag_refusal or startup or bud.refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, refusal), rules)
     if not_modelled is not None:
@@ -172,7 +176,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
         max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
         enable_prefix_caching=caching,
-        enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
+        enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,
         policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
         groups=groups)
     layers = tuple(group_layers(bud.plan)) if groups else ()
