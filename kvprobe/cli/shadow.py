@@ -108,11 +108,6 @@ def _share(args) -> int:
 
     t0 = time.monotonic()
     done = disk.share_all(log=_log)
-    for root, shared in done:
-        if shared is not None:
-            print(f"kvprobe shadow: {root.name}: {shared.files} files linked, {format_bytes(shared.freed)} freed"
-                  + (f" ({shared.cross_device} environments on another filesystem keep their copies)"
-                     if shared.cross_device else ""))
     linked = [s for _, s in done if s is not None]
     print(f"kvprobe shadow: shared {sum(s.files for s in linked)} files across {len(linked)} environment(s), "
           f"{format_bytes(sum(s.freed for s in linked))} freed in {time.monotonic() - t0:.0f} s"

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,7 +174,12 @@ def share_all(*, log: Callable[[str], None] = print) -> list[tuple[Path, share.S
                 log(f"kvprobe shadow: {root.name} is being installed: skipped")
                 done.append((root, None))
                 continue
-            done.append((root, share.link_into(root, _shareable(but=root), hashes=hashes)))
+            t0 = time.monotonic()
+            shared = share.link_into(root, _shareable(but=root), hashes=hashes)
+            done.append((root, shared))
+            log(f"kvprobe shadow: {root.name}: {shared.files} files linked, {format_bytes(shared.freed)} freed "
+                f"({time.monotonic() - t0:.0f} s)" + (f"; {shared.cross_device} environments on another "
+                                                      "filesystem keep their copies" if shared.cross_device else ""))
     return done
 
 
