@@ -162,14 +162,14 @@ def _link_one(path: Path, candidates: list[tuple[Path, Path]], hashes: Hashes, r
     want = hashes.of(path, st)
     # the inode with the most names first: environments converge on one copy
     for other, cand, cst in sorted(found, key=lambda c: -c[2].st_nlink):
-        if hashes.of(cand, cst) != want:
-            continue
         try:
+            if hashes.of(cand, cst) != want:
+                continue
             if _replace(path, st, cand, cst):
                 result.files += 1
                 result.freed += st.st_blocks * 512 if st.st_nlink == 1 else 0
         except FileNotFoundError:
-            continue  # removed since it was listed: a source being reinstalled
+            continue  # removed since it was listed: a source pruned or reinstalled
         except OSError as exc:
             if exc.errno == errno.EXDEV:
                 return other
