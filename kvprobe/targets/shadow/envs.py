@@ -326,13 +326,13 @@ def install(engine: str, version: str, *, log: Callable[[str], None] = print, fo
             "python": sys.version.split()[0], "installed": time.time(),
             "seconds": round(time.monotonic() - t0, 1)}, indent=1))
         log(f"kvprobe shadow: {engine} {found} ready at {env.root} ({time.monotonic() - t0:.0f} s)")
-        from kvprobe.targets.shadow import disk  # imports this module; the last step shares files on disk
-
-        disk.share_after_install(env.root, log=log)
         for old in _stale(env):
             log(f"kvprobe shadow: removing the environment of an older recipe at {old}")
             shutil.rmtree(old, ignore_errors=True)
             old.with_name(old.name + ".lock").unlink(missing_ok=True)
+        from kvprobe.targets.shadow import disk  # imports this module; the last step shares files on disk
+
+        disk.share_after_install(env.root, log=log)
         return env
 
 
