@@ -46,6 +46,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1 --install \
 		--artifacts artifacts/matrix/vllm-shadow-0.19
+	-$(BIN)/kvprobe diff expectations/diff/vllm-watermark-shadow.yaml --versions 0.23.0,0.24.0 --install \
+		--artifacts artifacts/matrix/vllm-shadow-watermark
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

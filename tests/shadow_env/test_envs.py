@@ -148,7 +148,9 @@ def test_a_plugin_distribution_replaces_the_old_and_its_entry_point_is_seen(tmp_
 # vLLM releases with a recipe in `kvprobe.targets.shadow.vllm.env` (no install): the pins each wheel's
 # METADATA sets that its list follows (`pip download vllm==X --no-deps`, vllm-X.dist-info/METADATA:
 # compressed-tensors is the one `==` pin among what the shadow imports that moves between them).
-VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"}}
+VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"},
+                   **{v: {"compressed-tensors": "0.15.0.1"} for v in ("0.20.2", "0.21.0", "0.22.1")},
+                   **{v: {"compressed-tensors": "0.17.0"} for v in ("0.23.0", "0.24.0", "0.25.1")}}
 
 
 def _vllm_pins(version: str) -> dict[str, str]:
@@ -190,6 +192,9 @@ def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monke
     old, new = vllm_env.RECIPES["0.18.1"], vllm_env.RECIPES["0.19.1"]
     assert old.steps[1] == new.steps[1] and old.extra_checks == new.extra_checks  # one recipe, data apart
     assert old.digest != new.digest
+    recipes = vllm_env.RECIPES.values()  # 0.18.1-0.25.1: the same plugin step and checks, one build each
+    assert {r.steps[1] for r in recipes} == {old.steps[1]} and {r.extra_checks for r in recipes} == {old.extra_checks}
+    assert len({r.digest for r in recipes}) == len(vllm_env.RELEASES)
     assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
     assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
     assert envs.parse_spec("vllm") == ("vllm", "0.33.0")  # the newest stays the default

@@ -330,6 +330,9 @@ def install(engine: str, version: str, *, log: Callable[[str], None] = print, fo
             log(f"kvprobe shadow: removing the environment of an older recipe at {old}")
             shutil.rmtree(old, ignore_errors=True)
             old.with_name(old.name + ".lock").unlink(missing_ok=True)
+        from kvprobe.targets.shadow import disk  # imports this module; the last step shares files on disk
+
+        disk.share_after_install(env.root, log=log)
         return env
 
 
