@@ -39,7 +39,8 @@ def test_a_version_with_no_pinned_list(tmp_path, monkeypatch, capsys):
     assert main(["shadow", "install", "sglang==0.5.99"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("kvprobe shadow: error: no pinned install list for sglang 0.5.99: kvprobe can build shadow "
-                   "environments for sglang==0.5.21, sglang==0.5.22, sglang==0.5.23")
+                   "environments for sglang==0.5.14, sglang==0.5.15.post1, sglang==0.5.16, sglang==0.5.17, "
+                   "sglang==0.5.18, sglang==0.5.19, sglang==0.5.20, sglang==0.5.21, sglang==0.5.22, sglang==0.5.23")
     assert not (tmp_path / "cache" / "envs").exists()
 
 

@@ -97,7 +97,7 @@ def sglang_release_rules(inputs, bud, *, version: str, ctx: int, policy: str | N
                                             "capped at M // 2"))
     applied.append(("max_new_tokens", "clipped to context and memory (max_new_tokens_for_memory, 0.5.21 on)"))
     if bud.pools is not None:
-        applied.append(("hybrid pools", "SGLang 0.5.21-0.5.23's (earlier releases refused)"))
+        applied.append(("hybrid pools", "SGLang 0.5.20-0.5.23's (earlier releases refused)"))
     if policy is not None:
         applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
     return ReleaseRules(applied, sglang_unmodelled(facts))

@@ -155,6 +155,19 @@ class SglangBudget:
     rules: str | None = None  # the release rules applied (sglang/memory_profile.py); None: 0.5.23's formula
 
 
+# The first release whose hybrid pools kvprobe has read. 0.5.20 sizes them as 0.5.21 does off
+# --enable-unified-memory (its default, arg_groups/fields/memory.py L80): model_executor/pool_configurator.py
+# HybridSWAPoolConfigurator.calculate_pool_sizes `available_bytes // cell_size`, swa = full x ratio (0.5.20
+# L552-798; 0.5.21 L571-811 changes only the unified branch: `_max_unified_full_tokens`,
+# `unified_memory_pool_bytes`), SWAChunkCapPoolConfigurator's cap the same arithmetic (0.5.20 L799-916,
+# 0.5.21 `compute_swa_request_cap` L812),
+# kv_cache_configurator.py `_handle_max_mamba_cache` / `_calculate_mamba_ratio` / `resolve_max_num_reqs`
+# the same but for names; and the window charge of admission managers/schedule_policy.py
+# `_swa_budget_for_req` L781-809 is 0.5.21's `estimate_swa_kv_tokens` (mem_cache/prefill_budget.py L26-57).
+# So release-changes.md S7 (#36729, the shared byte budget) reaches only --enable-unified-memory, which the
+# ledger does not model; 0.5.19 and older are not read.
+HYBRID_POOLS_READ_FROM = (0, 5, 20, 0)
+
 def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_bytes: int | None,
                   context_len: int, mem_fraction_static: float | None = None,
                   chunked_prefill_size: int | None = None, page_size: int | None = None,
@@ -182,8 +195,8 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     rules = memory_rules(version) if known else None
     if rules is not None and rules.legacy:
         rules = None
-    if rules is not None and geom.layers.hybrid and release_key(version) < (0, 5, 21, 0):
-        raise ConfigError(f"SGLang {version}'s hybrid pools are not read (only 0.5.21-0.5.23's)",
+    if rules is not None and geom.layers.hybrid and release_key(version) < HYBRID_POOLS_READ_FROM:
+        raise ConfigError(f"SGLang {version}'s hybrid pools are not read (only 0.5.20-0.5.23's)",
                           key="engine_version")
     layout = sglang_hybrid_layout(geom, model_config, hybrid_opts, pp)
     estimates = dict(estimates or {})

@@ -3,7 +3,7 @@ kvprobe does not model, the engine file and line, and when a configuration reach
 (`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries).
 
 Read in the released wheels (`sglang/srt/...`) of 0.5.9-0.5.14, 0.5.16, 0.5.17, 0.5.21 and 0.5.22.
-Hybrid (sliding-window, Mamba) pools before 0.5.21 are refused by the budget itself
+Hybrid (sliding-window, Mamba) pools before 0.5.20 are refused by the budget itself
 (`kvprobe.theory.sglang.budget.sglang_budget`), so the hybrid entries (S4, S6, S7) need no row.
 """
 

@@ -1,4 +1,4 @@
-"""The SGLang engine environments (0.5.21, 0.5.22, 0.5.23): the pinned CPU install, a torchvision stand-in,
+"""The SGLang engine environments (0.5.14 to 0.5.23): the pinned CPU install, a torchvision stand-in,
 and the entry point through which SGLang loads kvprobe's plugin.
 
 Install (measured 1-2 min with a warm pip cache, 2.5 GB):
@@ -60,7 +60,19 @@ def write_plugin_entry_point(env: envs.EngineEnv) -> None:
 
 
 # The releases with a recipe, and what each recipe does differently from SGLang's own pins.
+_STANDIN = "triton without dependencies; torchvision is kvprobe's stand-in"
 TORCH_NOTES = {
+    "0.5.14": f"torch 2.13.0 CPU build in place of SGLang 0.5.14's pinned 2.11.0; transformers 5.8.1, "
+              f"apache-tvm-ffi 0.1.9 and xgrammar 0.2.1 (its pins); {_STANDIN}",
+    "0.5.15.post1": f"torch 2.13.0 CPU build in place of SGLang 0.5.15.post1's pinned 2.11.0; xgrammar 0.2.1 "
+                    f"(its pin); {_STANDIN}",
+    "0.5.16": f"torch 2.13.0 CPU build in place of SGLang 0.5.16's pinned 2.11.0; xgrammar 0.2.1 (its pin); "
+              f"{_STANDIN}",
+    "0.5.17": f"torch 2.13.0 CPU build in place of SGLang 0.5.17's pinned 2.11.0; xgrammar 0.2.1 (its pin); "
+              f"{_STANDIN}",
+    "0.5.18": f"torch 2.13.0 CPU build (SGLang 0.5.18's own pin); xgrammar 0.2.1 (its pin); {_STANDIN}",
+    "0.5.19": f"torch 2.13.0 CPU build (SGLang 0.5.19's own pin); xgrammar 0.2.1 (its pin); {_STANDIN}",
+    "0.5.20": f"torch 2.13.0 CPU build (SGLang 0.5.20's own pin); xgrammar 0.2.1 (its pin); {_STANDIN}",
     "0.5.21": "torch 2.13.0 CPU build (SGLang 0.5.21's own pin); triton without dependencies; "
               "torchvision is kvprobe's stand-in",
     "0.5.22": "torch 2.13.0 CPU build in place of SGLang 0.5.22's pinned 2.14.1; triton without dependencies; "

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from kvprobe.targets.shadow.settings import GPU_FREE_ENV, PLUGIN_LOG_PREFIX, TIME_MODEL_ENV, WEIGHT_BYTES_ENV
+from kvprobe.targets.shadow.sglang import compat
 from kvprobe.targets.shadow.sglang.device import DeviceTimeline, pseudo_token_ids, special_ids
-from kvprobe.targets.shadow.sglang.hook_targets import TARGETS, applied
+from kvprobe.targets.shadow.sglang.hook_targets import applied, targets
 
 logger = logging.getLogger("kvprobe.targets.shadow")
 
@@ -71,8 +72,9 @@ def _time_model():
 
 
 def replacements() -> list[tuple[str, object]]:
-    """(dotted target, replacement function) for the six hooks: TARGETS' names are this module's."""
-    return [(target, globals()[name]) for name, target in TARGETS.items()]
+    """(dotted target, replacement function) for the six hooks, as the installed SGLang defines them:
+    the names of `targets` are this module's."""
+    return [(target, globals()[name]) for name, target in targets(compat.installed()).items()]
 
 
 def check_applied() -> None:
@@ -88,8 +90,6 @@ def check_applied() -> None:
 # ------------------------------------------------------------ ModelRunner.load_model (L1270-1440)
 def load_model(self) -> None:
     """No weights: what the rest of `initialize()` (L705-745) and the pool sizing read."""
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import resolve_sliding_window_size
-
     self.loader = _NoLoader()
     self.model = ShadowModel(self.model_config.hf_config)
     model_cls = _model_class(self.model_config)
@@ -97,7 +97,7 @@ def load_model(self) -> None:
     if own_window:
         self.model.get_attention_sliding_window_size = lambda: window_of(model_cls, self.model)
     self.startup_weight_load = None
-    self.sliding_window_size = resolve_sliding_window_size(self.model, self.model_config)
+    self.sliding_window_size = compat.sliding_window_size(self.model, self.model_config)
     self.prefill_aware_swa = False
     self.dtype = self.model_config.dtype
     self.weight_load_mem_usage = 0.0
@@ -120,15 +120,13 @@ def profile_available_bytes(self, pre_model_load_memory) -> int:
     With no declared GPU, a budget no pool reaches, so `--max-total-tokens` sizes the pool.
     A recurrent hybrid (Qwen3-Next) then takes its state slots out of that budget with SGLang's own
     `_handle_max_mamba_cache` (L3040-3041, called from the function this replaces)."""
-    from sglang.srt.runtime_context import get_schedule
-
     declared = os.environ.get(GPU_FREE_ENV)
     if not declared:
         logger.info("%s pool sizing: --max-total-tokens (no declared GPU; unbounded budget)", PLUGIN_LOG_PREFIX)
         return int(_less_mamba_state(self, UNBOUNDED_BUDGET / GIB) * GIB)
     free_gb = int(declared) / GIB
     weights_gb = int(os.environ.get(WEIGHT_BYTES_ENV, "0")) / GIB
-    fraction = get_schedule().mem_fraction_static
+    fraction = compat.mem_fraction_static(self)
     rest_gb = (free_gb - weights_gb) - free_gb * (1 - fraction)
     logger.info("%s pool sizing: declared GPU free %.2f GiB, weights %.2f GiB, mem_fraction_static %s "
                 "-> KV budget %.2f GiB", PLUGIN_LOG_PREFIX, free_gb, weights_gb, fraction, rest_gb)
@@ -145,10 +143,8 @@ def _less_mamba_state(self, rest_gb: float) -> float:
     `_handle_max_mamba_cache` (L3229-3409) sets max_mamba_cache_size and returns the rest."""
     if getattr(self, "mambaish_config", None) is None:
         return rest_gb
-    from sglang.srt.runtime_context import get_schedule
-
-    rest_gb = self._handle_max_mamba_cache(rest_gb)
-    logger.info("%s mamba state: %d slots of %d bytes", PLUGIN_LOG_PREFIX, get_schedule().max_mamba_cache_size,
+    rest_gb = compat.less_mamba_state(self, rest_gb)
+    logger.info("%s mamba state: %d slots of %d bytes", PLUGIN_LOG_PREFIX, compat.max_mamba_cache_size(self),
                 self.mambaish_config.mamba2_cache_params.mamba_cache_per_req)
     return rest_gb
 
@@ -173,6 +169,9 @@ def init_cuda_graphs(self, capture_decode_cuda_graph: bool = True) -> None:
     self.decode_cuda_graph_capture_bs = []
     self.graph_memory_usage = {}
     self.graph_time_usage = {}
+    # 0.5.15.post1 and 0.5.16 set the scalar here (model_runner.py L946 / L845), which the scheduler's
+    # get_internal_state reads (scheduler.py L3779 / L3885); 0.5.17 replaced it with graph_memory_usage.
+    self.graph_mem_usage = 0.0
 
 
 # ------------------------------------------ TpModelWorker.forward_batch_generation (tp_worker.py L622)

@@ -24,6 +24,10 @@ real buffers, the detokenizer, HTTP and metrics — stays SGLang's own code:
 
 (*) so that `--max-total-tokens` sizes the pool.
 
+The targets are 0.5.23's; of the older releases with a recipe (0.5.14-0.5.22) only the budget's owner
+moved (ModelRunnerKVCacheMixin through 0.5.15.post1): `hook_targets.targets`, and `compat.py` for what
+the hooks read around them.
+
 This module is imported in every SGLang process: standard library only (with `settings` and
 `hook_targets`, which are too); the hooks themselves (`hooks.py`, torch and SGLang) are imported only
 when the plugin acts.

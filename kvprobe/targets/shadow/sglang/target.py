@@ -28,6 +28,7 @@ from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
 from kvprobe.targets.shadow.settings import GPU_FREE_ENV, PLUGIN_LOG_PREFIX, WEIGHT_BYTES_ENV
+from kvprobe.targets.shadow.sglang import compat
 from kvprobe.targets.shadow.sglang import hybrid as sglang_hybrid
 from kvprobe.theory.model.geometry import PRESETS, geometry_from_config, kv_bytes_per_token, weight_bytes
 from kvprobe.theory.sglang.budget import SglangBudget, sglang_budget
@@ -115,7 +116,8 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     check_memory(memory_needed(bud, kv_per_token), bud)
     weights, launch_flags = bud.weights, _shadow_flags(req, flags, bud)
     folder = modeldir.model_folder(req.model, sglang_hybrid.engine_config(req.config), env)
-    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), WEIGHT_BYTES_ENV: str(weights)}
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), WEIGHT_BYTES_ENV: str(weights),
+               **compat.launch_environ(env.version)}
     if req.model in PRESETS:  # a hub id: resolved offline from a private HF cache
         model_arg = req.model
         environ["HF_HOME"] = str(modeldir.hf_home(req.model, folder))
