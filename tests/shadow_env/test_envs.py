@@ -199,3 +199,33 @@ def test_vllm_0_19_1_pins_differ_from_0_18_1_only_where_its_wheel_does():
     old, new = _vllm_pins("0.18.1"), _vllm_pins("0.19.1")
     assert old.keys() == new.keys()
     assert {name for name in old if old[name] != new[name]} == {"vllm", "compressed-tensors"}
+
+
+# 0.26.0-0.32.0: 0.33.0's list but the pins each wheel's METADATA moves (the pin file's header names the lines)
+VLLM_FROM_0_33 = {
+    "0.26.0": {"apache-tvm-ffi": "0.1.10", "openai-harmony": "0.0.8"},
+    "0.27.1": {"openai-harmony": "0.0.8"},
+    "0.28.0": {"openai-harmony": "0.0.8"},
+    "0.29.0": {"openai-harmony": "0.0.8"},
+    "0.30.0": {"openai-harmony": "0.0.8"},
+    "0.31.0": {"transformers": "5.17.0", "huggingface-hub": "1.33.0", "xgrammar": "0.2.7", "httpx": "0.29.0",
+               "httpcore": "1.0.9"},
+    "0.32.0": {"transformers": "5.19.0"},
+}
+
+
+@pytest.mark.parametrize("version", sorted(VLLM_FROM_0_33))
+def test_vllm_0_26_to_0_32_pins_differ_from_0_33_only_where_their_wheels_do(version):
+    base, pins = _vllm_pins("0.33.0"), _vllm_pins(version)
+    moved = {name: v for name, v in pins.items() if base.get(name) != v and name != "vllm"}
+    assert moved == VLLM_FROM_0_33[version]
+    # openai-harmony takes oss-harmony's place up to 0.30.0 (entrypoints/chat_utils.py imports it)
+    assert set(base) - set(pins) == ({"oss-harmony"} if "openai-harmony" in pins else set())
+
+
+def test_only_releases_before_0_28_get_the_cpu_platform_plugin():
+    """0.28.0's platforms/__init__.py picks the CPU platform for VLLM_TARGET_DEVICE=cpu (env.py)."""
+    with_plugin = {v for v, rec in vllm_env.RECIPES.items() if len(rec.steps) == 2}
+    assert with_plugin == {"0.18.1", "0.19.1", "0.26.0", "0.27.1"}
+    assert all(rec.steps[1] == vllm_env.RECIPES["0.18.1"].steps[1] for v, rec in vllm_env.RECIPES.items()
+               if v in with_plugin)
