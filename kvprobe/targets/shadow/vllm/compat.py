@@ -9,8 +9,7 @@ worker_base.py differs only by `load_model`'s keyword `load_dummy_weights`, L125
 takes; v1/kv_cache_interface.py, v1/core/sched/output.py and platforms/__init__.py are the same files;
 v1/core/kv_cache_utils.py keeps the check-then-override order, `_check_enough_kv_cache_memory` L1579
 then `may_override_num_blocks` L823-836; no kv_cache_planning module, no layout RPC in v1/engine/core.py).
-So the old interfaces run through 0.19.1, `OLD_INTERFACES_THROUGH`; the releases between 0.19.1 and
-0.33.0 were not read and have no recipe.
+So the old interfaces run through 0.19.1, `OLD_INTERFACES_THROUGH`; 0.26.0-0.32.0 are at the end.
 
 Each difference, 0.33.0 first, then 0.18.1 (files under vllm/):
 
@@ -39,6 +38,23 @@ Each difference, 0.33.0 first, then 0.18.1 (files under vllm/):
 
 So on 0.18.1 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
 refused at start-up, naming the release): those specs are written with 0.33's fields.
+
+0.26.0-0.32.0 (read in their wheels for kvprobe issue 23) have 0.33.0's interfaces for every branch
+above but two, so each of those has its own threshold beside `OLD_INTERFACES_THROUGH`:
+
+- `compile_or_warm_up_model` -> `CompilationTimes` (0.26.0 v1/worker/worker_base.py L34, L102; 0.32.0
+  L39, L116); `get_kv_quant_mode` (0.26.0 v1/kv_cache_interface.py L62; 0.32.0 L91); the override
+  applied before the check (0.26.0 v1/core/kv_cache_utils.py L2107-2120 put override x bytes per block in
+  the profiled bytes' place, the check follows at L2132; 0.30.0 L2703-2737, 0.32.0 the same); the
+  CPU platform plugin is the recipe's (`env.py` TARGET_DEVICE_RULE_FROM, 0.28.0), not a branch here.
+- The KV layout RPC, `LAYOUT_RPC_FROM`: 0.26.0, 0.27.1 and 0.28.0 have neither EngineCore's
+  `get_supported_kv_cache_layouts` call nor `_DEFAULT_LAYOUT_PREFERENCE`; 0.29.0 has both (v1/engine/
+  core.py L291, v1/attention/backends/utils.py L176), as 0.30.0-0.32.0 do (0.32.0: L298, L195).
+- The MLA and hybrid spec fields kvspec writes, `SPEC_FIELDS_FROM`: `MLAAttentionSpec.topk_buffer_width`
+  is in 0.33.0 alone (v1/kv_cache_interface.py L732; absent from 0.26.0-0.32.0), `max_tp_shards` from
+  0.31.0 (L489), `SparseCacheRole` from 0.30.0 (L150), `MambaSpec.prefill_checkpoint_alignment` from
+  0.32.0 (L1043), and v1/core/kv_cache_planning.py (the planner `kvplan.py` runs) exists in 0.33.0 only.
+  So every release before 0.33.0 describes full-attention models only.
 """
 
 from __future__ import annotations
@@ -51,6 +67,13 @@ from kvprobe.releases import version_tuple
 OLD_INTERFACES_THROUGH = (0, 19, 1)
 # True on 0.18.1's and 0.19.1's worker and spec interfaces; False on 0.33.0's.
 OLD_INTERFACES = version_tuple(VLLM_VERSION) <= OLD_INTERFACES_THROUGH
+# The first release whose EngineCore asks the worker for its KV cache layouts (see above).
+LAYOUT_RPC_FROM = (0, 29)
+# The first release with every field of the MLA, DSA-indexer and hybrid specs kvspec writes, and with
+# v1/core/kv_cache_planning.py; before it only full-attention models are described (see above).
+SPEC_FIELDS_FROM = (0, 33)
+# True where the worker describes MLA and hybrid models, and kvplan.py runs vLLM's planner.
+FULL_SPECS = version_tuple(VLLM_VERSION) >= SPEC_FIELDS_FROM
 
 
 def compile_times():
@@ -64,8 +87,8 @@ def compile_times():
 
 def default_kv_cache_layouts() -> list[str]:
     """The layouts a worker with no attention backend supports: vLLM's default preference (0.33),
-    nothing on 0.18.1, which never asks."""
-    if OLD_INTERFACES:
+    nothing on a release that never asks (before 0.29.0, `LAYOUT_RPC_FROM`)."""
+    if version_tuple(VLLM_VERSION) < LAYOUT_RPC_FROM:
         return []
     from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
 
@@ -92,9 +115,9 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
 
 
 def refusal(kind: str) -> str | None:
-    """On 0.18.1 only full attention is described: the reason a model of another layer kind is refused
-    there (kvspec raises it at start-up), or None."""
-    if not OLD_INTERFACES:
+    """Before 0.33.0 (`SPEC_FIELDS_FROM`) only full attention is described: the reason a model of another
+    layer kind is refused there (kvspec raises it at start-up), or None."""
+    if FULL_SPECS:
         return None
     return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) models on vLLM {VLLM_VERSION}; this "
             f"model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
