@@ -203,7 +203,7 @@ def test_vllm_0_19_1_pins_differ_from_0_18_1_only_where_its_wheel_does():
 
 # 0.26.0-0.32.0: 0.33.0's list but the pins each wheel's METADATA moves (the pin file's header names the lines)
 VLLM_FROM_0_33 = {
-    "0.26.0": {"apache-tvm-ffi": "0.1.10", "openai-harmony": "0.0.8"},
+    "0.26.0": {"apache-tvm-ffi": "0.1.10", "openai-harmony": "0.0.8", "xgrammar": "0.2.7"},
     "0.27.1": {"openai-harmony": "0.0.8"},
     "0.28.0": {"openai-harmony": "0.0.8"},
     "0.29.0": {"openai-harmony": "0.0.8"},

@@ -82,8 +82,8 @@ RELEASES = {
               "0.15.0.1 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
     # 0.26.0-0.32.0 (kvprobe issue 23): 0.33.0's pins but what each METADATA moves (pins/vllm-<v>.txt's header)
     "0.26.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.33.0's pins but apache-tvm-ffi 0.1.10 "
-              "and openai-harmony 0.0.8 for oss-harmony (its METADATA); a vllm.platform_plugins entry point "
-              "for the CPU platform",
+              "and openai-harmony 0.0.8 for oss-harmony (its METADATA), xgrammar 0.2.7 (0.2.8 needs tvm-ffi "
+              "0.1.11); a vllm.platform_plugins entry point for the CPU platform",
     "0.27.1": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
               "(its METADATA); a vllm.platform_plugins entry point for the CPU platform",
     "0.28.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
