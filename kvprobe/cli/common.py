@@ -21,9 +21,10 @@ GPU_HELP = ("the card the engine runs on, by name (H100-80GB, A100-80GB, L40S, L
 GPU_MEMORY_HELP = ("the memory of one GPU, with its unit: 79.2GiB / 81106MiB (binary) or 85GB (decimal); "
                    "a bare number or 80G is refused")
 
-GPU_FREE_MEMORY_HELP = ("SGLang on a shared card: the memory free when the engine starts (another process holds the "
-                        "rest), in --gpu-memory's units; --gpu / --gpu-memory stay the card's total, from which "
-                        "SGLang takes its defaults (vLLM: refused, its pool is a fraction of the total)")
+GPU_FREE_MEMORY_HELP = ("a shared card: the memory free when the engine starts (another process holds the rest), "
+                        "in --gpu-memory's units; --gpu / --gpu-memory stay the card's total, from which SGLang takes "
+                        "its defaults and sizes its pool from the free memory (vLLM: only its start-up check, free >= "
+                        "total x utilization, read from 0.18; its pool stays a fraction of the total)")
 
 
 def add_gpu_arguments(group, *, memory_help: str = GPU_MEMORY_HELP) -> None:

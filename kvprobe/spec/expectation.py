@@ -155,8 +155,8 @@ def parse_model(node: Node, config_node: Node | None, base_dir: Path) -> tuple[s
 
 def parse_hardware(node: Node) -> Hardware:
     """`gpu: NAME` (a known card: its memory as CUDA reports it) or `gpu_memory: SIZE` with its unit
-    (GiB binary, GB decimal: kvprobe.spec.gpus), `gpu_free_memory` (SGLang on a shared card: free at start),
-    and `count`."""
+    (GiB binary, GB decimal: kvprobe.spec.gpus), `gpu_free_memory` (a shared card: free at start; SGLang
+    sizes its pool from it, vLLM only checks it at start-up), and `count`."""
     from kvprobe.spec.gpus import gpu_free_memory, gpu_memory
 
     keys = node.mapping(("gpu", "gpu_memory", "gpu_free_memory", "count"))

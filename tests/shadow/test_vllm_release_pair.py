@@ -80,7 +80,7 @@ if pool:  # what 0.18.1's planner makes of those bytes before the override (kv_c
     from vllm.config import VllmConfig
     from vllm.v1.core.kv_cache_utils import get_num_blocks
     blocks = get_num_blocks(VllmConfig(), 32, pool, spec.page_size_bytes)
-print(json.dumps({"old": compat.OLD_INTERFACES, "compile": repr(compat.compile_times()),
+print(json.dumps({"old": compat.COMPILE_TIMES_FLOAT, "compile": repr(compat.compile_times()),
                   "layouts": compat.default_kv_cache_layouts(), "pool": pool, "blocks": blocks,
                   "refusal": compat.refusal("MLA attention")}))
 """

@@ -148,7 +148,9 @@ def test_a_plugin_distribution_replaces_the_old_and_its_entry_point_is_seen(tmp_
 # vLLM releases with a recipe in `kvprobe.targets.shadow.vllm.env` (no install): the pins each wheel's
 # METADATA sets that its list follows (`pip download vllm==X --no-deps`, vllm-X.dist-info/METADATA:
 # compressed-tensors is the one `==` pin among what the shadow imports that moves between them).
-VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"}}
+VLLM_WHEEL_PINS = {"0.18.1": {"compressed-tensors": "0.13.0"}, "0.19.1": {"compressed-tensors": "0.15.0.1"},
+                   **{v: {"compressed-tensors": "0.15.0.1"} for v in ("0.20.2", "0.21.0", "0.22.1")},
+                   **{v: {"compressed-tensors": "0.17.0"} for v in ("0.23.0", "0.24.0", "0.25.1")}}
 
 
 def _vllm_pins(version: str) -> dict[str, str]:
@@ -190,6 +192,10 @@ def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monke
     old, new = vllm_env.RECIPES["0.18.1"], vllm_env.RECIPES["0.19.1"]
     assert old.steps[1] == new.steps[1] and old.extra_checks == new.extra_checks  # one recipe, data apart
     assert old.digest != new.digest
+    recipes = vllm_env.RECIPES.values()  # 0.18.1-0.27.1: the same plugin step; all: the same checks, one build each
+    assert {r.steps[1] for r in recipes if len(r.steps) > 1} == {old.steps[1]}
+    assert {r.extra_checks for r in recipes} == {old.extra_checks}
+    assert len({r.digest for r in recipes}) == len(vllm_env.RELEASES)
     assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
     assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
     assert envs.parse_spec("vllm") == ("vllm", "0.33.0")  # the newest stays the default
@@ -226,6 +232,7 @@ def test_vllm_0_26_to_0_32_pins_differ_from_0_33_only_where_their_wheels_do(vers
 def test_only_releases_before_0_28_get_the_cpu_platform_plugin():
     """0.28.0's platforms/__init__.py picks the CPU platform for VLLM_TARGET_DEVICE=cpu (env.py)."""
     with_plugin = {v for v, rec in vllm_env.RECIPES.items() if len(rec.steps) == 2}
-    assert with_plugin == {"0.18.1", "0.19.1", "0.26.0", "0.27.1"}
+    assert with_plugin == {v for v in vllm_env.RELEASES if vllm_env.version_tuple(v) < (0, 28)}
+    assert {"0.18.1", "0.27.1"} <= with_plugin and not with_plugin & {"0.28.0", "0.32.0"}
     assert all(rec.steps[1] == vllm_env.RECIPES["0.18.1"].steps[1] for v, rec in vllm_env.RECIPES.items()
                if v in with_plugin)

@@ -41,16 +41,23 @@ SHIPPED = {
     "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic": "llama-3.3-70b-instruct-fp8-dynamic.json",
     "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16": "llama-3.1-8b-instruct-w4a16.json",
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
+    # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
+    "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
+    # the SGLang cases' MiniCPM5-1B config (its _provenance inside): the model's geometry, whichever engine loads it
+    "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
+    # the SGLang cases' Qwen2.5-0.5B-Instruct config: the geometry the post prints for its Qwen2.5-0.5B
+    "Qwen2.5-0.5B (hub id not stated)": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
+    "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 23  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 24  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = 0.06  # no runnable case beyond this error (Qwen2.5-72B's small pool: +5.8% today)
-MEDIAN_ALLOWED = 0.010  # 0.95% today
-RUNNABLE = 24
+MEDIAN_ALLOWED = 0.011  # 1.02% today: 0.95% before the corpus2 pass added a real case at -1.9% (no rule moved)
+RUNNABLE = 25
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
@@ -61,15 +68,26 @@ KNOWN_MISSES = {
 # Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
 # a miss beyond 5% with what the log does say.
 TOKEN_ONLY_MISSES = {
-    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 145,748 (4.45x) the ledger: +76%. The "
-                                  "logged concurrency is num_blocks / (265 + 2048) blocks per request "
-                                  "(kv_cache_utils.py get_max_concurrency_for_kv_cache_config, the sliding group "
-                                  "window-capped), so vLLM's pool was 5,846 blocks = 2.14 GiB against the ledger's "
-                                  "3.77. The smoke script kept no budget line; the term left is the CUDA-graph "
-                                  "estimate 0.29.0 subtracts (gpu_worker.py L565-610: profile_cudagraph_memory, "
-                                  "measured on the GPU over PIECEWISE=35 + FULL=35 graphs): the ledger takes 0.27 "
-                                  "GiB, the one Ampere log of the corpus measures 2.35 GiB for 86 graphs "
-                                  "(0.19.1 A100 Qwen3-8B), and 1.9 GiB here would close the gap",
+    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 130,842 (3.99x) the ledger: +58%. The "
+                                  "figure is the right one: 0.29.0 prints int(max_concurrency x max_model_len), "
+                                  "max_concurrency = num_blocks / the sum over the KV cache groups of each one's "
+                                  "blocks per request (kv_cache_utils.py L1047-1069, L2011-2021; V7), the ledger's "
+                                  "own claim line for 0.29.0. With the smoke script's --max-num-batched-tokens 4096 "
+                                  "and async scheduling, the sliding group holds cdiv(127 + 2 x 4096, 16) + 1 = 521 "
+                                  "blocks (kv_cache_interface.py L704-740, config/vllm.py L559-580) beside the full "
+                                  "group's 2,048, so vLLM's pool was 6,493 blocks x 384 KiB = 2.38 GiB against the "
+                                  "ledger's 3.76: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
+                                  "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
+                                  "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.38 GiB is missing between "
+                                  "activation, graphs and non-torch, which no logged line splits",
+    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 936,301 (28.57x) the ledger: "
+                                                 "-16.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
+                                                 "8.06. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
+                                                 "(NCCL's NVLink-switch buffers, memory_profile.py NON_TORCH_TP); "
+                                                 "two L4s talk over PCIe, and with the one-rank 0.25 GiB the pool "
+                                                 "would be 9.82 GiB (+1.3%). One PCIe case does not make a rule: "
+                                                 "no log of the corpus prints a PCIe TP non-torch figure",
 }
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
 TOKEN_LINE_DIFFERS = {
@@ -114,6 +132,8 @@ def why_not_runnable(case: dict) -> str | None:
             return f"release {case['version']} not read (a build between releases)"
         return (f"release {case['version']} not read: a final release kvprobe holds no facts for "
                 f"(`kvprobe ledger --engine-version {case['version']}` refuses it)")
+    if logged.get("refused") and FREE_AT_START.search(logged["refused"]) and "kv_cache_gib" not in logged:
+        return REFUSED_AT_START
     if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
     if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
@@ -131,6 +151,9 @@ def why_not_runnable(case: dict) -> str | None:
 # Cards of compute capability 8.9 (Ada) as the cases name them: vLLM runs MXFP4 experts with MARLIN there.
 ADA_CARDS = {"NVIDIA L4", "NVIDIA L40S", "NVIDIA GeForce RTX 4090"}
 TOKENS_ONLY = "the log prints the pool in tokens only: compared in tokens (test_pools_logged_in_tokens_only)"
+REFUSED_AT_START = "refused at start-up, before any pool: the refusal is checked (test_budget_corpus_refusals.py)"
+# vLLM's start-up check prints the free memory its init snapshot read (v1/worker/utils.py request_memory)
+FREE_AT_START = re.compile(r"Free memory on device \S+ \(([\d.]+)/[\d.]+ GiB\) on startup")
 
 
 def gpu_by_name(case: dict):
@@ -153,6 +176,9 @@ def ledger_argv(case: dict) -> list[str]:
         gpu = ["--gpu", gpu_by_name(case).name]
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
             "--engine-version", case["version"], *gpu]
+    free = FREE_AT_START.search(case["logged"].get("refused") or "")
+    if free:  # a shared card: the free memory the refusal prints
+        argv += ["--gpu-free-memory", f"{free.group(1)}GiB"]
     if case.get("quantization") == "mxfp4" and (case["gpu"].split(" (")[0] in ADA_CARDS):
         argv += ["--gpu-arch", "sm89"]  # the MXFP4 experts' MARLIN padding (model/mxfp4.py)
     for key, value in case["flags"].items():
@@ -374,3 +400,4 @@ def test_gpus_by_name_have_the_total_the_logs_print():
             assert abs(gpu.total_bytes / GIB - case["logged"]["total_gpu_gib"]) <= 0.02, (stem, gpu.name)
             checked += 1
     assert checked >= 19
+

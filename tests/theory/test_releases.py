@@ -4,6 +4,7 @@ applies (the engine dialect's `policy()`), for every known release and the ones 
 import pytest
 
 from kvprobe.engines import get_dialect
+from kvprobe.errors import ConfigError
 from kvprobe.releases import KNOWN_VERSIONS, version_tuple
 from kvprobe.theory.admission import policy_for
 from kvprobe.theory.ledger.build import build_ledger
@@ -114,3 +115,27 @@ def test_async_scheduling_is_the_default_from_the_release_that_made_it_so():
     dialect = get_dialect("vllm")
     assert [dialect.async_scheduling_default(v) for v in ("0.11.0", "0.12.0", "0.13.0", "0.14.0", "0.19.0")] == \
         [False, False, False, True, True]
+
+
+def _watermark_ledger(version: str, watermark: float, **kw):
+    # expectations/diff/vllm-watermark-shadow.yaml's shape: 1000 blocks of 16, P=512, O=256
+    return build_ledger(LedgerInputs(engine="vllm", model="meta-llama/Llama-3.1-8B", engine_version=version,
+                                     num_gpu_blocks_override=1000, block_size=16, max_model_len=4096,
+                                     max_num_seqs=256, max_num_batched_tokens=2048, async_scheduling=True,
+                                     prompt_tokens=512, output_tokens=256, watermark=watermark), **kw)
+
+
+def test_the_watermark_is_read_from_0_24_0_and_refused_before():
+    # 0.24.0 keeps int(0.3 x 1000) blocks free when admitting while others run (kv_cache_manager.py L163);
+    # the 0.24.0 shadow measured 19.81 ± 0.37 running with it, 23.56 ± 0.89 without
+    wm = _watermark_ledger("0.24.0", 0.3)
+    assert wm.scheduler_config.watermark == 0.3 and wm.admission.limit == pytest.approx(19.84, abs=0.3)
+    assert ("watermark", "300 blocks (0.3 x 1000) kept free when a request is admitted while others are "
+                         "scheduled (vLLM 0.24.0 on)") in wm.release_rules
+    assert _watermark_ledger("0.24.0", 0.0).admission.limit == pytest.approx(24.13, abs=0.3)
+    # 0.23.0 has no such flag: `vllm serve` exits with argparse's error (read on the 0.23.0 shadow, exit code 2)
+    refused = _watermark_ledger("0.23.0", 0.3, explain_refusal=True)
+    assert refused.admission is None and "vllm: error: unrecognized arguments: --watermark 0.3" in refused.refusal
+    with pytest.raises(ConfigError, match="vLLM 0.23.0 has no --watermark"):
+        _watermark_ledger("0.23.0", 0.3)
+    assert _watermark_ledger("0.23.0", 0.0).admission.limit == pytest.approx(24.13, abs=0.3)

@@ -69,11 +69,20 @@ def test_bad_free_memory_names_the_key(kw, match):
     assert err.value.key == "gpu_free_memory" and match in str(err.value)
 
 
-def test_vllm_refuses_a_free_memory_naming_the_key():
-    """vLLM requests total x gpu_memory_utilization; others' memory enters only its start-up check."""
+def test_vllm_takes_a_free_memory_only_to_its_start_up_check():
+    """vLLM requests total x gpu_memory_utilization; others' memory enters only its start-up check
+    (v1/worker/utils.py request_memory, read from 0.18): enough free memory leaves the pool as from the
+    total, too little refuses with vLLM's message, and an older release names the key."""
+    def ledger(free, version="0.33.0"):
+        return build_ledger(LedgerInputs(engine="vllm", model=QWEN, gpu_memory_bytes=80 * GIB, engine_version=version,
+                                         gpu_free_memory_bytes=free), explain_refusal=True)
+    assert ledger(79 * GIB).budget.kv_pool_bytes == ledger(None).budget.kv_pool_bytes
+    assert ledger(79 * GIB).refusal is None
+    assert ledger(40 * GIB).refusal == ("ValueError: Free memory on device (40.0/80.0 GiB) on startup is less than "
+                                        "desired GPU memory utilization (0.92, 73.6 GiB). Decrease GPU memory "
+                                        "utilization or reduce GPU memory used by other processes.")
     with pytest.raises(ConfigError) as err:
-        build_ledger(LedgerInputs(engine="vllm", model=QWEN, gpu_memory_bytes=80 * GIB,
-                                  gpu_free_memory_bytes=40 * GIB))
+        ledger(40 * GIB, version="0.15.1")
     assert err.value.key == "gpu_free_memory" and "start-up check" in str(err.value)
 
 

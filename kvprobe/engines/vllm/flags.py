@@ -31,7 +31,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enable-chunked-prefill", None, True, "split long prompts over steps", negatable=True),
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True, ledger="reserve_full_isl"),
-    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting", lo=0),
+    Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting (vLLM 0.24.0 on)", lo=0,
+         ledger="watermark"),
     # None = the engine's default for the version and platform: async_scheduling_default() below.
     Flag("async-scheduling", None, None, "schedule the next step while one runs: blocks are taken one step earlier and "
          "freed one step later (default: on where the engine supports it)", negatable=True,
@@ -56,6 +57,10 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("tensor-parallel-size", int, 1, "tensor parallel GPUs", emulated=False, lo=1, ledger="tp"),
     Flag("pipeline-parallel-size", int, 1, "PP degree", emulated=False, lo=1, ledger="pp"),
     Flag("data-parallel-size", int, 1, "DP degree", emulated=False, lo=1, ledger="dp"),
+    # 0.29.0 engine/arg_utils.py L1199-1203; fused_moe/config.py L1212-1256: the experts whole over TP x DP ranks
+    Flag("enable-expert-parallel", None, False, "place the MoE experts whole over the TP x DP ranks (expert "
+         "parallelism) instead of splitting each by TP", negatable=True, emulated=False,
+         ledger="enable_expert_parallel"),
 )}
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.

@@ -5,6 +5,8 @@ the engine's own theory (`kvprobe.theory.vllm`, `kvprobe.theory.sglang`). The da
 
 from __future__ import annotations
 
+import math
+
 from kvprobe.errors import ConfigError
 from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory import admission, schedsim
@@ -33,7 +35,7 @@ from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap
+from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap, watermark_refusal
 
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
@@ -50,10 +52,33 @@ def build_ledger(inputs: LedgerInputs, *, explain_refusal: bool = False) -> Ledg
     geom = geometry_from_config(cfg, inputs.model, dtype=inputs.dtype, source=source)
     kv = kv_bytes_per_token(geom, kv_cache_dtype=inputs.kv_cache_dtype, tp=inputs.tp, pp=inputs.pp)
     model = ModelSection(geom, kv, weight_bytes(geom, tp=inputs.tp, pp=inputs.pp, engine=inputs.engine,
-                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH), source, cfg)
+                                                    gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH,
+                                                    ep=expert_parallel_size(inputs)), source, cfg)
     if inputs.engine == "vllm":
         return _build_vllm(inputs, model, refuse=not explain_refusal)
     return _build_sglang(inputs, model, refuse=not explain_refusal)
+
+
+def _vllm_free_memory_refusal(inputs: LedgerInputs, version: str) -> str | None:
+    """vLLM's start-up check on a shared card (memory_profile.free_memory_refusal): its pool is the card's
+    total x utilization whatever others hold, so the free memory only decides whether it starts at all."""
+    if inputs.gpu_free_memory_bytes is None or inputs.gpu_memory_bytes is None:
+        return None
+    from kvprobe.theory.vllm.memory_profile import free_memory_refusal, profile_rules
+
+    rules = profile_rules(version)
+    fraction = inputs.gpu_memory_utilization or rules.gpu_memory_utilization
+    total = inputs.gpu_memory_bytes  # v1/worker/utils.py request_memory: ceil where the release rounds up
+    requested = math.ceil(total * fraction) if rules.requested_ceil else int(total * fraction)
+    return free_memory_refusal(version, total=inputs.gpu_memory_bytes, free=inputs.gpu_free_memory_bytes,
+                               fraction=fraction, requested=requested)
+
+
+def expert_parallel_size(inputs: LedgerInputs) -> int:
+    """vLLM's EP degree: with --enable-expert-parallel and more than one TP x DP rank, the MoE layers run
+    with ep_size = TP x DP and no TP of their own (0.29.0 `fused_moe/config.py` L1212-1256); else 1 (SGLang's
+    expert parallelism is its own flags, not read)."""
+    return inputs.tp * inputs.dp if inputs.enable_expert_parallel and inputs.engine == "vllm" else 1
 
 
 def with_quantization(cfg: dict, method: str | None, source: str) -> dict:
@@ -89,10 +114,12 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
-    if inputs.gpu_free_memory_bytes is not None:  # vLLM's pool is total x utilization, not the free memory
-        from kvprobe.theory.vllm.memory_profile import FREE_MEMORY_NOT_MODELLED
-
-        raise ConfigError(FREE_MEMORY_NOT_MODELLED, key="gpu_free_memory")
+    flag_refusal = watermark_refusal(version, inputs.watermark)  # a flag this release's `vllm serve` lacks
+    if flag_refusal is not None and refuse:  # the command line is parsed before anything else
+        raise ConfigError(flag_refusal, key="watermark")
+    startup = _vllm_free_memory_refusal(inputs, version)  # vLLM checks it first, at worker init
+    if startup is not None and refuse:
+        raise ConfigError(startup, key="gpu_free_memory")
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
     seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len, gpu_name=inputs.gpu_name)
     seqs = inputs.max_num_seqs or seqs
@@ -101,10 +128,10 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
                           f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
     # --max-num-active-seqs: refused before the release that has it, else a cap on RUNNING (releases.py)
-    flag_refusal = active_seqs_refusal(version, seqs, inputs.max_num_active_seqs)
-    if flag_refusal is not None and refuse:
-        raise ConfigError(flag_refusal, key="max_num_active_seqs")
-    running = seqs if flag_refusal else running_cap(seqs, inputs.max_num_active_seqs)
+    active_refusal = active_seqs_refusal(version, seqs, inputs.max_num_active_seqs)
+    if active_refusal is not None and refuse:
+        raise ConfigError(active_refusal, key="max_num_active_seqs")
+    running = seqs if active_refusal else running_cap(seqs, inputs.max_num_active_seqs)
     caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
     plan_opts = None
     if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
@@ -141,7 +168,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
     rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, tokens=tokens, caching=caching,
                                policy=policy if request is not None else None)
-    refusal = flag_refusal or bud.refusal
+    refusal = flag_refusal or active_refusal or startup or bud.refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, refusal), rules)
     if not_modelled is not None:
@@ -154,7 +181,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=running,
         max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
         enable_prefix_caching=caching,
-        enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling),
+        enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,
         policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
         groups=groups)
     layers = tuple(group_layers(bud.plan)) if groups else ()

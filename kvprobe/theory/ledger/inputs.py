@@ -38,6 +38,7 @@ class LedgerInputs:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel: experts whole over TP x DP ranks
     num_gpu_blocks_override: int | None = None
     max_total_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
@@ -58,6 +59,7 @@ class LedgerInputs:
     mamba_full_memory_ratio: float | None = None
     mamba_ssm_dtype: str | None = None
     reserve_full_isl: bool = True
+    watermark: float = 0.0  # vLLM --watermark (0.24.0 on; theory/vllm/releases.py WATERMARK_FROM)
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
     estimates: dict[str, int] = field(default_factory=dict)

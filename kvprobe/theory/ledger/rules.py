@@ -13,7 +13,7 @@ from kvprobe.theory.admission import policy_rule
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
-from kvprobe.theory.vllm.releases import ACTIVE_SEQS_FROM, ACTIVE_SEQS_RULE, ASYNC_DEFAULT_FROM
+from kvprobe.theory.vllm.releases import ACTIVE_SEQS_FROM, ACTIVE_SEQS_RULE, ASYNC_DEFAULT_FROM, WATERMARK_FROM
 from kvprobe.theory.vllm.unmodelled import VllmFacts, first_release
 from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
 
@@ -79,6 +79,10 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: in
     if bud.plan is not None:
         applied.append(("KV cache groups", f"vLLM 0.33.0's hybrid rules (window cap from {first_release('V4')}, "
                                            f"in-flight W-1+2T with async scheduling from {first_release('V5')})"))
+    if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
+        applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
+                                     f"{bud.num_blocks}) kept free when a request is admitted while others are "
+                                     f"scheduled (vLLM {'.'.join(map(str, WATERMARK_FROM))}.0 on)"))
     if policy is not None:
         applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
     return ReleaseRules(applied, vllm_unmodelled(facts))

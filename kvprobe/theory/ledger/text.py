@@ -10,6 +10,7 @@ from kvprobe.theory.ledger.fleet import FleetLedger
 from kvprobe.theory.ledger.sections import Ledger
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
 from kvprobe.theory.vllm.budget import VllmBudget
+from kvprobe.theory.vllm.memory_profile import FREE_MEMORY_REFUSAL
 from kvprobe.units import format_bytes
 
 
@@ -35,7 +36,8 @@ def _pct(x: float | None) -> str:
 def _render_sections(led: Ledger) -> list[str]:
     inp, g, kv, b, c = led.inputs, led.model.geometry, led.model.kv, led.budget, led.capacity
     vllm = inp.engine == "vllm"
-    par = f"TP{inp.tp} PP{inp.pp} DP{inp.dp}"
+    ep = inp.tp * inp.dp if inp.enable_expert_parallel and vllm else 1
+    par = f"TP{inp.tp} PP{inp.pp} DP{inp.dp}" + (f" EP{ep}" if ep > 1 else "")
     kv_note = f"{kv.layers_per_rank} layers x {kv.per_layer_main} B"
     if kv.indexer:
         kv_note += f" + {kv.indexer_layers_per_rank} indexer layers x {kv.per_layer_indexer} B"
@@ -184,14 +186,21 @@ def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
     return rows
 
 
-def _refusal_text(led: Ledger) -> str:
+def _refusal_hint(led: Ledger) -> str:
     start = led.startup
     fits = start["largest_max_model_len"]
-    hint = (f"the largest max-model-len that fits this pool: {fits} (--max-model-len {fits})" if fits
-            else "no KV pool at all: the weights take what the fraction leaves" if led.inputs.engine == "sglang"
-            else "no max-model-len fits: the pool holds no usable block")
+    if start["message"].startswith(FREE_MEMORY_REFUSAL):  # refused before any pool: no pool to fit
+        return "other processes hold the difference: free the card or lower gpu-memory-utilization"
+    if fits:
+        return f"the largest max-model-len that fits this pool: {fits} (--max-model-len {fits})"
+    if led.inputs.engine == "sglang":
+        return "no KV pool at all: the weights take what the fraction leaves"
+    return "no max-model-len fits: the pool holds no usable block"
+
+
+def _refusal_text(led: Ledger) -> str:
     return (f"finding: {led.inputs.engine} {led.engine_version} would refuse to start with this configuration:\n"
-            f"  {start['message']}\n  {hint}")
+            f"  {led.startup['message']}\n  {_refusal_hint(led)}")
 
 
 def _admission_text(led: Ledger) -> str:

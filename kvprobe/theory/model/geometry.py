@@ -284,8 +284,31 @@ def kv_bytes_per_token(geom: ModelGeometry, *, kv_cache_dtype: str = "auto", tp:
                    n_idx * per_indexer, total, dtype)
 
 
+def experts_on_rank(experts: int, ep: int) -> int:
+    """Routed experts on the most loaded rank under expert parallelism over `ep` ranks: whole experts,
+    the first `experts % ep` ranks one more (vLLM 0.29.0 `fused_moe/expert_map_manager.py`
+    determine_expert_map L67-69, the default linear placement; the L4 log: `Local/global number of
+    experts: 16/32`)."""
+    return -(-experts // ep)
+
+
+def _expert_part_on_rank(part: WeightPart, ep: int, engine: str | None, gpu_arch: str) -> int:
+    """A routed-expert part under EP: the MoE layer's own TP is 1, each rank holds whole experts
+    (vLLM 0.29.0 `fused_moe/config.py` FusedMoEParallelConfig.make L1212-1256: ep_size = tp x dp,
+    tp_size 1), so the intermediate size is not split and MXFP4 pads the whole of it."""
+    experts = part.dims[0]
+    local = experts_on_rank(experts, ep)
+    if engine is not None and part.special.startswith("mxfp4_"):
+        _, hidden, inter = part.dims
+        return engine_expert_bytes(part.special.removeprefix("mxfp4_"), local, hidden, inter,
+                                   engine=engine, gpu_arch=gpu_arch, tp=1)
+    return math.ceil(part.nbytes * local / experts)
+
+
 def _part_bytes_on_rank(part: WeightPart, nbytes: int, geom: ModelGeometry, tp: int,
-                        engine: str | None, gpu_arch: str) -> int:
+                        engine: str | None, gpu_arch: str, ep: int = 1) -> int:
+    if ep > 1 and (part.special == "experts" or part.special.startswith("mxfp4_")):
+        return _expert_part_on_rank(part, ep, engine, gpu_arch)
     if engine is not None and part.special.startswith("mxfp4_"):
         experts, hidden, inter = part.dims
         return engine_expert_bytes(part.special.removeprefix("mxfp4_"), experts, hidden, inter,
@@ -308,11 +331,12 @@ def rope_cache_bytes(geom: ModelGeometry) -> int:
 
 
 def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str | None = None,
-                 gpu_arch: str = DEFAULT_GPU_ARCH) -> int:
+                 gpu_arch: str = DEFAULT_GPU_ARCH, ep: int = 1) -> int:
     """Weight bytes on the most loaded rank (embeddings on the first PP stage, lm_head on the last).
     Without `engine`, the checkpoint's bytes split by TP; with it ("vllm"/"sglang"), the parts whose
     GPU layout is an engine fact (MXFP4 experts, sinks: mxfp4.py) as that engine allocates them on
-    `gpu_arch`."""
+    `gpu_arch`. `ep` > 1: the routed experts are placed whole over `ep` ranks (expert parallelism)
+    instead of split by TP."""
     if tp < 1:
         raise ConfigError(f"expected tp >= 1, got {tp}", key="tp")
     stages = pp_stages(geom.num_layers, pp)
@@ -328,6 +352,6 @@ def weight_bytes(geom: ModelGeometry, *, tp: int = 1, pp: int = 1, engine: str |
                 n = 1 if s == len(stages) - 1 else 0
             else:
                 n = 1
-            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp, engine, gpu_arch)
+            total += n * _part_bytes_on_rank(part, part.nbytes, geom, tp, engine, gpu_arch, ep)
         loads.append(total)
     return max(loads)

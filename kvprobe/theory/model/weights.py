@@ -24,7 +24,9 @@ class WeightPart:
     layers: tuple[int, ...] = ()  # layer indices holding it; empty = a model-level part
     stage: str = "layer"  # "first" (embeddings), "last" (final norm, lm_head) or "layer"
     # Parts whose bytes on a rank are an engine fact (weight_bytes(engine=)): "mxfp4_w13"/"mxfp4_w2"
-    # (MXFP4 experts, dims = (experts, hidden, intermediate)), "sinks" (gpt-oss attention sinks).
+    # (MXFP4 experts, dims = (experts, hidden, intermediate)), "sinks" (gpt-oss attention sinks);
+    # "experts" (the routed experts of a MoE layer, dims = (experts,)): split by TP, or whole experts per
+    # rank under expert parallelism (weight_bytes(ep=)).
     special: str = ""
     dims: tuple[int, ...] = ()
 
@@ -51,7 +53,7 @@ class Parts:
         self.dtype_bytes, self.quant, self.mxfp4 = dtype_bytes, quant, mxfp4
         self.parts: list[WeightPart] = []
 
-    def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True):
+    def linear(self, name, out_f, in_f, shard, layers, *, bias=False, quantizable=True, special="", dims=()):
         params = out_f * in_f
         if self.quant and quantizable:
             nbytes = self.quant.nbytes(out_f, in_f)  # packed weight, scales, zero points (quant.py)
@@ -60,7 +62,7 @@ class Parts:
         if bias:
             params += out_f
             nbytes += out_f * self.dtype_bytes
-        self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers)))
+        self.parts.append(WeightPart(name, params, nbytes, shard, tuple(layers), "layer", special, dims))
 
     def plain(self, name, params, shard, layers=(), stage="layer", nbytes=None, special=""):
         nb = params * self.dtype_bytes if nbytes is None else nbytes
@@ -133,8 +135,8 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
         p.mxfp4_experts("w13", "experts.gate_up_proj", n_routed, h, mi, moe, bias=gpt_oss)
         p.mxfp4_experts("w2", "experts.down_proj", n_routed, h, mi, moe, bias=gpt_oss)
     else:
-        p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe)
-        p.linear("experts.down_proj", n_routed * h, mi, "tp", moe)
+        p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe, special="experts", dims=(n_routed,))
+        p.linear("experts.down_proj", n_routed * h, mi, "tp", moe, special="experts", dims=(n_routed,))
     # Llama-4: one shared expert of intermediate_size beside the routed ones (vLLM llama4.py Llama4MoE L100-113)
     shared = cfg.get("n_shared_experts") or (1 if g["model_type"] == "llama4_text" else 0)
     if shared:

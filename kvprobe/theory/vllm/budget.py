@@ -100,7 +100,8 @@ def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: 
             widest = max(widest, parts[name].params // geom.hidden_size // tp)
     if "experts.gate_up_proj" in parts:  # routed experts: each token goes to top_k of them
         gate_up = parts["experts.gate_up_proj"]  # MXFP4 parts count their biases: use the width itself
-        per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if gate_up.dims else gate_up.params // geom.hidden_size
+        mxfp4 = gate_up.special.startswith("mxfp4_")
+        per_expert = gate_up.dims[0] * 2 * gate_up.dims[2] if mxfp4 else gate_up.params // geom.hidden_size
         widest = max(widest, per_expert // max(1, _n_experts(geom)) * top_k // tp)
     return max_num_batched_tokens * (widest * 3 // 2 + 4 * geom.hidden_size) * geom.dtype_bytes
 

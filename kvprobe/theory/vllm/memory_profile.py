@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvprobe.errors import ConfigError
 from kvprobe.releases import version_tuple
 from kvprobe.theory.model.geometry import ModelGeometry
 from kvprobe.theory.model.sizes import MIB
@@ -188,8 +189,27 @@ def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int) -> int | None:
 
 # vLLM requests total x gpu_memory_utilization and subtracts only its own process's increase (0.18.1 and 0.33.0
 # v1/worker/utils.py request_memory, gpu_worker.py): other processes' memory moves no pool there; it enters
-# only the start-up check "Free memory on device ... is less than desired GPU memory utilization", not modelled.
+# only the start-up check "Free memory on device ... is less than desired GPU memory utilization" (below).
+# That check was read in 0.18.1 and 0.19.1 (v1/worker/utils.py L403-420), 0.23.0 (L405-422), 0.29.0 (L517-538) and
+# 0.33.0 (L716-745, the same without externally held weights); releases before 0.18 were not read for it.
+FREE_MEMORY_CHECK_FROM = "0.18.0"
+FREE_MEMORY_REFUSAL = "ValueError: Free memory on device"
 FREE_MEMORY_NOT_MODELLED = (
-    "the free memory at start is SGLang's input: vLLM sizes its pool from the card's total x "
-    "gpu_memory_utilization, and what other processes hold enters only its start-up check (free >= requested), "
-    "which the ledger does not model; give the card's total alone")
+    "the free memory at start enters vLLM only through its start-up check (free >= requested), read from "
+    f"{FREE_MEMORY_CHECK_FROM} on; for this release give the card's total alone")
+
+
+def free_memory_refusal(version: str, *, total: int, free: int, fraction: float, requested: int) -> str | None:
+    """vLLM's start-up refusal when the free memory its init snapshot reads is under the requested memory
+    (request_memory: `if init_snapshot.free_memory < requested_memory: raise ValueError(...)`, the figures
+    as format_gib prints them, round(x / GiB, 2)); None when it starts. The snapshot is taken after the
+    process's own CUDA context: `free` is that figure (the one the refusal prints). ConfigError for a
+    release whose check was not read."""
+    if version_tuple(version) < version_tuple(FREE_MEMORY_CHECK_FROM):
+        raise ConfigError(FREE_MEMORY_NOT_MODELLED, key="gpu_free_memory")
+    if free >= requested:
+        return None
+    gib = 1 << 30
+    return (f"{FREE_MEMORY_REFUSAL} ({round(free / gib, 2)}/{round(total / gib, 2)} GiB) on startup "
+            f"is less than desired GPU memory utilization ({fraction}, {round(requested / gib, 2)} GiB). "
+            "Decrease GPU memory utilization or reduce GPU memory used by other processes.")

@@ -14,6 +14,13 @@ from kvprobe.theory.vllm.memory_profile import profile_rules
 # L218-248). None of 0.11.0-0.18.1 has the flag or any full-sequence check: they allocate the first chunk.
 # 0.21.0 moved the check into `allocate_slots(full_sequence_must_fit=...)` (kv_cache_manager.py L235).
 FULL_PROMPT_FROM = (0, 19)
+# The first release with `--watermark` (release-changes.md V9, PR #44594): 0.24.0's config/scheduler.py
+# L146 `watermark: float = Field(default=0.0, ge=0.0, lt=1.0)`; v1/core/kv_cache_manager.py L163
+# `watermark_blocks = int(watermark * num_blocks)`, kept free on top of a WAITING or PREEMPTED request's
+# blocks when another request is scheduled (L363-371, the full-sequence gate L385, the allocation
+# L415-419). 0.23.0 has no such flag (neither config/scheduler.py nor engine/arg_utils.py names it), and
+# at the default 0.0 0.24.0 admits as 0.23.0 does (0 blocks kept).
+WATERMARK_FROM = (0, 24)
 # The first release that schedules asynchronously when --async-scheduling is not given (config/scheduler.py
 # `Field(default=None)` from 0.14.0, L133; `async_scheduling: bool = False` up to 0.13.0): the dialect's
 # `async_scheduling_default` reads the wheels' details.
@@ -33,6 +40,14 @@ def policy(version: str, *, reserve_full_isl: bool = True) -> str:
     by its first chunk; from 0.19.0 the whole prompt must fit before it is admitted
     (`scheduler_reserve_full_isl`, on by default; off, a release admits as 0.11 does)."""
     return "vllm-0.11" if version_tuple(version) < FULL_PROMPT_FROM or not reserve_full_isl else "vllm-0.33"
+
+
+def watermark_refusal(version: str, watermark: float) -> str | None:
+    """What `vllm serve` of a release before 0.24.0 says when given `--watermark`, or None."""
+    if not watermark or version_tuple(version) >= WATERMARK_FROM:
+        return None
+    return (f"vLLM {version} has no --watermark (it came in 0.24.0): vllm: error: unrecognized "
+            f"arguments: --watermark {watermark:g}")
 
 
 def active_seqs_refusal(version: str, max_num_seqs: int, max_num_active_seqs: int | None) -> str | None:

@@ -1,60 +1,61 @@
 """Where the vLLM releases kvprobe's shadow worker runs in differ in the interfaces it implements or
-builds: the one place that branches on the installed vLLM's version (the worker and `kvspec.py` ask
-here). Runs inside the engine environment (imports vllm).
+builds: the one place that branches on the installed vLLM's version (the worker, `kvspec.py` and
+`kvplan.py` ask here). Runs inside the engine environment (imports vllm).
 
-Releases with a shadow recipe: 0.33.0 (the worker is written for it), and 0.18.1 and 0.19.1, either
-side of 0.19.0's whole-prompt admission. Each difference below was read in the 0.18.1 and 0.33.0 wheels
-(`pip download vllm==V --no-deps`); 0.19.1's files are 0.18.1's for every one of them (v1/worker/
-worker_base.py differs only by `load_model`'s keyword `load_dummy_weights`, L125, which the worker already
-takes; v1/kv_cache_interface.py, v1/core/sched/output.py and platforms/__init__.py are the same files;
-v1/core/kv_cache_utils.py keeps the check-then-override order, `_check_enough_kv_cache_memory` L1579
-then `may_override_num_blocks` L823-836; no kv_cache_planning module, no layout RPC in v1/engine/core.py).
-So the old interfaces run through 0.19.1, `OLD_INTERFACES_THROUGH`; 0.26.0-0.32.0 are at the end.
+Releases with a shadow recipe: 0.33.0 (the worker is written for it), 0.18.1 and 0.19.1 (either side of
+0.19.0's whole-prompt admission), and 0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.25.1 (the latest patch of
+each minor release of the year before), and 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0,
+0.32.0. Each interface has its own threshold, the newest release read with the old form:
+`through(THRESHOLD)` is True on it and before.
+The files were read in each release's wheel (`pip download vllm==V --no-deps`); 0.19.1's files are
+0.18.1's for every interface below (v1/worker/worker_base.py differs only by `load_model`'s keyword
+`load_dummy_weights`, L125, which the worker already takes).
 
-Each difference, 0.33.0 first, then 0.18.1 (files under vllm/):
+Each interface, new form first, then old (files under vllm/):
 
-- `compile_or_warm_up_model` returns `CompilationTimes(language_model, encoder)` (v1/worker/worker_base.py
-  L39-41, L121) / a float, the compilation seconds (v1/worker/worker_base.py L89; v1/executor/abstract.py
-  L118-126 takes the max). -> `compile_times`
-- `get_supported_kv_cache_layouts` is asked by EngineCore (v1/engine/core.py L288; the default preference
-  is v1/attention/backends/utils.py `_DEFAULT_LAYOUT_PREFERENCE` L229-236) / never asked (no such RPC),
-  and `_DEFAULT_LAYOUT_PREFERENCE` does not exist. -> `default_kv_cache_layouts`
-- The attention specs carry `kv_quant_mode` (`get_kv_quant_mode`), MLA's `max_tp_shards`,
-  `state_content_bytes`, `topk_buffer_width`, `cache_role` (`SparseCacheRole`) / only `block_size,
-  num_kv_heads, head_size, dtype, page_size_padded, head_size_v, sliding_window, attention_chunk_size`
-  (v1/kv_cache_interface.py L65-107), MLA adds `cache_dtype_str` alone (L191-193), `MambaSpec` has no
-  prefill checkpoints (L274-280). -> `quant_fields`, `refusal`
-- `--num-gpu-blocks-override` with no profiled bytes: the planner puts override x bytes per block in
-  their place before it checks them (v1/core/kv_cache_planning.py L1510-1531) / it checks the profiled
-  bytes first (v1/core/kv_cache_utils.py L1571-1578; `_check_enough_kv_cache_memory` L616-627 refuses 0
-  bytes: "No available memory for the cache blocks") and applies the override after
-  (`may_override_num_blocks` L820-833). -> `override_pool_bytes`
-- `NewRequestData.prompt_len` is a property (v1/core/sched/output.py L85-91) / absent; the same two
-  fields, `prompt_token_ids` and `prompt_embeds`, are there (v1/core/sched/output.py L31-43). -> `prompt_len`
-  (no branch: 0.33's computation works on both)
-- The CPU platform is chosen by `VLLM_TARGET_DEVICE=cpu` (platforms/__init__.py L173-181) / only for a CPU
-  build of vLLM or on macOS (platforms/__init__.py L163-185). Not a worker interface: the 0.18.1 recipe
-  installs `cpu_platform_plugin.py` (`env.py`), so the branch is the recipe.
+- `compile_or_warm_up_model` returns `CompilationTimes(language_model, encoder)` / a float, the compilation
+  seconds. Old through 0.19.1 (v1/worker/worker_base.py L89 in 0.18.1 and 0.19.1; v1/executor/abstract.py
+  L118-126 takes the max); new from 0.20.2 (worker_base.py L33-35 the NamedTuple, L94 the signature;
+  executor/abstract.py L124-125 collects a list of them; 0.33.0: L39-41, L121). -> `compile_times`
+- `get_supported_kv_cache_layouts` is asked by EngineCore, with `_DEFAULT_LAYOUT_PREFERENCE` as the default /
+  never asked (no such RPC) and the preference does not exist. Old through 0.28.0 (neither name anywhere
+  under vllm/ in 0.20.2-0.25.1; not in 0.26.0-0.28.0's v1/engine/core.py nor v1/attention/backends/utils.py);
+  new from 0.29.0 (core.py L291, utils.py L176; 0.32.0: L298, L195; 0.33.0: L288, L229-236).
+  -> `default_kv_cache_layouts`
+- Attention specs carry `kv_quant_mode` (`get_kv_quant_mode`) / they do not (v1/kv_cache_interface.py
+  L65-107 in 0.18.1 and 0.19.1). Old through 0.19.1; new from 0.20.2 (kv_cache_interface.py L58
+  `get_kv_quant_mode`, L134 `kv_quant_mode: KVQuantMode = KVQuantMode.NONE`; 0.25.1: L62, L168). -> `quant_fields`
+- MLA's `max_tp_shards`, `state_content_bytes`, `topk_buffer_width`, `cache_role` (`SparseCacheRole`) and
+  MambaSpec's prefill checkpoints, which kvprobe writes for MLA, DSA indexers and hybrid layers / MLA adds
+  `cache_dtype_str` (0.18.1 L191-193) and later `alignment`, `compress_ratio`, `model_version` (0.20.2
+  L313-320, 0.25.1 L363-370), MambaSpec has `num_speculative_blocks` and no checkpoints (0.20.2 L521-527,
+  0.25.1 L669-675). Old through 0.32.0: `topk_buffer_width` is in 0.33.0 alone (kv_cache_interface.py
+  L732), while 0.26.0-0.32.0 gain the rest by steps (`state_content_bytes` 0.28.0 L230, `SparseCacheRole`
+  0.30.0 L150, `max_tp_shards` 0.31.0 L489, MambaSpec's `prefill_checkpoint_alignment` 0.32.0 L1043);
+  new in 0.33.0. -> `refusal`
+- `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
+  bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
+  L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
+  for the cache blocks"; 0.19.1: L1579) and the override applied after (`may_override_num_blocks`
+  L820-833; 0.19.1 L823-836). Old through 0.19.1; new from 0.20.2 (kv_cache_utils.py L1982-2002 puts
+  `override * bytes_per_block` in `available_memory`, the check follows at L2009-2017; 0.25.1: L2070-2090,
+  L2097; 0.26.0 L2107-2132, 0.30.0 L2703-2737; 0.33.0 moved it to v1/core/kv_cache_planning.py L1510-1531).
+  -> `override_pool_bytes`
+- vLLM's KV planner as a module, v1/core/kv_cache_planning.py (`get_global_kv_cache_groups`,
+  `get_kv_cache_configs`), which `kvplan.py` runs / the planner is in kv_cache_utils.py. Old through 0.32.0
+  (no kv_cache_planning.py in 0.20.2-0.32.0: `get_kv_cache_configs` is kv_cache_utils.py L1920 in 0.20.2,
+  L2005 in 0.25.1, L2617 in 0.30.0, L2684 in 0.31.0); new in 0.33.0. -> `PLANNER_MODULE` (kvplan.py)
+- `NewRequestData.prompt_len` is a property (v1/core/sched/output.py L85-91, 0.33.0; from 0.29.0, L80) /
+  absent through 0.28.0;
+  the same two fields, `prompt_token_ids` and `prompt_embeds`, are there (output.py L31-43 in 0.18.1, L33,
+  L40 in 0.20.2-0.25.1). -> `prompt_len` (no branch: 0.33's computation works on all)
+- The CPU platform is chosen by `VLLM_TARGET_DEVICE=cpu` (platforms/__init__.py L173-181, 0.33.0) / only
+  for a CPU build of vLLM or on macOS (platforms/__init__.py L163-185 in 0.18.1-0.23.0, L162-184 in 0.24.0
+  and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
+  interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So on 0.18.1 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
+So through 0.32.0 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
 refused at start-up, naming the release): those specs are written with 0.33's fields.
-
-0.26.0-0.32.0 (read in their wheels for kvprobe issue 23) have 0.33.0's interfaces for every branch
-above but two, so each of those has its own threshold beside `OLD_INTERFACES_THROUGH`:
-
-- `compile_or_warm_up_model` -> `CompilationTimes` (0.26.0 v1/worker/worker_base.py L34, L102; 0.32.0
-  L39, L116); `get_kv_quant_mode` (0.26.0 v1/kv_cache_interface.py L62; 0.32.0 L91); the override
-  applied before the check (0.26.0 v1/core/kv_cache_utils.py L2107-2120 put override x bytes per block in
-  the profiled bytes' place, the check follows at L2132; 0.30.0 L2703-2737, 0.32.0 the same); the
-  CPU platform plugin is the recipe's (`env.py` TARGET_DEVICE_RULE_FROM, 0.28.0), not a branch here.
-- The KV layout RPC, `LAYOUT_RPC_FROM`: 0.26.0, 0.27.1 and 0.28.0 have neither EngineCore's
-  `get_supported_kv_cache_layouts` call nor `_DEFAULT_LAYOUT_PREFERENCE`; 0.29.0 has both (v1/engine/
-  core.py L291, v1/attention/backends/utils.py L176), as 0.30.0-0.32.0 do (0.32.0: L298, L195).
-- The MLA and hybrid spec fields kvspec writes, `SPEC_FIELDS_FROM`: `MLAAttentionSpec.topk_buffer_width`
-  is in 0.33.0 alone (v1/kv_cache_interface.py L732; absent from 0.26.0-0.32.0), `max_tp_shards` from
-  0.31.0 (L489), `SparseCacheRole` from 0.30.0 (L150), `MambaSpec.prefill_checkpoint_alignment` from
-  0.32.0 (L1043), and v1/core/kv_cache_planning.py (the planner `kvplan.py` runs) exists in 0.33.0 only.
-  So every release before 0.33.0 describes full-attention models only.
 """
 
 from __future__ import annotations
@@ -63,22 +64,33 @@ from vllm import __version__ as VLLM_VERSION
 
 from kvprobe.releases import version_tuple
 
-# The newest release read with 0.18.1's worker and spec interfaces (see the table above).
-OLD_INTERFACES_THROUGH = (0, 19, 1)
-# True on 0.18.1's and 0.19.1's worker and spec interfaces; False on 0.33.0's.
-OLD_INTERFACES = version_tuple(VLLM_VERSION) <= OLD_INTERFACES_THROUGH
-# The first release whose EngineCore asks the worker for its KV cache layouts (see above).
-LAYOUT_RPC_FROM = (0, 29)
-# The first release with every field of the MLA, DSA-indexer and hybrid specs kvspec writes, and with
-# v1/core/kv_cache_planning.py; before it only full-attention models are described (see above).
-SPEC_FIELDS_FROM = (0, 33)
-# True where the worker describes MLA and hybrid models, and kvplan.py runs vLLM's planner.
-FULL_SPECS = version_tuple(VLLM_VERSION) >= SPEC_FIELDS_FROM
+# One threshold per interface: the newest release read with the old form (the table above).
+COMPILE_TIMES_FLOAT_THROUGH = (0, 19, 1)  # 0.19.1 worker_base.py L89 float / 0.20.2 L33-35, L94 CompilationTimes
+NO_KV_QUANT_MODE_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L65-107 / 0.20.2 L58, L134
+OVERRIDE_AFTER_CHECK_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_utils.py L1579, L823-836 / 0.20.2 L1982-2002, L2009
+NO_LAYOUT_RPC_THROUGH = (0, 28, 0)  # 0.28.0 no such RPC / 0.29.0 v1/engine/core.py L291
+OLD_SPEC_FIELDS_THROUGH = (0, 32, 0)  # 0.32.0 no topk_buffer_width / 0.33.0 kv_cache_interface.py L732
+NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
+
+
+def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
+    """True when `version` (the installed vLLM's by default) has the old form of the interface whose
+    threshold this is."""
+    return version_tuple(version) <= threshold
+
+
+# The installed release's forms.
+COMPILE_TIMES_FLOAT = through(COMPILE_TIMES_FLOAT_THROUGH)
+NO_KV_QUANT_MODE = through(NO_KV_QUANT_MODE_THROUGH)
+OVERRIDE_AFTER_CHECK = through(OVERRIDE_AFTER_CHECK_THROUGH)
+NO_LAYOUT_RPC = through(NO_LAYOUT_RPC_THROUGH)
+OLD_SPEC_FIELDS = through(OLD_SPEC_FIELDS_THROUGH)
+PLANNER_MODULE = not through(NO_PLANNER_MODULE_THROUGH)
 
 
 def compile_times():
     """What `compile_or_warm_up_model` returns when nothing was compiled."""
-    if OLD_INTERFACES:
+    if COMPILE_TIMES_FLOAT:
         return 0.0
     from vllm.v1.worker.worker_base import CompilationTimes
 
@@ -87,8 +99,8 @@ def compile_times():
 
 def default_kv_cache_layouts() -> list[str]:
     """The layouts a worker with no attention backend supports: vLLM's default preference (0.33),
-    nothing on a release that never asks (before 0.29.0, `LAYOUT_RPC_FROM`)."""
-    if version_tuple(VLLM_VERSION) < LAYOUT_RPC_FROM:
+    nothing through 0.28.0, which never asks."""
+    if NO_LAYOUT_RPC:
         return []
     from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
 
@@ -96,8 +108,9 @@ def default_kv_cache_layouts() -> list[str]:
 
 
 def quant_fields(cache_dtype: str) -> dict:
-    """The attention spec's quantization field for this cache dtype (0.33: `kv_quant_mode`); none on 0.18.1."""
-    if OLD_INTERFACES:
+    """The attention spec's quantization field for this cache dtype (0.20.2 on: `kv_quant_mode`); none on
+    0.18.1 and 0.19.1."""
+    if NO_KV_QUANT_MODE:
         return {}
     from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
@@ -105,27 +118,27 @@ def quant_fields(cache_dtype: str) -> dict:
 
 
 def override_pool_bytes(num_blocks: int, specs: dict) -> int:
-    """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none on 0.33 (its planner
-    puts override x bytes per block in their place); on 0.18.1 that same product, the pool the override
-    asks for, so that the planner's check sees what 0.33's would (num_blocks = bytes // page // layers,
-    kv_cache_utils.py L836-849, gives back the override)."""
-    if not OLD_INTERFACES:
+    """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none from 0.20.2 on (the
+    planner puts override x bytes per block in their place); on 0.18.1 and 0.19.1 that same product, the
+    pool the override asks for, so that the planner's check sees what 0.20's would (num_blocks = bytes //
+    page // layers, kv_cache_utils.py L836-849 in 0.18.1, gives back the override)."""
+    if not OVERRIDE_AFTER_CHECK:
         return 0
     return num_blocks * sum(spec.page_size_bytes for spec in specs.values())
 
 
 def refusal(kind: str) -> str | None:
-    """Before 0.33.0 (`SPEC_FIELDS_FROM`) only full attention is described: the reason a model of another
-    layer kind is refused there (kvspec raises it at start-up), or None."""
-    if FULL_SPECS:
+    """Through 0.32.0 only full attention is described: the reason a model of another layer kind is refused
+    there (kvspec raises it at start-up), or None."""
+    if not OLD_SPEC_FIELDS:
         return None
     return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) models on vLLM {VLLM_VERSION}; this "
             f"model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
 
 
 def prompt_len(new_request) -> int:
-    """A new request's prompt length, as 0.33's `NewRequestData.prompt_len` computes it (0.18.1 has
-    no such property; the same two fields are there)."""
+    """A new request's prompt length, as 0.33's `NewRequestData.prompt_len` computes it (0.18.1-0.28.0
+    have no such property; the same two fields are there)."""
     if new_request.prompt_token_ids is not None:
         return len(new_request.prompt_token_ids)
     if new_request.prompt_embeds is not None:

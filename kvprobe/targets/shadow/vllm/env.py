@@ -1,23 +1,26 @@
-"""The vLLM engine environments of the releases either side of 0.19.0's whole-prompt admission
-(0.18.1, 0.19.1): each the pinned CPU install plus a platform plugin; registered here as the SGLang
-releases are in `kvprobe.targets.shadow.sglang.env` (0.33.0's recipe, pins only, is in
-`kvprobe.targets.shadow.envs`). One recipe, `_recipe(version)`; what differs per release is data
-(`RELEASES`: its pin list and its notes).
+"""The vLLM engine environments of the releases before 0.33.0 that kvprobe has a recipe for: 0.18.1 and
+0.19.1 (either side of 0.19.0's whole-prompt admission) and the latest patch of each minor release 0.20
+to 0.25 (0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.25.1): each the pinned CPU install plus a platform
+plugin; registered here as the SGLang releases are in `kvprobe.targets.shadow.sglang.env` (0.33.0's recipe,
+pins only, is in `kvprobe.targets.shadow.envs`). One recipe, `_recipe(version)`; what differs per release
+is data (`RELEASES`: its pin list and its notes).
 
 0.19.0 brought whole-prompt admission (`scheduler_reserve_full_isl`, on by default: vllm/config/scheduler.py
 L139 and v1/core/sched/scheduler.py L732-744 in 0.19.1; kvprobe/theory/vllm/releases.py FULL_PROMPT_FROM).
 0.18.1 is the last release before it, 0.19.1 the one after: `kvprobe diff
 expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1` runs both admission rules on
-adjacent releases' own code (0.18.1 with 0.33.0 is the pair `make test` runs).
+adjacent releases' own code (0.18.1 with 0.33.0 is the pair `make test` runs). 0.23.0 and 0.24.0 are either
+side of `--watermark` (release-changes.md V9; v1/core/kv_cache_manager.py L163, L363-385 in 0.24.0).
 
-Install (measured 104 s with a warm pip cache, 2.2 GB, for 0.18.1): `pip install --no-deps -r
-pins/vllm-<v>.txt`, then one step written here:
+Install (measured 104 s with a warm pip cache, 2.2 GB, for 0.18.1; 362-382 s for 0.23.0 and 0.24.0 on a busy
+machine): `pip install --no-deps -r pins/vllm-<v>.txt`, then one step written here:
 
 - `kvprobe_vllm_cpu_platform.py` and `kvprobe_shadow_vllm-<v>.dist-info`: `cpu_platform_plugin.py`
   copied as a top-level module, and a distribution with no other code whose entry point in vLLM's
-  group `vllm.platform_plugins` names it. 0.18.1 and 0.19.1 pick the CPU platform only for a CPU build
-  of vLLM (vllm/platforms/__init__.py is the same file in both wheels; `VLLM_TARGET_DEVICE=cpu` is 0.33's
-  rule); the plugin applies 0.33's rule, so the PyPI wheel starts.
+  group `vllm.platform_plugins` names it. 0.18.1 to 0.25.1 pick the CPU platform only for a CPU build
+  of vLLM (vllm/platforms/__init__.py `cpu_platform_plugin`, L163-185 in 0.18.1-0.23.0, L162-184 in 0.24.0
+  and 0.25.1; `VLLM_TARGET_DEVICE=cpu` is 0.33's rule); the plugin applies 0.33's rule, so the PyPI wheel
+  starts.
 
 Where the worker's interfaces differ between these releases and 0.33.0: `kvprobe.targets.shadow.vllm.compat`.
 """
@@ -33,7 +36,7 @@ from kvprobe.targets.shadow import envs
 # The release `make test` runs beside 0.33.0 (tests/shadow/test_vllm_release_pair.py; `kvprobe shadow
 # prune` keeps it by default, kvprobe/targets/shadow/disk.py SUITE_RELEASES).
 VERSION = "0.18.1"
-# vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP: L19 in 0.18.1 and 0.19.1, L23 in 0.26.0 and 0.27.1
+# vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP: L19 in 0.18.1-0.25.1, L23 in 0.26.0 and 0.27.1
 PLUGIN_GROUP = "vllm.platform_plugins"
 # The first release whose vllm/platforms/__init__.py picks the CPU platform for VLLM_TARGET_DEVICE=cpu, so
 # that the PyPI wheel starts with no plugin: 0.28.0 (`cpu_platform_plugin` L162-168: `is_cpu =
@@ -80,6 +83,20 @@ RELEASES = {
              "(its METADATA caps them below 5 and 2.25); a vllm.platform_plugins entry point for the CPU platform",
     "0.19.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.10.0; 0.18.1's pins but compressed-tensors "
               "0.15.0.1 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.20.2": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins (its METADATA moves none "
+              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
+    "0.21.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins (its METADATA moves none "
+              "the shadow imports); a vllm.platform_plugins entry point for the CPU platform",
+    "0.22.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins but llguidance 1.7.6 "
+              "(its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.23.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.19.1's pins but llguidance 1.7.6 and "
+              "compressed-tensors 0.17.0 (its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.24.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.23.0's pins but transformers 5.20.2 with "
+              "huggingface-hub 2.4.0 and tokenizers 0.23.3 (its METADATA: transformers>=5.5.3); "
+              "a vllm.platform_plugins entry point for the CPU platform",
+    "0.25.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.24.0's pins but openai 3.57.0 (its "
+              "tool_parsers/utils.py imports openai's NamespaceTool); a vllm.platform_plugins entry point for the CPU "
+              "platform",
     # 0.26.0-0.32.0 (kvprobe issue 23): 0.33.0's pins but what each METADATA moves (pins/vllm-<v>.txt's header)
     "0.26.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.33.0's pins but apache-tvm-ffi 0.1.10 "
               "and openai-harmony 0.0.8 for oss-harmony (its METADATA), xgrammar 0.2.7 (0.2.8 needs tvm-ffi "

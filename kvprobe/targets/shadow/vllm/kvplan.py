@@ -25,7 +25,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 from kvprobe.targets.shadow.vllm import compat  # noqa: E402
 
-if not compat.FULL_SPECS:  # kv_cache_planning is 0.33.0's module (compat.SPEC_FIELDS_FROM; before it, kv_cache_utils')
+if not compat.PLANNER_MODULE:  # through 0.25.1 there is no kv_cache_planning module (the planner is kv_cache_utils')
     sys.exit(f"kvprobe.targets.shadow.vllm.kvplan runs vLLM 0.33.0's planner; this environment holds vLLM "
              f"{compat.VLLM_VERSION}, whose worker describes full-attention models only (compat.py)")
 

@@ -1,0 +1,75 @@
+"""`kvprobe.targets.shadow.vllm.compat`: each interface's threshold takes the right branch per vLLM release,
+without an engine environment (a stand-in `vllm` package carries the version and the two names the new
+branches import)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections import namedtuple
+
+import pytest
+
+MODULE = "kvprobe.targets.shadow.vllm.compat"
+RELEASES = ["0.18.1", "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.33.0"]
+
+
+def _stand_in_vllm(monkeypatch, version: str) -> None:
+    """A `vllm` whose `__version__` is `version`, with 0.33's `CompilationTimes`, `get_kv_quant_mode` and
+    `_DEFAULT_LAYOUT_PREFERENCE` (the names compat imports on the new side)."""
+    modules = {name: types.ModuleType(name) for name in (
+        "vllm", "vllm.v1", "vllm.v1.worker", "vllm.v1.worker.worker_base", "vllm.v1.kv_cache_interface",
+        "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils")}
+    modules["vllm"].__version__ = version
+    modules["vllm.v1.worker.worker_base"].CompilationTimes = namedtuple("CompilationTimes", "language_model encoder")
+    modules["vllm.v1.kv_cache_interface"].get_kv_quant_mode = lambda dtype: f"mode({dtype})"
+    modules["vllm.v1.attention.backends.utils"]._DEFAULT_LAYOUT_PREFERENCE = [types.SimpleNamespace(name="NHD")]
+    for name, mod in modules.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.fixture
+def compat_of(monkeypatch):
+    def load(version: str):
+        _stand_in_vllm(monkeypatch, version)
+        monkeypatch.delitem(sys.modules, MODULE, raising=False)
+        return importlib.import_module(MODULE)
+    yield load
+    # the next importer gets the real one (kvprobe's own environment has no vllm: it never imported here)
+    sys.modules.pop(MODULE, None)
+    package = sys.modules.get(MODULE.rpartition(".")[0])
+    if package is not None and hasattr(package, "compat"):
+        delattr(package, "compat")
+
+
+class _Spec:
+    page_size_bytes = 100
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_each_interface_takes_its_release_branch(compat_of, version):
+    compat = compat_of(version)
+    v = tuple(int(p) for p in version.split("."))
+    # 0.20.2 is the first release read with CompilationTimes, kv_quant_mode and the override applied before
+    # the bytes check (compat.py's table); the layout RPC, 0.33's spec fields and the planner module come
+    # after 0.25.1
+    new_worker = v >= (0, 20, 2)
+    assert compat.compile_times() == ((0.0, 0.0) if new_worker else 0.0)
+    assert type(compat.compile_times()).__name__ == ("CompilationTimes" if new_worker else "float")
+    assert compat.quant_fields("fp8") == ({"kv_quant_mode": "mode(fp8)"} if new_worker else {})
+    assert compat.override_pool_bytes(2000, {"a": _Spec(), "b": _Spec()}) == (0 if new_worker else 400_000)
+    new_specs = v >= (0, 33, 0)
+    assert compat.default_kv_cache_layouts() == (["NHD"] if new_specs else [])
+    assert compat.PLANNER_MODULE is new_specs
+    reason = compat.refusal("MLA attention")
+    assert (reason is None) if new_specs else f"MHA/GQA) models on vLLM {version}; this model has MLA" in reason
+
+
+def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):
+    compat = compat_of("0.33.0")
+    assert compat.through(compat.COMPILE_TIMES_FLOAT_THROUGH, "0.19.1")
+    assert not compat.through(compat.COMPILE_TIMES_FLOAT_THROUGH, "0.20.0")
+    assert compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.25.1")
+    assert not compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.33.0")
+    assert compat.through(compat.OLD_SPEC_FIELDS_THROUGH, "0.25.1+cpu")
