@@ -48,6 +48,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-shadow-0.19
 	-$(BIN)/kvprobe diff expectations/diff/vllm-watermark-shadow.yaml --versions 0.23.0,0.24.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow-watermark
+	-$(BIN)/kvprobe diff expectations/diff/vllm-active-seqs-shadow.yaml --versions 0.30.0,0.31.0 --install \
+		--artifacts artifacts/matrix/vllm-shadow-active-seqs
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

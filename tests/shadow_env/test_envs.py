@@ -192,8 +192,9 @@ def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monke
     old, new = vllm_env.RECIPES["0.18.1"], vllm_env.RECIPES["0.19.1"]
     assert old.steps[1] == new.steps[1] and old.extra_checks == new.extra_checks  # one recipe, data apart
     assert old.digest != new.digest
-    recipes = vllm_env.RECIPES.values()  # 0.18.1-0.25.1: the same plugin step and checks, one build each
-    assert {r.steps[1] for r in recipes} == {old.steps[1]} and {r.extra_checks for r in recipes} == {old.extra_checks}
+    recipes = vllm_env.RECIPES.values()  # 0.18.1-0.27.1: the same plugin step; all: the same checks, one build each
+    assert {r.steps[1] for r in recipes if len(r.steps) > 1} == {old.steps[1]}
+    assert {r.extra_checks for r in recipes} == {old.extra_checks}
     assert len({r.digest for r in recipes}) == len(vllm_env.RELEASES)
     assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
     assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
@@ -204,3 +205,34 @@ def test_vllm_0_19_1_pins_differ_from_0_18_1_only_where_its_wheel_does():
     old, new = _vllm_pins("0.18.1"), _vllm_pins("0.19.1")
     assert old.keys() == new.keys()
     assert {name for name in old if old[name] != new[name]} == {"vllm", "compressed-tensors"}
+
+
+# 0.26.0-0.32.0: 0.33.0's list but the pins each wheel's METADATA moves (the pin file's header names the lines)
+VLLM_FROM_0_33 = {
+    "0.26.0": {"apache-tvm-ffi": "0.1.10", "openai-harmony": "0.0.8", "xgrammar": "0.2.7"},
+    "0.27.1": {"openai-harmony": "0.0.8"},
+    "0.28.0": {"openai-harmony": "0.0.8"},
+    "0.29.0": {"openai-harmony": "0.0.8"},
+    "0.30.0": {"openai-harmony": "0.0.8"},
+    "0.31.0": {"transformers": "5.17.0", "huggingface-hub": "1.33.0", "xgrammar": "0.2.7", "httpx": "0.29.0",
+               "httpcore": "1.0.9"},
+    "0.32.0": {"transformers": "5.19.0"},
+}
+
+
+@pytest.mark.parametrize("version", sorted(VLLM_FROM_0_33))
+def test_vllm_0_26_to_0_32_pins_differ_from_0_33_only_where_their_wheels_do(version):
+    base, pins = _vllm_pins("0.33.0"), _vllm_pins(version)
+    moved = {name: v for name, v in pins.items() if base.get(name) != v and name != "vllm"}
+    assert moved == VLLM_FROM_0_33[version]
+    # openai-harmony takes oss-harmony's place up to 0.30.0 (entrypoints/chat_utils.py imports it)
+    assert set(base) - set(pins) == ({"oss-harmony"} if "openai-harmony" in pins else set())
+
+
+def test_only_releases_before_0_28_get_the_cpu_platform_plugin():
+    """0.28.0's platforms/__init__.py picks the CPU platform for VLLM_TARGET_DEVICE=cpu (env.py)."""
+    with_plugin = {v for v, rec in vllm_env.RECIPES.items() if len(rec.steps) == 2}
+    assert with_plugin == {v for v in vllm_env.RELEASES if vllm_env.version_tuple(v) < (0, 28)}
+    assert {"0.18.1", "0.27.1"} <= with_plugin and not with_plugin & {"0.28.0", "0.32.0"}
+    assert all(rec.steps[1] == vllm_env.RECIPES["0.18.1"].steps[1] for v, rec in vllm_env.RECIPES.items()
+               if v in with_plugin)

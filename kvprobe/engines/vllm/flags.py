@@ -21,6 +21,9 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          "fits the pool)", kind="len", lo=1,
          ledger="max_model_len"),
     Flag("max-num-seqs", int, 256, "the most requests running at once", lo=1, ledger="max_num_seqs"),
+    # 0.31.0 on (kvprobe/theory/vllm/releases.py ACTIVE_SEQS_FROM): the ledger refuses it for an older release
+    Flag("max-num-active-seqs", int, None, "the most requests RUNNING at once, below max-num-seqs (vLLM 0.31.0 on)",
+         emulated=False, lo=1, ledger="max_num_active_seqs"),
     Flag("max-num-batched-tokens", int, 2048, "tokens scheduled per step (8k = 8000, 8K = 8192)", kind="count", lo=1,
          ledger="max_num_batched_tokens"),
     Flag("enable-prefix-caching", None, True, "reuse the cached blocks of a shared prompt prefix", negatable=True,
@@ -62,7 +65,7 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.
 OTHER_FLAGS = (
-    "max-num-scheduled-tokens", "max-num-active-seqs", "long-prefill-token-threshold",
+    "max-num-scheduled-tokens", "long-prefill-token-threshold",
     "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
     "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",

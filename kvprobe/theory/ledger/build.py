@@ -35,7 +35,7 @@ from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.theory.vllm.releases import watermark_refusal
+from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap, watermark_refusal
 
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
@@ -127,6 +127,11 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     if tokens < seqs:  # config/scheduler.py L317-336
         raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
                           f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
+    # --max-num-active-seqs: refused before the release that has it, else a cap on RUNNING (releases.py)
+    active_refusal = active_seqs_refusal(version, seqs, inputs.max_num_active_seqs)
+    if active_refusal is not None and refuse:
+        raise ConfigError(active_refusal, key="max_num_active_seqs")
+    running = seqs if active_refusal else running_cap(seqs, inputs.max_num_active_seqs)
     caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
     plan_opts = None
     if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
@@ -148,7 +153,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         except ConfigError as err:
             not_modelled = str(err)
     cap = Capacity(bud.num_blocks, bud.usable_blocks, bud.block_size, bud.bytes_per_block, bud.kv_tokens,
-                   bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, seqs, tokens,
+                   bud.kv_tokens_upper, bud.max_concurrency_at_max_model_len, bud.max_model_len, running, tokens,
                    _capacity_groups(bud.plan) if bud.plan is not None else [])
     request = None
     if inputs.prompt_tokens is not None:
@@ -163,7 +168,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
     rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, tokens=tokens, caching=caching,
                                policy=policy if request is not None else None)
-    refusal = flag_refusal or startup or bud.refusal
+    refusal = flag_refusal or active_refusal or startup or bud.refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, refusal), rules)
     if not_modelled is not None:
@@ -173,7 +178,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version,
                                   not_predicted=rules.why_not_predicted()), rules)
     sched = schedsim.VllmConfig(
-        num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=seqs,
+        num_gpu_blocks=bud.num_blocks, block_size=bud.block_size, max_num_seqs=running,
         max_num_batched_tokens=tokens, max_model_len=bud.max_model_len,
         enable_prefix_caching=caching,
         enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,

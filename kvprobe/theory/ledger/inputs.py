@@ -31,6 +31,7 @@ class LedgerInputs:
     max_model_len: int | None = None  # -1 = vLLM's `auto` (fit the pool)
     context_length: int | None = None
     max_num_seqs: int | None = None
+    max_num_active_seqs: int | None = None  # vLLM --max-num-active-seqs (0.31.0 on: theory/vllm/releases.py)
     max_running_requests: int | None = None
     max_num_batched_tokens: int | None = None
     chunked_prefill_size: int | None = None
@@ -79,7 +80,8 @@ def validate(inp: LedgerInputs) -> None:
         _positive(name, getattr(inp, name), allow_none=False)
     if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
         raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
-    for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_running_requests",
+    for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_num_active_seqs",
+                 "max_running_requests",
                  "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",
                  "kv_cache_memory_bytes", "gpu_memory_bytes", "gpu_free_memory_bytes", "prompt_tokens",
                  "output_tokens", "users"):
@@ -92,7 +94,7 @@ def validate(inp: LedgerInputs) -> None:
 
 _BYTE_FIELDS = ("gpu_memory_bytes", "gpu_free_memory_bytes", "kv_cache_memory_bytes")
 _COUNT_FIELDS = ("block_size", "page_size", "max_model_len", "context_length", "max_num_seqs",
-                 "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
+                 "max_num_active_seqs", "max_running_requests", "max_num_batched_tokens", "chunked_prefill_size",
                  "num_gpu_blocks_override", "max_total_tokens", "prompt_tokens", "output_tokens", "users",
                  "shared_prefix_tokens")
 

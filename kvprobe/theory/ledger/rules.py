@@ -13,7 +13,7 @@ from kvprobe.theory.admission import policy_rule
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
-from kvprobe.theory.vllm.releases import ASYNC_DEFAULT_FROM, WATERMARK_FROM
+from kvprobe.theory.vllm.releases import ACTIVE_SEQS_FROM, ACTIVE_SEQS_RULE, ASYNC_DEFAULT_FROM, WATERMARK_FROM
 from kvprobe.theory.vllm.unmodelled import VllmFacts, first_release
 from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
 
@@ -66,6 +66,10 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: in
         f"the GPU-tier defaults of vLLM {VLLM_BATCH_TIERS_FROM}-0.33.0 (engine/arg_utils.py get_batch_defaults) "
         "for what was not given")
     applied.append(("max_num_seqs / max_num_batched_tokens", batch))
+    if inputs.max_num_active_seqs is not None:
+        effect = (f"refused: vLLM {version} has no such flag" if version_tuple(version) < ACTIVE_SEQS_FROM
+                  else f"RUNNING capped at {min(seqs, inputs.max_num_active_seqs)}")
+        applied.append(("max_num_active_seqs", f"{ACTIVE_SEQS_RULE}: {effect}"))
     async_default = "on" if version_tuple(version) >= ASYNC_DEFAULT_FROM else "off"
     since = ".".join(map(str, ASYNC_DEFAULT_FROM))
     applied.append(("scheduling", f"{'async' if inputs.async_scheduling else 'sync'} (the default of this release: "

@@ -69,7 +69,8 @@ def _render_sections(led: Ledger) -> list[str]:
         ["max length", c.max_model_len, "max_model_len" if vllm else "context_len"],
         ["concurrency at max length", f"{c.max_concurrency_at_max_model_len:.2f}x",
          "Maximum concurrency" if vllm else "pool / context_len"],
-        ["max running", c.max_running, "max_num_seqs" if vllm else "max_running_requests"],
+        ["max running", c.max_running, ("max_num_active_seqs" if led.inputs.max_num_active_seqs else "max_num_seqs")
+         if vllm else "max_running_requests"],
         ["token budget per step", c.token_budget, "max_num_batched_tokens" if vllm else "chunked_prefill_size"],
     ]
     if not vllm:

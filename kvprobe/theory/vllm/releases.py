@@ -25,6 +25,14 @@ WATERMARK_FROM = (0, 24)
 # `Field(default=None)` from 0.14.0, L133; `async_scheduling: bool = False` up to 0.13.0): the dialect's
 # `async_scheduling_default` reads the wheels' details.
 ASYNC_DEFAULT_FROM = (0, 14)
+# The first release with `--max-num-active-seqs`, a cap on RUNNING below `max_num_seqs`: 0.31.0
+# (config/scheduler.py L70 `max_num_active_seqs: int | None = Field(default=None, ge=1)`, arg_utils.py
+# L1689-1692; v1/core/sched/scheduler.py L127-131 sets `max_num_active_reqs` from it, else max_num_seqs,
+# and L892-894 stops admitting at it). 0.30.0 has neither the field nor the flag (its scheduler.py L864
+# stops at `max_num_running_reqs` = max_num_seqs), so its argument parser refuses the flag.
+ACTIVE_SEQS_FROM = (0, 31)
+ACTIVE_SEQS_RULE = (f"--max-num-active-seqs caps RUNNING below max_num_seqs from vLLM "
+                    f"{'.'.join(map(str, ACTIVE_SEQS_FROM))}.0 (v1/core/sched/scheduler.py max_num_active_reqs)")
 
 
 def policy(version: str, *, reserve_full_isl: bool = True) -> str:
@@ -40,6 +48,28 @@ def watermark_refusal(version: str, watermark: float) -> str | None:
         return None
     return (f"vLLM {version} has no --watermark (it came in 0.24.0): vllm: error: unrecognized "
             f"arguments: --watermark {watermark:g}")
+
+
+def active_seqs_refusal(version: str, max_num_seqs: int, max_num_active_seqs: int | None) -> str | None:
+    """Why this release does not start with `--max-num-active-seqs` (None: it starts, or the flag is not
+    given): before 0.31.0 the flag does not exist; from it, a cap above max_num_seqs is refused
+    (config/scheduler.py L336-343 in 0.31.0, the engine's message)."""
+    if max_num_active_seqs is None:
+        return None
+    if version_tuple(version) < ACTIVE_SEQS_FROM:
+        since = ".".join(map(str, ACTIVE_SEQS_FROM))
+        return (f"vLLM {version} has no --max-num-active-seqs (first in {since}.0: config/scheduler.py "
+                f"max_num_active_seqs); its argument parser refuses the flag at start-up")
+    if max_num_active_seqs > max_num_seqs:
+        return (f"max_num_active_seqs ({max_num_active_seqs}) cannot be greater than max_num_seqs "
+                f"({max_num_seqs}).")
+    return None
+
+
+def running_cap(max_num_seqs: int, max_num_active_seqs: int | None) -> int:
+    """The most requests RUNNING at once (scheduler.py `max_num_active_reqs`, 0.31.0 L127-131): the
+    active cap when given (a release that has it; `active_seqs_refusal` first), else max_num_seqs."""
+    return max_num_seqs if max_num_active_seqs is None else min(max_num_seqs, max_num_active_seqs)
 
 
 def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:

@@ -4,8 +4,9 @@ builds: the one place that branches on the installed vLLM's version (the worker,
 
 Releases with a shadow recipe: 0.33.0 (the worker is written for it), 0.18.1 and 0.19.1 (either side of
 0.19.0's whole-prompt admission), and 0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.25.1 (the latest patch of
-each minor release of the year before; 0.26-0.32 add their thresholds here). Each interface has its own
-threshold, the newest release read with the old form: `through(THRESHOLD)` is True on it and before.
+each minor release of the year before), and 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0,
+0.32.0. Each interface has its own threshold, the newest release read with the old form:
+`through(THRESHOLD)` is True on it and before.
 The files were read in each release's wheel (`pip download vllm==V --no-deps`); 0.19.1's files are
 0.18.1's for every interface below (v1/worker/worker_base.py differs only by `load_model`'s keyword
 `load_dummy_weights`, L125, which the worker already takes).
@@ -17,9 +18,10 @@ Each interface, new form first, then old (files under vllm/):
   L118-126 takes the max); new from 0.20.2 (worker_base.py L33-35 the NamedTuple, L94 the signature;
   executor/abstract.py L124-125 collects a list of them; 0.33.0: L39-41, L121). -> `compile_times`
 - `get_supported_kv_cache_layouts` is asked by EngineCore, with `_DEFAULT_LAYOUT_PREFERENCE` as the default /
-  never asked (no such RPC) and the preference does not exist. Old through 0.25.1 (neither name anywhere
-  under vllm/ in 0.20.2-0.25.1); new in 0.33.0 (v1/engine/core.py L288; v1/attention/backends/utils.py
-  L229-236). 0.26-0.32 not read here. -> `default_kv_cache_layouts`
+  never asked (no such RPC) and the preference does not exist. Old through 0.28.0 (neither name anywhere
+  under vllm/ in 0.20.2-0.25.1; not in 0.26.0-0.28.0's v1/engine/core.py nor v1/attention/backends/utils.py);
+  new from 0.29.0 (core.py L291, utils.py L176; 0.32.0: L298, L195; 0.33.0: L288, L229-236).
+  -> `default_kv_cache_layouts`
 - Attention specs carry `kv_quant_mode` (`get_kv_quant_mode`) / they do not (v1/kv_cache_interface.py
   L65-107 in 0.18.1 and 0.19.1). Old through 0.19.1; new from 0.20.2 (kv_cache_interface.py L58
   `get_kv_quant_mode`, L134 `kv_quant_mode: KVQuantMode = KVQuantMode.NONE`; 0.25.1: L62, L168). -> `quant_fields`
@@ -27,26 +29,32 @@ Each interface, new form first, then old (files under vllm/):
   MambaSpec's prefill checkpoints, which kvprobe writes for MLA, DSA indexers and hybrid layers / MLA adds
   `cache_dtype_str` (0.18.1 L191-193) and later `alignment`, `compress_ratio`, `model_version` (0.20.2
   L313-320, 0.25.1 L363-370), MambaSpec has `num_speculative_blocks` and no checkpoints (0.20.2 L521-527,
-  0.25.1 L669-675). Old through 0.25.1; new in 0.33.0. -> `refusal`
+  0.25.1 L669-675). Old through 0.32.0: `topk_buffer_width` is in 0.33.0 alone (kv_cache_interface.py
+  L732), while 0.26.0-0.32.0 gain the rest by steps (`state_content_bytes` 0.28.0 L230, `SparseCacheRole`
+  0.30.0 L150, `max_tp_shards` 0.31.0 L489, MambaSpec's `prefill_checkpoint_alignment` 0.32.0 L1043);
+  new in 0.33.0. -> `refusal`
 - `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
   bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
   L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
   for the cache blocks"; 0.19.1: L1579) and the override applied after (`may_override_num_blocks`
   L820-833; 0.19.1 L823-836). Old through 0.19.1; new from 0.20.2 (kv_cache_utils.py L1982-2002 puts
   `override * bytes_per_block` in `available_memory`, the check follows at L2009-2017; 0.25.1: L2070-2090,
-  L2097; 0.33.0 moved it to v1/core/kv_cache_planning.py L1510-1531). -> `override_pool_bytes`
+  L2097; 0.26.0 L2107-2132, 0.30.0 L2703-2737; 0.33.0 moved it to v1/core/kv_cache_planning.py L1510-1531).
+  -> `override_pool_bytes`
 - vLLM's KV planner as a module, v1/core/kv_cache_planning.py (`get_global_kv_cache_groups`,
-  `get_kv_cache_configs`), which `kvplan.py` runs / the planner is in kv_cache_utils.py. Old through 0.25.1
-  (no kv_cache_planning.py in 0.20.2-0.25.1: `get_kv_cache_configs` is kv_cache_utils.py L1920 in 0.20.2,
-  L2005 in 0.25.1); new in 0.33.0. -> `PLANNER_MODULE` (kvplan.py)
-- `NewRequestData.prompt_len` is a property (v1/core/sched/output.py L85-91, 0.33.0) / absent through 0.25.1;
+  `get_kv_cache_configs`), which `kvplan.py` runs / the planner is in kv_cache_utils.py. Old through 0.32.0
+  (no kv_cache_planning.py in 0.20.2-0.32.0: `get_kv_cache_configs` is kv_cache_utils.py L1920 in 0.20.2,
+  L2005 in 0.25.1, L2617 in 0.30.0, L2684 in 0.31.0); new in 0.33.0. -> `PLANNER_MODULE` (kvplan.py)
+- `NewRequestData.prompt_len` is a property (v1/core/sched/output.py L85-91, 0.33.0; from 0.29.0, L80) /
+  absent through 0.28.0;
   the same two fields, `prompt_token_ids` and `prompt_embeds`, are there (output.py L31-43 in 0.18.1, L33,
   L40 in 0.20.2-0.25.1). -> `prompt_len` (no branch: 0.33's computation works on all)
 - The CPU platform is chosen by `VLLM_TARGET_DEVICE=cpu` (platforms/__init__.py L173-181, 0.33.0) / only
   for a CPU build of vLLM or on macOS (platforms/__init__.py L163-185 in 0.18.1-0.23.0, L162-184 in 0.24.0
-  and 0.25.1). Not a worker interface: those recipes install `cpu_platform_plugin.py` (`env.py`).
+  and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
+  interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So through 0.25.1 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
+So through 0.32.0 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
 refused at start-up, naming the release): those specs are written with 0.33's fields.
 """
 
@@ -60,9 +68,9 @@ from kvprobe.releases import version_tuple
 COMPILE_TIMES_FLOAT_THROUGH = (0, 19, 1)  # 0.19.1 worker_base.py L89 float / 0.20.2 L33-35, L94 CompilationTimes
 NO_KV_QUANT_MODE_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L65-107 / 0.20.2 L58, L134
 OVERRIDE_AFTER_CHECK_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_utils.py L1579, L823-836 / 0.20.2 L1982-2002, L2009
-NO_LAYOUT_RPC_THROUGH = (0, 25, 1)  # 0.25.1 no such RPC / 0.33.0 v1/engine/core.py L288
-OLD_SPEC_FIELDS_THROUGH = (0, 25, 1)  # 0.25.1 kv_cache_interface.py L363-370, L669-675 / 0.33.0's fields
-NO_PLANNER_MODULE_THROUGH = (0, 25, 1)  # 0.25.1 kv_cache_utils.py L2005 / 0.33.0 v1/core/kv_cache_planning.py
+NO_LAYOUT_RPC_THROUGH = (0, 28, 0)  # 0.28.0 no such RPC / 0.29.0 v1/engine/core.py L291
+OLD_SPEC_FIELDS_THROUGH = (0, 32, 0)  # 0.32.0 no topk_buffer_width / 0.33.0 kv_cache_interface.py L732
+NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 
 
 def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
@@ -91,7 +99,7 @@ def compile_times():
 
 def default_kv_cache_layouts() -> list[str]:
     """The layouts a worker with no attention backend supports: vLLM's default preference (0.33),
-    nothing through 0.25.1, which never asks."""
+    nothing through 0.28.0, which never asks."""
     if NO_LAYOUT_RPC:
         return []
     from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE
@@ -120,7 +128,7 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
 
 
 def refusal(kind: str) -> str | None:
-    """Through 0.25.1 only full attention is described: the reason a model of another layer kind is refused
+    """Through 0.32.0 only full attention is described: the reason a model of another layer kind is refused
     there (kvspec raises it at start-up), or None."""
     if not OLD_SPEC_FIELDS:
         return None
@@ -129,7 +137,7 @@ def refusal(kind: str) -> str | None:
 
 
 def prompt_len(new_request) -> int:
-    """A new request's prompt length, as 0.33's `NewRequestData.prompt_len` computes it (0.18.1-0.25.1
+    """A new request's prompt length, as 0.33's `NewRequestData.prompt_len` computes it (0.18.1-0.28.0
     have no such property; the same two fields are there)."""
     if new_request.prompt_token_ids is not None:
         return len(new_request.prompt_token_ids)

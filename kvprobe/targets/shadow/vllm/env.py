@@ -30,13 +30,19 @@ from __future__ import annotations
 from importlib import resources
 
 import kvprobe
-from kvprobe.releases import VLLM
+from kvprobe.releases import VLLM, version_tuple
 from kvprobe.targets.shadow import envs
 
 # The release `make test` runs beside 0.33.0 (tests/shadow/test_vllm_release_pair.py; `kvprobe shadow
 # prune` keeps it by default, kvprobe/targets/shadow/disk.py SUITE_RELEASES).
 VERSION = "0.18.1"
-PLUGIN_GROUP = "vllm.platform_plugins"  # vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP L19 (0.18.1-0.25.1)
+# vllm/plugins/__init__.py PLATFORM_PLUGINS_GROUP: L19 in 0.18.1-0.25.1, L23 in 0.26.0 and 0.27.1
+PLUGIN_GROUP = "vllm.platform_plugins"
+# The first release whose vllm/platforms/__init__.py picks the CPU platform for VLLM_TARGET_DEVICE=cpu, so
+# that the PyPI wheel starts with no plugin: 0.28.0 (`cpu_platform_plugin` L162-168: `is_cpu =
+# envs.VLLM_TARGET_DEVICE == "cpu"`; 0.29.0-0.32.0 the same, L174-182). 0.27.1's L162-198 and 0.26.0's
+# take it only for a CPU build or macOS, as 0.18.1's do. Releases before it get the plugin.
+TARGET_DEVICE_RULE_FROM = (0, 28)
 PLUGIN_NAME = "kvprobe_cpu"
 PLUGIN_MODULE = "kvprobe_vllm_cpu_platform"
 PLUGIN_TARGET = f"{PLUGIN_MODULE}:cpu_platform"
@@ -91,17 +97,41 @@ RELEASES = {
     "0.25.1": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.24.0's pins but openai 3.57.0 (its "
               "tool_parsers/utils.py imports openai's NamespaceTool); a vllm.platform_plugins entry point for the CPU "
               "platform",
+    # 0.26.0-0.32.0 (kvprobe issue 23): 0.33.0's pins but what each METADATA moves (pins/vllm-<v>.txt's header)
+    "0.26.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.11.0; 0.33.0's pins but apache-tvm-ffi 0.1.10 "
+              "and openai-harmony 0.0.8 for oss-harmony (its METADATA), xgrammar 0.2.7 (0.2.8 needs tvm-ffi "
+              "0.1.11); a vllm.platform_plugins entry point for the CPU platform",
+    "0.27.1": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
+              "(its METADATA); a vllm.platform_plugins entry point for the CPU platform",
+    "0.28.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
+              "(its METADATA); picks the CPU platform for VLLM_TARGET_DEVICE=cpu itself",
+    "0.29.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
+              "(its METADATA)",
+    "0.30.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but openai-harmony 0.0.8 for oss-harmony "
+              "(its METADATA)",
+    "0.31.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but transformers 5.17.0 (its METADATA caps it "
+              "below 5.18) with huggingface-hub 1.33.0, httpx 0.29.0, httpcore 1.0.9, and xgrammar 0.2.7",
+    "0.32.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but transformers 5.19.0 (its METADATA caps it "
+              "below 5.20)",
 }
+
+
+def needs_platform_plugin(version: str) -> bool:
+    """Whether this release needs the CPU platform plugin: one before `TARGET_DEVICE_RULE_FROM`."""
+    return version_tuple(version) < TARGET_DEVICE_RULE_FROM
+
+
+def _steps(version: str) -> tuple[envs.Pip | envs.Call, ...]:
+    pip = envs.Pip(pins=f"vllm-{version}.txt")
+    if not needs_platform_plugin(version):
+        return (pip,)
+    return (pip, envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
+                           envs.revision(*files(kvprobe.__version__).values())))
 
 
 def _recipe(version: str) -> envs.Recipe:
     return envs.Recipe(
-        engine=VLLM, version=version, module="vllm",
-        steps=(
-            envs.Pip(pins=f"vllm-{version}.txt"),
-            envs.Call(f"{PLUGIN_GROUP} entry point -> {PLUGIN_TARGET}", write_platform_plugin,
-                      envs.revision(*files(kvprobe.__version__).values())),
-        ),
+        engine=VLLM, version=version, module="vllm", steps=_steps(version),
         # the scheduler, the OpenAI server, and what the shadow worker subclasses and returns
         extra_checks=("vllm.v1.core.sched.scheduler", "vllm.entrypoints.openai.api_server",
                       "vllm.v1.worker.worker_base", "vllm.v1.outputs"),
