@@ -202,3 +202,8 @@ def footprint(roots: list[Path]) -> dict[Path, tuple[int, int]]:
         own = sum(size for key, (size, links) in blocks.items() if names[key] >= links)
         out[root] = (own, sum(size for size, _ in blocks.values()) - own)
     return out
+
+
+# An install's last step, registered rather than called from envs: this module lists the environments,
+# so it imports envs, and envs must not import it back (tests/test_house.py: no import cycles).
+envs.AFTER_INSTALL.append(share_after_install)

@@ -299,6 +299,9 @@ def _locked(path: Path, timeout: float):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+AFTER_INSTALL: list[Callable[..., None]] = []  # an install's last steps, lock held (disk adds file sharing)
+
+
 def install(engine: str, version: str, *, log: Callable[[str], None] = print, force: bool = False) -> EngineEnv:
     """Build the environment from its recipe (idempotent; a partial one is removed first)."""
     rec = recipe(engine, version)
@@ -330,9 +333,8 @@ def install(engine: str, version: str, *, log: Callable[[str], None] = print, fo
             log(f"kvprobe shadow: removing the environment of an older recipe at {old}")
             shutil.rmtree(old, ignore_errors=True)
             old.with_name(old.name + ".lock").unlink(missing_ok=True)
-        from kvprobe.targets.shadow import disk  # imports this module; the last step shares files on disk
-
-        disk.share_after_install(env.root, log=log)
+        for last_step in AFTER_INSTALL:
+            last_step(env.root, log=log)
         return env
 
 

@@ -7,7 +7,7 @@ a shadow start, a test's engine environment) knows every recipe.
 
 from __future__ import annotations
 
-from kvprobe.targets.shadow import router_env
+from kvprobe.targets.shadow import disk, router_env
 from kvprobe.targets.shadow.envs import (
     RECIPES,
     ensure,
@@ -23,8 +23,10 @@ from kvprobe.targets.shadow.envs import (
 from kvprobe.targets.shadow.sglang import env as sglang_env
 from kvprobe.targets.shadow.vllm import env as vllm_env
 
-# The modules that register a recipe besides envs itself (its vLLM 0.33.0 recipe is all pins).
+# The modules that register a recipe besides envs itself (its vLLM 0.33.0 recipe is all pins), and
+# disk, which adds an install's last step (the files it has in common with the other environments shared).
 RECIPE_MODULES = (sglang_env, vllm_env, router_env)
+INSTALL_STEPS = (disk,)
 
 __all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "known_versions",
            "parse_spec", "recipe", "require"]
