@@ -36,22 +36,21 @@ SUITE_RELEASES = (("vllm", VLLM_DEFAULT_VERSION), ("vllm", vllm_env.VERSION), ("
                   ("sglang-router", "0.3.2"))
 
 
-def disk_bytes(root: Path) -> int:
-    """Bytes the folder holds on disk, each hard-linked file once (environments built from one
-    package cache by a linking installer share their files)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
+def _file_stats(root: Path):
+    """The lstat of every file under `root`, skipping one removed while the folder is walked."""
     for folder, _, files in os.walk(root):
         for name in files:
             try:
-                st = os.lstat(os.path.join(folder, name))
+                yield os.lstat(os.path.join(folder, name))
             except OSError:
-                continue  # removed while walking
-            if (st.st_dev, st.st_ino) in seen:
                 continue
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
-    return total
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes the folder holds on disk, each hard-linked file once (environments share their identical
+    files: `kvprobe shadow share`)."""
+    blocks = {(st.st_dev, st.st_ino): st.st_blocks * 512 for st in _file_stats(root)}
+    return sum(blocks.values())
 
 
 @dataclass(frozen=True)
@@ -190,15 +189,10 @@ def footprint(roots: list[Path]) -> dict[Path, tuple[int, int]]:
     for root in roots:
         names: Counter[tuple[int, int]] = Counter()
         blocks: dict[tuple[int, int], tuple[int, int]] = {}
-        for folder, _, files in os.walk(root):
-            for name in files:
-                try:
-                    st = os.lstat(os.path.join(folder, name))
-                except OSError:
-                    continue  # removed while walking
-                key = (st.st_dev, st.st_ino)
-                names[key] += 1
-                blocks[key] = (st.st_blocks * 512, st.st_nlink)
+        for st in _file_stats(root):
+            key = (st.st_dev, st.st_ino)
+            names[key] += 1
+            blocks[key] = (st.st_blocks * 512, st.st_nlink)
         own = sum(size for key, (size, links) in blocks.items() if names[key] >= links)
         out[root] = (own, sum(size for size, _ in blocks.values()) - own)
     return out
