@@ -30,7 +30,8 @@ bench: $(STAMP)
 # The release pairs of expectations/diff/ on every release kvprobe has facts for (emulated: the
 # emulator plays each release's admission rule); a change found exits 1, which is what a matrix is for.
 # Then the pairs with a shadow environment per release, on the real engines' code (--install builds a
-# missing environment: ~2-4 min and 2.5 GB each).
+# missing environment: ~2-4 min and ~2 GB each, less beside the others: `kvprobe shadow share`), and each
+# engine's shape on every release installed here (`--versions installed`: 2-3 min per release).
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
@@ -50,6 +51,10 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-shadow-watermark
 	-$(BIN)/kvprobe diff expectations/diff/vllm-active-seqs-shadow.yaml --versions 0.30.0,0.31.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow-active-seqs
+	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \
+		--artifacts artifacts/matrix/vllm-installed
+	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
+		--artifacts artifacts/matrix/sglang-installed
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

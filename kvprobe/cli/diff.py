@@ -24,7 +24,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("expectation", help="an expectation file (one expectation, or choose one with --name)")
     p.add_argument("--versions", metavar="A,B[,C...]",
                    help="the releases to run it on, in order; changes are read between consecutive ones (default: "
-                   "the expectation's `versions:`)")
+                   "the expectation's `versions:`); `installed`: every release whose shadow environment is built here "
+                   "(a `launch: shadow` expectation)")
     p.add_argument("--json", action="store_true",
                    help='print {"versions": [...], "results": {VERSION: {...}}, "changes": [...]} (the probes\' '
                    "progress goes to stderr)")
@@ -38,6 +39,25 @@ def add_parser(subparsers) -> None:
     p.add_argument("--install", action="store_true",
                    help="build a missing shadow engine environment (a target `launch: shadow`) instead of refusing")
     p.set_defaults(func=run)
+
+
+INSTALLED = "installed"
+
+
+def installed_versions(exp, path: str) -> list[str]:
+    """`--versions installed`: the releases of the expectation's engine with a complete shadow environment."""
+    from kvprobe.targets.shadow import recipes
+
+    if exp.target.mode != "shadow":
+        raise ConfigError(f"expected a `launch: shadow` target for --versions installed (the releases whose shadow "
+                          f"environment is built here), got {exp.target.mode!r}", file=path, key="--versions")
+    found = recipes.installed(exp.engine)
+    if len(found) < 2:
+        have = ", ".join(found) or "none"
+        raise ConfigError(f"expected two or more installed {exp.engine} shadow environments for --versions installed, "
+                          f"found {have}: `kvprobe shadow install {exp.engine}==VERSION` builds one", file=path,
+                          key="--versions")
+    return found
 
 
 def run(args) -> int:
@@ -68,7 +88,10 @@ def _run(args) -> int:
     if args.versions is None and not exp.versions:
         raise ConfigError("expected --versions A,B[,C...], or `versions: [A, B]` in the expectation",
                           file=args.expectation, key="versions")
-    versions = parse_versions(args.versions) if args.versions is not None else list(exp.versions)
+    if args.versions == INSTALLED:
+        versions = installed_versions(exp, args.expectation)
+    else:
+        versions = parse_versions(args.versions) if args.versions is not None else list(exp.versions)
     out = sys.stderr if args.json else sys.stdout
     root = Path(args.artifacts)
     options = DiffOptions(artifacts_dir=root, install=args.install, tolerances=tolerances,

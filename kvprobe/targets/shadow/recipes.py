@@ -28,5 +28,11 @@ from kvprobe.targets.shadow.vllm import env as vllm_env
 RECIPE_MODULES = (sglang_env, vllm_env, router_env)
 INSTALL_STEPS = (disk,)
 
-__all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "known_versions",
-           "parse_spec", "recipe", "require"]
+__all__ = ["RECIPES", "RECIPE_MODULES", "ensure", "env_for", "find", "install", "install_command", "installed",
+           "known_versions", "parse_spec", "recipe", "require"]
+
+
+def installed(engine: str) -> list[str]:
+    """The releases of `engine` whose current environment is complete here, oldest first (`kvprobe diff
+    --versions installed`: a matrix over what this machine has built)."""
+    return [v for v in known_versions(engine) if find(engine, v) is not None]
