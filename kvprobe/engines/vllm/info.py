@@ -13,6 +13,7 @@ SERVER_INFO_FLAGS = {
     "scheduler_config": {"max_num_seqs": "max-num-seqs", "max_num_batched_tokens": "max-num-batched-tokens",
                          "enable_chunked_prefill": "enable-chunked-prefill", "watermark": "watermark",
                          "scheduler_reserve_full_isl": "scheduler-reserve-full-isl",
+                         "max_num_active_seqs": "max-num-active-seqs",  # from 0.31.0 (config/scheduler.py L70)
                          # the API server's copy: on the CPU platform always false (platforms/cpu.py forces
                          # it off); kvprobe's shadow worker turns it back on inside EngineCore only
                          "async_scheduling": "async-scheduling"},
@@ -22,7 +23,7 @@ SERVER_INFO_FLAGS = {
                      "enable_prefix_caching": "enable-prefix-caching"},
     "parallel_config": {"tensor_parallel_size": "tensor-parallel-size",
                         "pipeline_parallel_size": "pipeline-parallel-size",
-                        "data_parallel_size": "data-parallel-size"},
+                        "data_parallel_size": "data-parallel-size", "enable_expert_parallel": "enable-expert-parallel"},
     "model_config": {"max_model_len": "max-model-len", "dtype": "dtype", "quantization": "quantization"},
 }
 
@@ -47,11 +48,12 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
                          "num_gpu_blocks_override": num_gpu_blocks_override,
                          "enable_prefix_caching": enable_prefix_caching, "num_gpu_blocks": num_gpu_blocks,
                          "kv_cache_memory_bytes": None},
-        "parallel_config": {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_parallel_size": 1},
+        "parallel_config": {"pipeline_parallel_size": 1, "tensor_parallel_size": 1, "data_parallel_size": 1,
+                            "enable_expert_parallel": False},
         "scheduler_config": {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                              "enable_chunked_prefill": enable_chunked_prefill, "policy": "fcfs",
                              "scheduler_reserve_full_isl": reserve_full_isl, "watermark": watermark,
-                             "async_scheduling": False},
+                             "max_num_active_seqs": None, "async_scheduling": False},
     }, "vllm_env": {}, "system_env": {}}
 
 
