@@ -33,8 +33,10 @@ H100 = int(79.19 * 2**30)
 
 
 def _masked(line: str) -> str:
-    """A capacity line's words: the log prefix and every number dropped."""
-    text = re.sub(r"^.*?\] ", "", line.strip())
+    """A capacity line's words, from the capacity figure on (the log prefix, or what a poster kept of
+    it, `# (EngineCore) `, dropped), every number masked."""
+    found = re.search(r"(GPU KV cache size:|KV cache size:|Maximum concurrency for).*", line.strip())
+    text = found.group(0) if found else re.sub(r"^.*?\] ", "", line.strip())
     return re.sub(r"\d[\d,.]*", "#", text)
 
 

@@ -71,10 +71,11 @@ def test_help_is_in_the_users_words(capsys, command):
 def test_shadow_list_is_aligned(capsys):
     rc, out, _ = run(capsys, "shadow", "list")
     assert rc == 0
-    header, rule, *rows = out.splitlines()[1:]
-    assert header.split() == ["environment", "state", "disk", "folder"]
+    header, rule, *rows, total = out.splitlines()[1:]
+    assert header.split() == ["environment", "state", "own", "shared", "folder"]
     column = header.index("state")
     assert rows and all(row[column - 2:column] == "  " and row[column] != " " for row in rows), out
+    assert "on disk, each file once:" in total  # hard-linked files counted once (kvprobe shadow share)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
