@@ -43,6 +43,10 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/sglang-shadow-boundary
 	-$(BIN)/kvprobe diff expectations/diff/sglang-swa-budget-shadow.yaml --versions 0.5.20,0.5.21 --install \
 		--artifacts artifacts/matrix/sglang-swa-budget
+	-$(BIN)/kvprobe diff expectations/diff/sglang-mid-tier-shadow.yaml --versions 0.5.19,0.5.20 --install \
+		--artifacts artifacts/matrix/sglang-mid-tier
+	-$(BIN)/kvprobe diff expectations/diff/sglang-graph-bs-shadow.yaml --versions 0.5.21,0.5.22 --install \
+		--artifacts artifacts/matrix/sglang-graph-bs
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.33.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions 0.18.1,0.19.1 --install \

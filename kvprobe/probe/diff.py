@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe.errors import ConfigError, KvprobeError
+from kvprobe.probe.diff_explain import explanation, memory_figures
 from kvprobe.releases import normalize_version
 from kvprobe.spec.schema import CHANGE_KEYS
 
@@ -172,7 +173,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
             "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None,
             "ledger_preemption_rate": None, "ledger_preemption_users": None,
-            "usage_at_saturation": None, "binding": None, "status": None, "reason": None,
+            "usage_at_saturation": None, "binding": None, "status": None, "reason": None, "memory": None,
             "artifacts": str(artifacts)}
 
 
@@ -188,6 +189,7 @@ def release_figures(result, artifacts: Path) -> dict:
     unit = "num_blocks" if exp.engine == "vllm" else "kv_tokens"
     if adm.get("policy"):
         out.update(policy=adm["policy"], rule=policy_rule(adm["policy"]))
+    out["memory"] = memory_figures((result.ledger or {}).get("budget"))
     out.update(async_scheduling=adm.get("async_scheduling"), ledger_pool=cap.get(unit),
                predicted=adm.get("limit"), predicted_binding=adm.get("binding"),
                predicted_usage=adm.get("usage_at_limit"), status=result.status, reason=result.status_reason)
@@ -278,15 +280,8 @@ def find_changes(runs: list[str], results: dict[str, dict], tol) -> list[dict]:
                             "measured": [quantity.measured(ra), quantity.measured(rb)],
                             "ledger": [quantity.ledger(ra), quantity.ledger(rb)],
                             "policies": [ra["policy"], rb["policy"]], "explained": bool(explained),
-                            "explanation": explanation(ra, rb) if explained else UNEXPLAINED})
+                            "explanation": explanation(ra, rb, quantity.key, tol) if explained else UNEXPLAINED})
     return changes
-
-
-def explanation(ra: dict, rb: dict) -> str:
-    if ra["policy"] != rb["policy"]:
-        return f"explained: {ra['policy']} -> {rb['policy']}, {rb['rule']}"
-    return (f"explained: the ledger predicts it from each release's own figures (admission rule {ra['policy']} on "
-            "both)")
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels
+from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels, memory_figures
 from kvprobe.report.diff import change_line
 from kvprobe.spec.schema import Tolerances
+from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 from tests.cli.console import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +86,44 @@ def test_a_move_within_tolerance_or_within_the_uncertainties_is_no_change():
 def test_a_pool_moved_by_the_release_budget_is_explained_without_a_policy_change():
     found = changes_between(figures(pool=201, ledger_pool=201), figures(pool=240, ledger_pool=240))
     assert found["pool"]["explained"] and "admission rule vllm-0.33 on both" in found["pool"]["explanation"]
+
+
+def _sglang_budget_figures(version: str, **inputs) -> dict:
+    """The memory figures the diff keeps from the ledger of SGLang `version` on a declared 24 GiB card."""
+    ledger = build_ledger(LedgerInputs(engine="sglang", engine_version=version, model="meta-llama/Llama-3.1-8B",
+                                       gpu_memory_bytes=24 * 2**30, context_length=2048, **inputs))
+    budget = ledger.to_dict()["budget"]
+    return {"pool": budget["max_total_num_tokens"], "ledger_pool": budget["max_total_num_tokens"],
+            "memory": memory_figures(budget)}
+
+
+def test_a_pool_moved_by_the_memory_rules_names_them_and_what_they_set():
+    # 0.5.19 -> 0.5.20 on a 24 GiB card: the 20-35 GiB tier's defaults move, so the default fraction does
+    old = figures(policy="sglang-0.5.21", **_sglang_budget_figures("0.5.19"))
+    new = figures(policy="sglang-0.5.21", **_sglang_budget_figures("0.5.20"), rejection_point=2.0, predicted=2.1)
+    found = changes_between(old, new)
+    assert found["pool"]["explained"] and found["pool"]["explanation"] == (
+        "explained: memory rules SGLang 0.5.10 rules (read 0.5.10 to 0.5.19) -> SGLang 0.5.20 rules (read 0.5.20 to "
+        "0.5.21), the 20-35 GiB tier's chunked prefill 2048 -> 4096 and cuda-graph bs 24 -> 48 (tp < 4), so a larger "
+        "reserve, and 0.95 without a GPU, from 0.5.20 (the ledger's mem_fraction_static 0.833 -> 0.704, chunked "
+        "prefill 2048 -> 4096, cuda-graph bs 24 -> 48)")
+    # the plateau moved with the pool: the same rules named, no admission policy changed
+    assert found["rejection point"]["explanation"] == found["pool"]["explanation"]
+
+
+def test_a_pool_change_at_a_policy_boundary_is_not_put_down_to_the_policy():
+    # 0.5.21 -> 0.5.22 with --max-running-requests 8: the decode graph bs (and its reserve) lowered; the
+    # ignore_eos reservation changes at the same release, and moves the plateau, not the pool
+    old = figures(policy="sglang-0.5.21", rule="at new_token_ratio", **_sglang_budget_figures(
+        "0.5.21", max_running_requests=8))
+    new = figures(policy="sglang-0.5.22", rule="in full from 0.5.22", rejection_point=6.0, predicted=6.1,
+                  **_sglang_budget_figures("0.5.22", max_running_requests=8))
+    assert new["pool"] > old["pool"]
+    found = changes_between(old, new)
+    pool = found["pool"]["explanation"]
+    assert "cuda-graph bs 48 -> 8" in pool and "lowered to it" in pool and "sglang-0.5.22" not in pool
+    assert found["rejection point"]["explanation"] == (
+        f"{pool}; and sglang-0.5.21 -> sglang-0.5.22, in full from 0.5.22")
 
 
 def test_a_release_that_refuses_is_a_change_of_startup():

@@ -130,6 +130,19 @@ def test_flags_a_cpu_would_default_differently_get_the_ledgers_values():
     assert sglang_target._shadow_flags(given, given.flags, bud2)["mem-fraction-static"] == 0.8
 
 
+def test_a_declared_card_launches_each_release_with_its_own_rules_defaults():
+    # SGLang on this CPU cannot see the declared card (memory_hook.py reads the device's memory): the
+    # launch flags carry the fraction and chunked prefill of the launched release's rules, as its ledger
+    flags = {"context-length": 2048}
+    launched = {}
+    for version in ("0.5.19", "0.5.20"):
+        req = _req(version=version, gpu_memory_bytes=24 * 2**30, flags=flags)
+        bud, _ = sglang_target.shadow_budget(req, req.flags)
+        launched[version] = sglang_target._shadow_flags(req, req.flags, bud)
+    assert (launched["0.5.19"]["mem-fraction-static"], launched["0.5.19"]["chunked-prefill-size"]) == (0.833, 2048)
+    assert (launched["0.5.20"]["mem-fraction-static"], launched["0.5.20"]["chunked-prefill-size"]) == (0.704, 4096)
+
+
 def test_worker_log_is_read_back():
     text = "\n".join([
         "[2026-12-01 10:55:06] kvprobe shadow: plugin active: no weights (meta-llama/Llama-3.1-8B, dtype "

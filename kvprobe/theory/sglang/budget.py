@@ -153,6 +153,7 @@ class SglangBudget:
     # a hybrid sliding-window model's pools (sglang/pools.py); None: one pool over every layer
     pools: SglangPools | None = None
     rules: str | None = None  # the release rules applied (sglang/memory_profile.py); None: 0.5.23's formula
+    rules_change: str | None = None  # what those rules' first release changed (memory_profile.py `change`)
 
 
 # The first release whose hybrid pools kvprobe has read. 0.5.20 sizes them as 0.5.21 does off
@@ -278,7 +279,8 @@ def sglang_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_
     return SglangBudget(gpu_memory_bytes, fraction, how, reserved, weights, kv_bytes, kv_bytes,
                         kv.total, tokens, profiled, page, mrr, cps, max_bs,
                         sglang_max_req_input_len(context_len, tokens), context_len,
-                        {"other_bytes": other} if other else {}, rules=None if rules is None else rules.describe())
+                        {"other_bytes": other} if other else {}, rules=None if rules is None else rules.describe(),
+                        rules_change=None if rules is None else rules.change or None)
 
 
 def sglang_free_at_start(total: int | None, free: int | None, other: int = 0) -> int | None:

@@ -58,6 +58,9 @@ class SglangMemoryRules:
     piecewise_flag: bool = False
     no_gpu_fraction: float = 0.88
     sources: tuple[str, ...] = ()
+    # what this release changed in the budget from the rules before it, in the words a diff between two
+    # releases names the change with (`kvprobe diff`, via the ledger's budget `rules_change`)
+    change: str = ""
 
     def covers(self, version: str) -> bool:
         return release_key(self.release) <= release_key(version) <= release_key(self.until)
@@ -146,17 +149,20 @@ RULES: tuple[SglangMemoryRules, ...] = (
                  "8 (tp < 4) or 80; else 160", _PROFILE)),
     SglangMemoryRules(
         "0.4.6", "0.4.6", "tp-table-13g", small_gpu_mib=25_000, large_gpu_mib=None,
+        change="above 81,920 MiB the fraction is (total - 13 GiB) / total from 0.4.6",
         sources=("server_args.py __post_init__ (0.4.6): the tp table up to 81,920 MiB; above it "
                  "(gpu_mem - 13 GiB) / gpu_mem (0.4.6.post5 already differs: tp x pp and a 96 GiB rule; "
                  "not modelled)", _PROFILE)),
     SglangMemoryRules(
         "0.4.7", "0.4.7", "parallel-table", small_gpu_mib=25_000, large_gpu_mib=180_001,
+        change="the fraction table on tp x pp, and the 96 GiB and 180,000 MiB rules, from 0.4.7",
         sources=("server_args.py __post_init__ (0.4.7): the table on tp x pp up to 81,920 MiB (0.88 above); "
                  "> 180,000 MiB: 0.79; > 96 GiB: min(f + 48 GiB x (1 - f) / gpu_mem, (gpu_mem - 18 GiB) / gpu_mem)",
                  "server_args.py: chunked_prefill_size 16384 above 180,000 MiB, 2048 below 25,000 MiB", _PROFILE)),
     SglangMemoryRules(
         "0.4.8", "0.5.2", "reserved-tiers", small_gpu_mib=35 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096,
+        change="the fraction from reserved GiB by GPU tier from 0.4.8",
         sources=("server_args.py __post_init__ (0.4.8; the same lines in 0.4.9, 0.4.10, 0.5.0rc2, 0.5.1(.post1-3), "
                  "0.5.2): "
                  "reserved = (2.8 + tp x pp / 10) GiB below 35 GiB, (9.5 + tp x pp / 2) GiB below 90 GiB, "
@@ -167,18 +173,21 @@ RULES: tuple[SglangMemoryRules, ...] = (
     SglangMemoryRules(
         "0.5.3", "0.5.4", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(2048, 16, 80),
+        change="the fraction from a reserve of chunked prefill and cuda-graph bs from 0.5.3",
         sources=(_FORMULA.format(rel="0.5.3; the same in 0.5.3.post1-3 and 0.5.4, whose piecewise cuda graphs "
                                  "are opt-in and not reserved"),
                  _TIERS.format(mid="2048 and cuda_graph_max_bs 16 (tp < 4) or 80"), _PROFILE)),
     SglangMemoryRules(
         "0.5.4.post1", "0.5.9", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(2048, 24, 80),
+        change="the 20-35 GiB tier's cuda-graph bs 16 -> 24 (tp < 4) from 0.5.4.post1",
         sources=(_FORMULA.format(rel="0.5.4.post1; the same to 0.5.9: --enable-piecewise-cuda-graph is opt-in, so the "
                                  "default reserves no prefill graphs"),
                  _TIERS.format(mid="2048 and cuda_graph_max_bs 24 (tp < 4) or 80"), _PROFILE)),
     SglangMemoryRules(
         "0.5.10", "0.5.19", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(2048, 24, 80), prefill_graphs=True, piecewise_flag=True,
+        change="the prefill (piecewise) cuda graphs on by default and reserved (8 MiB per captured size) from 0.5.10",
         sources=(_FORMULA.format(rel="0.5.10; the same to 0.5.18, arg_groups/memory_hook.py "
                                  "handle_gpu_memory_settings in 0.5.19"),
                  _PIECEWISE_FLAG,
@@ -191,15 +200,21 @@ RULES: tuple[SglangMemoryRules, ...] = (
         "0.5.20", "0.5.21", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(4096, 48, 160), prefill_graphs=True,
         no_gpu_fraction=0.95,
+        change=("the 20-35 GiB tier's chunked prefill 2048 -> 4096 and cuda-graph bs 24 -> 48 (tp < 4), so a "
+                "larger reserve, and 0.95 without a GPU, from 0.5.20"),
         sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.20; the same in 0.5.21): the 0.5.10 "
-                 "reserve; 0.95 without a GPU",
+                 "reserve; 0.95 without a GPU; the 20-35 GiB tier 4096 / 48 or 160 (0.5.20 L100-116, where 0.5.19 "
+                 "L74-87 has 2048 / 24 or 80)",
                  _TIERS.format(mid="4096 and cuda_graph_max_bs 48 (tp < 4) or 160"), _PROFILE)),
     SglangMemoryRules(
         "0.5.22", "0.5.22", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         no_gpu_chunked=4096, mid_tier=(4096, 48, 160), prefill_graphs=True,
         clamp_max_bs=True, no_gpu_fraction=0.95,
+        change=("a defaulted decode cuda-graph bs above --max-running-requests lowered to it, and its reserve"
+                " with it, from 0.5.22"),
         sources=("arg_groups/memory_hook.py handle_gpu_memory_settings (0.5.22): as 0.5.20, and a defaulted "
-                 "decode max_bs above --max-running-requests is lowered to it", _PROFILE)),
+                 "decode max_bs above --max-running-requests is lowered to it (L83 decode_max_bs_is_default, "
+                 "L182-188, before the reserve's max_bs x 2 at L370; not in 0.5.21)", _PROFILE)),
     SglangMemoryRules(
         "0.5.23", "0.5.23", "reserved-formula", small_gpu_mib=20 * _GIB_MIB, large_gpu_mib=160 * _GIB_MIB,
         legacy=True,

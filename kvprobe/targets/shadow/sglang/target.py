@@ -10,7 +10,9 @@ with kvprobe's plugin taking the model out (`kvprobe/targets/shadow/sglang/plugi
 - the flags whose CPU default differs from a GPU's (SGLang 0.5.23 server_args.py, CPU platform):
   `--chunked-prefill-size` (4096 on a CPU; a GPU picks by its memory) and, with a declared GPU,
   `--mem-fraction-static` (0.716 on a CPU; a GPU's by SGLang's formula) get the values kvprobe's
-  ledger uses, unless the expectation sets them; and always the dialect's SHADOW_FLAGS
+  ledger uses for the launched release (its rules in theory/sglang/memory_profile.py: SGLang's own
+  `handle_gpu_memory_settings` sees this CPU's memory, not the declared card, so it cannot resolve
+  them itself), unless the expectation sets them; and always the dialect's SHADOW_FLAGS
   (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang/flags.py says why).
 - the pool: with `--max-total-tokens` SGLang's own configurator sizes it; with a declared GPU the
   plugin hands SGLang that GPU's KV budget (the ledger's weights, SGLang's resolved fraction).
@@ -74,7 +76,7 @@ def shadow_budget(req, flags: dict[str, object]) -> tuple[SglangBudget, int]:
                         max_total_tokens=flags.get("max-total-tokens"),
                         max_running_requests=flags.get("max-running-requests"), estimates=dict(req.estimates),
                         model_config=req.config, hybrid_opts=sglang_hybrid.options(flags),
-                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")))
+                        kv_cache_dtype=str(flags.get("kv-cache-dtype", "auto")), version=req.version)
     return bud, kv.total
 
 

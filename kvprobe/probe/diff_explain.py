@@ -1,0 +1,72 @@
+"""Which release rule explains a change `kvprobe diff` found (`kvprobe.probe.diff.find_changes`): the
+admission policy the ledger applied on each side, and the memory rules it sized the pool by. A pool
+is named by the memory rules alone (an admission policy moves no pool); a figure that moved with the
+ledger's pool names those rules beside the policy, where that changed too.
+"""
+
+from __future__ import annotations
+
+
+def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> str:
+    """The rules that explain a change: the memory rules for the pool (an admission policy moves no
+    pool), and for the rest the admission policy and, where the ledger's pool moved too, the memory
+    rules beside it."""
+    parts = []
+    if key == "pool" or _ledger_pool_moved(ra, rb, tol):
+        parts.append(memory_explanation(ra, rb))
+    if key != "pool" and ra["policy"] != rb["policy"]:
+        parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
+    parts = [p for p in parts if p]
+    if parts:
+        return "explained: " + "; and ".join(parts)
+    return (f"explained: the ledger predicts it from each release's own figures (admission rule {ra['policy']} on "
+            "both)")
+
+
+def _ledger_pool_moved(ra: dict, rb: dict, tol) -> bool:
+    la, lb = ra.get("ledger_pool"), rb.get("ledger_pool")
+    if la is None or lb is None or la == lb:
+        return False
+    allowance = 0.0 if tol is None else tol.reported_capacity * max(abs(la), abs(lb))
+    return abs(lb - la) > allowance + 1e-9
+
+
+def memory_explanation(ra: dict, rb: dict) -> str | None:
+    """The memory rules on each side and the figures of theirs that moved, as the ledger applied
+    them; None when the same rules set the same figures (the pool then moved for another reason)."""
+    ma, mb = ra.get("memory") or {}, rb.get("memory") or {}
+    moved = [f"{name} {ma.get(key)} -> {mb.get(key)}" for key, name in MEMORY_FIGURES
+             if ma.get(key) is not None and mb.get(key) is not None and ma.get(key) != mb.get(key)]
+    name_a, name_b = _rules_name(ma), _rules_name(mb)
+    if name_a == name_b and not moved:
+        return None
+    text = f"memory rules {name_a} -> {name_b}" if name_a != name_b else f"memory rules {name_b}"
+    if mb.get("change") and name_a != name_b:
+        text += f", {mb['change']}"
+    if moved:
+        text += f" (the ledger's {', '.join(moved)})"
+    return text
+
+
+def _rules_name(memory: dict) -> str | None:
+    """A release's memory rules by name: "SGLang 0.5.20 rules (read 0.5.20 to 0.5.21)", else how the
+    fraction was found (0.5.23's formula carries no rules name)."""
+    rules = memory.get("rules")
+    return rules.split(": ")[0] if rules else memory.get("fraction_source")
+
+
+# The ledger's budget figures a release's memory rules set (SGLang's default fraction and the GPU-tier
+# defaults it is computed from), as the diff names a pool change with them.
+MEMORY_FIGURES = (("fraction", "mem_fraction_static"), ("chunked_prefill_size", "chunked prefill"),
+                  ("cuda_graph_max_bs", "cuda-graph bs"))
+
+
+def memory_figures(budget: dict | None) -> dict | None:
+    """The memory rules the ledger sized the pool by (the release's rules, what their first release
+    changed, how the fraction was found) and the figures they set; None without a budget."""
+    if not budget:
+        return None
+    out = {"rules": budget.get("rules"), "change": budget.get("rules_change"),
+           "fraction_source": budget.get("fraction_source")}
+    out.update({key: budget.get(key) for key, _ in MEMORY_FIGURES})
+    return out
