@@ -5,8 +5,6 @@ the engine's own theory (`kvprobe.theory.vllm`, `kvprobe.theory.sglang`). The da
 
 from __future__ import annotations
 
-import math
-
 from kvprobe.errors import ConfigError
 from kvprobe.releases import SGLANG_DEFAULT_VERSION, VLLM_DEFAULT_VERSION
 from kvprobe.theory import admission, schedsim
@@ -68,10 +66,8 @@ def _vllm_free_memory_refusal(inputs: LedgerInputs, version: str) -> str | None:
 
     rules = profile_rules(version)
     fraction = inputs.gpu_memory_utilization or rules.gpu_memory_utilization
-    total = inputs.gpu_memory_bytes  # v1/worker/utils.py request_memory: ceil where the release rounds up
-    requested = math.ceil(total * fraction) if rules.requested_ceil else int(total * fraction)
     return free_memory_refusal(version, total=inputs.gpu_memory_bytes, free=inputs.gpu_free_memory_bytes,
-                               fraction=fraction, requested=requested)
+                               fraction=fraction, requested=rules.requested(inputs.gpu_memory_bytes, fraction))
 
 
 def expert_parallel_size(inputs: LedgerInputs) -> int:

@@ -15,7 +15,6 @@ bound (`kv_pool_bytes_upper`) subtracts weights only.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
@@ -247,8 +246,7 @@ def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: in
         graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
     requested = None
     if gpu_memory_bytes is not None:
-        requested = math.ceil(gpu_memory_bytes * fraction) if rules.requested_ceil \
-            else int(gpu_memory_bytes * fraction)  # v1/worker/utils.py::request_memory
+        requested = rules.requested(gpu_memory_bytes, fraction)
     return MemorySplit(requested, weights, other, act, graph, rules.cudagraph == "subtracted", used)
 
 

@@ -24,6 +24,7 @@ docs/ledger.md, "what remains").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvprobe.errors import ConfigError
@@ -49,6 +50,10 @@ class ProfileRules:
     snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
+
+    def requested(self, total: int, fraction: float) -> int:
+        """The memory the release asks for (v1/worker/utils.py request_memory)."""
+        return math.ceil(total * fraction) if self.requested_ceil else int(total * fraction)
 
     def describe(self) -> str:
         graph = {"none": "no CUDA-graph estimate", "logged": "CUDA-graph estimate logged, not subtracted",
