@@ -10,19 +10,65 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
+import threading
 import time
+from pathlib import Path
 
 import psutil
 
+# The ports kvprobe hands to the servers it starts come from below the kernel's ephemeral range.
+# Every connect() and bind(0) on the machine draws from that range, so a port the OS picked there
+# and we released can be taken, before the engine binds it, by any client connection or by an
+# engine's own sockets (torch's store, gloo, zmq): CI saw two SGLang shadows started at once find
+# one's port taken. Below the range only pickers like this one choose; this process never hands
+# out the same port twice, and another process's picker collides once in ~12,000.
+PICK_FLOOR = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICK_TRIES = 200
+_issued: set[int] = set()
+_issue_lock = threading.Lock()
+_rng = random.SystemRandom()
+
+
+def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel hands to connect() and bind(0) (Linux's default where unreadable)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it; a race with another process remains)."""
+    """A port nothing listens on right now, outside the ephemeral range when there is room below it.
+
+    A race with another process binding the same port remains; it is what `port_in_use` reports.
+    """
+    top = ephemeral_floor()
+    with _issue_lock:
+        for _ in range(_PICK_TRIES if top - PICK_FLOOR >= 1000 else 0):
+            port = _rng.randrange(PICK_FLOOR, top)
+            if port not in _issued and _bindable(host, port):
+                _issued.add(port)
+                return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below: the OS picks
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        _issued.add(port)
+        return port
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Strict: without SO_REUSEADDR, a port in TIME_WAIT or bound by a client counts as taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_in_use(host: str, port: int) -> bool:
