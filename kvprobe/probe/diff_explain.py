@@ -1,5 +1,6 @@
 """Which release rule explains a change `kvprobe diff` found (`kvprobe.probe.diff.find_changes`): the
-admission policy the ledger applied on each side, and the memory rules it sized the pool by. A pool
+refusal the ledger gave where one release refuses to start, the admission policy the ledger applied
+on each side, and the memory rules it sized the pool by. A pool
 is named by the memory rules alone (an admission policy moves no pool); a figure that moved with the
 ledger's pool names those rules beside the policy, where that changed too.
 """
@@ -11,6 +12,8 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
     """The rules that explain a change: the memory rules for the pool (an admission policy moves no
     pool), and for the rest the admission policy and, where the ledger's pool moved too, the memory
     rules beside it."""
+    if key == "startup" and (refused := startup_explanation(ra, rb)):
+        return "explained: " + refused
     parts = []
     if key == "pool" or _ledger_pool_moved(ra, rb, tol):
         parts.append(memory_explanation(ra, rb))
@@ -21,6 +24,18 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
         return "explained: " + "; and ".join(parts)
     return (f"explained: the ledger predicts it from each release's own figures (admission rule {ra['policy']} on "
             "both)")
+
+
+def startup_explanation(ra: dict, rb: dict) -> str | None:
+    """A start-up that changed is explained by the refusal the ledger gave for the release that
+    refuses (a flag its command line lacks, a pool too small, a free-memory check): the reason, not
+    the admission policy, which may be the same on both sides."""
+    refusing = [r for r in (ra, rb) if r.get("ledger_startup") == "refused" and r.get("refusal")]
+    if len(refusing) != 1:
+        return None
+    r = refusing[0]
+    other = rb if r is ra else ra
+    return f"{r['version']} refuses where {other['version']} starts: {r['refusal']}"
 
 
 def _ledger_pool_moved(ra: dict, rb: dict, tol) -> bool:

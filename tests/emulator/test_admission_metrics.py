@@ -51,6 +51,22 @@ def test_vllm_running_waiting_match_schedsim(serve, flags):
     s.call(s.emu.scheduler.check_pool)
 
 
+def test_vllm_max_num_active_seqs_caps_running(serve):
+    # vLLM 0.31.0 on: v1/core/sched/scheduler.py L127-131 sets max_num_active_reqs from the flag and
+    # L892-894 admits no further request at it; the pool (500 blocks) would hold all 12
+    n, prompt, out, cap = 12, 100, 12, 3
+    s = serve("vllm", {"num-gpu-blocks-override": 500, "max-model-len": 1024, "max-num-active-seqs": cap},
+              time_model=SLOW)
+    clients = StreamClients(s.url, bodies(n, prompt, out))
+    got = wait_for(lambda: (lambda r, w: (r, w) if r + w == n else None)(
+        s.value("vllm:num_requests_running"), s.value("vllm:num_requests_waiting")), what="all requests queued")
+    assert got == (cap, n - cap)
+    scheduler_config = s.emu.dev_server_info()["vllm_config"]["scheduler_config"]  # as 0.33.0 dumps it
+    assert scheduler_config["max_num_active_seqs"] == cap
+    results = clients.join()
+    assert all(r["usage"]["completion_tokens"] == out for r in results)
+
+
 def test_sglang_running_matches_schedsim(serve):
     n, prompt, out = 16, 100, 200
     s = serve("sglang", {"max-total-tokens": 2500, "context-length": 1024, "enable-metrics": True},

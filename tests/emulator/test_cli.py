@@ -102,3 +102,14 @@ def test_sglang_process_startup_line(proc):
     assert status == 200 and b"sglang:max_total_num_tokens" in body
     os.killpg(p.p.pid, signal.SIGTERM)
     assert p.p.wait(5) == 0
+
+
+@pytest.mark.parametrize(("flag", "value", "version", "says"), [
+    ("--watermark", "0.1", "0.23.0", "unrecognized arguments: --watermark 0.1"),
+    ("--max-num-active-seqs", "4", "0.30.0", "has no --max-num-active-seqs"),
+])
+def test_vllm_refuses_a_flag_its_release_does_not_have(proc, flag, value, version, says):
+    # the engine's own argument parser stops it before any start-up line (exit 2, as argparse exits)
+    p = proc(["vllm", "--port", "0", "--num-gpu-blocks-override", "2048", "--engine-version", version, flag, value])
+    assert p.p.wait(20) == 2
+    assert says in p.text() and "GPU KV cache size" not in p.text()

@@ -134,6 +134,16 @@ def test_a_release_that_refuses_is_a_change_of_startup():
     assert list(found) == ["startup"] and found["startup"]["explained"]
 
 
+def test_a_start_up_change_is_explained_by_the_refusal_not_the_policy():
+    # 0.23.0 -> 0.24.0 with --watermark: the same admission policy on both, the flag is the reason
+    refusal = "vLLM 0.23.0 has no --watermark (it came in 0.24.0): vllm: error: unrecognized arguments: --watermark 0.2"
+    old = figures(version="0.23.0", startup="refused", ledger_startup="refused", refusal=refusal, pool=None,
+                  rejection_point=None, usage_at_saturation=None, binding=None, preemptions_per_deep_level=None)
+    found = changes_between(old, figures(version="0.24.0"))
+    assert found["startup"]["explanation"] == f"explained: 0.23.0 refuses where 0.24.0 starts: {refusal}"
+    assert "vllm-0.33" not in found["startup"]["explanation"]
+
+
 def test_a_version_given_twice_gets_its_own_label():
     assert labels(["0.33.0", "0.11.0", "0.33.0"]) == ["0.33.0", "0.11.0", "0.33.0#2"]
 

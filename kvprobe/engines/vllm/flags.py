@@ -23,7 +23,7 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("max-num-seqs", int, 256, "the most requests running at once", lo=1, ledger="max_num_seqs"),
     # 0.31.0 on (kvprobe/theory/vllm/releases.py ACTIVE_SEQS_FROM): the ledger refuses it for an older release
     Flag("max-num-active-seqs", int, None, "the most requests RUNNING at once, below max-num-seqs (vLLM 0.31.0 on)",
-         emulated=False, lo=1, ledger="max_num_active_seqs"),
+         lo=1, ledger="max_num_active_seqs"),
     Flag("max-num-batched-tokens", int, 2048, "tokens scheduled per step (8k = 8000, 8K = 8192)", kind="count", lo=1,
          ledger="max_num_batched_tokens"),
     Flag("enable-prefix-caching", None, True, "reuse the cached blocks of a shared prompt prefix", negatable=True,

@@ -35,7 +35,7 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
                          watermark: float, reserve_full_isl: bool, block_size: int, num_gpu_blocks: int,
                          num_gpu_blocks_override: int | None, enable_prefix_caching: bool, max_model_len: int,
                          model: str, served_model_name: str, user_specified_block_size: bool,
-                         gpu_memory_utilization: float = 0.92) -> dict:
+                         gpu_memory_utilization: float = 0.92, max_num_active_seqs: int | None = None) -> dict:
     """GET /server_info?config_format=json in dev mode (serve/dev/server_info/api_router.py L43-60):
     `vllm_config` dumped by pydantic (mode json, str fallback), with the sections and fields kvprobe
     reads as a real 0.33.0 server writes them (tests/engines/published/vllm-0.33.0-server_info.json;
@@ -53,7 +53,7 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
         "scheduler_config": {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                              "enable_chunked_prefill": enable_chunked_prefill, "policy": "fcfs",
                              "scheduler_reserve_full_isl": reserve_full_isl, "watermark": watermark,
-                             "max_num_active_seqs": None, "async_scheduling": False},
+                             "max_num_active_seqs": max_num_active_seqs, "async_scheduling": False},
     }, "vllm_env": {}, "system_env": {}}
 
 

@@ -31,7 +31,12 @@ from kvprobe.theory.sim.steptime import TimeModel
 from kvprobe.theory.vllm.hybrid.groups import sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+from kvprobe.theory.vllm.releases import (
+    active_seqs_refusal,
+    running_cap,
+    vllm_default_gpu_memory_utilization,
+    watermark_refusal,
+)
 
 
 class Secret:
@@ -144,6 +149,9 @@ class Emulator:
             self.num_blocks_reported, self.block_size = blocks, f["block-size"]
             self.max_model_len = f["max-model-len"]
             self.refusal = d.startup_refusal(blocks, self.block_size, self.max_model_len)
+            # a flag this release's `vllm serve` does not have, or a cap it refuses, as the ledger reads them
+            self.argument_refusal = (watermark_refusal(self.version, f["watermark"])
+                                     or active_seqs_refusal(self.version, f["max-num-seqs"], f["max-num-active-seqs"]))
             self.kv_plan = plan = hybrid_plan(s.model, f, blocks, d.async_scheduling_default(self.version)
                                               if f["async-scheduling"] is None else f["async-scheduling"])
             groups = ()
@@ -151,7 +159,8 @@ class Emulator:
                 self.block_size, self.refusal, groups = plan.block_size, plan.refusal, sched_groups(plan)
             self.capacity = None if plan is None else (plan.kv_tokens, plan.max_concurrency)
             config = VllmConfig(num_gpu_blocks=real_pool(blocks, self.faults), block_size=self.block_size,
-                                max_num_seqs=f["max-num-seqs"], max_num_batched_tokens=f["max-num-batched-tokens"],
+                                max_num_seqs=running_cap(f["max-num-seqs"], f["max-num-active-seqs"]),
+                                max_num_batched_tokens=f["max-num-batched-tokens"],
                                 max_model_len=self.max_model_len, enable_prefix_caching=f["enable-prefix-caching"],
                                 enable_chunked_prefill=f["enable-chunked-prefill"],
                                 policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
@@ -171,7 +180,7 @@ class Emulator:
             if not m or m < 2:
                 raise ConfigError("--max-total-tokens is required (the pool in tokens)", key="--max-total-tokens")
             self.pool_tokens_reported, self.max_model_len = m, f["context-length"]
-            self.page_size, self.refusal = f["page-size"], None
+            self.page_size, self.refusal, self.argument_refusal = f["page-size"], None, None
             self.pools = pools = sglang_hybrid_pools(s.model, f)  # a window pool or state slots, or None
             window = swa_tokens = slots = None
             self.max_running = d.resolve_max_running_requests(m, self.max_model_len, f["max-running-requests"])
@@ -233,7 +242,8 @@ class Emulator:
         return self.dialect.dev_server_info_body(
             max_num_seqs=f["max-num-seqs"], max_num_batched_tokens=f["max-num-batched-tokens"],
             enable_chunked_prefill=f["enable-chunked-prefill"], watermark=f["watermark"],
-            reserve_full_isl=f["scheduler-reserve-full-isl"], block_size=self.block_size,
+            max_num_active_seqs=f["max-num-active-seqs"], reserve_full_isl=f["scheduler-reserve-full-isl"],
+            block_size=self.block_size,
             num_gpu_blocks=self.num_blocks_reported, num_gpu_blocks_override=self.num_blocks_reported,
             enable_prefix_caching=f["enable-prefix-caching"], max_model_len=self.max_model_len, model=self.model,
             served_model_name=self.served_model_name,
@@ -300,6 +310,9 @@ def serve(settings: Settings) -> int:
     """The `kvprobe emulate` process. Startup lines go to stdout (flushed) before the socket is bound,
     like the real engines: once /health answers, the capacity line is already in the log."""
     emu = Emulator(settings)
+    if emu.argument_refusal:  # the engine's argument parser stops it before anything starts (exit 2)
+        print(emu.argument_refusal, file=sys.stderr, flush=True)
+        return 2
     if emu.refusal:  # vLLM refuses to start (kv_cache_planning._check_enough_kv_cache_memory)
         print(f"ValueError: {emu.refusal}", file=sys.stderr)
         print(emu.dialect.STARTUP_FAILED, file=sys.stderr, flush=True)
