@@ -107,6 +107,55 @@ def one(shape: Shape, strategy: str, workdir: Path) -> dict:
             "reason": None if verdict == "PASS" else (result.error or (rp.reason if rp else None))}
 
 
+# issue 22's bar: with a right prediction, the same verdict at equal or smaller uncertainty at least
+# SPEEDUP times sooner than the best prediction-free ramp, in a median of at most MEDIAN_LIFETIMES;
+# with a wrong one, at most SLOWER_AT_MOST times slower and never inconclusive where the search was not
+SPEEDUP, MEDIAN_LIFETIMES, SLOWER_AT_MOST = 2.0, 15.0, 1.5
+CONCLUSIVE = ("PASS", "FAIL")
+
+
+def bar_lines(runs: list[dict], shapes: list[Shape]) -> list[str]:
+    """Per shape, predict against the fastest prediction-free ramp that reached a verdict, and
+    whether the bar holds. A predict run that is inconclusive, reaches another verdict, or is less
+    certain is not a speed-up, whatever its time."""
+    lines, right, met = [], [], True
+    for shape in shapes:
+        mine = next((r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict"), None)
+        free = [r for r in runs if r["shape"] == shape.name and r["strategy"] != "predict"
+                and r["verdict"] in CONCLUSIVE and r["lifetimes"]]
+        best = min(free, key=lambda r: r["lifetimes"], default=None)
+        if mine is None or best is None or not mine["lifetimes"]:
+            lines.append(f"{shape.name}: no comparison (no prediction-free verdict, or predict did not run)")
+            continue
+        ratio = best["lifetimes"] / mine["lifetimes"]
+        head = (f"{shape.name}: predict {mine['lifetimes']:.1f} lifetimes ({mine['verdict']}), best prediction-free "
+                f"({best['strategy']}) {best['lifetimes']:.1f} ({best['verdict']}): {ratio:.2f}x")
+        why = _not_comparable(mine, best)
+        if shape.wrong == 1.0:
+            right.append(mine["lifetimes"])
+            ok = why is None and ratio >= SPEEDUP
+        else:
+            ok = mine["verdict"] in CONCLUSIVE and ratio >= 1 / SLOWER_AT_MOST
+        met &= ok
+        lines.append(head + ("" if why is None else f"; not comparable: {why}") + ("" if ok else "  << misses the bar"))
+    if right:
+        mid = median(right)
+        met &= mid <= MEDIAN_LIFETIMES
+        lines.append(f"right predictions: median {mid:.1f} lifetimes to verdict (bar: at most {MEDIAN_LIFETIMES:g})")
+    lines.append("the bar: " + ("met" if met else "not met") + f" ({SPEEDUP:g}x sooner at the same verdict and "
+                 f"no wider uncertainty with a right prediction; at most {SLOWER_AT_MOST:g}x slower, conclusive, "
+                 "with a wrong one)")
+    return lines
+
+
+def _not_comparable(mine: dict, best: dict) -> str | None:
+    if mine["verdict"] != best["verdict"]:
+        return f"predict {mine['verdict']}, {best['strategy']} {best['verdict']}"
+    if (mine["uncertainty"] or 0.0) > (best["uncertainty"] or 0.0) + 1e-9:
+        return f"predict ± {mine['uncertainty']:.2f} is wider than ± {best['uncertainty']:.2f}"
+    return None
+
+
 def _f(x, fmt="{:.1f}") -> str:
     return "—" if x is None else fmt.format(x)
 
@@ -139,22 +188,8 @@ def main(argv: list[str] | None = None) -> None:
              r["verdict"]] for r in runs]
     print(render_table(["shape", "ramp", "ramp s", "lifetimes", "levels", "measured", "predicted", "verdict"], rows,
                        title="time to verdict per ramp (hold 3 request lifetimes; calibration excluded)"))
-    speedups = []
-    for shape in shapes:
-        mine = next((r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict"), None)
-        if mine is None:
-            continue
-        free = [r for r in runs if r["shape"] == shape.name and r["strategy"] != "predict" and r["lifetimes"]]
-        best = min(free, key=lambda r: r["lifetimes"], default=None)
-        if best and mine["lifetimes"]:
-            ratio = best["lifetimes"] / mine["lifetimes"]
-            speedups.append((shape, ratio, mine["lifetimes"]))
-            print(f"   {shape.name}: predict {mine['lifetimes']:.1f} lifetimes, best prediction-free "
-                  f"({best['strategy']}) {best['lifetimes']:.1f}: {ratio:.2f}x")
-    right = [s for s in speedups if s[0].wrong == 1.0]
-    if right:
-        print(f"   right predictions: median {median(x[2] for x in right):.1f} lifetimes to verdict; "
-              f"speed-up min {min(x[1] for x in right):.2f}x, median {median(x[1] for x in right):.2f}x")
+    for line in bar_lines(runs, shapes):
+        print("   " + line)
 
 
 if __name__ == "__main__":

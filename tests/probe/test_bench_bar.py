@@ -1,0 +1,48 @@
+"""How `make bench` judges issue 22's bar (bench/bench_ramps.py `bar_lines`), on rows a real run
+printed (2026-12-03, the emulated engines): a fast predict run that is inconclusive, or less
+certain than the prediction-free ramp, is no speed-up."""
+
+from __future__ import annotations
+
+from bench.bench_ramps import SHAPES, bar_lines
+
+
+def row(shape: str, strategy: str, lifetimes: float, verdict: str, uncertainty: float) -> dict:
+    return {"shape": shape, "strategy": strategy, "lifetimes": lifetimes, "verdict": verdict,
+            "uncertainty": uncertainty}
+
+
+def shapes(*names: str):
+    return [s for s in SHAPES if s.name in names]
+
+
+def test_a_right_prediction_must_be_twice_as_fast_at_the_same_verdict_and_certainty():
+    runs = [row("vllm knee~24", "predict", 9.18, "PASS", 0.76), row("vllm knee~24", "doubling", 17.99, "PASS", 0.85),
+            row("vllm knee~24", "bisect", 30.0, "PASS", 0.43)]
+    lines = bar_lines(runs, shapes("vllm knee~24"))
+    assert lines[0].startswith("vllm knee~24: predict 9.2 lifetimes (PASS), best prediction-free (doubling) 18.0")
+    assert "1.96x" in lines[0] and "misses the bar" in lines[0] and lines[-1].startswith("the bar: not met")
+    runs[0]["lifetimes"] = 8.9
+    assert bar_lines(runs, shapes("vllm knee~24"))[-1].startswith("the bar: met")
+
+
+def test_an_inconclusive_or_less_certain_predict_run_is_no_speed_up():
+    runs = [row("vllm knee~4", "predict", 3.52, "INCONCLUSIVE", 0.13),
+            row("vllm knee~4", "doubling", 18.01, "PASS", 0.06),
+            row("sglang knee~50", "predict", 5.84, "PASS", 0.82), row("sglang knee~50", "doubling", 18.0, "PASS", 0.09),
+            row("sglang knee~50", "bisect", 45.0, "INCONCLUSIVE", 0.04)]
+    lines = bar_lines(runs, shapes("vllm knee~4", "sglang knee~50"))
+    assert "not comparable: predict INCONCLUSIVE, doubling PASS" in lines[0] and "misses the bar" in lines[0]
+    # bisect was inconclusive: the comparison is with doubling, whose ± 0.09 is narrower than predict's
+    assert "(doubling) 18.0" in lines[1] and "is wider than ± 0.09" in lines[1]
+    assert lines[-1].startswith("the bar: not met")
+
+
+def test_a_wrong_prediction_may_be_slower_but_must_be_conclusive():
+    name = "vllm knee~24, predicted x0.5"
+    runs = [row(name, "predict", 16.0, "FAIL", 0.63), row(name, "doubling", 18.0, "FAIL", 0.38)]
+    assert bar_lines(runs, shapes(name))[-1].startswith("the bar: met")
+    runs[0].update(lifetimes=28.0)  # 1.75x slower than the search
+    assert "misses the bar" in bar_lines(runs, shapes(name))[0]
+    runs[0].update(lifetimes=16.0, verdict="INCONCLUSIVE")
+    assert bar_lines(runs, shapes(name))[-1].startswith("the bar: not met")
