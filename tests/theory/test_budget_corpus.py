@@ -54,21 +54,33 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 24  # of the runnable cases, KV pool within 5% of the log
-WORST_ALLOWED = 0.06  # no runnable case beyond this error (Qwen2.5-72B's small pool: +5.8% today)
-MEDIAN_ALLOWED = 0.011  # 1.02% today: 0.95% before the corpus2 pass added a real case at -1.9% (no rule moved)
-RUNNABLE = 25
+FLOOR_WITHIN_5 = 29  # of the runnable cases, KV pool within 5% of the log
+WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
+# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.27
+KNOWN_MISS_WORST = 0.45
+MEDIAN_ALLOWED = 0.016  # 1.52% today: 1.02% before the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%
+RUNNABLE = 32
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
     "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
                                        "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
                                        "+6% of so small a pool",
+    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.13-0.22 GiB under the logged one at every utilisation
+    # (0.90: -3.5% / -2.4%, 0.86: -4.0% / -2.4%); the logs keep no breakdown (weights alone, exact), so the term
+    # is not known: the ledger's non-torch (0.25 GiB, the H100 logs' figure) or its sampler rows (132 SMs taken for
+    # the 3090's 82) are the candidates. On a small pool that fixed gap is a large share:
+    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.18 GiB gap on a 2.13 GiB "
+                                             "pool: -8.7%",
+    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.22 GiB gap on a 0.49 GiB pool "
+                                            "(9,088 tokens for max_model_len 8,192): -45%, and the ledger predicts "
+                                            "the refusal the same configuration met on the next start (0.41 GiB: "
+                                            "vllm-0.17.1-rtx3090-qwen25-7b-gmu065-refused)",
 }
 # Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
 # a miss beyond 5% with what the log does say.
 TOKEN_ONLY_MISSES = {
-    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 130,842 (3.99x) the ledger: +58%. The "
+    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 127,398 (3.89x) the ledger: +54%. The "
                                   "figure is the right one: 0.29.0 prints int(max_concurrency x max_model_len), "
                                   "max_concurrency = num_blocks / the sum over the KV cache groups of each one's "
                                   "blocks per request (kv_cache_utils.py L1047-1069, L2011-2021; V7), the ledger's "
@@ -76,17 +88,17 @@ TOKEN_ONLY_MISSES = {
                                   "and async scheduling, the sliding group holds cdiv(127 + 2 x 4096, 16) + 1 = 521 "
                                   "blocks (kv_cache_interface.py L704-740, config/vllm.py L559-580) beside the full "
                                   "group's 2,048, so vLLM's pool was 6,493 blocks x 384 KiB = 2.38 GiB against the "
-                                  "ledger's 3.76: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "ledger's 3.66: the budget, not the figure. The log keeps no budget line; 0.29.0 "
                                   "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
                                   "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
-                                  "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.38 GiB is missing between "
+                                  "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.28 GiB is missing between "
                                   "activation, graphs and non-torch, which no logged line splits",
-    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 936,301 (28.57x) the ledger: "
-                                                 "-16.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
-                                                 "8.06. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
+    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 924,818 (28.22x) the ledger: "
+                                                 "-17.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
+                                                 "7.96. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
                                                  "(NCCL's NVLink-switch buffers, memory_profile.py NON_TORCH_TP); "
                                                  "two L4s talk over PCIe, and with the one-rank 0.25 GiB the pool "
-                                                 "would be 9.82 GiB (+1.3%). One PCIe case does not make a rule: "
+                                                 "would be 9.78 GiB (+0.9%). One PCIe case does not make a rule: "
                                                  "no log of the corpus prints a PCIe TP non-torch figure",
 }
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
@@ -104,12 +116,6 @@ ACTIVATION_NOT_MODELLED = {
     "qwen3-30b-a3b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
-}
-# Refusals the ledger does not predict, with the reason.
-UNPREDICTED_REFUSALS = {
-    "vllm-0.19.0-h100-gpt-oss-20b-oom": "CUDA OOM in the sampler warm-up after the KV pool was allocated "
-                                        "(gpu_model_runner.py _dummy_sampler_run in compile_or_warm_up_model): "
-                                        "the ledger sizes the pool, it does not model memory after it",
 }
 
 
@@ -134,6 +140,8 @@ def why_not_runnable(case: dict) -> str | None:
                 f"(`kvprobe ledger --engine-version {case['version']}` refuses it)")
     if logged.get("refused") and FREE_AT_START.search(logged["refused"]) and "kv_cache_gib" not in logged:
         return REFUSED_AT_START
+    if logged.get("refused") and REFUSED_SIZING.search(logged["refused"]):
+        return REFUSED_AT_SIZING
     if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
     if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
@@ -152,6 +160,11 @@ def why_not_runnable(case: dict) -> str | None:
 ADA_CARDS = {"NVIDIA L4", "NVIDIA L40S", "NVIDIA GeForce RTX 4090"}
 TOKENS_ONLY = "the log prints the pool in tokens only: compared in tokens (test_pools_logged_in_tokens_only)"
 REFUSED_AT_START = "refused at start-up, before any pool: the refusal is checked (test_budget_corpus_refusals.py)"
+REFUSED_AT_SIZING = ("refused when sizing the pool (too small or negative): the refusal is checked, the pool "
+                     "is not compared (test_budget_corpus_refusals.py)")
+# The pool too small for one max-length request (v1/core/kv_cache_utils.py check_enough_kv_cache_memory), or
+# none at all (v1/worker/gpu_worker.py, available memory <= 0): 0.17.1's wording, the same through 0.33.0.
+REFUSED_SIZING = re.compile(r"ValueError: (To serve at least one request|No available memory for the cache blocks)")
 # vLLM's start-up check prints the free memory its init snapshot read (v1/worker/utils.py request_memory)
 FREE_AT_START = re.compile(r"Free memory on device \S+ \(([\d.]+)/[\d.]+ GiB\) on startup")
 
@@ -249,7 +262,9 @@ def test_kv_pool_accuracy_ratchet(table):
     errors = [abs(r["error"]) for r in rows]
     within = [r["case"] for r in rows if abs(r["error"]) <= WITHIN]
     assert len(within) >= FLOOR_WITHIN_5, f"{len(within)} of {len(rows)} within 5% (floor {FLOOR_WITHIN_5})"
-    assert max(errors) <= WORST_ALLOWED, f"worst {max(errors):.1%} beyond {WORST_ALLOWED:.0%}"
+    unnamed = [abs(r["error"]) for r in rows if r["case"] not in KNOWN_MISSES]
+    assert max(unnamed) <= WORST_ALLOWED, f"worst {max(unnamed):.1%} beyond {WORST_ALLOWED:.0%}"
+    assert max(errors) <= KNOWN_MISS_WORST, f"worst named miss {max(errors):.1%} beyond {KNOWN_MISS_WORST:.0%}"
     assert statistics.median(errors) <= MEDIAN_ALLOWED, f"median {statistics.median(errors):.1%}"
 
 
@@ -295,16 +310,6 @@ def test_weights_where_logged(table):
            if "weights" in r and abs(r["weights"][1] / r["weights"][0] - 1) > 0.02}
     expected = set(KNOWN_MISSES) | {s for s in off if "gpt-oss" in s}
     assert set(off) <= expected, {s: off[s] for s in set(off) - expected}
-
-
-def test_refusals(table):
-    rows, skipped = table
-    for r in rows:
-        refused = bool(CASES[r["case"]]["logged"].get("refused"))
-        if refused and r["case"] in UNPREDICTED_REFUSALS:
-            assert not r["refused"]
-            continue
-        assert r["refused"] == refused, r["case"]
 
 
 def test_the_release_rules_the_logs_show():

@@ -110,6 +110,26 @@ def test_torch_sort_warmup_counts_what_apply_top_k_top_p_holds_at_its_scatter():
     assert flashinfer - hidden == 256 * geom.vocab_size * (2 + 4 + 8)
 
 
+def test_from_0_21_0_the_warmup_also_takes_forward_native():
+    """0.21.0-0.32.0 sample the dummy batch twice (gpu_model_runner.py _dummy_sampler_run, 'Also warm
+    forward_native'): FlashInfer's path, then with a generator forward_native's: triton from 8 rows (its
+    per-program fp32 rows on top of the same two temporaries), torch's sort below. 0.20.x samples once."""
+    from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+    from kvprobe.theory.vllm.memory_profile import profile_rules, sampler_warmup_bytes
+
+    geom = geometry_from_config(load_model_config("meta-llama/Llama-3.1-8B")[0])
+    hidden = 2048 * geom.hidden_size * geom.dtype_bytes
+
+    def warmup(version: str, seqs: int) -> int:
+        return sampler_warmup_bytes(geom, profile_rules(version), max_num_seqs=seqs, max_num_batched_tokens=2048,
+                                    gpu_arch="sm90") - hidden
+
+    assert profile_rules("0.21.0").warms_native and not profile_rules("0.20.2").warms_native
+    assert warmup("0.21.0", 256) == 256 * geom.vocab_size * (2 + 4 + 8) + 132 * geom.vocab_size * 4  # H100: 132 SMs
+    assert warmup("0.20.2", 256) == warmup("0.21.0", 256)  # triton there too: the same peak, once
+    assert warmup("0.21.0", 4) == 4 * geom.vocab_size * (2 + 4 + 22)  # torch's sort under 8 rows
+
+
 def test_async_scheduling_is_the_default_from_the_release_that_made_it_so():
     """config/scheduler.py `async_scheduling: bool = False` up to 0.13.0, `Field(default=None)` (on) from 0.14.0."""
     dialect = get_dialect("vllm")

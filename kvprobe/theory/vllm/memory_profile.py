@@ -48,6 +48,7 @@ class ProfileRules:
     cudagraph: str  # "none": not profiled; "logged": estimated and printed, not subtracted; "subtracted"
     sampler: str  # the dummy sampler's top-k/top-p path: "flashinfer" | "torch" (sort) | "triton"
     snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
+    warms_native: bool = False  # the warm-up samples a second time with a generator: forward_native's path too
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
 
@@ -119,10 +120,14 @@ RULES: tuple[ProfileRules, ...] = (
                  "subtracted (v1/worker/gpu_worker.py determine_available_memory)")),
     ProfileRules(
         "0.21.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
-        snapshot_after_distributed=True,
+        snapshot_after_distributed=True, warms_native=True,
         sources=("envs.py L726-730: VLLM_USE_FLASHINFER_SAMPLER unset = True; v1/sample/ops/topk_topp_sampler.py "
                  "L39-49: FlashInfer top-k/top-p where the GPU supports it (flashinfer a CUDA requirement: "
-                 "0.23.0 L29); same through 0.32.0 (envs.py L878-882)",)),
+                 "0.23.0 L29); same through 0.32.0 (envs.py L878-882)",
+                 "v1/worker/gpu_model_runner.py L5743-5765 _dummy_sampler_run: the sampler again with "
+                 "generators={0: ...} ('Also warm forward_native'; not in 0.20.2, in every release to 0.33.0), "
+                 "which forward_cuda hands to forward_native (topk_topp_sampler.py L143-150): apply_top_k_top_p, "
+                 "triton from 8 rows, torch's sort below (L305-315)")),
     ProfileRules(
         "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
         snapshot_after_distributed=True, legacy=True,
@@ -152,19 +157,30 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     their int64 indices, the top-k and top-p bool masks, the fp32 softmax/cumsum and the scattered fp32
     result (the sort's own workspace is not modelled). The triton path adds its cached per-program
     rows; the forward's hidden states (max_num_batched_tokens rows, profile_run keeps them until the
-    sampler returns) are live throughout. With PP the sampler runs on the last rank, which also holds
+    sampler returns) are live throughout. From 0.21.0 the warm-up samples twice, the second time with a
+    generator, which takes forward_native (triton, or torch's sort under 8 rows) whatever the first path:
+    the peak is the larger of the two calls (the first call's temporaries are freed when it returns).
+    With PP the sampler runs on the last rank, which also holds
     the received hidden states and residual of max_num_batched_tokens
     (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
     the ranks (the executor takes the minimum), so this rank's peak is the one that counts."""
     rows = min(max_num_seqs, max_num_batched_tokens)
-    per_element = geom.dtype_bytes + 4 + (4 + 8 + 1 + 4 + 1 + 4 if rules.sampler == "torch" else 4 + 4)
+    peak = _sampling_path_bytes(rules.sampler, rows, geom, gpu_arch)
+    if rules.warms_native:  # the second call's forward_native: the larger of the two paths is the peak
+        peak = max(peak, _sampling_path_bytes("triton" if rows >= 8 else "torch", rows, geom, gpu_arch))
+    hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
+    return peak + hidden + (2 * hidden if pp > 1 else 0)
+
+
+def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, gpu_arch: str) -> int:
+    """One sampler call on `rows` dummy requests down one top-k/top-p path (sampler_warmup_bytes says what)."""
+    per_element = geom.dtype_bytes + 4 + (4 + 8 + 1 + 4 + 1 + 4 if path == "torch" else 4 + 4)
     peak = rows * geom.vocab_size * per_element
-    if rules.sampler == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
+    if path == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
         sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
         programs = min(sms, rows)
         peak += min(1 << (programs - 1).bit_length(), sms) * geom.vocab_size * 4
-    hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
-    return peak + hidden + (2 * hidden if pp > 1 else 0)
+    return peak
 
 
 # Non-torch memory counted by releases whose init snapshot follows CUDA and NCCL init: not the CUDA
