@@ -14,7 +14,8 @@ many cohorts the running requests form is set by how the users arrived, and it s
   finish: 22.4, the steady state the ledger now reports (sglang/admission.spread_ramp_width);
 - the probe's levels 8, 16, 28, 34, each level's users at once: two cohorts (8 and 15; the
   shadow's engine log shows the same two), 20.9 and 21.3 at 28 and 34 users, where SGLang 0.5.19's
-  shadow measured 20.51 and 21.18 (docs/diff.md, "SGLang's memory rules").
+  shadow measured 20.51 and 21.18 (docs/diff.md, "SGLang's memory rules");
+- levels two users apart (the file's levels now): small cohorts, 22.0-22.1 at the deep levels.
 """
 
 from __future__ import annotations
@@ -69,3 +70,9 @@ def test_ledger_reports_the_spread_steady_state():
 def test_probe_levels_plateau_between_burst_and_spread():
     deep = levels_plateaus(MID_TIER_0519, [8, 16, 28, 34], 132)[2:]
     assert all(20.5 < x < 21.6 for x in deep), deep  # the shadow: 20.51 and 21.18
+
+
+def test_levels_two_users_apart_run_near_the_spread_state():
+    # the mid-tier file's levels: small cohorts, deep levels within 0.4 of the ledger's 22.38
+    deep = levels_plateaus(MID_TIER_0519, [*range(2, 23, 2), 28, 34], 132)[-2:]
+    assert all(21.9 < x < 22.4 for x in deep), deep
