@@ -2,7 +2,7 @@
 
 SGLang runs a prefill batch whenever one can be built and decodes only when none can
 (managers/scheduler.py get_next_batch_to_run, "Run prefill first if possible": 0.5.19 L3446-3455,
-the same in 0.5.23). On the mid-tier pair's 0.5.19 side (expectations/diff/sglang-mid-tier-shadow.yaml:
+0.5.23 L3992-4001). On the mid-tier pair's 0.5.19 side (expectations/diff/sglang-mid-tier-shadow.yaml:
 P=1760, O=32, 41,242 tokens, 2,048-token chunks) every prompt takes a prefill pass of its own, so
 the requests that are prefilled back to back decode, finish and refill together: a cohort. How
 many cohorts the running requests form is set by how the users arrived, and it stays:

@@ -30,8 +30,8 @@ def spread_ramp_width(cfg: SglangConfig, P: int, O: int, estimate: float) -> int
     """The ramp start's width (users per lifetime) at which users still join at distinct phases.
 
     SGLang runs a prefill batch whenever one can be built and decodes only when none can
-    (scheduler.py get_next_batch_to_run: "Run prefill first if possible", 0.5.19 L3446-3455; the
-    same in 0.5.23). Users arriving less than one prompt's prefill passes plus one step apart are
+    (scheduler.py get_next_batch_to_run: "Run prefill first if possible", 0.5.19 L3446-3455; 0.5.23
+    L3992-4001). Users arriving less than one prompt's prefill passes plus one step apart are
     therefore all prefilled before anyone decodes: they finish together and refill together, one
     cohort, as if they had started at once (P=1760 over 2,048-token chunks, 25 users a step apart:
     18.1 running on 41,242 tokens, the burst's 18.3; two steps apart: 22.4). The ramp is meant to
