@@ -22,7 +22,7 @@ from kvprobe.theory.prediction import (
 )
 from kvprobe.theory.schedsim import SglangConfig, VllmConfig, closed_loop
 from kvprobe.theory.sglang import releases as sglang_releases
-from kvprobe.theory.sglang.admission import predict_sglang
+from kvprobe.theory.sglang.admission import predict_sglang, spread_ramp_width
 from kvprobe.theory.vllm import releases as vllm_releases
 from kvprobe.theory.vllm.admission import predict_vllm
 
@@ -71,7 +71,7 @@ def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens
         raise ConfigError(f"expected VllmConfig or SglangConfig, got {type(config).__name__}")
     if users is None:
         return pred
-    start, width = _users_start(pred)
+    start, width = _users_start(pred, config, P, O)
     stats = closed_loop(with_policy(config, policy), P, O, users, shared_prefix_tokens=K, start=start,
                         ramp_width=min(users, width))
     check_modelled(stats)
@@ -80,6 +80,10 @@ def predict(config: VllmConfig | SglangConfig, prompt_tokens: int, output_tokens
                    waiting_sem=round(stats.waiting_sem, 3), users_how=describe(stats, start))
 
 
-def _users_start(pred: Prediction) -> tuple[str, int]:
-    """The steady state at N users is simulated from the start that reaches the limit."""
-    return pred.start or "ramp", ramp_width(pred.limit)
+def _users_start(pred: Prediction, config, P: int, O: int) -> tuple[str, int]:  # noqa: E741
+    """The steady state at N users is simulated from the start that reaches the limit (SGLang's
+    ramp narrowed as its limit's was: sglang/admission.spread_ramp_width)."""
+    width = ramp_width(pred.limit)
+    if isinstance(config, SglangConfig):
+        width = spread_ramp_width(config, P, O, pred.limit)
+    return pred.start or "ramp", width

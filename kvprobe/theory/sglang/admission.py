@@ -14,7 +14,7 @@ from kvprobe.theory.prediction import (
     ramp_width,
     with_policy,
 )
-from kvprobe.theory.schedsim import SglangConfig, closed_loop
+from kvprobe.theory.schedsim import SglangConfig, closed_loop, request_lifetime
 from kvprobe.theory.sglang.reports import sglang_published_usage
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, request_pool_tokens, window_pool_label
@@ -24,6 +24,22 @@ from kvprobe.theory.sglang.swa.scheduler import is_hybrid_swa
 def sglang_shared_tokens(cfg: SglangConfig, K: int) -> int:
     """Prompt tokens every request finds in the radix tree: the shared prefix in whole pages."""
     return 0 if cfg.disable_radix_cache else K // cfg.page_size * cfg.page_size
+
+
+def spread_ramp_width(cfg: SglangConfig, P: int, O: int, estimate: float) -> int:  # noqa: E741
+    """The ramp start's width (users per lifetime) at which users still join at distinct phases.
+
+    SGLang runs a prefill batch whenever one can be built and decodes only when none can
+    (scheduler.py get_next_batch_to_run: "Run prefill first if possible", 0.5.19 L3446-3455; 0.5.23
+    L3992-4001). Users arriving less than one prompt's prefill passes plus one step apart are
+    therefore all prefilled before anyone decodes: they finish together and refill together, one
+    cohort, as if they had started at once (P=1760 over 2,048-token chunks, 25 users a step apart:
+    18.1 running on 41,242 tokens, the burst's 18.3; two steps apart: 22.4). The ramp is meant to
+    spread phases (`prediction.ramp_width`), so it is narrowed until consecutive users are at
+    least that far apart."""
+    life = request_lifetime(cfg, P, O)
+    passes = life - (O - 1)  # the prompt's prefill passes (request_lifetime)
+    return max(1, min(ramp_width(estimate), life // (passes + 1)))
 
 
 def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layers=()) -> Prediction:  # noqa: E741
@@ -59,11 +75,14 @@ def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layer
     # spread phases (one admission per finish), users that start together run in cohorts whose
     # simultaneous finishes refill in one pass (several prompts, a chunked one, a prefill step
     # that pauses everyone's decode). The limit is the larger steady state: the engine sustains it.
+    # A probe's levels add users in groups: its plateau lies between the two (docs/diff.md,
+    # "SGLang's memory rules").
     runs = {}
     probe = min(mrr, max(reserved + 2, 2 * reserved) + 2)
+    width = spread_ramp_width(cfg, P, O, reserved)
     for start in ("ramp", "burst"):
         runs[start] = closed_loop(with_policy(cfg, policy), P, O, probe, shared_prefix_tokens=K, start=start,
-                                  ramp_width=ramp_width(reserved))
+                                  ramp_width=width)
     for run in runs.values():
         check_modelled(run)
     start = max(runs, key=lambda k: (runs[k].running_max, runs[k].running_mean))
@@ -84,11 +103,12 @@ def predict_sglang(cfg: SglangConfig, P: int, O: int, K: int, policy: str, layer
     other = runs["burst" if start == "ramp" else "ramp"]
     how = describe(stats, start) + (f"; the {'burst' if start == 'ramp' else 'ramp'} start settles at "
                                     f"{other.running_max} (mean {other.running_mean:.2f})"
-                                    if other.running_max != stats.running_max else "")
+                                    if other.running_max != stats.running_max
+                                    or abs(other.running_mean - stats.running_mean) > 0.5 else "")
     no_preempt = min(reserved, stats.running_max if reservation else reserved)
     if hybrid:  # the full pool's bound says nothing of the window pool: the fewest that ran saturated
         no_preempt = min(reserved, stats.running_min)
     return Prediction(limit=limit, no_preemption_limit=no_preempt,
                       binding=binding, usage_at_limit=usage, method="schedsim",
                       limit_mean=round(stats.running_mean, 2), how=how, running_sem=round(stats.running_sem, 3),
-                      start=start, probe_users=probe, ramp_width=ramp_width(reserved), **common)
+                      start=start, probe_users=probe, ramp_width=width, **common)

@@ -14,6 +14,17 @@ with kvprobe's plugin taking the model out (`kvprobe/targets/shadow/sglang/plugi
   `handle_gpu_memory_settings` sees this CPU's memory, not the declared card, so it cannot resolve
   them itself), unless the expectation sets them; and always the dialect's SHADOW_FLAGS
   (`--device cpu`, `--enable-metrics`, `--sleep-on-idle`; engines/sglang/flags.py says why).
+  Why SGLang does not resolve them itself from the declared card (checked for 0.5.19-0.5.23): the
+  plugin does reach the launcher before ServerArgs is resolved (launch_server.py: `load_plugins()`
+  L71 then `prepare_server_args` L73 in 0.5.19, L79/L81 in 0.5.20-0.5.23), and a REPLACE of
+  `sglang.srt.utils.common.get_device_memory_capacity` reaches the from-imports that call it
+  (arg_groups/pipeline.py L223 in 0.5.19, memory_hook.py L78 after; HookRegistry `_propagate_patch`).
+  But with `--device cpu`, `handle_gpu_memory_settings` sets the decode graph max_bs to
+  `torch_compile_max_bs` (32) instead of the card's tier (memory_hook.py L153-183 in 0.5.19, L192-222
+  in 0.5.20-0.5.21, L201-231 in 0.5.22-0.5.23), and that enters the reserve: ServerArgs resolved in
+  each environment with the card answered gives 0.833 (0.5.19, 24 GiB; the card's 0.833 by rounding),
+  0.705 (0.5.20; 0.704), 0.911 (0.5.21, 148 GiB, 70B, --max-running-requests 32; 0.908), 0.914 (0.5.22;
+  0.911): a CPU's fractions, in which 0.5.22's lowering of the graph bs to the running cap cannot show.
 - the pool: with `--max-total-tokens` SGLang's own configurator sizes it; with a declared GPU the
   plugin hands SGLang that GPU's KV budget (the ledger's weights, SGLang's resolved fraction).
 - the memory check: SGLang allocates its KV pool and request table as real buffers, so they must
