@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.load.turns import TURN_ENV, flock_within, load_turn
+from kvprobe.load.turns import TURN_ENV, TURN_LOG_ENV, flock_within, load_turn, log_hold
+from tests import suite_timeline
 
 pytest_plugins = ["pytester"]
 
@@ -139,12 +140,16 @@ def two_lanes() -> bool:
     return os.environ.get("KVPROBE_TEST_LANES", "1") == "2"
 
 
+_STARTED = time.time()  # the controller's start: the wall clock the timeline's lines divide
+
+
 def pytest_configure(config):
-    # the controller names the turn's file before its workers start; they inherit it
+    # the controller names the turn's file (and the log of its holds) before its workers start; they inherit it
     if two_lanes() and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
         os.environ[TURN_ENV] = str(Path(tempfile.gettempdir()) / f"kvprobe-load-turn-{os.getpid()}")
-        for path in (os.environ[TURN_ENV], os.environ[TURN_ENV] + ".quiet", os.environ[TURN_ENV] + ".want"):
-            config.add_cleanup(lambda path=path: Path(path).unlink(missing_ok=True))
+        os.environ[TURN_LOG_ENV] = os.environ[TURN_ENV] + ".log"
+        for suffix in ("", ".quiet", ".want", ".log"):
+            config.add_cleanup(lambda path=os.environ[TURN_ENV] + suffix: Path(path).unlink(missing_ok=True))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -156,10 +161,15 @@ def pytest_runtest_protocol(item, nextitem):
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
-    with quiet_lock(exclusive=item.get_closest_marker("needs_a_quiet_machine") is not None) as had:
+    exclusive = item.get_closest_marker("needs_a_quiet_machine") is not None
+    asked = time.time()
+    with quiet_lock(exclusive=exclusive) as had:
         if not had:
             item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
+        start = time.time()
         yield
+    # the lane test's span (alone on the machine when exclusive), for the run's timeline
+    log_hold("quiet" if exclusive else "lane", start, time.time(), start - asked, who=item.nodeid)
 
 
 _QUIET_MISSED = pytest.StashKey[str]()
@@ -238,6 +248,13 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    log = os.environ.get(TURN_LOG_ENV)
+    if log and not os.environ.get("PYTEST_XDIST_WORKER"):
+        lines = suite_timeline.summary(suite_timeline.read_holds(Path(log)), time.time() - _STARTED)
+        if lines:
+            terminalreporter.write_sep("=", "where the wall clock went (tests/suite_timeline.py)")
+            for line in lines:
+                terminalreporter.write_line(line)
     if not _reported:
         return
     terminalreporter.write_sep("=", "measured figures")

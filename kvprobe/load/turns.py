@@ -11,11 +11,16 @@ the machine, where it may (root or CAP_SYS_NICE): an engine starting for the nex
 two cores for its imports, and a client that loses them lags and makes its own levels inconclusive.
 The lock is an advisory `flock` on the file, released by the kernel if its holder dies; a turn
 waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the holder.
+
+With KVPROBE_LOAD_TURN_LOG naming a file, every hold appends one JSON line (`log_hold`): when it was
+had and let go, how long it was waited for, and by whom. The suite reads it to say where its wall
+clock went (tests/suite_timeline.py).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +29,7 @@ from contextlib import contextmanager
 from kvprobe.errors import ProbeError
 
 TURN_ENV = "KVPROBE_LOAD_TURN"
+TURN_LOG_ENV = "KVPROBE_LOAD_TURN_LOG"
 # The longest another probe's load phase lasts: its profile's budget (the shipped ones: at most
 # 10 minutes) and Locust's stop. A turn not had by then is a holder that hangs.
 TURN_WAIT_SECONDS = 1200.0
@@ -47,11 +53,13 @@ def load_turn(*, log: Callable[[str], None] | None = None, path: str | None = No
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             before = _boost()
+            had = time.time()
             try:
                 yield waited
             finally:
                 if before is not None:  # a thread may raise its own nice value back without privilege
                     os.setpriority(os.PRIO_PROCESS, 0, before)
+                log_hold("turn", had, time.time(), waited)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -107,3 +115,22 @@ def holder(path: str) -> str:
     except (OSError, UnicodeDecodeError):
         pid = ""
     return f"pid {pid}" if pid.isdigit() else "an unknown process"
+
+
+def log_hold(kind: str, start: float, end: float, waited: float, *, who: str | None = None,
+             path: str | None = None) -> None:
+    """Append one hold of a machine-wide lock (`kind`: "turn", or the suite's own) to the file
+    $KVPROBE_LOAD_TURN_LOG names; nothing when it names none. Who held it: `who`, else the test pytest
+    names in the environment it runs in (inherited by a probe's subprocess), else this process."""
+    path = path if path is not None else os.environ.get(TURN_LOG_ENV)
+    if not path:
+        return
+    who = who or os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or f"pid {os.getpid()}"
+    line = json.dumps({"kind": kind, "start": round(start, 3), "end": round(end, 3), "waited": round(waited, 3),
+                       "who": who, "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\n"
+    # one write on an O_APPEND descriptor: lines from the lanes' processes never interleave
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
