@@ -36,7 +36,7 @@ def test_the_release_rules_the_logs_show():
     ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
     ("0.15.1", "0.14.0", 0.9, "none"), ("0.19.0", "0.18.0", 0.9, "logged"), ("0.19.1", "0.18.0", 0.9, "logged"),
     ("0.20.1", "0.20.0", 0.92, "subtracted"), ("0.24.0", "0.21.0", 0.92, "subtracted"),
-    ("0.26.0", "0.25.1", 0.92, "subtracted"), ("0.27.1", "0.25.1", 0.92, "subtracted"),
+    ("0.26.0", "0.25.0", 0.92, "subtracted"), ("0.27.1", "0.25.0", 0.92, "subtracted"),
     ("0.29.0", "0.29.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
 def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
     from kvprobe.theory.vllm.memory_profile import profile_rules
@@ -69,8 +69,8 @@ def test_gpus_by_name_have_the_total_the_logs_print():
 
 
 def test_the_v2_runner_releases_subtract_no_graph_estimate_for_dense_models():
-    """0.25.1-0.28.0 run dense (and a few MoE) models on the V2 model runner, whose profile_cudagraph_memory
-    returns 0 (memory_profile.py, ProfileRules "0.25.1"); 0.24.0 did not default them to it, 0.29.0 estimates."""
+    """0.25.0-0.28.0 run dense (and a few MoE) models on the V2 model runner, whose profile_cudagraph_memory
+    returns 0 (memory_profile.py, ProfileRules "0.25.0"); 0.24.0 did not default them to it, 0.29.0 estimates."""
     import json
 
     from kvprobe.theory.model.geometry import geometry_from_config
