@@ -92,7 +92,12 @@ TOKEN_ONLY_MISSES = {
                                   "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
                                   "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
                                   "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.28 GiB is missing between "
-                                  "activation, graphs and non-torch, which no logged line splits",
+                                  "activation, graphs and non-torch, which no logged line splits. The log's DCGM "
+                                  "view after start-up (18,604 MiB used of 23,034) bounds them: with the ledger's "
+                                  "13.69 GiB of weights and the 2.38 GiB pool, 2.10 GiB held by the CUDA context, "
+                                  "non-torch and the captured graphs, against 1.31 GiB the ledger leaves for "
+                                  "non-torch, activation and the graph estimate: the graphs, most likely, but no "
+                                  "line gives the term",
     "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 924,818 (28.22x) the ledger: "
                                                  "-17.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
                                                  "7.96. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
