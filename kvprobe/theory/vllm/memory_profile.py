@@ -63,6 +63,8 @@ class ProfileRules:
                  "subtracted": "CUDA-graph estimate subtracted"}[self.cudagraph]
         requested = "ceil(total x util)" if self.requested_ceil else "total x util"
         terms = "kvprobe's estimates" if self.legacy else f"sampler warm-up via {self.sampler}"
+        if self.v2_runner_no_graph_estimate:
+            graph += " (0 for dense models: the V2 runner's)"
         return f"vLLM {self.release} rules: requested = {requested}; {graph}; {terms}"
 
 
