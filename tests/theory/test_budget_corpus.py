@@ -54,12 +54,12 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 29  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 31  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.27
 KNOWN_MISS_WORST = 0.45
 MEDIAN_ALLOWED = 0.016  # 1.52% today: 1.02% before the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%
-RUNNABLE = 32
+RUNNABLE = 34
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
@@ -92,7 +92,12 @@ TOKEN_ONLY_MISSES = {
                                   "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
                                   "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
                                   "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.28 GiB is missing between "
-                                  "activation, graphs and non-torch, which no logged line splits",
+                                  "activation, graphs and non-torch, which no logged line splits. The log's DCGM "
+                                  "view after start-up (18,604 MiB used of 23,034) bounds them: with the ledger's "
+                                  "13.69 GiB of weights and the 2.38 GiB pool, 2.10 GiB held by the CUDA context, "
+                                  "non-torch and the captured graphs, against 1.31 GiB the ledger leaves for "
+                                  "non-torch, activation and the graph estimate: the graphs, most likely, but no "
+                                  "line gives the term",
     "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 924,818 (28.22x) the ledger: "
                                                  "-17.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
                                                  "7.96. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
@@ -116,6 +121,9 @@ ACTIVATION_NOT_MODELLED = {
     "qwen3-30b-a3b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
+    "0.26.0-a40": "0.26.0's V2 model runner profile (v1/worker/gpu/model_runner.py profile_run L673-688: the "
+                  "forward, then one sampler call on max_num_seqs rows) logs 1.01 GiB for both checkpoints, "
+                  "twice the ledger's V1-rule estimate; its terms are not read",
 }
 
 
@@ -312,19 +320,6 @@ def test_weights_where_logged(table):
     assert set(off) <= expected, {s: off[s] for s in set(off) - expected}
 
 
-def test_the_release_rules_the_logs_show():
-    """What the 0.19.0 logs print themselves: available = ceil(total x util) - weights - torch peak -
-    non-torch, the CUDA-graph estimate not subtracted (gpu_worker.py; its own debug line says so)."""
-    case = CASES["vllm-0.19.0-h100-llama31-8b-tp1"]
-    logged = case["logged"]
-    requested = logged["total_gpu_gib"] * case["flags"]["gpu_memory_utilization"]
-    with_graph = requested - logged["weights_gib"] - logged["activation_peak_gib"] - logged["non_torch_gib"]
-    assert abs(with_graph - logged["kv_cache_gib"]) < 0.02
-    assert re.search(r"Estimated CUDA graph memory: [\d.]+ GiB total", case["log"])
-    row = compare("vllm-0.19.0-h100-llama31-8b-tp1", case)
-    assert abs(row["activation"][1] - logged["activation_peak_gib"]) / logged["activation_peak_gib"] < 0.05
-
-
 def test_online_fp8_counts_the_linear_layers_at_one_byte():
     """`--quantization fp8` on the bf16 Llama-3.1-8B: vLLM loads 8.49 GiB (the log above); embeddings and
     lm_head stay bf16 (1.96 GiB), the 6.98 B linear parameters take one byte each."""
@@ -370,39 +365,3 @@ def test_activation_peak_where_logged(table):
         if "activation" in r and r["case"] not in close:
             assert any(k in r["case"] for k in ACTIVATION_NOT_MODELLED), (r["case"], r["activation"])
             assert r["activation"][1] < r["activation"][0], (r["case"], r["activation"])
-
-
-@pytest.mark.parametrize(("version", "release", "util", "graph"), [
-    ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
-    ("0.15.1", "0.14.0", 0.9, "none"), ("0.19.0", "0.18.0", 0.9, "logged"), ("0.19.1", "0.18.0", 0.9, "logged"),
-    ("0.20.1", "0.20.0", 0.92, "subtracted"), ("0.24.0", "0.21.0", 0.92, "subtracted"),
-    ("0.29.0", "0.21.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
-def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
-    from kvprobe.theory.vllm.memory_profile import profile_rules
-    from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
-
-    rules = profile_rules(version)
-    assert (rules.release, rules.gpu_memory_utilization, rules.cudagraph) == (release, util, graph)
-    assert vllm_default_gpu_memory_utilization(version) == util
-
-
-def test_the_ledger_prints_the_rule_it_applied():
-    from kvprobe.theory.ledger.text import render_ledger
-
-    text = render_ledger(run_ledger(CASES["vllm-0.19.0-h100-llama31-8b-tp1"]))
-    assert "memory profile          vLLM 0.18.0" in text  # 0.19.0 runs the rules 0.18.0 changed
-    assert "CUDA-graph estimate logged, not subtracted" in text and "not subtracted by this release" in text
-
-
-def test_gpus_by_name_have_the_total_the_logs_print():
-    """Where a log prints the card's total (vLLM's `total_memory=79.19GiB`, or `Free memory on device
-    (x/79.19 GiB)`), kvprobe's figure for that card by name (spec/gpus.py) is the same within 0.02 GiB: the
-    print's rounding and a few MiB between driver releases (H100: 79.19 in these logs, 79.205 in deviceQuery's)."""
-    checked = 0
-    for stem, case in CASES.items():
-        gpu = gpu_by_name(case)
-        if gpu is not None and "total_gpu_gib" in case["logged"]:
-            assert abs(gpu.total_bytes / GIB - case["logged"]["total_gpu_gib"]) <= 0.02, (stem, gpu.name)
-            checked += 1
-    assert checked >= 19
-

@@ -39,14 +39,18 @@ MODELS = {
     "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
     # MiniCPM5-1B's geometry from a public config of it (the file's _provenance: 24 layers, 2 KV heads of 128)
     "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
+    "meta-llama/Llama-3.1-8B-Instruct": CONFIGS / "llama-3.1-8b.json",
 }
 # nvidia-smi's memory.total, what SGLang's defaults read (utils/common.py get_nvgpu_memory_capacity): 95830MiB on
 # every H100 NVL nvidia-smi table found in public repositories (find_string "H100 NVL                On": 10
 # posts, drivers 550-570); CUDA's total (spec/gpus.py H100-NVL) is 595 MiB less, which moves 0.86 to 0.859.
-CARD_TOTAL = {"NVIDIA H100 NVL": "95830MiB"}
+CARD_TOTAL = {"NVIDIA H100 NVL": "95830MiB",
+              # the A40 run's own README: "46068 MiB usable (48 GB nominal, ECC enabled)" (vireshkoli/LLM-Inference-
+              # Optimization, the SGLang 0.5.17 case's repository)
+              "NVIDIA A40": "46068MiB"}
 WITHIN = 0.05
-FLOOR_WITHIN_5 = 4  # the ratchet: raise it when a rule improves; never lower it to pass
-RUNNABLE = 5
+FLOOR_WITHIN_5 = 5  # the ratchet: raise it when a rule improves; never lower it to pass
+RUNNABLE = 6
 # Cases run with the card's total and the free memory at start, from which the ledger must land within 1%.
 WITHIN_1 = {"sglang-0.5.10.post1-h100nvl-qwen25-0.5b-nographs"}
 # SGLang's own arithmetic on its printed figures that does not close within their rounding, and why.
@@ -200,7 +204,8 @@ def test_the_release_defaults_are_the_logged_ones(table):
     rows, _ = table
     compared = 0
     for r in rows:
-        assert r["fraction"][0] == r["fraction"][1], (r["case"], r["fraction"])
+        if r["fraction"][0] is not None:  # a case whose ServerArgs line is not kept gives the fraction as a flag
+            assert r["fraction"][0] == r["fraction"][1], (r["case"], r["fraction"])
         if r["chunked"][0] is not None:
             assert r["chunked"][0] == r["chunked"][1], (r["case"], r["chunked"])
             compared += 1
@@ -223,7 +228,8 @@ def test_the_profile_reproduces_the_logged_pool_from_the_logged_terms():
         cfg, source = load_model_config(str(MODELS[case["model"]]))
         kv = kv_bytes_per_token(geometry_from_config(cfg, case["model"], source=source), kv_cache_dtype="auto",
                                 tp=case["tensor_parallel"])
-        rest = logged["avail_after_load_gib"] - free_at_start(logged) * (1 - logged["mem_fraction_static"])
+        fraction = logged.get("mem_fraction_static", case["flags"].get("mem_fraction_static"))  # the flag given
+        rest = logged["avail_after_load_gib"] - free_at_start(logged) * (1 - fraction)
         tokens = int(rest * (1 << 30) // kv.total)
         slack = 0.006 * (1 << 30) / kv.total * 2  # each printed figure is rounded to 0.01
         off = abs(tokens - logged_pool(logged))

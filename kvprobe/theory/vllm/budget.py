@@ -29,7 +29,13 @@ from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
     vllm_kv_plan,
 )
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
-from kvprobe.theory.vllm.memory_profile import ProfileRules, non_torch_bytes, profile_rules, sampler_warmup_bytes
+from kvprobe.theory.vllm.memory_profile import (
+    ProfileRules,
+    graph_estimate_is_zero,
+    non_torch_bytes,
+    profile_rules,
+    sampler_warmup_bytes,
+)
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
@@ -243,7 +249,8 @@ def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: in
             gpu_arch=gpu_arch)
     graph = estimates.get("cudagraph_bytes")
     if graph is None:
-        graph = used["cudagraph_bytes"] = estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
+        graph = used["cudagraph_bytes"] = 0 if graph_estimate_is_zero(rules, geom) else \
+            estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
     requested = None
     if gpu_memory_bytes is not None:
         requested = rules.requested(gpu_memory_bytes, fraction)

@@ -8,7 +8,8 @@ and what is subtracted. The rules are keyed by the release that changed them, fo
 final release from 0.11.0 to 0.33.0 (and their patch releases): the snapshot after NCCL init (0.11.0),
 FlashInfer's sampler made opt-in, torch's sort path by default (0.11.1), requested rounded up (0.14.0),
 the triton top-k/top-p kernel (0.17.0), the CUDA-graph estimate logged (0.18.0), then subtracted with
-utilisation 0.92 (0.20.0), FlashInfer's sampler on by default again (0.21.0). Each rule names the engine
+utilisation 0.92 (0.20.0), FlashInfer's sampler on by default again (0.21.0), dense models on the V2 model
+runner, which estimates no CUDA-graph memory (0.25.0 to 0.28.0; estimated again in 0.29.0). Each rule names the engine
 file and line it comes from (docs/ledger.md has the table). A version takes the rules of the newest
 release at or below it that changed one.
 
@@ -49,6 +50,7 @@ class ProfileRules:
     sampler: str  # the dummy sampler's top-k/top-p path: "flashinfer" | "torch" (sort) | "triton"
     snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
     warms_native: bool = False  # the warm-up samples a second time with a generator: forward_native's path too
+    v2_runner_no_graph_estimate: bool = False  # dense models default to the V2 runner, whose estimate is 0
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
 
@@ -61,6 +63,8 @@ class ProfileRules:
                  "subtracted": "CUDA-graph estimate subtracted"}[self.cudagraph]
         requested = "ceil(total x util)" if self.requested_ceil else "total x util"
         terms = "kvprobe's estimates" if self.legacy else f"sampler warm-up via {self.sampler}"
+        if self.v2_runner_no_graph_estimate:
+            graph += " (0 for dense models: the V2 runner's)"
         return f"vLLM {self.release} rules: requested = {requested}; {graph}; {terms}"
 
 
@@ -129,6 +133,21 @@ RULES: tuple[ProfileRules, ...] = (
                  "which forward_cuda hands to forward_native (topk_topp_sampler.py L143-150): apply_top_k_top_p, "
                  "triton from 8 rows, torch's sort below (L305-315)")),
     ProfileRules(
+        "0.25.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
+        snapshot_after_distributed=True, warms_native=True, v2_runner_no_graph_estimate=True,
+        sources=("config/vllm.py L557-575 _is_default_v2_model_runner_model: a generate model that is neither "
+                 "hybrid nor attention-free takes the V2 model runner unless it is MoE (a few MoE architectures "
+                 "too, DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES); 0.24.0 (L550-552) only the listed architectures",
+                 "v1/worker/gpu/model_runner.py L680-682 profile_cudagraph_memory: 'return 0' (V2), so "
+                 "gpu_worker.py (L483) subtracts no graph estimate for these models (0.25.0 wheel; 0.25.1 "
+                 "the same files); the same in 0.26.0 (L705-707, "
+                 "config/vllm.py L621), 0.27.1 (L749-751, L658) and 0.28.0 (L843-845, L712)")),
+    ProfileRules(
+        "0.29.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
+        snapshot_after_distributed=True, warms_native=True,
+        sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
+                 "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",)),
+    ProfileRules(
         "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
         snapshot_after_distributed=True, legacy=True,
         sources=("config/cache.py L215: gpu_memory_utilization = 0.92",
@@ -142,6 +161,22 @@ def profile_rules(version: str) -> ProfileRules:
     mine = version_tuple(version)
     below = [r for r in RULES if version_tuple(r.release) <= mine]
     return below[-1] if below else RULES[0]
+
+
+# MoE architectures that 0.25.0-0.28.0 still give the V2 runner (config/vllm.py
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, 0.25.0 L68-74), by config.json model_type
+V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
+
+
+def graph_estimate_is_zero(rules: ProfileRules, geom: ModelGeometry) -> bool:
+    """True where the release runs this model on the V2 model runner, whose `profile_cudagraph_memory`
+    returns 0 (ProfileRules 0.25.0's sources): a model that is not a linear-attention/Mamba hybrid, and
+    dense or one of the listed MoE architectures. Sliding-window models are not vLLM's `is_hybrid`.
+    The V2 runner's unsupported features (ngram speculation, prefill context parallelism, stock
+    torch.compile) fall back to V1; the ledger models none of them."""
+    if not rules.v2_runner_no_graph_estimate or geom.layers.count("linear"):
+        return False
+    return not geom.moe or geom.model_type in V2_MOE_MODEL_TYPES
 
 
 def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_seqs: int,
