@@ -21,6 +21,7 @@ import os
 
 from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
+from kvprobe.releases import version_tuple
 from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
@@ -30,6 +31,14 @@ from kvprobe.theory.vllm import budget
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
+# The releases whose CPU platform turns the `uni` executor into `mp` whatever VLLM_ENABLE_V1_MULTIPROCESSING says
+# (platforms/cpu.py L155-156 in 0.20.2, L140-141 in 0.21.0 and 0.22.1; 0.23.0 asks that variable first, L144-151;
+# 0.18.1 and 0.19.1 rewrite only for world_size > 1, L202-214). Under `mp` the worker runs in a process of its
+# own and what it puts back (async scheduling; MLA's chunked prefill, prefix caching and step budget) never
+# reaches EngineCore's scheduler. The uni executor named by its class, which the rewrite's `== "uni"` does not
+# match and Executor.get_class resolves (v1/executor/abstract.py L81-82, 0.20.2), keeps the worker in EngineCore.
+UNI_REWRITTEN = ((0, 20), (0, 23))  # from, before
+UNI_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
@@ -87,6 +96,15 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 
 
+def executor_flags(version: str) -> list[str]:
+    """`--distributed-executor-backend` for a release whose CPU platform would move the worker out of
+    EngineCore (`UNI_REWRITTEN`), else nothing."""
+    first, before = UNI_REWRITTEN
+    if first <= version_tuple(version)[:2] < before:
+        return ["--distributed-executor-backend", UNI_EXECUTOR]
+    return []
+
+
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     """`vllm serve FOLDER --worker-cls ... --served-model-name NAME [flags]` and its environment
     (kvprobe.targets.shadow.launch adds settings.ACTIVE_ENV, the time model and the dialect's SHADOW_ENV)."""
@@ -96,7 +114,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes))
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
-    argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS]
+    argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS, *executor_flags(req.version)]
     settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
     environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode()}
     return argv, environ
