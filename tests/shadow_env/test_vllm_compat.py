@@ -62,8 +62,8 @@ def test_each_interface_takes_its_release_branch(compat_of, version):
     new_specs = v >= (0, 33, 0)
     assert compat.default_kv_cache_layouts() == (["NHD"] if new_specs else [])
     assert compat.PLANNER_MODULE is new_specs
-    reason = compat.refusal("MLA attention")
-    assert (reason is None) if new_specs else f"MHA/GQA) models on vLLM {version}; this model has MLA" in reason
+    reason = compat.refusal("a DSA indexer")
+    assert (reason is None) if new_specs else f"and MLA models on vLLM {version}; this model has a DSA" in reason
 
 
 def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):

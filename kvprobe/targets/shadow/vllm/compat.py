@@ -25,14 +25,23 @@ Each interface, new form first, then old (files under vllm/):
 - Attention specs carry `kv_quant_mode` (`get_kv_quant_mode`) / they do not (v1/kv_cache_interface.py
   L65-107 in 0.18.1 and 0.19.1). Old through 0.19.1; new from 0.20.2 (kv_cache_interface.py L58
   `get_kv_quant_mode`, L134 `kv_quant_mode: KVQuantMode = KVQuantMode.NONE`; 0.25.1: L62, L168). -> `quant_fields`
-- MLA's `max_tp_shards`, `state_content_bytes`, `topk_buffer_width`, `cache_role` (`SparseCacheRole`) and
-  MambaSpec's prefill checkpoints, which kvprobe writes for MLA, DSA indexers and hybrid layers / MLA adds
-  `cache_dtype_str` (0.18.1 L191-193) and later `alignment`, `compress_ratio`, `model_version` (0.20.2
-  L313-320, 0.25.1 L363-370), MambaSpec has `num_speculative_blocks` and no checkpoints (0.20.2 L521-527,
-  0.25.1 L669-675). Old through 0.32.0: `topk_buffer_width` is in 0.33.0 alone (kv_cache_interface.py
-  L732), while 0.26.0-0.32.0 gain the rest by steps (`state_content_bytes` 0.28.0 L230, `SparseCacheRole`
-  0.30.0 L150, `max_tp_shards` 0.31.0 L489, MambaSpec's `prefill_checkpoint_alignment` 0.32.0 L1043);
-  new in 0.33.0. -> `refusal`
+- The MLA layer's spec (`MLAAttention.get_kv_cache_spec`, model_executor/layers/attention/mla_attention.py),
+  built with the fields that release's layer passes, each meaning there what it means to that release's
+  planner (DeepSeek-V3's latent cache, 576 values a token; one threshold per field):
+  `kv_quant_mode`: not passed through 0.25.1 (L1004-1010 in 0.24.0 and 0.25.1, L841-851 in 0.18.1: the
+  field keeps NONE although AttentionSpec has it from 0.20.2), passed from 0.26.0 (L1085). ->
+  `MLA_NO_QUANT_MODE_THROUGH`.
+  The ds_mla page: `cache_dtype_str == "fp8_ds_mla"` makes `real_page_size_bytes` 656 a token through
+  0.27.1 (kv_cache_interface.py L197-200 in 0.18.1, L409-416 in 0.27.1); from 0.28.0 the layer passes
+  `state_content_bytes` (mla_attention.py L1159, kv_cache_interface.py L230; 0.30.0 L1361-1363 adds
+  nvfp4_ds_mla's 352, a cache dtype 0.28.0 and 0.29.0 do not have). -> `MLA_NO_STATE_BYTES_THROUGH`.
+  `max_tp_shards=1`: absent through 0.30.0; from 0.31.0 (kv_cache_interface.py L489, mla_attention.py
+  L1353). -> `NO_MAX_TP_SHARDS_THROUGH`. All three: `mla_fields`.
+- DSA indexers (`topk_buffer_width` on the MLA spec, 0.33.0 alone: kv_cache_interface.py L732; the
+  indexer cache's `cache_role` (`SparseCacheRole`) from 0.30.0, L150) and hybrid layers (MambaSpec has
+  `num_speculative_blocks` and no prefill checkpoints through 0.31.0: 0.20.2 L521-527, 0.25.1 L669-675;
+  `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them with 0.33.0's fields. Old through
+  0.32.0; new in 0.33.0. -> `refusal`
 - `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
   bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
   L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
@@ -54,8 +63,8 @@ Each interface, new form first, then old (files under vllm/):
   and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
   interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So through 0.32.0 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
-refused at start-up, naming the release): those specs are written with 0.33's fields.
+So on 0.18.1-0.32.0 the worker describes full-attention and MLA models; DSA indexers and hybrid layers are
+refused at start-up there, naming the release and the kind: those specs are written with 0.33's fields.
 """
 
 from __future__ import annotations
@@ -70,6 +79,9 @@ NO_KV_QUANT_MODE_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L65-107 / 
 OVERRIDE_AFTER_CHECK_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_utils.py L1579, L823-836 / 0.20.2 L1982-2002, L2009
 NO_LAYOUT_RPC_THROUGH = (0, 28, 0)  # 0.28.0 no such RPC / 0.29.0 v1/engine/core.py L291
 OLD_SPEC_FIELDS_THROUGH = (0, 32, 0)  # 0.32.0 no topk_buffer_width / 0.33.0 kv_cache_interface.py L732
+MLA_NO_QUANT_MODE_THROUGH = (0, 25, 1)  # 0.25.1 mla_attention.py L1004-1010 / 0.26.0 L1085 kv_quant_mode
+MLA_NO_STATE_BYTES_THROUGH = (0, 27, 1)  # 0.27.1 cache_dtype_str (L409-416) / 0.28.0 mla_attention.py L1159
+NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_interface.py L489, mla_attention L1353
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 
 
@@ -86,6 +98,13 @@ OVERRIDE_AFTER_CHECK = through(OVERRIDE_AFTER_CHECK_THROUGH)
 NO_LAYOUT_RPC = through(NO_LAYOUT_RPC_THROUGH)
 OLD_SPEC_FIELDS = through(OLD_SPEC_FIELDS_THROUGH)
 PLANNER_MODULE = not through(NO_PLANNER_MODULE_THROUGH)
+MLA_NO_QUANT_MODE = through(MLA_NO_QUANT_MODE_THROUGH)
+MLA_NO_STATE_BYTES = through(MLA_NO_STATE_BYTES_THROUGH)
+NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
+
+# ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
+# L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
+DS_MLA_STATE_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
 
 def compile_times():
@@ -117,6 +136,22 @@ def quant_fields(cache_dtype: str) -> dict:
     return {"kv_quant_mode": get_kv_quant_mode(cache_dtype)}
 
 
+def mla_fields(cache_dtype: str) -> dict:
+    """The MLA layer spec's fields beside block_size, num_kv_heads=1, head_size and dtype, as this release's
+    `MLAAttention.get_kv_cache_spec` passes them (the table above: 0.18.1 `cache_dtype_str` alone;
+    0.26.0 `kv_quant_mode`; 0.28.0 `state_content_bytes`; 0.31.0 `max_tp_shards`)."""
+    fields: dict = {"cache_dtype_str": cache_dtype}
+    if not MLA_NO_QUANT_MODE:
+        from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+        fields["kv_quant_mode"] = get_kv_quant_mode(cache_dtype)
+    if not MLA_NO_STATE_BYTES:
+        fields["state_content_bytes"] = DS_MLA_STATE_BYTES.get(cache_dtype)
+    if not NO_MAX_TP_SHARDS:
+        fields["max_tp_shards"] = 1
+    return fields
+
+
 def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none from 0.20.2 on (the
     planner puts override x bytes per block in their place); on 0.18.1 and 0.19.1 that same product, the
@@ -128,12 +163,12 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
 
 
 def refusal(kind: str) -> str | None:
-    """Through 0.32.0 only full attention is described: the reason a model of another layer kind is refused
-    there (kvspec raises it at start-up), or None."""
+    """Through 0.32.0 full attention and MLA are described: the reason a model with a DSA indexer or hybrid
+    layers (`kind`) is refused there (kvspec raises it at start-up), or None."""
     if not OLD_SPEC_FIELDS:
         return None
-    return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) models on vLLM {VLLM_VERSION}; this "
-            f"model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
+    return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) and MLA models on vLLM "
+            f"{VLLM_VERSION}; this model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
 
 
 def prompt_len(new_request) -> int:
