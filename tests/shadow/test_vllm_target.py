@@ -107,3 +107,11 @@ def test_console_flags_are_typed_like_an_expectations():
         vllm_cli.flags_from_argv(["--max-num-seqs", "lots"])
     with pytest.raises(ConfigError, match="expected a vLLM flag"):
         vllm_cli.flags_from_argv(["serve"])
+
+
+@pytest.mark.parametrize(("version", "named"), [("0.19.1", False), ("0.20.2", True), ("0.21.0", True),
+                                                ("0.22.1", True), ("0.23.0", False), ("0.33.0", False)])
+def test_the_uni_executor_is_named_by_its_class_where_the_cpu_platform_would_rewrite_it(version, named):
+    # 0.20.2-0.22.1's platforms/cpu.py turns `uni` into `mp` unconditionally (target.UNI_REWRITTEN)
+    flags = vllm_target.executor_flags(version)
+    assert flags == (["--distributed-executor-backend", vllm_target.UNI_EXECUTOR] if named else [])

@@ -5,8 +5,9 @@ runs it on 0.33.0). No server, no traffic: one vLLM import per release, a few se
 
 Releases: 0.18.1 (a suite environment, installed when missing) and every other release before 0.33.0 that is
 built on this machine (`recipes.installed`): `make test` installs nothing beyond its pair, and a machine that
-ran `make matrix` or `kvprobe shadow install vllm==X` checks each release it holds. A DSA indexer (GLM-5.3) is
-still refused there, naming the release and the kind.
+ran `make matrix` or `kvprobe shadow install vllm==X` checks each release it holds. A DSA indexer is refused
+through 0.29.0, naming the release and the kind; from 0.30.0 (the indexer cache's SparseCacheRole) it is
+described, and that release's planner plans the ledger's pool for it too.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ CASES = {  # name -> (model, the expectation's keys)
 DSA = ("./dsa.json", {"flags": {"kv-cache-memory-bytes": "10GiB", "max-model-len": 8192},
                       "served_model_name": "dsa/DeepSeek-V3"})
 DSA_KEYS = {"index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64}
+# from 0.30.0 (the DSA planner checks): the dsa.json model above, and GLM-5.3's ds_mla cache as 0.33.0's
+# tests/shadow/test_vllm_planner.py plans it
+DSA_CASES = {"dsa": None,
+             "glm-5.3 fp8_ds_mla": ("zai-org/GLM-5.3", {"flags": {"kv-cache-memory-bytes": "10GiB",
+                                                                  "max-model-len": 8192,
+                                                                  "kv-cache-dtype": "fp8_ds_mla"}})}
 
 
 def _write(tmp_path: Path, version: str, name: str, model: str, keys: dict) -> Path:
@@ -62,6 +69,8 @@ def planned(request, tmp_path_factory):
     config = json.loads((REPO / "kvprobe/theory/model/configs/deepseek-v3.json").read_text())
     (tmp / "dsa.json").write_text(json.dumps({**config, **DSA_KEYS}))
     cases = {**CASES, "dsa": DSA}
+    if version_tuple(version) >= DSA_FROM:  # glm_moe_dsa: older releases' transformers refuse the model type
+        cases["glm-5.3 fp8_ds_mla"] = DSA_CASES["glm-5.3 fp8_ds_mla"]
     exps = {n: load_expectations(_write(tmp, version, n, m, k))[0] for n, (m, k) in cases.items()}
     plans = plan_all(env, [serve_case(e) for e in exps.values()])
     return version, {n: (exps[n], p) for n, p in zip(cases, plans, strict=True)}
@@ -93,7 +102,26 @@ def test_the_page_is_the_latent_cache_per_layer(planned):
     assert group["layers"] == 61 and group["page_size_bytes"] == 64 * 576 * 2, (version, group)
 
 
-def test_a_dsa_indexer_is_refused_naming_the_release_and_the_kind(planned):
+DSA_FROM = (0, 30, 0)  # compat.NO_INDEXER_ROLE_THROUGH: the indexer cache's SparseCacheRole
+
+
+def test_a_dsa_indexer_is_refused_before_0_30_naming_the_release_and_the_kind(planned):
     version, by_name = planned
     error = by_name["dsa"][1].get("error", "")
-    assert f"and MLA models on vLLM {version}; this model has a DSA indexer" in error, (version, error)
+    if version_tuple(version) >= DSA_FROM:
+        assert not error and by_name["dsa"][1]["groups"] == ["MLAAttentionSpec"], (version, by_name["dsa"][1])
+    else:
+        assert f"and MLA models on vLLM {version}; this model has a DSA indexer" in error, (version, error)
+
+
+@pytest.mark.parametrize("name", list(DSA_CASES))
+def test_from_0_30_the_dsa_indexer_plans_the_ledgers_pool(planned, name, say):  # noqa: F811
+    version, by_name = planned
+    if version_tuple(version) < DSA_FROM:
+        pytest.skip(f"vLLM {version}: DSA indexers are refused (the test above)")
+    exp, plan = by_name[name]
+    assert "error" not in plan, (version, plan["error"])
+    ledger = predict(exp).to_dict()["capacity"]
+    say(f"\nvLLM {version} {name}: planned {plan['num_blocks']} blocks ({plan['group_detail']}), {plan['kv_tokens']} "
+        f"tokens; ledger {ledger['num_blocks']} blocks of {ledger['block_size']}, {ledger['kv_tokens']} tokens")
+    assert (plan["num_blocks"], plan["kv_tokens"]) == (ledger["num_blocks"], ledger["kv_tokens"]), version

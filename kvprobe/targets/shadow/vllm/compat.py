@@ -37,11 +37,17 @@ Each interface, new form first, then old (files under vllm/):
   nvfp4_ds_mla's 352, a cache dtype 0.28.0 and 0.29.0 do not have). -> `MLA_NO_STATE_BYTES_THROUGH`.
   `max_tp_shards=1`: absent through 0.30.0; from 0.31.0 (kv_cache_interface.py L489, mla_attention.py
   L1353). -> `NO_MAX_TP_SHARDS_THROUGH`. All three: `mla_fields`.
-- DSA indexers (`topk_buffer_width` on the MLA spec, 0.33.0 alone: kv_cache_interface.py L732; the
-  indexer cache's `cache_role` (`SparseCacheRole`) from 0.30.0, L150) and hybrid layers (MambaSpec has
-  `num_speculative_blocks` and no prefill checkpoints through 0.31.0: 0.20.2 L521-527, 0.25.1 L669-675;
-  `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them with 0.33.0's fields. Old through
-  0.32.0; new in 0.33.0. -> `refusal`
+- DSA indexers: the indexer cache is an MLAAttentionSpec with `cache_role=SparseCacheRole.INDEXER` and the
+  MLA layers that own one say `is_index_group_leader` from 0.30.0 (models/deepseek_v2.py L657-664,
+  mla_attention.py L1372, kv_cache_interface.py L150, L652-653; `max_tp_shards=1` on it from 0.31.0, L661);
+  through 0.29.0 the indexer cache is a plain MLAAttentionSpec (deepseek_v2.py L599-605 in 0.18.1, L653-659
+  in 0.29.0) that kvprobe does not write: refused. `topk_buffer_width` (0.33.0 alone, L732, L1397) is read
+  by the hisparse layout only (v1/hisparse/layout.py L139), not by the planner. Which layers own an
+  indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
+  -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
+- Hybrid layers (MambaSpec has `num_speculative_blocks` and no prefill checkpoints through 0.31.0: 0.20.2
+  L521-527, 0.25.1 L669-675; `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them with 0.33.0's
+  fields. Old through 0.32.0; new in 0.33.0. -> `refusal`
 - `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
   bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
   L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
@@ -63,8 +69,8 @@ Each interface, new form first, then old (files under vllm/):
   and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
   interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So on 0.18.1-0.32.0 the worker describes full-attention and MLA models; DSA indexers and hybrid layers are
-refused at start-up there, naming the release and the kind: those specs are written with 0.33's fields.
+So on 0.18.1-0.32.0 the worker describes full-attention and MLA models, and DSA indexers from 0.30.0; hybrid
+layers (and DSA through 0.29.0) are refused at start-up there, naming the release and the kind.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ NO_LAYOUT_RPC_THROUGH = (0, 28, 0)  # 0.28.0 no such RPC / 0.29.0 v1/engine/core
 OLD_SPEC_FIELDS_THROUGH = (0, 32, 0)  # 0.32.0 no topk_buffer_width / 0.33.0 kv_cache_interface.py L732
 MLA_NO_QUANT_MODE_THROUGH = (0, 25, 1)  # 0.25.1 mla_attention.py L1004-1010 / 0.26.0 L1085 kv_quant_mode
 MLA_NO_STATE_BYTES_THROUGH = (0, 27, 1)  # 0.27.1 cache_dtype_str (L409-416) / 0.28.0 mla_attention.py L1159
+NO_INDEXER_ROLE_THROUGH = (0, 29, 0)  # 0.29.0 deepseek_v2.py L653-659 plain spec / 0.30.0 L657-664 INDEXER
 NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_interface.py L489, mla_attention L1353
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 
@@ -101,6 +108,10 @@ PLANNER_MODULE = not through(NO_PLANNER_MODULE_THROUGH)
 MLA_NO_QUANT_MODE = through(MLA_NO_QUANT_MODE_THROUGH)
 MLA_NO_STATE_BYTES = through(MLA_NO_STATE_BYTES_THROUGH)
 NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
+NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
+# the layer kinds kvprobe writes with fields some releases lack: the newest release that is refused
+DSA_KIND, HYBRID_KIND = "a DSA indexer", "hybrid layers"
+REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, HYBRID_KIND: OLD_SPEC_FIELDS_THROUGH}
 
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
 # L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
@@ -152,6 +163,27 @@ def mla_fields(cache_dtype: str) -> dict:
     return fields
 
 
+def dsa_leader_fields(index_topk: int | None, leader: bool) -> dict:
+    """A DSA model's MLA layer: whether it owns an indexer (0.30.0 on, mla_attention.py L1372) and, on 0.33.0,
+    the sparse top-k buffer's width (L1397; DeepseekV2Model allocates it [max_num_batched_tokens, index_topk],
+    deepseek_v2.py L1439-1449)."""
+    fields: dict = {"is_index_group_leader": leader}
+    if not OLD_SPEC_FIELDS:
+        fields["topk_buffer_width"] = index_topk
+    return fields
+
+
+def indexer_fields() -> dict:
+    """The DSA indexer cache's own fields beside block_size, num_kv_heads=1, head_size and dtype (0.30.0
+    deepseek_v2.py L657-664; `max_tp_shards` from 0.31.0, L661)."""
+    from vllm.v1.kv_cache_interface import SparseCacheRole  # 0.30.0 on (DSA is refused before)
+
+    fields: dict = {"cache_role": SparseCacheRole.INDEXER}
+    if not NO_MAX_TP_SHARDS:
+        fields["max_tp_shards"] = 1
+    return fields
+
+
 def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none from 0.20.2 on (the
     planner puts override x bytes per block in their place); on 0.18.1 and 0.19.1 that same product, the
@@ -162,13 +194,15 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     return num_blocks * sum(spec.page_size_bytes for spec in specs.values())
 
 
-def refusal(kind: str) -> str | None:
-    """Through 0.32.0 full attention and MLA are described: the reason a model with a DSA indexer or hybrid
-    layers (`kind`) is refused there (kvspec raises it at start-up), or None."""
-    if not OLD_SPEC_FIELDS:
+def refusal(kind: str, version: str = VLLM_VERSION) -> str | None:
+    """The reason a model with `kind` (DSA_KIND, HYBRID_KIND) is refused on this release (kvspec raises it at
+    start-up), or None where kvprobe writes that kind's specs."""
+    if not through(REFUSED_THROUGH[kind], version):
         return None
-    return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) and MLA models on vLLM "
-            f"{VLLM_VERSION}; this model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
+    described = "full-attention (MHA/GQA) and MLA" if through(NO_INDEXER_ROLE_THROUGH, version) \
+        else "full-attention (MHA/GQA), MLA and DSA-indexer"
+    return (f"kvprobe's shadow worker describes only {described} models on vLLM {version}; this model has "
+            f"{kind}, whose KV specs are written with the fields of later vLLM releases")
 
 
 def prompt_len(new_request) -> int:

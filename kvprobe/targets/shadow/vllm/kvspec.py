@@ -162,7 +162,7 @@ def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
 def layout(vllm_config: VllmConfig) -> Layout:
     lay = _layout(vllm_config)
     # MLA alone is written per release (compat.mla_fields); these two with 0.33's fields only
-    kind = "hybrid layers" if lay.hybrid is not None else "a DSA indexer" if lay.indexer_layers else None
+    kind = compat.HYBRID_KIND if lay.hybrid is not None else compat.DSA_KIND if lay.indexer_layers else None
     reason = compat.refusal(kind) if kind else None  # a release whose spec fields kvprobe has not written
     if reason:
         raise UnsupportedModelError(reason)
@@ -234,28 +234,14 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     for i in lay.layers:
         specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
             block_size=block_size, num_kv_heads=1, head_size=mc.get_head_size(), dtype=dtype, **mla,
-            **_dsa_leader_fields(text, lay, i))
-    if not lay.indexer_layers:
-        return specs
-    from vllm.v1.kv_cache_interface import SparseCacheRole  # 0.33's field (compat.py): DSA is refused before
-
+            **(compat.dsa_leader_fields(getattr(text, "index_topk", None), i in lay.indexer_layers)
+               if lay.indexer_layers else {}))
     d = getattr(text, "index_head_dim", 0)
-    for i in lay.indexer_layers:
+    for i in lay.indexer_layers:  # DeepseekV32IndexerCache (deepseek_v2.py L658-666, sized at L731-735)
         specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, max_tp_shards=1,
-            head_size=d + d // INDEXER_QUANT_BLOCK * 4, dtype=torch.uint8,
-            cache_role=SparseCacheRole.INDEXER)
+            block_size=block_size, num_kv_heads=1, head_size=d + d // INDEXER_QUANT_BLOCK * 4, dtype=torch.uint8,
+            **compat.indexer_fields())
     return specs
-
-
-def _dsa_leader_fields(text_config, lay: Layout, layer: int) -> dict:
-    """A DSA model's MLA layer (0.33.0 only: `layout` refuses DSA before): DeepseekV2Model allocates the sparse
-    top-k buffer as [max_num_batched_tokens, index_topk] (deepseek_v2.py L1439-1449); the MLA layers record its
-    width (mla_attention.py L567-569, L1397) and whether they own an indexer (L1398)."""
-    if not lay.indexer_layers:
-        return {}
-    return {"topk_buffer_width": getattr(text_config, "index_topk", None),
-            "is_index_group_leader": layer in lay.indexer_layers}
 
 
 def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
