@@ -115,3 +115,14 @@ def test_the_uni_executor_is_named_by_its_class_where_the_cpu_platform_would_rew
     # 0.20.2-0.22.1's platforms/cpu.py turns `uni` into `mp` unconditionally (target.UNI_REWRITTEN)
     flags = vllm_target.executor_flags(version)
     assert flags == (["--distributed-executor-backend", vllm_target.UNI_EXECUTOR] if named else [])
+
+
+@pytest.mark.parametrize(("model", "version", "given"), [
+    ("deepseek-ai/DeepSeek-V3", "0.18.1", 64), ("deepseek-ai/DeepSeek-V3", "0.22.1", 64),
+    ("deepseek-ai/DeepSeek-V3", "0.23.0", None), (LLAMA, "0.18.1", None)])
+def test_an_mla_model_gets_the_gpus_block_size_where_the_api_server_would_publish_the_cpus(model, version, given):
+    # through 0.22.1 the API server never takes EngineCore's block size (target.BLOCK_SIZE_SYNC_FROM)
+    config, _ = load_model_config(model)
+    flags = vllm_target.published_block_flags(config, {}, version)
+    assert flags == ({"block-size": given} if given else {})
+    assert vllm_target.published_block_flags(config, {"block-size": 16}, version) == {}

@@ -39,6 +39,13 @@ PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parall
 # match and Executor.get_class resolves (v1/executor/abstract.py L81-82, 0.20.2), keeps the worker in EngineCore.
 UNI_REWRITTEN = ((0, 20), (0, 23))  # from, before
 UNI_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+# The first release whose API server takes EngineCore's block size after the KV planner (v1/engine/core_client.py
+# L730 in 0.23.0: `cache_config.block_size = response.block_size`). Through 0.22.1 the handshake carries
+# num_gpu_blocks alone (v1/engine/core.py L969-980 in 0.18.1), so the API server publishes (/metrics
+# cache_config_info) the CPU platform's block size, 128 (platforms/cpu.py L165-166 in 0.18.1), where a GPU
+# publishes MLA's 64: an MLA model gets the GPU's block size as a flag there, which the CPU platform keeps
+# when the user gave it (the same lines).
+BLOCK_SIZE_SYNC_FROM = (0, 23)
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
@@ -96,6 +103,15 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 
 
+def published_block_flags(config: dict, flags: dict, version: str) -> dict[str, int]:
+    """`block-size` for an MLA model on a release whose API server would publish the CPU platform's block
+    size (`BLOCK_SIZE_SYNC_FROM`) when the flags leave it out, else nothing."""
+    if flags.get("block-size") is not None or version_tuple(version)[:2] >= BLOCK_SIZE_SYNC_FROM:
+        return {}
+    geom = geometry_from_config(config)
+    return {"block-size": budget.VLLM_MLA_BLOCK_SIZE} if geom.attention == "mla" else {}
+
+
 def executor_flags(version: str) -> list[str]:
     """`--distributed-executor-backend` for a release whose CPU platform would move the worker out of
     EngineCore (`UNI_REWRITTEN`), else nothing."""
@@ -112,6 +128,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
     folder = modeldir.model_folder(req.model, req.config, env)
     flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes))
+    flags.update(published_block_flags(req.config, flags, req.version))
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
     argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS, *executor_flags(req.version)]
