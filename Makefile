@@ -55,6 +55,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-shadow-watermark
 	-$(BIN)/kvprobe diff expectations/diff/vllm-active-seqs-shadow.yaml --versions 0.30.0,0.31.0 --install \
 		--artifacts artifacts/matrix/vllm-shadow-active-seqs
+	-$(BIN)/kvprobe diff expectations/diff/vllm-mla-shadow.yaml --versions 0.18.1,0.33.0 --install \
+		--artifacts artifacts/matrix/vllm-mla-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/vllm-installed
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \

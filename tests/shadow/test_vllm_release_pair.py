@@ -82,7 +82,7 @@ if pool:  # what 0.18.1's planner makes of those bytes before the override (kv_c
     blocks = get_num_blocks(VllmConfig(), 32, pool, spec.page_size_bytes)
 print(json.dumps({"old": compat.COMPILE_TIMES_FLOAT, "compile": repr(compat.compile_times()),
                   "layouts": compat.default_kv_cache_layouts(), "pool": pool, "blocks": blocks,
-                  "refusal": compat.refusal("MLA attention")}))
+                  "refusal": compat.refusal("a DSA indexer")}))
 """
 
 
@@ -94,7 +94,7 @@ def test_the_worker_answers_each_release_in_its_own_interface(vllm_release_env, 
     if version == OLD:
         assert got["old"] is True and got["compile"] == "0.0" and got["layouts"] == []
         assert got["blocks"] == 2000  # the override's pool passes 0.18.1's memory check and comes back whole
-        assert f"only full-attention (MHA/GQA) models on vLLM {OLD}" in got["refusal"]
+        assert f"only full-attention (MHA/GQA) and MLA models on vLLM {OLD}" in got["refusal"]
     else:
         assert got["old"] is False and got["compile"].startswith("CompilationTimes(") and got["layouts"]
         assert got["pool"] == 0 and got["refusal"] is None

@@ -107,3 +107,22 @@ def test_console_flags_are_typed_like_an_expectations():
         vllm_cli.flags_from_argv(["--max-num-seqs", "lots"])
     with pytest.raises(ConfigError, match="expected a vLLM flag"):
         vllm_cli.flags_from_argv(["serve"])
+
+
+@pytest.mark.parametrize(("version", "named"), [("0.19.1", False), ("0.20.2", True), ("0.21.0", True),
+                                                ("0.22.1", True), ("0.23.0", False), ("0.33.0", False)])
+def test_the_uni_executor_is_named_by_its_class_where_the_cpu_platform_would_rewrite_it(version, named):
+    # 0.20.2-0.22.1's platforms/cpu.py turns `uni` into `mp` unconditionally (target.UNI_REWRITTEN)
+    flags = vllm_target.executor_flags(version)
+    assert flags == (["--distributed-executor-backend", vllm_target.UNI_EXECUTOR] if named else [])
+
+
+@pytest.mark.parametrize(("model", "version", "given"), [
+    ("deepseek-ai/DeepSeek-V3", "0.18.1", 64), ("deepseek-ai/DeepSeek-V3", "0.22.1", 64),
+    ("deepseek-ai/DeepSeek-V3", "0.23.0", None), (LLAMA, "0.18.1", None)])
+def test_an_mla_model_gets_the_gpus_block_size_where_the_api_server_would_publish_the_cpus(model, version, given):
+    # through 0.22.1 the API server never takes EngineCore's block size (target.BLOCK_SIZE_SYNC_FROM)
+    config, _ = load_model_config(model)
+    flags = vllm_target.published_block_flags(config, {}, version)
+    assert flags == ({"block-size": given} if given else {})
+    assert vllm_target.published_block_flags(config, {"block-size": 16}, version) == {}

@@ -31,8 +31,9 @@ def plan(case: dict) -> dict:
     core = EngineCore(config, Executor.get_class(config), log_stats=False)
     try:
         cc = config.cache_config
+        tokens, concurrency = _capacity(config, core.scheduler.kv_cache_config)
         return {"num_blocks": cc.num_gpu_blocks, "block_size": cc.block_size,
-                "kv_tokens": cc.kv_cache_size_tokens, "max_concurrency": cc.kv_cache_max_concurrency,
+                "kv_tokens": tokens, "max_concurrency": concurrency,
                 "max_model_len": config.model_config.max_model_len,
                 "scheduler": type(core.scheduler).__name__,
                 "groups": [type(g.kv_cache_spec).__name__ for g in core.scheduler.kv_cache_config.kv_cache_groups],
@@ -49,6 +50,20 @@ def plan(case: dict) -> dict:
                 "async_scheduling": config.scheduler_config.async_scheduling}
     finally:
         core.shutdown()
+
+
+def _capacity(config, kv_cache_config) -> tuple[int, float]:
+    """The capacity line's tokens and concurrency: the figures 0.33.0 keeps on the cache config
+    (kv_cache_utils.py L1141), or, on releases that only log them (0.18.1: `_report_kv_cache_config`,
+    kv_cache_utils.py L1294-1320), that same computation with the release's own function."""
+    cc = config.cache_config
+    if getattr(cc, "kv_cache_size_tokens", None) is not None:
+        return cc.kv_cache_size_tokens, cc.kv_cache_max_concurrency
+    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+
+    groups = kv_cache_config.kv_cache_groups
+    tokens = kv_cache_config.num_blocks // len(groups) * min(g.kv_cache_spec.block_size for g in groups)
+    return tokens, get_max_concurrency_for_kv_cache_config(config, kv_cache_config)
 
 
 def main() -> None:

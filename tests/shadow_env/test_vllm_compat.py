@@ -62,8 +62,8 @@ def test_each_interface_takes_its_release_branch(compat_of, version):
     new_specs = v >= (0, 33, 0)
     assert compat.default_kv_cache_layouts() == (["NHD"] if new_specs else [])
     assert compat.PLANNER_MODULE is new_specs
-    reason = compat.refusal("MLA attention")
-    assert (reason is None) if new_specs else f"MHA/GQA) models on vLLM {version}; this model has MLA" in reason
+    reason = compat.refusal("a DSA indexer")
+    assert (reason is None) if new_specs else f"and MLA models on vLLM {version}; this model has a DSA" in reason
 
 
 def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):
@@ -73,3 +73,32 @@ def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):
     assert compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.25.1")
     assert not compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.33.0")
     assert compat.through(compat.OLD_SPEC_FIELDS_THROUGH, "0.25.1+cpu")
+
+
+@pytest.mark.parametrize(("version", "fields"), [
+    ("0.18.1", {"cache_dtype_str"}), ("0.25.1", {"cache_dtype_str"}),
+    ("0.26.0", {"cache_dtype_str", "kv_quant_mode"}), ("0.27.1", {"cache_dtype_str", "kv_quant_mode"}),
+    ("0.28.0", {"cache_dtype_str", "kv_quant_mode", "state_content_bytes"}),
+    ("0.30.0", {"cache_dtype_str", "kv_quant_mode", "state_content_bytes"}),
+    ("0.31.0", {"cache_dtype_str", "kv_quant_mode", "state_content_bytes", "max_tp_shards"}),
+    ("0.33.0", {"cache_dtype_str", "kv_quant_mode", "state_content_bytes", "max_tp_shards"})])
+def test_the_mla_spec_takes_the_fields_its_releases_mla_layer_passes(compat_of, version, fields):
+    compat = compat_of(version)
+    got = compat.mla_fields("fp8_ds_mla")
+    assert set(got) == fields
+    assert got["cache_dtype_str"] == "fp8_ds_mla" and got.get("state_content_bytes", 656) == 656
+    assert got.get("max_tp_shards", 1) == 1
+
+
+@pytest.mark.parametrize(("version", "dsa", "hybrid"), [("0.18.1", True, True), ("0.29.0", True, True),
+                                                        ("0.30.0", False, True), ("0.32.0", False, True),
+                                                        ("0.33.0", False, False)])
+def test_dsa_is_refused_through_0_29_and_hybrid_through_0_32_naming_the_release(compat_of, version, dsa, hybrid):
+    compat = compat_of(version)
+    for kind, refused in ((compat.DSA_KIND, dsa), (compat.HYBRID_KIND, hybrid)):
+        reason = compat.refusal(kind)
+        assert (reason is not None) is refused, (kind, reason)
+        if refused:
+            assert f"on vLLM {version}; this model has {kind}" in reason
+    assert compat.dsa_leader_fields(2048, True) == ({"is_index_group_leader": True, "topk_buffer_width": 2048}
+                                                    if version == "0.33.0" else {"is_index_group_leader": True})

@@ -25,14 +25,29 @@ Each interface, new form first, then old (files under vllm/):
 - Attention specs carry `kv_quant_mode` (`get_kv_quant_mode`) / they do not (v1/kv_cache_interface.py
   L65-107 in 0.18.1 and 0.19.1). Old through 0.19.1; new from 0.20.2 (kv_cache_interface.py L58
   `get_kv_quant_mode`, L134 `kv_quant_mode: KVQuantMode = KVQuantMode.NONE`; 0.25.1: L62, L168). -> `quant_fields`
-- MLA's `max_tp_shards`, `state_content_bytes`, `topk_buffer_width`, `cache_role` (`SparseCacheRole`) and
-  MambaSpec's prefill checkpoints, which kvprobe writes for MLA, DSA indexers and hybrid layers / MLA adds
-  `cache_dtype_str` (0.18.1 L191-193) and later `alignment`, `compress_ratio`, `model_version` (0.20.2
-  L313-320, 0.25.1 L363-370), MambaSpec has `num_speculative_blocks` and no checkpoints (0.20.2 L521-527,
-  0.25.1 L669-675). Old through 0.32.0: `topk_buffer_width` is in 0.33.0 alone (kv_cache_interface.py
-  L732), while 0.26.0-0.32.0 gain the rest by steps (`state_content_bytes` 0.28.0 L230, `SparseCacheRole`
-  0.30.0 L150, `max_tp_shards` 0.31.0 L489, MambaSpec's `prefill_checkpoint_alignment` 0.32.0 L1043);
-  new in 0.33.0. -> `refusal`
+- The MLA layer's spec (`MLAAttention.get_kv_cache_spec`, model_executor/layers/attention/mla_attention.py),
+  built with the fields that release's layer passes, each meaning there what it means to that release's
+  planner (DeepSeek-V3's latent cache, 576 values a token; one threshold per field):
+  `kv_quant_mode`: not passed through 0.25.1 (L1004-1010 in 0.24.0 and 0.25.1, L841-851 in 0.18.1: the
+  field keeps NONE although AttentionSpec has it from 0.20.2), passed from 0.26.0 (L1085). ->
+  `MLA_NO_QUANT_MODE_THROUGH`.
+  The ds_mla page: `cache_dtype_str == "fp8_ds_mla"` makes `real_page_size_bytes` 656 a token through
+  0.27.1 (kv_cache_interface.py L197-200 in 0.18.1, L409-416 in 0.27.1); from 0.28.0 the layer passes
+  `state_content_bytes` (mla_attention.py L1159, kv_cache_interface.py L230; 0.30.0 L1361-1363 adds
+  nvfp4_ds_mla's 352, a cache dtype 0.28.0 and 0.29.0 do not have). -> `MLA_NO_STATE_BYTES_THROUGH`.
+  `max_tp_shards=1`: absent through 0.30.0; from 0.31.0 (kv_cache_interface.py L489, mla_attention.py
+  L1353). -> `NO_MAX_TP_SHARDS_THROUGH`. All three: `mla_fields`.
+- DSA indexers: the indexer cache is an MLAAttentionSpec with `cache_role=SparseCacheRole.INDEXER` and the
+  MLA layers that own one say `is_index_group_leader` from 0.30.0 (models/deepseek_v2.py L657-664,
+  mla_attention.py L1372, kv_cache_interface.py L150, L652-653; `max_tp_shards=1` on it from 0.31.0, L661);
+  through 0.29.0 the indexer cache is a plain MLAAttentionSpec (deepseek_v2.py L599-605 in 0.18.1, L653-659
+  in 0.29.0) that kvprobe does not write: refused. `topk_buffer_width` (0.33.0 alone, L732, L1397) is read
+  by the hisparse layout only (v1/hisparse/layout.py L139), not by the planner. Which layers own an
+  indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
+  -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
+- Hybrid layers (MambaSpec has `num_speculative_blocks` and no prefill checkpoints through 0.31.0: 0.20.2
+  L521-527, 0.25.1 L669-675; `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them with 0.33.0's
+  fields. Old through 0.32.0; new in 0.33.0. -> `refusal`
 - `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
   bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
   L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
@@ -54,8 +69,8 @@ Each interface, new form first, then old (files under vllm/):
   and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
   interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So through 0.32.0 the worker describes full-attention models only (MLA, DSA indexers and hybrid layers are
-refused at start-up, naming the release): those specs are written with 0.33's fields.
+So on 0.18.1-0.32.0 the worker describes full-attention and MLA models, and DSA indexers from 0.30.0; hybrid
+layers (and DSA through 0.29.0) are refused at start-up there, naming the release and the kind.
 """
 
 from __future__ import annotations
@@ -70,6 +85,10 @@ NO_KV_QUANT_MODE_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L65-107 / 
 OVERRIDE_AFTER_CHECK_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_utils.py L1579, L823-836 / 0.20.2 L1982-2002, L2009
 NO_LAYOUT_RPC_THROUGH = (0, 28, 0)  # 0.28.0 no such RPC / 0.29.0 v1/engine/core.py L291
 OLD_SPEC_FIELDS_THROUGH = (0, 32, 0)  # 0.32.0 no topk_buffer_width / 0.33.0 kv_cache_interface.py L732
+MLA_NO_QUANT_MODE_THROUGH = (0, 25, 1)  # 0.25.1 mla_attention.py L1004-1010 / 0.26.0 L1085 kv_quant_mode
+MLA_NO_STATE_BYTES_THROUGH = (0, 27, 1)  # 0.27.1 cache_dtype_str (L409-416) / 0.28.0 mla_attention.py L1159
+NO_INDEXER_ROLE_THROUGH = (0, 29, 0)  # 0.29.0 deepseek_v2.py L653-659 plain spec / 0.30.0 L657-664 INDEXER
+NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_interface.py L489, mla_attention L1353
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 
 
@@ -86,6 +105,17 @@ OVERRIDE_AFTER_CHECK = through(OVERRIDE_AFTER_CHECK_THROUGH)
 NO_LAYOUT_RPC = through(NO_LAYOUT_RPC_THROUGH)
 OLD_SPEC_FIELDS = through(OLD_SPEC_FIELDS_THROUGH)
 PLANNER_MODULE = not through(NO_PLANNER_MODULE_THROUGH)
+MLA_NO_QUANT_MODE = through(MLA_NO_QUANT_MODE_THROUGH)
+MLA_NO_STATE_BYTES = through(MLA_NO_STATE_BYTES_THROUGH)
+NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
+NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
+# the layer kinds kvprobe writes with fields some releases lack: the newest release that is refused
+DSA_KIND, HYBRID_KIND = "a DSA indexer", "hybrid layers"
+REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, HYBRID_KIND: OLD_SPEC_FIELDS_THROUGH}
+
+# ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
+# L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
+DS_MLA_STATE_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
 
 def compile_times():
@@ -117,6 +147,43 @@ def quant_fields(cache_dtype: str) -> dict:
     return {"kv_quant_mode": get_kv_quant_mode(cache_dtype)}
 
 
+def mla_fields(cache_dtype: str) -> dict:
+    """The MLA layer spec's fields beside block_size, num_kv_heads=1, head_size and dtype, as this release's
+    `MLAAttention.get_kv_cache_spec` passes them (the table above: 0.18.1 `cache_dtype_str` alone;
+    0.26.0 `kv_quant_mode`; 0.28.0 `state_content_bytes`; 0.31.0 `max_tp_shards`)."""
+    fields: dict = {"cache_dtype_str": cache_dtype}
+    if not MLA_NO_QUANT_MODE:
+        from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+        fields["kv_quant_mode"] = get_kv_quant_mode(cache_dtype)
+    if not MLA_NO_STATE_BYTES:
+        fields["state_content_bytes"] = DS_MLA_STATE_BYTES.get(cache_dtype)
+    if not NO_MAX_TP_SHARDS:
+        fields["max_tp_shards"] = 1
+    return fields
+
+
+def dsa_leader_fields(index_topk: int | None, leader: bool) -> dict:
+    """A DSA model's MLA layer: whether it owns an indexer (0.30.0 on, mla_attention.py L1372) and, on 0.33.0,
+    the sparse top-k buffer's width (L1397; DeepseekV2Model allocates it [max_num_batched_tokens, index_topk],
+    deepseek_v2.py L1439-1449)."""
+    fields: dict = {"is_index_group_leader": leader}
+    if not OLD_SPEC_FIELDS:
+        fields["topk_buffer_width"] = index_topk
+    return fields
+
+
+def indexer_fields() -> dict:
+    """The DSA indexer cache's own fields beside block_size, num_kv_heads=1, head_size and dtype (0.30.0
+    deepseek_v2.py L657-664; `max_tp_shards` from 0.31.0, L661)."""
+    from vllm.v1.kv_cache_interface import SparseCacheRole  # 0.30.0 on (DSA is refused before)
+
+    fields: dict = {"cache_role": SparseCacheRole.INDEXER}
+    if not NO_MAX_TP_SHARDS:
+        fields["max_tp_shards"] = 1
+    return fields
+
+
 def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     """The bytes a worker sized by `--num-gpu-blocks-override` alone reports: none from 0.20.2 on (the
     planner puts override x bytes per block in their place); on 0.18.1 and 0.19.1 that same product, the
@@ -127,13 +194,15 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     return num_blocks * sum(spec.page_size_bytes for spec in specs.values())
 
 
-def refusal(kind: str) -> str | None:
-    """Through 0.32.0 only full attention is described: the reason a model of another layer kind is refused
-    there (kvspec raises it at start-up), or None."""
-    if not OLD_SPEC_FIELDS:
+def refusal(kind: str, version: str = VLLM_VERSION) -> str | None:
+    """The reason a model with `kind` (DSA_KIND, HYBRID_KIND) is refused on this release (kvspec raises it at
+    start-up), or None where kvprobe writes that kind's specs."""
+    if not through(REFUSED_THROUGH[kind], version):
         return None
-    return (f"kvprobe's shadow worker describes only full-attention (MHA/GQA) models on vLLM {VLLM_VERSION}; this "
-            f"model has {kind}, whose KV specs are written with vLLM 0.33.0's fields")
+    described = "full-attention (MHA/GQA) and MLA" if through(NO_INDEXER_ROLE_THROUGH, version) \
+        else "full-attention (MHA/GQA), MLA and DSA-indexer"
+    return (f"kvprobe's shadow worker describes only {described} models on vLLM {version}; this model has "
+            f"{kind}, whose KV specs are written with the fields of later vLLM releases")
 
 
 def prompt_len(new_request) -> int:

@@ -55,8 +55,6 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_spe
 # platforms/interface.py `update_block_size_for_backend`). The CPU platform forces 16
 # for MLA instead (platforms/cpu.py L290-298), which a GPU never does; kvprobe's ledger assumes 64.
 GPU_MLA_BLOCK_SIZE = budget.VLLM_MLA_BLOCK_SIZE
-# ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (mla_attention.py L1384-1389)
-DS_MLA_STATE_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
 # `layer_types` spellings that keep a full KV cache: vLLM's _ATTENTION_LAYER_TYPES (config/model.py
 # L112-122; sparse attention still caches every token) plus the older "attention".
@@ -163,7 +161,8 @@ def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
 
 def layout(vllm_config: VllmConfig) -> Layout:
     lay = _layout(vllm_config)
-    kind = "hybrid layers" if lay.hybrid is not None else "MLA attention" if lay.mla else None
+    # MLA alone is written per release (compat.mla_fields); these two with 0.33's fields only
+    kind = compat.HYBRID_KIND if lay.hybrid is not None else compat.DSA_KIND if lay.indexer_layers else None
     reason = compat.refusal(kind) if kind else None  # a release whose spec fields kvprobe has not written
     if reason:
         raise UnsupportedModelError(reason)
@@ -220,9 +219,9 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     cache_dtype = cc.cache_dtype
     dtype = kv_cache_dtype_str_to_dtype(cache_dtype, mc)
-    quant = compat.quant_fields(cache_dtype)
     specs: dict[str, KVCacheSpec] = {}
     if not lay.mla:
+        quant = compat.quant_fields(cache_dtype)
         heads = mc.get_num_kv_heads(vllm_config.parallel_config)
         head = mc.get_head_size()
         for i in lay.layers:
@@ -231,23 +230,17 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
                 dtype=dtype, **quant)
         return specs
     text = mc.hf_text_config
-    # DeepseekV2Model allocates the sparse top-k buffer as [max_num_batched_tokens, index_topk]
-    # (deepseek_v2.py L1439-1449); the MLA layers record its width (mla_attention.py L567-569).
-    topk_width = getattr(text, "index_topk", None) if lay.indexer_layers else None
+    mla = compat.mla_fields(cache_dtype)  # the fields this release's MLA layer passes (compat.py)
     for i in lay.layers:
         specs[f"model.layers.{i}.self_attn.attn"] = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=mc.get_head_size(),
-            dtype=dtype, cache_dtype_str=cache_dtype, **quant,
-            state_content_bytes=DS_MLA_STATE_BYTES.get(cache_dtype),
-            topk_buffer_width=topk_width, is_index_group_leader=i in lay.indexer_layers)
-    from vllm.v1.kv_cache_interface import SparseCacheRole  # 0.33's field (compat.py): MLA is refused before
-
+            block_size=block_size, num_kv_heads=1, head_size=mc.get_head_size(), dtype=dtype, **mla,
+            **(compat.dsa_leader_fields(getattr(text, "index_topk", None), i in lay.indexer_layers)
+               if lay.indexer_layers else {}))
     d = getattr(text, "index_head_dim", 0)
-    for i in lay.indexer_layers:
+    for i in lay.indexer_layers:  # DeepseekV32IndexerCache (deepseek_v2.py L658-666, sized at L731-735)
         specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, max_tp_shards=1,
-            head_size=d + d // INDEXER_QUANT_BLOCK * 4, dtype=torch.uint8,
-            cache_role=SparseCacheRole.INDEXER)
+            block_size=block_size, num_kv_heads=1, head_size=d + d // INDEXER_QUANT_BLOCK * 4, dtype=torch.uint8,
+            **compat.indexer_fields())
     return specs
 
 

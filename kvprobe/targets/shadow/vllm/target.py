@@ -21,6 +21,7 @@ import os
 
 from kvprobe.engines import vllm as dialect
 from kvprobe.errors import ConfigError
+from kvprobe.releases import version_tuple
 from kvprobe.targets.shadow import modeldir
 from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
@@ -30,6 +31,21 @@ from kvprobe.theory.vllm import budget
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
+# The releases whose CPU platform turns the `uni` executor into `mp` whatever VLLM_ENABLE_V1_MULTIPROCESSING says
+# (platforms/cpu.py L155-156 in 0.20.2, L140-141 in 0.21.0 and 0.22.1; 0.23.0 asks that variable first, L144-151;
+# 0.18.1 and 0.19.1 rewrite only for world_size > 1, L202-214). Under `mp` the worker runs in a process of its
+# own and what it puts back (async scheduling; MLA's chunked prefill, prefix caching and step budget) never
+# reaches EngineCore's scheduler. The uni executor named by its class, which the rewrite's `== "uni"` does not
+# match and Executor.get_class resolves (v1/executor/abstract.py L81-82, 0.20.2), keeps the worker in EngineCore.
+UNI_REWRITTEN = ((0, 20), (0, 23))  # from, before
+UNI_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+# The first release whose API server takes EngineCore's block size after the KV planner (v1/engine/core_client.py
+# L730 in 0.23.0: `cache_config.block_size = response.block_size`). Through 0.22.1 the handshake carries
+# num_gpu_blocks alone (v1/engine/core.py L969-980 in 0.18.1), so the API server publishes (/metrics
+# cache_config_info) the CPU platform's block size, 128 (platforms/cpu.py L165-166 in 0.18.1), where a GPU
+# publishes MLA's 64: an MLA model gets the GPU's block size as a flag there, which the CPU platform keeps
+# when the user gave it (the same lines).
+BLOCK_SIZE_SYNC_FROM = (0, 23)
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
@@ -87,6 +103,24 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 
 
+def published_block_flags(config: dict, flags: dict, version: str) -> dict[str, int]:
+    """`block-size` for an MLA model on a release whose API server would publish the CPU platform's block
+    size (`BLOCK_SIZE_SYNC_FROM`) when the flags leave it out, else nothing."""
+    if flags.get("block-size") is not None or version_tuple(version)[:2] >= BLOCK_SIZE_SYNC_FROM:
+        return {}
+    geom = geometry_from_config(config)
+    return {"block-size": budget.VLLM_MLA_BLOCK_SIZE} if geom.attention == "mla" else {}
+
+
+def executor_flags(version: str) -> list[str]:
+    """`--distributed-executor-backend` for a release whose CPU platform would move the worker out of
+    EngineCore (`UNI_REWRITTEN`), else nothing."""
+    first, before = UNI_REWRITTEN
+    if first <= version_tuple(version)[:2] < before:
+        return ["--distributed-executor-backend", UNI_EXECUTOR]
+    return []
+
+
 def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     """`vllm serve FOLDER --worker-cls ... --served-model-name NAME [flags]` and its environment
     (kvprobe.targets.shadow.launch adds settings.ACTIVE_ENV, the time model and the dialect's SHADOW_ENV)."""
@@ -94,9 +128,10 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
     folder = modeldir.model_folder(req.model, req.config, env)
     flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes))
+    flags.update(published_block_flags(req.config, flags, req.version))
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
-    argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS]
+    argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS, *executor_flags(req.version)]
     settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
     environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode()}
     return argv, environ
