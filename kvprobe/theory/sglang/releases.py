@@ -35,7 +35,9 @@ RULES = {"sglang-0.5.21": "an ignore_eos request's output reserved at new_token_
 # 0.5.19 L3414-3422) and otherwise in `update_running_batch` (0.5.19 L3869-3875, L3943-3944; 0.5.22
 # L4335-4343, L4423-4424): the finished request still counts in the running batch (its room for
 # get_num_allocatable_reqs, its reserve in PrefillAdder) and the latch stays set until the next step
-# that decodes. Read in 0.5.19, 0.5.20, 0.5.21, 0.5.22 and 0.5.23.
+# that decodes. Read in 0.5.19-0.5.23; 0.5.14-0.5.18 filter likewise only in update_running_batch (0.5.14
+# L2995-3002) and have no `_reqs_finishing_inflight`. Driven step by step on 0.5.19, 0.5.21 and 0.5.22
+# (tests/theory/matrix_real_sglang_releases.py).
 FINISHED_LEAVE_EVERY_STEP_FROM = (0, 5, 23)
 # The overlap scheduler leaves a request whose in-flight token is its last by length out of the next
 # decode from 0.5.22 (`_reqs_finishing_inflight`, 0.5.22 scheduler.py L4320-4343, set on by
