@@ -45,15 +45,29 @@ TWO_SLOTS = SglangConfig(max_total_num_tokens=10000, context_len=2048, max_runni
 
 
 def test_a_finished_request_holds_its_place_until_the_next_decode_step():
-    """Two slots, three users: u0 and u1 finish at step 3. 0.5.23 admits u2 at step 4; 0.5.22's
-    batch still holds the two finished requests at step 4 (no room: get_num_allocatable_reqs),
-    its decode step filters them, and u2 is admitted at step 5."""
-    new = history(TWO_SLOTS, 3, 10, 3, 8)
-    old = history(dataclasses.replace(TWO_SLOTS, **scheduler_rules("0.5.22")), 3, 10, 3, 8)
-    assert new[3]["finished"] == old[3]["finished"] == 2
-    assert new[4]["prefilled"] == 10 and new[4]["waiting"] == 0
-    assert old[4]["prefilled"] == 0 and old[4]["waiting"] == 1 and old[4]["decoded"] == 0
-    assert old[5]["prefilled"] == 10
+    """Two slots, three users, overlap off: u0 and u1 finish at step 2. 0.5.23 admits u2 at step 3;
+    0.5.22's batch still holds the two finished requests at step 3 (no room: get_num_allocatable_reqs),
+    that step's update_running_batch filters them, and u2 is admitted at step 4."""
+    cfg = dataclasses.replace(TWO_SLOTS, overlap=False)
+    new = history(cfg, 3, 10, 3, 8)
+    old = history(dataclasses.replace(cfg, **scheduler_rules("0.5.22")), 3, 10, 3, 8)
+    assert new[2]["finished"] == old[2]["finished"] == 2
+    assert new[3]["prefilled"] == 10 and new[3]["waiting"] == 0
+    assert old[3]["prefilled"] == 0 and old[3]["waiting"] == 1 and old[3]["decoded"] == 0
+    assert old[4]["prefilled"] == 10
+
+
+def test_a_request_left_out_of_the_decode_does_not_stay():
+    """With overlap, 0.5.22's decode leaves out the requests whose last token is in flight, and so
+    filters them out of the batch before they finish (`_reqs_finishing_inflight`, L4339-4340): u2
+    is admitted in the step after the finish, as on 0.5.23. On 0.5.21 they were decoded once more,
+    finish in the batch and hold their places to the next decode step: a step later."""
+    admitted = {}
+    for version in ("0.5.21", "0.5.22", "0.5.23"):
+        rows = history(dataclasses.replace(TWO_SLOTS, **scheduler_rules(version)), 3, 10, 3, 8)
+        done = next(t for t, r in enumerate(rows) if r["finished"])
+        admitted[version] = next(t for t, r in enumerate(rows) if r["prefilled"] and t > done) - done
+    assert admitted == {"0.5.21": 2, "0.5.22": 1, "0.5.23": 1}
 
 
 def test_the_latch_is_released_by_the_decode_step_not_the_finish():

@@ -55,6 +55,7 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         # finished requests still in the running batch (releases up to 0.5.22, `finished_leave_at_decode`):
         # each one's reserve left (min(max_new - outputs, clip)) and whether it ignored EOS
         self.lingering: list[tuple[int, bool]] = []
+        self._left: np.ndarray | None = None  # running requests this step's decode left out (finishing)
         # NewTokenRatioTracker (new_token_ratio_tracker.py L13-49; env defaults environ.py L646-650)
         self.ratio_init = min(0.7 * config.schedule_conservativeness, 1.0)
         self.ratio_min = min(self.ratio_init * 0.14, 1.0)
@@ -87,6 +88,7 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
             self._checkpoint(c, c.num_computed_tokens)  # stash_chunked_request (scheduler.py L3913-3920)
             c._stashed = c.num_computed_tokens
         self.run("cur")[0][:] = 0
+        self._left = None
         ran = False
         if (self.waiting and not self.batch_full) or self.chunked is not None:
             ran = self._prefill(result)
@@ -147,6 +149,8 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         skip = self.cfg.overlap and not self.cfg.decode_finishing_inflight  # 0.5.22 on (releases.py)
         finishing = (pend > 0) & (out + pend >= maxn) if skip else np.zeros(L.n, bool)
         active = ~finishing
+        if finishing.any():  # filtered out of the batch now (L4463-4464): they do not stay once finished
+            self._left = finishing
         if not active.any():  # an empty batch: no decode, no ratio decay (L4465-4467)
             self.batch_full = False
             return False
@@ -258,9 +262,9 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
                 del self.requests[req.rid]
                 result.finished.append(req)
             if self.cfg.finished_leave_at_decode:  # it stays in the batch until a decode step (<= 0.5.22)
-                maxn, ign = L("maxn", "ign")
+                maxn, ign = L("maxn", "ign")  # unless this step's decode filtered it out already (0.5.22)
                 self.lingering += [(min(int(maxn[i] - out[i]), CLIP_MAX_NEW_TOKENS), bool(ign[i]))
-                                   for i in done.tolist()]
+                                   for i in done.tolist() if self._left is None or not self._left[i]]
             else:
                 self.batch_full = False  # a request left the running batch (L3948-3968)
             mask = np.ones(L.n, bool)

@@ -43,6 +43,7 @@ from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+
 try:  # noqa: E402
     from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
 except ImportError:  # 0.5.19: publish(server_args, role=...) alone (runtime_context.py L1465)
