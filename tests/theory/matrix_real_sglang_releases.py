@@ -43,15 +43,20 @@ PLAIN = ["exact fit, ramp", "exact fit, burst", "retraction", "max_running_reque
 MID_P, MID_O, MID_USERS = 1760, 32, 34
 MID_TIER = SglangConfig(max_total_num_tokens=41242, page_size=1, max_running_requests=4096,
                         chunked_prefill_size=2048, context_len=2048)
+# its 0.5.20 side: 15,879 tokens, 4,096-token chunks (7.56 running in the spread loop on 0.5.20's own
+# Scheduler, as the ledger now says; 7.79 with 0.5.23's scheduler loop)
+MID_TIER_0520 = dataclasses.replace(MID_TIER, max_total_num_tokens=15879, max_running_requests=3969,
+                                    chunked_prefill_size=4096)
 
 
-def mid_tier_arrivals(start: str) -> list[int]:
-    life = request_lifetime(MID_TIER, MID_P, MID_O)
-    width = spread_ramp_width(MID_TIER, MID_P, MID_O, 23) if start == "spread" else None
+def mid_tier_arrivals(cfg: SglangConfig, start: str, estimate: float) -> list[int]:
+    life = request_lifetime(cfg, MID_P, MID_O)
+    width = spread_ramp_width(cfg, MID_P, MID_O, estimate) if start == "spread" else None
     return arrival_steps(life, MID_USERS, "burst" if start == "burst" else "ramp", width)
 
 
-MID = {"mid-tier, spread": "spread", "mid-tier, burst": "burst"}
+MID = {"mid-tier, spread": (MID_TIER, "spread", 23), "mid-tier, burst": (MID_TIER, "burst", 23),
+       "mid-tier 0.5.20 pool, spread": (MID_TIER_0520, "spread", 8)}
 STEPS = 1500
 
 
@@ -62,8 +67,9 @@ def as_release(cfg: SglangConfig, version: str) -> SglangConfig:
 
 def case(name: str, version: str) -> tuple:
     if name in MID:
-        return (as_release(MID_TIER, version), MID_P, MID_O, 0, MID_USERS, mid_tier_arrivals(MID[name]), STEPS,
-                True)
+        cfg, start, estimate = MID[name]
+        return (as_release(cfg, version), MID_P, MID_O, 0, MID_USERS, mid_tier_arrivals(cfg, start, estimate),
+                STEPS, True)
     cfg, *rest = _case(name)
     return (as_release(cfg, version), *rest)
 
