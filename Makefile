@@ -31,7 +31,8 @@ bench: $(STAMP)
 # emulator plays each release's admission rule); a change found exits 1, which is what a matrix is for.
 # Then the pairs with a shadow environment per release, on the real engines' code (--install builds a
 # missing environment: ~2-4 min and ~2 GB each, less beside the others: `kvprobe shadow share`), and each
-# engine's shape on every release installed here (`--versions installed`: 2-3 min per release).
+# engine's shape on every release installed here (`--versions installed`: 2-3 min per release). Last,
+# SGLang 0.5.19, 0.5.21 and 0.5.22's own Scheduler step by step against the simulation of each (~1 min each).
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
@@ -61,6 +62,7 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-installed
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/sglang-installed
+	-$(BIN)/python -m pytest -q -p no:cacheprovider tests/theory/matrix_real_sglang_releases.py
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

@@ -166,7 +166,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
     policy = policy_for(exp.engine, exp.version, reserve_full_isl=exp.flags.get("scheduler-reserve-full-isl", True)
                         is not False)
     return {"version": exp.version, "startup": None, "refusal": None, "ledger_startup": "starts",
-            "policy": policy, "rule": policy_rule(policy), "async_scheduling": None,
+            "policy": policy, "rule": policy_rule(policy), "scheduler_loop": None, "async_scheduling": None,
             "pool_unit": "blocks" if exp.engine == "vllm" else "tokens", "pool": None, "ledger_pool": None,
             "engine_claim": None,
             "predicted": None, "predicted_binding": None, "predicted_usage": None,
@@ -189,6 +189,10 @@ def release_figures(result, artifacts: Path) -> dict:
     unit = "num_blocks" if exp.engine == "vllm" else "kv_tokens"
     if adm.get("policy"):
         out.update(policy=adm["policy"], rule=policy_rule(adm["policy"]))
+    # the release rules the ledger applied (its JSON: [{"aspect", "rule"}]); SGLang's scheduler loop
+    rules = (result.ledger or {}).get("release_rules") or []
+    loop = [r.get("rule") for r in rules if r.get("aspect") == "scheduler loop"]
+    out["scheduler_loop"] = loop[0] if loop else None
     out["memory"] = memory_figures((result.ledger or {}).get("budget"))
     out.update(async_scheduling=adm.get("async_scheduling"), ledger_pool=cap.get(unit),
                predicted=adm.get("limit"), predicted_binding=adm.get("binding"),

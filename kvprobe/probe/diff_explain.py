@@ -19,6 +19,9 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
         parts.append(memory_explanation(ra, rb))
     if key != "pool" and ra["policy"] != rb["policy"]:
         parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
+    if key != "pool" and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
+            and ra["scheduler_loop"] != rb["scheduler_loop"]:  # SGLang's loop rules (theory/sglang/releases.py)
+        parts.append(f"scheduler loop: {rb['scheduler_loop']}")
     parts = [p for p in parts if p]
     if parts:
         return "explained: " + "; and ".join(parts)

@@ -17,6 +17,7 @@ from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels,
 from kvprobe.report.diff import change_line
 from kvprobe.spec.schema import Tolerances
 from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+from kvprobe.theory.sglang.releases import scheduler_rule_text
 from tests.cli.console import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,9 +223,11 @@ def test_sglang_ignore_eos_reservation_is_found_and_named(capsys, tmp_path):
     assert old["preemptions_per_deep_level"] > 0 and new["preemptions_per_deep_level"] == 0
     found = {c["quantity"]: c for c in doc["changes"]}
     change = found["preemptions per 1k steps"]
+    # the admission policy, then the scheduler loop that changed between them (both its rules: 0.5.22, 0.5.23)
     assert change["explained"] and change["explanation"] == (
         "explained: sglang-0.5.21 -> sglang-0.5.22, an ignore_eos request's output reserved in full (ratio 1.0) "
-        "from 0.5.22")
+        "from 0.5.22; and scheduler loop: " + scheduler_rule_text("0.5.23"))
+    assert new["scheduler_loop"] == scheduler_rule_text("0.5.23")
     assert new["rejection_point"] == pytest.approx(11, abs=1) and old["rejection_point"] > new["rejection_point"]
 
 

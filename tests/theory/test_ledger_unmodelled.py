@@ -163,7 +163,8 @@ def test_sglang_ledger_says_the_running_cap_is_not_modelled_before_0_5_14():
 @pytest.mark.parametrize("engine,version,aspects", [
     ("vllm", "0.18.1", {"memory profile", "max_num_seqs / max_num_batched_tokens", "scheduling",
                         "KV cache size figure", "admission policy"}),
-    ("sglang", "0.5.13", {"mem_fraction_static", "max_running_requests", "max_new_tokens", "admission policy"}),
+    ("sglang", "0.5.13", {"mem_fraction_static", "max_running_requests", "max_new_tokens", "scheduler loop",
+                          "admission policy"}),
 ])
 def test_the_ledger_names_the_release_rules_it_applied(engine, version, aspects):
     kw = dict(max_model_len=8192) if engine == "vllm" else dict(context_length=8192)
@@ -180,6 +181,8 @@ def test_the_ledger_names_the_release_rules_it_applied(engine, version, aspects)
         assert "first chunk" in text  # 0.18.1 admits by the first chunk: the request table says so
     else:
         assert "SGLang 0.5.10-0.5.19 rules" in rules["mem_fraction_static"]
+        # both older scheduler-loop rules (kvprobe/theory/sglang/releases.py scheduler_rules)
+        assert "next decode step, up to 0.5.22" in rules["scheduler loop"] and "last, up to 0.5.21" in text
 
 
 # --- the releases against release-changes.md --------------------------------------------------------

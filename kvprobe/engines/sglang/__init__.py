@@ -106,10 +106,11 @@ from kvprobe.engines.sglang.versions import (
     KNOWN_VERSIONS,
     NAME,
     policy,
+    scheduler_rules,
 )
 
 __all__ = [
-    "NAME", "DEFAULT_VERSION", "KNOWN_VERSIONS", "policy", "SHADOW_ENV", "SHADOW_FLAGS", "FLAGS",
+    "NAME", "DEFAULT_VERSION", "KNOWN_VERSIONS", "policy", "scheduler_rules", "SHADOW_ENV", "SHADOW_FLAGS", "FLAGS",
     "CPU_UNREGISTERED_QUANTIZATION", "OTHER_FLAGS", "FLAG_ALIASES", "REQUEST_CAP_FLAG", "TOKEN_BUDGET_FLAG",
     "LAUNCH_MODULE", "launch_command", "emulator_command", "DEFAULT_PORT", "HEALTH_PATH", "ALIVE_PATH",
     "MODELS_PATH", "METRICS_PATH", "SERVER_INFO_PATHS", "MODEL_INFO_PATHS", "GENERATE_PATH",

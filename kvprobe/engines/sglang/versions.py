@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from kvprobe.releases import KNOWN_VERSIONS as _KNOWN
 from kvprobe.releases import SGLANG, SGLANG_DEFAULT_VERSION
-from kvprobe.theory.sglang.releases import policy  # noqa: F401 — the admission policy of a release is the theory's rule
+from kvprobe.theory.sglang.releases import (
+    policy,  # noqa: F401 — the admission policy of a release is the theory's rule
+    scheduler_rules,  # noqa: F401 — and its scheduler loop's rules
+)
 
 NAME = SGLANG
 DEFAULT_VERSION = SGLANG_DEFAULT_VERSION

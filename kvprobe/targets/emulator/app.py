@@ -195,7 +195,8 @@ class Emulator:
                                   disable_radix_cache=f["disable-radix-cache"], policy=d.policy(self.version),
                                   schedule_conservativeness=f["schedule-conservativeness"],
                                   overlap=not f["disable-overlap-schedule"], sliding_window_size=window,
-                                  swa_pool_tokens=None if swa_tokens is None else real_pool(swa_tokens, self.faults))
+                                  swa_pool_tokens=None if swa_tokens is None else real_pool(swa_tokens, self.faults),
+                                  **d.scheduler_rules(self.version))
             cap, unit = self.max_running, self.page_size
             self.metrics_enabled = self.stats_enabled = bool(f["enable-metrics"])
             self.metrics = SglangMetrics(self.served_model_name, max_total_num_tokens=m,

@@ -27,7 +27,7 @@ from kvprobe.theory.sglang.pools import (
     SglangOptions,
     SglangPools,
 )
-from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
+from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS, scheduler_rules
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
@@ -249,7 +249,7 @@ def _build_sglang(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = T
         disable_radix_cache=inputs.disable_radix_cache, overlap=not inputs.disable_overlap_schedule,
         policy=policy if policy.startswith("sglang") else admission.policy_for("sglang", version),
         sliding_window_size=lay.sliding_window_size if window else None,
-        swa_pool_tokens=bud.pools.swa_tokens if window else None)
+        swa_pool_tokens=bud.pools.swa_tokens if window else None, **scheduler_rules(version))
     layers = (len(lay.full_layer_ids), len(lay.swa_layer_ids)) if window else ()
     try:
         pred = _predict(sched, inputs, policy, request, layers)

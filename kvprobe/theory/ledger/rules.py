@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvprobe.releases import version_tuple
 from kvprobe.theory.admission import policy_rule
+from kvprobe.theory.sglang.releases import scheduler_rule_text
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
@@ -102,6 +103,7 @@ def sglang_release_rules(inputs, bud, *, version: str, ctx: int, policy: str | N
     applied.append(("max_new_tokens", "clipped to context and memory (max_new_tokens_for_memory, 0.5.21 on)"))
     if bud.pools is not None:
         applied.append(("hybrid pools", "SGLang 0.5.20-0.5.23's (earlier releases refused)"))
+    applied.append(("scheduler loop", scheduler_rule_text(version)))
     if policy is not None:
         applied.append(("admission policy", f"{policy}: {policy_rule(policy)}"))
     return ReleaseRules(applied, sglang_unmodelled(facts))

@@ -19,7 +19,7 @@ class SglangFastPath:
         known, none finishing in flight), none finishes, and no step runs out of slots. In such
         a stretch only counters move, so `skip(k)` can apply k of them at once."""
         L, pool = self.run, self.pool
-        if not L.n or self.chunked is not None or (self.waiting and not self.batch_full):
+        if not L.n or self.chunked is not None or (self.waiting and not self.batch_full) or self.lingering:
             return 0
         out, pend, stop, held, ckpt = L("out", "pend", "stop", "held", "ckpt")
         if (self.cfg.overlap and not (pend == 1).all()) or ckpt.any():  # a prefill's result to come

@@ -22,19 +22,20 @@ class SglangPrefillAdder:
             reserve *= np.where(ign > 0, 1.0, self.ratio)
         else:
             reserve *= self.ratio
+        linger = self._lingering_reserve()
         # available + evictable as the pass began: this model allocates at admission, SGLang after
         # the pass (its current_offset is what b["current"] tracks); locking a matched prefix does
         # take evictable tokens out of _available_and_evictable() for the next candidates
         free = pool.available + pool.evictable
-        b = {"total": float(reserve.sum()), "current": 0, "input": cfg.max_prefill_tokens,
+        b = {"total": float(reserve.sum()) + linger, "current": 0, "input": cfg.max_prefill_tokens,
              "chunk": cfg.chunked_prefill_size if cfg.chunked_prefill_size > 0 else None}
-        scheduled, running = 0, L.n
+        scheduled, running = 0, L.n + len(self.lingering)  # finished ones still in the batch count (<= 0.5.22)
         self._swa_pass_start()
         if self.chunked is not None:
             scheduled += self._continue_chunk(free, b, result)
         admitted: list[SimRequest] = []
         self._req_states = None
-        room = cfg.max_running_requests - L.n  # get_num_allocatable_reqs (scheduler.py L4027-4050)
+        room = cfg.max_running_requests - running  # get_num_allocatable_reqs (scheduler.py L4027-4050)
         if room <= 0 and self.waiting:
             self.batch_full = True
         while self.waiting and not self.batch_full and self.chunked is None:
@@ -98,6 +99,16 @@ class SglangPrefillAdder:
             self.batch_full = False  # with the prefill batch (scheduler.py L3940-3960) or resets (L4094-4097)
         result.prefill_tokens = scheduled
         return scheduled > 0
+
+    def _lingering_reserve(self) -> float:
+        """What the finished requests still in the running batch (releases up to 0.5.22) add to the
+        pass's reserve: `_get_running_request_total_token_offset` over running_batch.reqs (0.5.19
+        schedule_policy.py L530-536, L630-637) counts them too; a request finished by length adds 0,
+        one finished by EOS its max_new_tokens left, at the ratio its policy reserves it with."""
+        if not self.lingering:
+            return 0.0
+        full = self.cfg.policy == "sglang-0.5.22"
+        return float(sum(rest * (1.0 if ign and full else self.ratio) for rest, ign in self.lingering))
 
     def _match(self, req: SimRequest, limit: int):
         """The longest cached prefix of the request's tokens (tree node, tokens)."""

@@ -8,7 +8,7 @@ from kvprobe.errors import ConfigError
 from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.fastpath import SglangFastPath
 from kvprobe.theory.sglang.radix_cache import SglangTokenPool
-from kvprobe.theory.sglang.schedule_policy import SglangPrefillAdder
+from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS, SglangPrefillAdder
 from kvprobe.theory.sim.core import (
     Emitted,
     Lanes,
@@ -26,7 +26,8 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS (environ.py)
 
 
 class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
-    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py).
+    """SGLang 0.5.23 scheduler (managers/scheduler.py, schedule_policy.py), and the older releases'
+    scheduler-loop rules their config carries (releases.py scheduler_rules).
 
     Prefill has priority over decode; a pass admits FCFS through `PrefillAdder` until a request
     does not fit (head-of-line), a budget runs out, or max_running_requests is reached; a NO_TOKEN
@@ -51,6 +52,10 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         self.run = Lanes(("plen", "out", "pend", "cur", "held", "maxn", "stop", "ign", "seed", "ckpt"))
         self.chunked: SimRequest | None = None  # request between prefill chunks (not in `run`)
         self.batch_full = False
+        # finished requests still in the running batch (releases up to 0.5.22, `finished_leave_at_decode`):
+        # each one's reserve left (min(max_new - outputs, clip)) and whether it ignored EOS
+        self.lingering: list[tuple[int, bool]] = []
+        self._left: np.ndarray | None = None  # running requests this step's decode left out (finishing)
         # NewTokenRatioTracker (new_token_ratio_tracker.py L13-49; env defaults environ.py L646-650)
         self.ratio_init = min(0.7 * config.schedule_conservativeness, 1.0)
         self.ratio_min = min(self.ratio_init * 0.14, 1.0)
@@ -83,9 +88,13 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
             self._checkpoint(c, c.num_computed_tokens)  # stash_chunked_request (scheduler.py L3913-3920)
             c._stashed = c.num_computed_tokens
         self.run("cur")[0][:] = 0
+        self._left = None
         ran = False
         if (self.waiting and not self.batch_full) or self.chunked is not None:
             ran = self._prefill(result)
+        if not ran and self.lingering:  # update_running_batch's filter_batch (0.5.19 L3869-3875)
+            self.lingering = []
+            self.batch_full = False  # the batch shrank (0.5.19 L3943-3944)
         if not ran and self.run.n:
             ran = self._decode(result)
         self._process(result)
@@ -137,8 +146,11 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
         decode batch ran."""
         L = self.run
         out, pend, held, maxn = L("out", "pend", "held", "maxn")
-        finishing = (pend > 0) & (out + pend >= maxn) if self.cfg.overlap else np.zeros(L.n, bool)
+        skip = self.cfg.overlap and not self.cfg.decode_finishing_inflight  # 0.5.22 on (releases.py)
+        finishing = (pend > 0) & (out + pend >= maxn) if skip else np.zeros(L.n, bool)
         active = ~finishing
+        if finishing.any():  # filtered out of the batch now (L4463-4464): they do not stay once finished
+            self._left = finishing
         if not active.any():  # an empty batch: no decode, no ratio decay (L4465-4467)
             self.batch_full = False
             return False
@@ -249,10 +261,15 @@ class SglangScheduler(SglangPrefillAdder, SglangFastPath, SchedulerBase):
                 req.status, req.finish_reason = "finished", self._finish_reason(req)
                 del self.requests[req.rid]
                 result.finished.append(req)
+            if self.cfg.finished_leave_at_decode:  # it stays in the batch until a decode step (<= 0.5.22)
+                maxn, ign = L("maxn", "ign")  # unless this step's decode filtered it out already (0.5.22)
+                self.lingering += [(min(int(maxn[i] - out[i]), CLIP_MAX_NEW_TOKENS), bool(ign[i]))
+                                   for i in done.tolist() if self._left is None or not self._left[i]]
+            else:
+                self.batch_full = False  # a request left the running batch (L3948-3968)
             mask = np.ones(L.n, bool)
             mask[done] = False
             L.keep(mask)
-            self.batch_full = False  # a request left the running batch (L3948-3968)
 
     def _private(self, row: dict[str, int], req: SimRequest) -> int:
         return self.ceil_page(row["held"]) - req._cached

@@ -44,6 +44,11 @@ class SglangConfig:
     policy: str = "sglang-0.5.22"  # "sglang-0.5.22" (ignore_eos reserved at 1.0) | "sglang-0.5.21" (new_token_ratio)
     schedule_conservativeness: float = 1.0
     overlap: bool = True
+    # scheduler-loop rules of older releases (kvprobe/theory/sglang/releases.py scheduler_rules); the
+    # defaults are 0.5.23's: a finished request leaves the batch at the next decode step (<= 0.5.22),
+    # a request whose in-flight token is its last is decoded once more (overlap, <= 0.5.21)
+    finished_leave_at_decode: bool = False
+    decode_finishing_inflight: bool = False
     # hybrid sliding-window models (sglang/swa/scheduler.py): the window SGLang's scheduler uses (gpt-oss:
     # sliding_window - 1) and the window pool's tokens (max_total_num_tokens_swa); None: one pool
     sliding_window_size: int | None = None

@@ -1,4 +1,4 @@
-"""Drive SGLang 0.5.23's own Scheduler through a closed loop, step by step (no server, no model).
+"""Drive SGLang 0.5.23's (or 0.5.19-0.5.22's) own Scheduler through a closed loop, step by step (no server, no model).
 
 Run by tests/theory/test_real_sglang.py with the python of an SGLang 0.5.23 environment (not
 kvprobe's): argv[1] is a JSON list of cases, each with the model folder, the scheduler's flags, the
@@ -25,6 +25,7 @@ the pool sizes and max_running_requests. A case may add `server_args` (they win 
 its config) and use a hybrid model folder: the model stand-in answers
 `get_attention_sliding_window_size()` as the real model class would.
 """
+import inspect
 import json
 import os
 import sys
@@ -42,7 +43,12 @@ from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
-from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank  # noqa: E402
+
+try:  # noqa: E402
+    from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
+except ImportError:  # 0.5.19: publish(server_args, role=...) alone (runtime_context.py L1465)
+    from sglang.srt.runtime_context import publish
+    SpawnRanks = None
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
 from torch import nn  # noqa: E402
@@ -149,9 +155,7 @@ def run_case(args: dict) -> dict:
     kwargs.update(args.get("server_args", {}))
     server_args = ServerArgs(**kwargs)
     port_args = PortArgs.init_new(server_args)
-    publish(server_args, role="scheduler",
-            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
-    sched = Scheduler(server_args, port_args)
+    sched = new_scheduler(server_args, port_args)
     assert sched.max_total_num_tokens == cfg["max_total_num_tokens"], sched.max_total_num_tokens
 
     finished: list[str] = []
@@ -237,6 +241,25 @@ def run_case(args: dict) -> dict:
     sizes = [alloc.size_full, alloc.size_swa] if hasattr(alloc, "size_swa") else [sched.max_total_num_tokens]
     return {"trace": trace, "seconds": time.time() - started, "pool_sizes": sizes,
             "max_running_requests": sched.max_running_requests}
+
+
+def new_scheduler(server_args, port_args):
+    """`Scheduler` as run_scheduler_process builds it. 0.5.19 takes the ranks as arguments
+    (scheduler.py L424-435: gpu_id, tp_rank, moe_ep_rank, pp_rank, attn_cp_rank, moe_dp_rank,
+    dp_rank; publish at L5551) and its event loop opens `schedule_stream`, a no-op on a CPU
+    (L1773-1775), which run_batch reads; 0.5.21 on take (server_args, port_args) and the ranks
+    from publish."""
+    if SpawnRanks is None:
+        publish(server_args, role="scheduler")
+    else:
+        publish(server_args, role="scheduler", ranks=SpawnRanks(
+            world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
+    if len(inspect.signature(Scheduler.__init__).parameters) == 3:
+        return Scheduler(server_args, port_args)
+    sched = Scheduler(server_args, port_args, 0, 0, 0, 0, 0, 0, None)
+    sched.schedule_stream = sched.device_module.Stream(priority=0)
+    sched.schedule_stream.synchronize = lambda: None
+    return sched
 
 
 def used_tokens(sched) -> list[int]:
