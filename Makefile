@@ -32,7 +32,8 @@ bench: $(STAMP)
 # Then the pairs with a shadow environment per release, on the real engines' code (--install builds a
 # missing environment: ~2-4 min and ~2 GB each, less beside the others: `kvprobe shadow share`), and each
 # engine's shape on every release installed here (`--versions installed`: 2-3 min per release). Last,
-# SGLang 0.5.19, 0.5.21 and 0.5.22's own Scheduler step by step against the simulation of each (~1 min each).
+# SGLang 0.5.19, 0.5.21 and 0.5.22's own Scheduler step by step against the simulation of each (~1 min each),
+# and every installed vLLM release's own KV planner on the shadow worker's MLA specs (~30 s each).
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
@@ -63,6 +64,7 @@ matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/sglang-installed
 	-$(BIN)/python -m pytest -q -p no:cacheprovider tests/theory/matrix_real_sglang_releases.py
+	-KVPROBE_RELEASES=installed $(BIN)/python -m pytest -q -p no:cacheprovider tests/shadow_env/test_mla_vllm_releases.py
 
 shadow-vllm: $(STAMP)
 	$(BIN)/kvprobe shadow install vllm==0.33.0

@@ -62,6 +62,7 @@ SHARES_THE_CORES = {
     "tests/shadow_env/test_sglang_recipes.py": "the recipes' text",
     "tests/shadow_env/test_hybrid_vllm.py": "vLLM's config resolution and planner in its env, no server",
     "tests/shadow_env/test_hybrid_vllm_worker.py": "vLLM's planner on the worker's hybrid specs, no server",
+    "tests/shadow_env/test_mla_vllm_releases.py": "vLLM 0.18.1's planner on the worker's MLA specs, no server",
     "tests/shadow_env/test_hybrid_sglang.py": "SGLang's pool sizing in its env, no server",
     "tests/shadow_env/test_modeldir.py": "transformers loading the model folder in the env (300 s deadline)",
     "tests/shadow_sglang/test_units.py": "SGLang's hook functions in-process",
