@@ -26,7 +26,7 @@ docs/ledger.md, "what remains").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvprobe.errors import ConfigError
 from kvprobe.releases import version_tuple
@@ -66,6 +66,32 @@ class ProfileRules:
         if self.v2_runner_no_graph_estimate:
             graph += " (0 for dense models: the V2 runner's)"
         return f"vLLM {self.release} rules: requested = {requested}; {graph}; {terms}"
+
+
+_V0210 = ProfileRules(
+    "0.21.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
+    snapshot_after_distributed=True, warms_native=True,
+    sources=("envs.py L726-730: VLLM_USE_FLASHINFER_SAMPLER unset = True; v1/sample/ops/topk_topp_sampler.py "
+             "L39-49: FlashInfer top-k/top-p where the GPU supports it (flashinfer a CUDA requirement: "
+             "0.23.0 L29); same through 0.32.0 (envs.py L878-882)",
+             "v1/worker/gpu_model_runner.py L5743-5765 _dummy_sampler_run: the sampler again with "
+             "generators={0: ...} ('Also warm forward_native'; not in 0.20.2, in every release to 0.33.0), "
+             "which forward_cuda hands to forward_native (topk_topp_sampler.py L143-150): apply_top_k_top_p, "
+             "triton from 8 rows, torch's sort below (L305-315)"))
+# 0.21.0's rules but for the V2 runner's graph estimate, and 0.29.0 back to 0.21.0's
+_V0250 = replace(
+    _V0210, release="0.25.0", v2_runner_no_graph_estimate=True,
+    sources=("config/vllm.py L557-575 _is_default_v2_model_runner_model: a generate model that is neither "
+             "hybrid nor attention-free takes the V2 model runner unless it is MoE (a few MoE architectures "
+             "too, DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES); 0.24.0 (L550-552) only the listed architectures",
+             "v1/worker/gpu/model_runner.py L680-682 profile_cudagraph_memory: 'return 0' (V2), so "
+             "gpu_worker.py (L483) subtracts no graph estimate for these models (0.25.0 wheel; 0.25.1 "
+             "the same files); the same in 0.26.0 (L705-707, "
+             "config/vllm.py L621), 0.27.1 (L749-751, L658) and 0.28.0 (L843-845, L712)"))
+_V0290 = replace(
+    _V0210, release="0.29.0",
+    sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
+             "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",))
 
 
 RULES: tuple[ProfileRules, ...] = (
@@ -122,31 +148,9 @@ RULES: tuple[ProfileRules, ...] = (
         sources=("config/cache.py L66: gpu_memory_utilization = 0.92",
                  "envs.py L1724: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default 1: the estimate is "
                  "subtracted (v1/worker/gpu_worker.py determine_available_memory)")),
-    ProfileRules(
-        "0.21.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
-        snapshot_after_distributed=True, warms_native=True,
-        sources=("envs.py L726-730: VLLM_USE_FLASHINFER_SAMPLER unset = True; v1/sample/ops/topk_topp_sampler.py "
-                 "L39-49: FlashInfer top-k/top-p where the GPU supports it (flashinfer a CUDA requirement: "
-                 "0.23.0 L29); same through 0.32.0 (envs.py L878-882)",
-                 "v1/worker/gpu_model_runner.py L5743-5765 _dummy_sampler_run: the sampler again with "
-                 "generators={0: ...} ('Also warm forward_native'; not in 0.20.2, in every release to 0.33.0), "
-                 "which forward_cuda hands to forward_native (topk_topp_sampler.py L143-150): apply_top_k_top_p, "
-                 "triton from 8 rows, torch's sort below (L305-315)")),
-    ProfileRules(
-        "0.25.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
-        snapshot_after_distributed=True, warms_native=True, v2_runner_no_graph_estimate=True,
-        sources=("config/vllm.py L557-575 _is_default_v2_model_runner_model: a generate model that is neither "
-                 "hybrid nor attention-free takes the V2 model runner unless it is MoE (a few MoE architectures "
-                 "too, DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES); 0.24.0 (L550-552) only the listed architectures",
-                 "v1/worker/gpu/model_runner.py L680-682 profile_cudagraph_memory: 'return 0' (V2), so "
-                 "gpu_worker.py (L483) subtracts no graph estimate for these models (0.25.0 wheel; 0.25.1 "
-                 "the same files); the same in 0.26.0 (L705-707, "
-                 "config/vllm.py L621), 0.27.1 (L749-751, L658) and 0.28.0 (L843-845, L712)")),
-    ProfileRules(
-        "0.29.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
-        snapshot_after_distributed=True, warms_native=True,
-        sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
-                 "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",)),
+    _V0210,
+    _V0250,
+    _V0290,
     ProfileRules(
         "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
         snapshot_after_distributed=True, legacy=True,
