@@ -18,10 +18,7 @@ class SglangPrefillAdder:
         cfg, L, pool, ps = self.cfg, self.run, self.pool, self.ps
         out, maxn, ign = L("out", "maxn", "ign")
         reserve = np.minimum(maxn - out, CLIP_MAX_NEW_TOKENS).astype(float)  # L785-794
-        if cfg.policy == "sglang-0.5.22":  # ignore_eos reserved at 1.0 from 0.5.22 on
-            reserve *= np.where(ign > 0, 1.0, self.ratio)
-        else:
-            reserve *= self.ratio
+        reserve *= self._reserve_ratios(ign)
         linger = self._lingering_reserve()
         # available + evictable as the pass began: this model allocates at admission, SGLang after
         # the pass (its current_offset is what b["current"] tracks); locking a matched prefix does
@@ -107,8 +104,15 @@ class SglangPrefillAdder:
         one finished by EOS its max_new_tokens left, at the ratio its policy reserves it with."""
         if not self.lingering:
             return 0.0
-        full = self.cfg.policy == "sglang-0.5.22"
-        return float(sum(rest * (1.0 if ign and full else self.ratio) for rest, ign in self.lingering))
+        ratios = self._reserve_ratios(np.array([ign for _, ign in self.lingering]))
+        return float(sum(rest * ratio for (rest, _), ratio in zip(self.lingering, ratios, strict=True)))
+
+    def _reserve_ratios(self, ign: np.ndarray) -> np.ndarray:
+        """The share of its remaining output each request reserves: new_token_ratio, and the whole of it
+        for an ignore_eos request from 0.5.22 on (the release's policy)."""
+        if self.cfg.policy == "sglang-0.5.22":
+            return np.where(ign > 0, 1.0, self.ratio)
+        return np.full(len(ign), self.ratio)
 
     def _match(self, req: SimRequest, limit: int):
         """The longest cached prefix of the request's tokens (tree node, tokens)."""
