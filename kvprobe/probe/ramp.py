@@ -14,7 +14,7 @@ from kvprobe.analysis.steady import detected_start, fed_since
 from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
-from kvprobe.probe.strategy import FED_SHARE, make_ramp, settled
+from kvprobe.probe.strategy import FED_SHARE, make_ramp, settled, usage_agrees
 
 
 def level_result(stats, *, gauge_exact: bool = True):
@@ -81,7 +81,7 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
     precision = allowance if pr.dialect.RUNNING_GAUGE_EXACT else None
     for _ in range(MAX_ADDED_LEVELS):
         rejection = _plan_rejection(pr)
-        if adaptive and settled(rejection, float(pr.prediction.limit), allowance):
+        if adaptive and settled(rejection, float(pr.prediction.limit), allowance) and _usage_read(pr, rejection):
             return
         measured = [lv.users for lv in pr.result.levels]
         if adaptive:  # one more deep level at a time, until the verdict is settled
@@ -99,12 +99,24 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
             return
 
 
+def _usage_read(pr: ProbeRun, rejection) -> bool:
+    """With usage_gap selected, the deep levels must also agree on the gauge (`usage_agrees`)."""
+    if "usage_gap" not in pr.exp.checks:
+        return True
+    return usage_agrees(pr.result.levels, rejection.deep_levels, pr.exp.tolerances.usage_gap)
+
+
 MAX_ADDED_LEVELS = 6  # deep levels the ramp may add after its own, to confirm the plateau
 # With a sampled running gauge a saturated level held adaptively stops once its own ~95% half-width
 # is this share of the rejection point's allowance: two such deep levels settle a verdict whose gap
 # from the prediction is under ~65% of it (and a third is added when they do not).
 LEVEL_PRECISION_SHARE = 0.5
 MIN_STEADY_SAMPLES = 10  # and it holds at least this many samples after its detected warm-up
+# ... and at least this long: the load processes record their health once a second and a level is
+# starved when most of its steady seconds were (`analysis.client`), so one burst second must not be
+# most of them; and a gauge read over one second of a preempting engine (a lifetime of 0.5-0.7 s)
+# swung 88-99% between deep levels on the vLLM shadow's prefix-caching shape.
+MIN_STEADY_SECONDS = 3.0
 
 
 def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bool:
@@ -138,8 +150,8 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
 
 def _least_steady(pr: ProbeRun) -> float:
     """The shortest steady window an adaptive level holds: one request lifetime (every running
-    request then was admitted at this level) and MIN_STEADY_SAMPLES samples."""
-    return max(pr.lifetime or 0.0, MIN_STEADY_SAMPLES * pr.exp.profile.sample_interval)
+    request then was admitted at this level), MIN_STEADY_SAMPLES samples and MIN_STEADY_SECONDS."""
+    return max(pr.lifetime or 0.0, MIN_STEADY_SAMPLES * pr.exp.profile.sample_interval, MIN_STEADY_SECONDS)
 
 
 def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):

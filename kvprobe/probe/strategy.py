@@ -167,6 +167,18 @@ def settled(rejection, predicted: float, allowance: float) -> bool:
     return gap + rejection.uncertainty <= allowance or gap - rejection.uncertainty > allowance
 
 
+def usage_agrees(levels, deep_levels, tolerance: float) -> bool:
+    """Do the deep levels agree on the usage gauge where admission stopped, within the usage_gap
+    check's tolerance? The check reads their weighted median, which of two levels that disagree is
+    the lower one: a level held only a lifetime or two can read the gauge a few points low (91%
+    against 97% at N=37 on the vLLM shadow's gpu-memory-utilization shape), so a third deep level
+    decides instead. Three or more, or a target without the gauge, settle it."""
+    deep = set(deep_levels)
+    usage = [lv.usage_mean for lv in levels
+             if lv.users in deep and lv.usage_mean is not None and math.isfinite(lv.usage_mean)]
+    return len(usage) < 2 or len(usage) >= 3 or max(usage) - min(usage) <= tolerance
+
+
 def make_ramp(spec, prediction, *, tolerance: float = 1.0, checks=()):
     """The strategy a profile's `RampSpec` names; `predict` reads the prediction's limits."""
     limit = None if prediction is None else prediction.limit

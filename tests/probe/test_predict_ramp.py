@@ -12,7 +12,7 @@ from kvprobe.analysis.plateau import RejectionPoint, deep_waiting
 from kvprobe.analysis.steady import detected_start, fed_since, mser_truncation
 from kvprobe.errors import ConfigError
 from kvprobe.load.ramps import LevelResult
-from kvprobe.probe.strategy import MAX_LEVELS, PredictRamp, deep_users, fed, make_ramp, settled
+from kvprobe.probe.strategy import MAX_LEVELS, PredictRamp, deep_users, fed, make_ramp, settled, usage_agrees
 from kvprobe.spec.schema import RampSpec
 
 
@@ -93,6 +93,23 @@ def test_a_verdict_is_settled_when_its_interval_is_wholly_inside_or_outside(poin
 
 def test_an_unconfirmed_plateau_is_never_settled():
     assert not settled(rejection(24.0, 0.1, confirmed=False), 24.0, 1.2)
+
+
+def gauge(users: int, usage: float):
+    """A level as the usage gauge read it (the only figures usage_agrees reads)."""
+    return type("Level", (), {"users": users, "usage_mean": usage})()
+
+
+@pytest.mark.parametrize("readings, agree", [
+    ({37: 0.907, 40: 0.974}, False),  # two deep levels 6.7 points apart: their median would be the low one
+    ({37: 0.95, 40: 0.974}, True),    # within the check's 5 points
+    ({37: 0.907, 40: 0.974, 43: 0.97}, True),  # three: the median no longer rests on one level
+    ({37: float("nan"), 40: float("nan")}, True),  # no gauge: nothing to settle
+    ({40: 0.974}, True),
+])
+def test_the_usage_gauge_is_read_once_the_deep_levels_agree_on_it(readings, agree):
+    levels = [gauge(15, 0.46)] + [gauge(n, u) for n, u in readings.items()]  # N=15 is below the knee
+    assert usage_agrees(levels, list(readings), 0.05) is agree
 
 
 def test_mser_finds_the_end_of_a_climb_and_nothing_in_a_steady_series():
