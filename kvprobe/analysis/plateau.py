@@ -101,12 +101,15 @@ def fit_hinge(users: np.ndarray, running: np.ndarray) -> tuple[float, float, int
     return follow, plateau, knee, sse, sse_line
 
 
+STEP_QUEUE_SHARE = 0.75  # levels at most this share of the knee's users show step queueing only
+
+
 def step_waiting_per_user(levels, follow: float, plateau: float) -> float:
-    """Median waiting/N over levels well below the knee (N ≤ 0.75 × plateau / follow): a request
-    that arrives mid-step waits for the next one, at every load, in proportion to the arrivals."""
+    """Median waiting/N over levels well below the knee (N ≤ STEP_QUEUE_SHARE × plateau / follow): a
+    request that arrives mid-step waits for the next one, at every load, in proportion to the arrivals."""
     knee_users = plateau / follow if follow > 0 else plateau
     low = [lv.waiting_mean / lv.users for lv in levels
-           if lv.users > 0 and lv.users <= 0.75 * knee_users and np.isfinite(lv.waiting_mean)]
+           if lv.users > 0 and lv.users <= STEP_QUEUE_SHARE * knee_users and np.isfinite(lv.waiting_mean)]
     return max(0.0, float(np.median(low))) if low else 0.0
 
 

@@ -11,17 +11,17 @@ The ramp then stops as soon as the rejection point's verdict is settled (`settle
 levels only while it is not.
 
 Below the knee, the analysis needs one level (the hinge fit's closed-loop duty cycle:
-`plateau.fit_hinge`): half the limit, or, when the `no_preemption` check is selected, the
-predicted no-preemption limit less the tolerance (the lowest clean level that passes it). Step
-queueing is then read as zero (`plateau.step_waiting_per_user` needs a level well below the knee);
-the deep levels' queues dwarf it.
+`plateau.fit_hinge`, and step queueing: `plateau.step_waiting_per_user`): half the limit. When the
+`no_preemption` check is selected it needs the predicted no-preemption limit less the tolerance
+too (the lowest clean level that passes it), which serves alone when it is itself well below the
+knee.
 """
 
 from __future__ import annotations
 
 import math
 
-from kvprobe.analysis.plateau import deep_waiting
+from kvprobe.analysis.plateau import STEP_QUEUE_SHARE, deep_waiting
 from kvprobe.errors import ConfigError
 from kvprobe.load import ramps
 
@@ -135,10 +135,17 @@ class PredictRamp:
         return next((n for n in self._below(basis) if n not in measured), None)
 
     def _below(self, basis: float) -> list[int]:
-        """The level below the knee the analysis and the selected checks need (a list: the plan's unit)."""
-        if self.clean_limit is not None:  # it serves the hinge fit too
-            return [max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))]
-        return [max(1, round(LOW_SHARE * basis))]
+        """The levels below the knee the analysis and the selected checks need: one well below it
+        (the hinge fit, step queueing), and with no_preemption its clean level, which serves as both
+        when it is itself well below the knee. A clean level near the knee is judged on its queue
+        beyond step queueing, read only from a level well below (`plateau.step_waiting_per_user`):
+        SGLang's streams count a request as waiting until its first token, ~0.5 of 20 users at the
+        shadow's 2 s lifetime, which alone reads N=20 as waiting against a clean limit of 21."""
+        low = max(1, round(LOW_SHARE * basis))
+        if self.clean_limit is None:
+            return [low]
+        clean = max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))
+        return [clean] if clean <= STEP_QUEUE_SHARE * basis else sorted({low, clean})
 
     def _say(self, line: str) -> None:
         if line not in (self.note or ""):

@@ -40,9 +40,13 @@ def test_a_right_prediction_runs_one_low_level_then_two_deep_ones():
         assert (0.95 * n - 24.0) / 0.95 >= deep_waiting(24.0)
 
 
-def test_no_preemption_moves_the_low_level_to_the_lowest_clean_level_that_passes_it():
+def test_no_preemption_adds_the_lowest_clean_level_that_passes_it():
+    # 19 is near the knee: its queue is judged beyond step queueing, which half the limit reads
     levels = walk(PredictRamp(24.0, clean_limit=20, tolerance=1.0), engine(24.0))
-    assert levels[0] == 19 and len(levels) == 3
+    assert levels[:2] == [12, 19] and len(levels) == 4
+    # a clean level well below the knee (a long output that preempts: 7 clean, 13 running) reads both
+    levels = walk(PredictRamp(13.24, clean_limit=7, tolerance=1.0), engine(13.24))
+    assert levels[0] == 6 and len(levels) == 3
 
 
 def test_a_prediction_twice_too_high_places_the_rest_from_the_measurement():
@@ -172,7 +176,7 @@ def test_deep_levels_without_a_queue_do_not_end_the_plan():
         level = true(n)
         return LevelResult(n, 24.0, 0.3, 0.0, saturated=True) if n in (30, 33) else level
     levels = walk(PredictRamp(24.0, clean_limit=20), starved)
-    assert levels[:3] == [19, 30, 33] and len(levels) >= 5, levels
+    assert levels[:4] == [12, 19, 30, 33] and len(levels) >= 6, levels
     assert sum(1 for n in levels if true(n).waiting >= deep_waiting(24.0)) >= 2
 
 
