@@ -54,12 +54,12 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 31  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 33  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.27
 KNOWN_MISS_WORST = 0.45
 MEDIAN_ALLOWED = 0.016  # 1.52% today: 1.02% before the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%
-RUNNABLE = 34
+RUNNABLE = 36
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
@@ -106,6 +106,14 @@ TOKEN_ONLY_MISSES = {
                                                  "would be 9.78 GiB (+0.9%). One PCIe case does not make a rule: "
                                                  "no log of the corpus prints a PCIe TP non-torch figure",
 }
+TOKEN_ONLY_MISSES["vllm-0.27.1-rtx4090-wsl2-qwen25-0.5b-gmu030-shared"] = (
+    "476,672 tokens logged, the ledger +9%: 0.30 x 23.99 GiB - 0.92 GiB of weights - the logged 5.45 GiB pool "
+    "leaves 0.82 GiB for the rest, the ledger 0.33 (0.25 non-torch, 0.08 activation: the same model's notebook "
+    "log on this card prints 0.30 and 0.31 at four times the token budget). The card was shared: the post "
+    "starts a Qwen2.5-1.5B server on it too, and 0.27.1 counts as its own non-KV memory all free memory "
+    "consumed since its init snapshot (utils/mem_utils.py L313-326: total_consumed = before_create.free - "
+    "after_profile.free), so the other server's allocations during this one's profile shrink the pool. The "
+    "post does not say when the second server started: the term is not known")
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
 TOKEN_LINE_DIFFERS = {
     "vllm-0.10.1.1-a100-80gb-gpt-oss-120b-tp4-ray": "0.10.1.1 prints a hybrid (sliding + full) model's tokens as "
@@ -122,8 +130,11 @@ ACTIVATION_NOT_MODELLED = {
     "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
     "0.26.0-a40": "0.26.0's V2 model runner profile (v1/worker/gpu/model_runner.py profile_run L673-688: the "
-                  "forward, then one sampler call on max_num_seqs rows) logs 1.01 GiB for both checkpoints, "
-                  "twice the ledger's V1-rule estimate; its terms are not read",
+                  "forward, then one greedy sampler call on max_num_seqs rows: memory_profile.py ProfileRules "
+                  "0.26.0) logs 1.01 GiB for both checkpoints; the ledger's forward of 2,048 tokens is 0.23 "
+                  "GiB (the logits 0.06). The same rule gives 0.27.1's Qwen3-8B logs on an RTX 4090 exactly "
+                  "(0.00%, test_budget_corpus_releases.py); what else the A40 runs' profile holds (a 0.26.0 "
+                  "V2 forward under VLLM_COMPILE?) is not read",
 }
 
 
@@ -152,9 +163,9 @@ def why_not_runnable(case: dict) -> str | None:
         return REFUSED_AT_SIZING
     if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
-    if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
-        return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line), and "
-                f"kvprobe has no GPU named {case['gpu']!r}")
+    if "total_gpu_gib" not in logged and "gpu_total" not in case and gpu_by_name(case) is None:
+        return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line, no "
+                f"nvidia-smi memory.total: `gpu_total`), and kvprobe has no GPU named {case['gpu']!r}")
     argv = ledger_argv(case)
     _, extra = build_parser(argv).parse_known_args(argv)
     if extra:
@@ -193,6 +204,8 @@ def ledger_argv(case: dict) -> list[str]:
     if "total_gpu_gib" in case["logged"]:
         total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
         gpu = ["--gpu-memory", f"{total}B"]
+    elif "gpu_total" in case:  # the post's nvidia-smi memory.total (the schema test checks it is the log's)
+        gpu = ["--gpu-memory", f"{case['gpu_total']['mib']}MiB"]
     else:  # by name: its CUDA total, and the name vLLM's batch defaults read (A100: 256 seqs / 2048 tokens)
         gpu = ["--gpu", gpu_by_name(case).name]
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),
