@@ -80,7 +80,7 @@ KNOWN_MISSES = {
 # Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
 # a miss beyond 5% with what the log does say.
 TOKEN_ONLY_MISSES = {
-    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 127,398 (3.89x) the ledger: +54%. The "
+    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 142,742 (4.36x) the ledger: +72%. The "
                                   "figure is the right one: 0.29.0 prints int(max_concurrency x max_model_len), "
                                   "max_concurrency = num_blocks / the sum over the KV cache groups of each one's "
                                   "blocks per request (kv_cache_utils.py L1047-1069, L2011-2021; V7), the ledger's "
@@ -88,23 +88,24 @@ TOKEN_ONLY_MISSES = {
                                   "and async scheduling, the sliding group holds cdiv(127 + 2 x 4096, 16) + 1 = 521 "
                                   "blocks (kv_cache_interface.py L704-740, config/vllm.py L559-580) beside the full "
                                   "group's 2,048, so vLLM's pool was 6,493 blocks x 384 KiB = 2.38 GiB against the "
-                                  "ledger's 3.66: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "ledger's 4.10: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "runs gpt-oss on the V2 runner (config/vllm.py L645-676), whose greedy dummy "
+                                  "sampler holds the logits alone (0.35 GiB of activation with the forward), and "
                                   "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
-                                  "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
-                                  "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.28 GiB is missing between "
-                                  "activation, graphs and non-torch, which no logged line splits. The log's DCGM "
-                                  "view after start-up (18,604 MiB used of 23,034) bounds them: with the ledger's "
-                                  "13.69 GiB of weights and the 2.38 GiB pool, 2.10 GiB held by the CUDA context, "
-                                  "non-torch and the captured graphs, against 1.31 GiB the ledger leaves for "
-                                  "non-torch, activation and the graph estimate: the graphs, most likely, but no "
-                                  "line gives the term",
-    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 924,818 (28.22x) the ledger: "
-                                                 "-17.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
-                                                 "7.96. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
-                                                 "(NCCL's NVLink-switch buffers, memory_profile.py NON_TORCH_TP); "
-                                                 "two L4s talk over PCIe, and with the one-rank 0.25 GiB the pool "
-                                                 "would be 9.78 GiB (+0.9%). One PCIe case does not make a rule: "
-                                                 "no log of the corpus prints a PCIe TP non-torch figure",
+                                  "v1/worker/gpu/model_runner.py L896-898: captured, not computed), the ledger "
+                                  "takes 0.27 GiB; 1.72 GiB is missing between activation, graphs and non-torch, "
+                                  "which no logged line splits. The log's DCGM view after start-up (18,604 MiB used "
+                                  "of 23,034) bounds them: with the ledger's 13.69 GiB of weights and the 2.38 GiB "
+                                  "pool, 2.10 GiB held by the CUDA context, non-torch and the captured graphs, "
+                                  "against 0.87 GiB the ledger leaves for non-torch, activation and the graph "
+                                  "estimate: the graphs (MARLIN MXFP4 MoE on sm89), most likely, but no line gives "
+                                  "the term",
+    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 1,046,258 the ledger: -7.0%, "
+                                                 "the pool 52,911 blocks x 192 KiB = 9.69 GiB against 9.01. The "
+                                                 "ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB (NCCL's "
+                                                 "NVLink-switch buffers, memory_profile.py NON_TORCH_TP); two L4s "
+                                                 "talk over PCIe, whose NCCL buffers no log of the corpus prints: "
+                                                 "the term is not known",
 }
 TOKEN_ONLY_MISSES["vllm-0.27.1-rtx4090-wsl2-qwen25-0.5b-gmu030-shared"] = (
     "476,672 tokens logged, the ledger +9%: 0.30 x 23.99 GiB - 0.92 GiB of weights - the logged 5.45 GiB pool "

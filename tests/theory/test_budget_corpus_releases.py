@@ -101,7 +101,7 @@ def test_the_0260_log_adds_up_without_a_graph_term():
 
 
 def test_the_v2_runner_warms_its_sampler_on_greedy_dummy_requests():
-    """0.25.0-0.28.0's V2 model runner samples dummy requests with the default sampling states (temperature
+    """0.25.0-0.28.0's V2 model runner (every model's from 0.29.0) samples dummy requests with the default sampling states (temperature
     0, top_k = vocab, top_p = 1; v1/worker/gpu/sample/states.py L22-34): no top-k/top-p path, the logits and
     (0.25.0 only) one fp32 copy of them (sample/sampler.py). The forward is then the larger term. The RTX 4090
     (WSL2) Qwen3-8B logs of 0.27.1 add up with it: 0.90 x 23.99 GiB - 15.27 weights - 5.87 pool = 0.45 GiB for
@@ -122,7 +122,9 @@ def test_the_v2_runner_warms_its_sampler_on_greedy_dummy_requests():
     assert warmup("0.24.0") > 0.55 * GIB  # V1's FlashInfer + forward_native warm-up
     moe = geometry_from_config(json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text()))
     assert sampler_warmup_bytes(moe, profile_rules("0.27.1"), max_num_seqs=rows, max_num_batched_tokens=2048) > \
-        rows * moe.vocab_size * 8  # an MoE model stays on V1 and its rule
+        rows * moe.vocab_size * 8  # an MoE model stays on V1 and its rule ...
+    assert sampler_warmup_bytes(moe, profile_rules("0.29.0"), max_num_seqs=rows, max_num_batched_tokens=2048) == \
+        rows * moe.vocab_size * 2 + 2048 * moe.hidden_size * 2  # ... until 0.29.0 gives every model the V2 runner
     for stem in ("vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu085", "vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu090"):
         row = compare(stem, CASES[stem])
         assert abs(row["error"]) < 0.005, (stem, row["error"])

@@ -55,6 +55,7 @@ class ProfileRules:
     # The V2 runner's dummy sampler (its models only): "fp32_copy" the model-dtype logits and their fp32 copy;
     # "logits" the logits alone (no copy for its greedy dummy requests); "" not the V2 runner's (V1's rule)
     v2_sampler: str = ""
+    v2_runs_every_model: bool = False  # 0.29.0: every model takes the V2 runner (not only the dense ones)
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
 
@@ -110,9 +111,14 @@ _V0260 = replace(
              "holds the model-dtype logits alone (model_runner.py _dummy_sampler_run: 0.26.0 L654-665, "
              "0.27.1 L683-694, 0.28.0 L771-782)"))
 _V0290 = replace(
-    _V0210, release="0.29.0",
+    _V0210, release="0.29.0", v2_sampler="logits", v2_runs_every_model=True,
     sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
-             "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",))
+             "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",
+             "config/vllm.py L645-676 use_v2_model_runner: every model takes the V2 runner unless "
+             "_get_v2_model_runner_unsupported_features (L2539-2611: stock torch.compile, TP sequence "
+             "parallelism, ngram speculation, DBO, elastic EP, custom logits processors, ...) names one",
+             "v1/worker/gpu/model_runner.py L832-843 _dummy_sampler_run, sample/sampler.py L61, L218-219: "
+             "needs_logits_processing is all False for the dummy requests, no fp32 copy: the logits alone"))
 
 
 RULES: tuple[ProfileRules, ...] = (
@@ -206,8 +212,10 @@ def graph_estimate_is_zero(rules: ProfileRules, geom: ModelGeometry) -> bool:
 def runs_v2_runner(rules: ProfileRules, geom: ModelGeometry) -> bool:
     """The V2 model runner's models under these rules (0.25.0-0.28.0, config/vllm.py
     _is_default_v2_model_runner_model; graph_estimate_is_zero says which). 0.29.0 defaults every model to
-    it (config/vllm.py L645-676 use_v2_model_runner, unless a feature is unsupported): not modelled, V1's
-    rules stand there."""
+    it (config/vllm.py L645-676 use_v2_model_runner, unless a feature is unsupported: none the ledger
+    takes a flag for)."""
+    if rules.v2_runs_every_model:
+        return True
     if not rules.v2_runner_no_graph_estimate or geom.layers.count("linear"):
         return False
     return not geom.moe or geom.model_type in V2_MOE_MODEL_TYPES
@@ -233,7 +241,7 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     the received hidden states and residual of max_num_batched_tokens
     (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
     the ranks (the executor takes the minimum), so this rank's peak is the one that counts.
-    The V2 model runner's models (0.25.0-0.28.0, `rules.v2_sampler`) sample greedy dummy requests: the
+    The V2 model runner's models (0.25.0-0.28.0 and every model from 0.29.0, `rules.v2_sampler`) sample greedy dummy requests: the
     logits (and 0.25.0's fp32 copy of them) and the hidden states only, the forward the larger term."""
     rows = min(max_num_seqs, max_num_batched_tokens)
     hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
