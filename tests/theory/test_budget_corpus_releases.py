@@ -101,11 +101,12 @@ def test_the_0260_log_adds_up_without_a_graph_term():
 
 
 def test_the_v2_runner_warms_its_sampler_on_greedy_dummy_requests():
-    """0.25.0-0.28.0's V2 model runner (every model's from 0.29.0) samples dummy requests with the default sampling states (temperature
-    0, top_k = vocab, top_p = 1; v1/worker/gpu/sample/states.py L22-34): no top-k/top-p path, the logits and
-    (0.25.0 only) one fp32 copy of them (sample/sampler.py). The forward is then the larger term. The RTX 4090
-    (WSL2) Qwen3-8B logs of 0.27.1 add up with it: 0.90 x 23.99 GiB - 15.27 weights - 5.87 pool = 0.45 GiB for
-    non-torch and activation, below V1's sampler warm-up alone (0.60 GiB at 256 rows x 151,936)."""
+    """0.25.0-0.28.0's V2 model runner (every model's from 0.29.0) samples dummy requests with the default
+    sampling states (temperature 0, top_k = vocab, top_p = 1; v1/worker/gpu/sample/states.py L22-34): no
+    top-k/top-p path, the logits and (0.25.0 only) one fp32 copy of them (sample/sampler.py). The forward is
+    then the larger term. The RTX 4090 (WSL2) Qwen3-8B logs of 0.27.1 add up with it: 0.90 x 23.99 GiB -
+    15.27 weights - 5.87 pool = 0.45 GiB for non-torch and activation, below V1's sampler warm-up alone
+    (0.60 GiB at 256 rows x 151,936)."""
     import json
 
     from kvprobe.theory.model.geometry import geometry_from_config

@@ -241,8 +241,9 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     the received hidden states and residual of max_num_batched_tokens
     (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
     the ranks (the executor takes the minimum), so this rank's peak is the one that counts.
-    The V2 model runner's models (0.25.0-0.28.0 and every model from 0.29.0, `rules.v2_sampler`) sample greedy dummy requests: the
-    logits (and 0.25.0's fp32 copy of them) and the hidden states only, the forward the larger term."""
+    The V2 model runner's models (0.25.0-0.28.0, and every model from 0.29.0: `rules.v2_sampler`) sample
+    greedy dummy requests: the logits (and 0.25.0's fp32 copy of them) and the hidden states only, the
+    forward the larger term."""
     rows = min(max_num_seqs, max_num_batched_tokens)
     hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
     if rules.v2_sampler and runs_v2_runner(rules, geom):  # V2's greedy dummy requests: no top-k/top-p path
