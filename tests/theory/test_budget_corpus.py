@@ -109,12 +109,12 @@ TOKEN_ONLY_MISSES = {
 }
 TOKEN_ONLY_MISSES["vllm-0.27.1-rtx4090-wsl2-qwen25-0.5b-gmu030-shared"] = (
     "476,672 tokens logged, the ledger +9%: 0.30 x 23.99 GiB - 0.92 GiB of weights - the logged 5.45 GiB pool "
-    "leaves 0.82 GiB for the rest, the ledger 0.33 (0.25 non-torch, 0.08 activation: the same model's notebook "
-    "log on this card prints 0.30 and 0.31 at four times the token budget). The card was shared: the post "
-    "starts a Qwen2.5-1.5B server on it too, and 0.27.1 counts as its own non-KV memory all free memory "
-    "consumed since its init snapshot (utils/mem_utils.py L313-326: total_consumed = before_create.free - "
-    "after_profile.free), so the other server's allocations during this one's profile shrink the pool. The "
-    "post does not say when the second server started: the term is not known")
+    "leaves 0.82 GiB for the rest, the ledger 0.33 (0.25 non-torch, 0.08 activation; the same model's notebook "
+    "log on this card prints 0.30 and 0.31 at four times the token budget). The card was shared with a second "
+    "server (Qwen2.5-1.5B); 0.27.1 counts as its own non-KV memory all free memory consumed since its init "
+    "snapshot (utils/mem_utils.py L313-326: total_consumed = before_create.free - after_profile.free), so "
+    "another process's allocations during this one's profile shrink the pool. Whether the two start-ups "
+    "overlapped the post does not say (its order puts this server first): a candidate, not a known term")
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
 TOKEN_LINE_DIFFERS = {
     "vllm-0.10.1.1-a100-80gb-gpt-oss-120b-tp4-ray": "0.10.1.1 prints a hybrid (sliding + full) model's tokens as "
