@@ -56,8 +56,9 @@ TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "n
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
 FLOOR_WITHIN_5 = 33  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
-# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.27
-KNOWN_MISS_WORST = 0.45
+# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
+# (0.27 before the card's own 82 SMs were read for the triton sampler rows)
+KNOWN_MISS_WORST = 0.40
 MEDIAN_ALLOWED = 0.015  # 1.47% today (1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the
 # corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%)
 RUNNABLE = 36
@@ -67,18 +68,18 @@ KNOWN_MISSES = {
     "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
                                        "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
                                        "+6% of so small a pool",
-    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.13-0.22 GiB under the logged one at every utilisation
-    # (0.90: -3.5% / -2.4%, 0.86: -4.0% / -2.4%); the logs keep no breakdown (weights alone, exact). 0.17.1's
+    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.10-0.19 GiB under the logged one at every utilisation
+    # (0.90: -3.0% / -2.0%, 0.86: -3.5% / -1.8%); the logs keep no breakdown (weights alone, exact). 0.17.1's
     # determine_available_memory (v1/worker/gpu_worker.py L352-430: requested - (weights + torch peak + non-torch))
     # and its sampler warm-up (gpu_model_runner.py L5084-5136, 256 rows through the triton top-k/top-p kernel) are
-    # the ledger's; the triton rows follow the card's SMs (topk_topp_triton.py L992-1000: 82 on a 3090, the ledger
-    # takes sm90's 132: 24 MiB). Given the modelled activation, the logs' own sums put this host's non-torch at
-    # 0.06-0.09 GiB against the 0.25 the H100/A100 logs print: a figure no vLLM source sets (driver, modules). On a
+    # the ledger's, the triton rows from the card's own 82 SMs (topk_topp_triton.py L992-1000; spec/gpus.py).
+    # Given the modelled activation, the logs' own sums put this host's non-torch at 0.08-0.18 GiB against the 0.25
+    # the H100/A100 logs print: a figure no vLLM source sets (driver, modules). On a
     # small pool that fixed gap is a large share:
-    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.18 GiB gap on a 2.13 GiB "
-                                             "pool: -8.7%",
-    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.22 GiB gap on a 0.49 GiB pool "
-                                            "(9,088 tokens for max_model_len 8,192): -45%, and the ledger predicts "
+    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.16 GiB gap on a 2.13 GiB "
+                                             "pool: -7.5%",
+    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.19 GiB gap on a 0.49 GiB pool "
+                                            "(9,088 tokens for max_model_len 8,192): -39%, and the ledger predicts "
                                             "the refusal the same configuration met on the next start (0.41 GiB: "
                                             "vllm-0.17.1-rtx3090-qwen25-7b-gmu065-refused)",
 }

@@ -129,3 +129,23 @@ def test_the_v2_runner_warms_its_sampler_on_greedy_dummy_requests():
     for stem in ("vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu085", "vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu090"):
         row = compare(stem, CASES[stem])
         assert abs(row["error"]) < 0.005, (stem, row["error"])
+
+
+def test_the_triton_sampler_rows_follow_the_cards_own_sms():
+    """The triton top-k/top-p kernel keeps min(next_pow2(min(SMs, rows)), SMs) vocab rows of fp32 and reads the
+    device's own SM count (0.17.1 v1/sample/ops/topk_topp_triton.py L992-1000, num_compute_units): an RTX 3090
+    by name is 82 SMs (its deviceQuery, spec/gpus.py), not the sm90 default's 132."""
+    import json
+
+    from kvprobe.spec.gpus import find_gpu
+    from kvprobe.theory.model.geometry import geometry_from_config
+    from kvprobe.theory.vllm.memory_profile import profile_rules, sampler_warmup_bytes
+
+    geom = geometry_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+    rules = profile_rules("0.17.1")
+    by_arch = sampler_warmup_bytes(geom, rules, max_num_seqs=256, max_num_batched_tokens=2048)
+    on_3090 = sampler_warmup_bytes(geom, rules, max_num_seqs=256, max_num_batched_tokens=2048,
+                                   gpu_sms=find_gpu("RTX-3090", key="gpu").sms)
+    assert by_arch - on_3090 == (132 - 82) * geom.vocab_size * 4
+    case = CASES["vllm-0.17.1-rtx3090-llama31-8b"]
+    assert run_ledger(case).budget.activation == on_3090  # the corpus runs the card by name: its SMs

@@ -36,7 +36,9 @@ from kvprobe.theory.model.sizes import MIB
 
 # Streaming multiprocessors of the GPU family (`--gpu-arch`): the triton top-k/top-p kernel keeps one
 # vocab-wide fp32 row per program, min(next_pow2(min(SMs, rows)), SMs) of them (v1/sample/ops/
-# topk_topp_triton.py apply_top_k_top_p_triton, 0.19.0 L1013-1019). H100 SXM 132, B200 148.
+# topk_topp_triton.py apply_top_k_top_p_triton, 0.19.0 L1013-1019). H100 SXM 132, B200 148. The kernel reads
+# the device's own count (num_compute_units(logits.device.index): 0.17.1 L992-1000), so a card known by name
+# with its SMs (spec/gpus.py, `gpu_sms`) takes those: an RTX 3090's 82.
 SMS_BY_ARCH = {"sm90": 132, "sm100": 148}
 
 
@@ -222,7 +224,8 @@ def runs_v2_runner(rules: ProfileRules, geom: ModelGeometry) -> bool:
 
 
 def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_seqs: int,
-                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1) -> int:
+                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1,
+                         gpu_sms: int | None = None) -> int:
     """Torch peak of profile_run's sampler warm-up (`_dummy_sampler_run`), the activation peak of most
     models at max_num_seqs 1024: one row per dummy request (`_dummy_run`: min(tokens, max_num_seqs)).
 
@@ -249,18 +252,18 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     if rules.v2_sampler and runs_v2_runner(rules, geom):  # V2's greedy dummy requests: no top-k/top-p path
         per_element = geom.dtype_bytes + (4 if rules.v2_sampler == "fp32_copy" else 0)
         return rows * geom.vocab_size * per_element + hidden + (2 * hidden if pp > 1 else 0)
-    peak = _sampling_path_bytes(rules.sampler, rows, geom, gpu_arch)
+    sms = gpu_sms or SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
+    peak = _sampling_path_bytes(rules.sampler, rows, geom, sms)
     if rules.warms_native:  # the second call's forward_native: the larger of the two paths is the peak
-        peak = max(peak, _sampling_path_bytes("triton" if rows >= 8 else "torch", rows, geom, gpu_arch))
+        peak = max(peak, _sampling_path_bytes("triton" if rows >= 8 else "torch", rows, geom, sms))
     return peak + hidden + (2 * hidden if pp > 1 else 0)
 
 
-def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, gpu_arch: str) -> int:
+def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, sms: int) -> int:
     """One sampler call on `rows` dummy requests down one top-k/top-p path (sampler_warmup_bytes says what)."""
     per_element = geom.dtype_bytes + 4 + (4 + 8 + 1 + 4 + 1 + 4 if path == "torch" else 4 + 4)
     peak = rows * geom.vocab_size * per_element
     if path == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
-        sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
         programs = min(sms, rows)
         peak += min(1 << (programs - 1).bit_length(), sms) * geom.vocab_size * 4
     return peak
