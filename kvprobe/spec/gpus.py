@@ -118,6 +118,11 @@ def arch_of(name: str | None) -> str | None:
     return None if name is None else find_gpu(name, key="gpu").arch
 
 
+def sms_of(name: str | None) -> int | None:
+    """The SM count of the card `name` names, for the ledger's `gpu_sms` (None: not listed)."""
+    return None if name is None else find_gpu(name, key="gpu").sms
+
+
 def known_names() -> list[str]:
     return [g.name for g in GPUS]
 
