@@ -223,6 +223,7 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
         gpu_free_memory_bytes=gpu_free_memory(getattr(args, "gpu_free_memory", None), total=gpu),
         gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch or (None if gpu is None or gpu.gpu is None else gpu.gpu.arch), estimates=estimates,
+        gpu_sms=None if gpu is None or gpu.gpu is None else gpu.gpu.sms,
         **request,
         **flag_ledger_kwargs(args.engine, given_flags(args), args.engine_version))
 

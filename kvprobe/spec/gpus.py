@@ -40,6 +40,9 @@ class Gpu:
     # compute capability, 9.0 Hopper "sm90", 8.9 Ada "sm89"; None where no rule is read (Ampere, RTX 5090's
     # sm120): the ledger's default then holds
     arch: str | None = None
+    # streaming multiprocessors (deviceQuery "(N) Multiprocessors"), where the card's source prints them: vLLM's
+    # triton top-k/top-p kernel keeps one vocab row per SM it launches (theory/vllm/memory_profile.py)
+    sms: int | None = None
 
 
 # Cards whose figure is torch's `_CudaDeviceProperties(..., total_memory=NMB, ...)` repr, pasted in
@@ -89,8 +92,8 @@ GPUS = (
     # RTX 6000 Ada, CUDA 12.4: 48640 MBytes (51002867712 bytes)
     Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py",
         arch="sm89"),
-    # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes)
-    Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 25327697920, _DQ + "RTX3090_deviceQuery.py"),
+    # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes); "(082) Multiprocessors"
+    Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 25327697920, _DQ + "RTX3090_deviceQuery.py", sms=82),
     # GeForce RTX 4090, driver 550.127.05: 24210 MBytes (25386352640 bytes)
     Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 25386352640, _DQ + "RTX4090_deviceQuery.py", arch="sm89"),
     # GeForce RTX 5090, driver 570.133.04 / CUDA 12.8: 32117 MBytes (33677180928 bytes), deviceQuery in the issue
@@ -113,6 +116,11 @@ _BY_KEY.update({_key(alias): _BY_KEY[_key(name)] for alias, name in _ALIASES.ite
 def arch_of(name: str | None) -> str | None:
     """The GPU family of the card `name` names, for the ledger's `gpu_arch` (None: not known)."""
     return None if name is None else find_gpu(name, key="gpu").arch
+
+
+def sms_of(name: str | None) -> int | None:
+    """The SM count of the card `name` names, for the ledger's `gpu_sms` (None: not listed)."""
+    return None if name is None else find_gpu(name, key="gpu").sms
 
 
 def known_names() -> list[str]:

@@ -22,6 +22,9 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "tensor_parallel": int, "pipeline_parallel": int, "model": str, "quantization": (str, type(None)),
     "flags": dict, "log": str, "logged": dict, "notes": str,
 }
+# Optional: the card's total where the engine prints none but the post's nvidia-smi does (`mib`: its memory.total;
+# `query`: the log's line naming the columns, `line`: the log's reading, both verbatim; README.md says when to use it)
+OPTIONAL = {"gpu_total": {"mib": int, "query": str, "line": str}}
 ENGINES = ("vllm", "sglang")
 # A release or a build of one as the engine prints it: 0.19.0, 0.10.1.1, 0.4.3.post2, 0.20.2rc1.dev9+g01d4d1ad3
 _VERSION = re.compile(r"\d+\.\d+(\.\d+){0,2}((\.post|rc|\.dev)\d+)*(\+[\w.]+)?")
@@ -71,6 +74,26 @@ def test_case_is_well_formed(stem):
     assert case["log"].strip(), f"{stem}.yaml: empty log"
     for key, value in case["logged"].items():
         assert value is None or isinstance(value, (int, float, str)), f"{stem}.yaml: logged.{key} is {value!r}"
+    if "gpu_total" in case:
+        check_gpu_total(stem, case)
+
+
+def check_gpu_total(stem: str, case: dict) -> None:
+    """`gpu_total` holds the nvidia-smi memory.total the log prints: its query and reading lines are lines of the
+    log, the query names memory.total, and the reading's column under it is `mib` MiB."""
+    total, lines = case["gpu_total"], [line.strip() for line in case["log"].splitlines()]
+    assert isinstance(total, dict) and set(total) == set(OPTIONAL["gpu_total"]), \
+        f"{stem}.yaml: gpu_total has keys {sorted(total) if isinstance(total, dict) else total!r}, " \
+        f"expected {sorted(OPTIONAL['gpu_total'])}"
+    for key, kind in OPTIONAL["gpu_total"].items():
+        assert isinstance(total[key], kind), f"{stem}.yaml: gpu_total.{key} is {total[key]!r}, expected {kind.__name__}"
+    for key in ("query", "line"):
+        assert total[key].strip() in lines, f"{stem}.yaml: gpu_total.{key} is not a line of its log: {total[key]!r}"
+    columns = [c.strip() for c in re.sub(r".*--query-gpu=(\S+).*", r"\1", total["query"]).split(",")]
+    column = next(i for i, c in enumerate(columns) if c.startswith("memory.total"))
+    reading = [c.strip() for c in total["line"].split(",")]
+    assert reading[column] == f"{total['mib']} MiB", \
+        f"{stem}.yaml: gpu_total.line's memory.total column is {reading[column]!r}, expected '{total['mib']} MiB'"
 
 
 @pytest.mark.parametrize("stem", sorted(CASES))

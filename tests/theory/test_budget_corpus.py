@@ -54,33 +54,39 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 31  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 33  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
-# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.27
-KNOWN_MISS_WORST = 0.45
-MEDIAN_ALLOWED = 0.016  # 1.52% today: 1.02% before the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%
-RUNNABLE = 34
+# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
+# (0.27 before the card's own 82 SMs were read for the triton sampler rows)
+KNOWN_MISS_WORST = 0.40
+MEDIAN_ALLOWED = 0.015  # 1.47% today (1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the
+# corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%)
+RUNNABLE = 36
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
     "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
                                        "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
                                        "+6% of so small a pool",
-    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.13-0.22 GiB under the logged one at every utilisation
-    # (0.90: -3.5% / -2.4%, 0.86: -4.0% / -2.4%); the logs keep no breakdown (weights alone, exact), so the term
-    # is not known: the ledger's non-torch (0.25 GiB, the H100 logs' figure) or its sampler rows (132 SMs taken for
-    # the 3090's 82) are the candidates. On a small pool that fixed gap is a large share:
-    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.18 GiB gap on a 2.13 GiB "
-                                             "pool: -8.7%",
-    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.22 GiB gap on a 0.49 GiB pool "
-                                            "(9,088 tokens for max_model_len 8,192): -45%, and the ledger predicts "
+    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.10-0.19 GiB under the logged one at every utilisation
+    # (0.90: -3.0% / -2.0%, 0.86: -3.5% / -1.8%); the logs keep no breakdown (weights alone, exact). 0.17.1's
+    # determine_available_memory (v1/worker/gpu_worker.py L352-430: requested - (weights + torch peak + non-torch))
+    # and its sampler warm-up (gpu_model_runner.py L5084-5136, 256 rows through the triton top-k/top-p kernel) are
+    # the ledger's, the triton rows from the card's own 82 SMs (topk_topp_triton.py L992-1000; spec/gpus.py).
+    # Given the modelled activation, the logs' own sums put this host's non-torch at 0.08-0.18 GiB against the 0.25
+    # the H100/A100 logs print: a figure no vLLM source sets (driver, modules). On a
+    # small pool that fixed gap is a large share:
+    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.16 GiB gap on a 2.13 GiB "
+                                             "pool: -7.5%",
+    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.19 GiB gap on a 0.49 GiB pool "
+                                            "(9,088 tokens for max_model_len 8,192): -39%, and the ledger predicts "
                                             "the refusal the same configuration met on the next start (0.41 GiB: "
                                             "vllm-0.17.1-rtx3090-qwen25-7b-gmu065-refused)",
 }
 # Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
 # a miss beyond 5% with what the log does say.
 TOKEN_ONLY_MISSES = {
-    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 127,398 (3.89x) the ledger: +54%. The "
+    "vllm-0.29.0-l4-gpt-oss-20b": "82,819 tokens (2.53x at 32,768) logged, 142,742 (4.36x) the ledger: +72%. The "
                                   "figure is the right one: 0.29.0 prints int(max_concurrency x max_model_len), "
                                   "max_concurrency = num_blocks / the sum over the KV cache groups of each one's "
                                   "blocks per request (kv_cache_utils.py L1047-1069, L2011-2021; V7), the ledger's "
@@ -88,24 +94,33 @@ TOKEN_ONLY_MISSES = {
                                   "and async scheduling, the sliding group holds cdiv(127 + 2 x 4096, 16) + 1 = 521 "
                                   "blocks (kv_cache_interface.py L704-740, config/vllm.py L559-580) beside the full "
                                   "group's 2,048, so vLLM's pool was 6,493 blocks x 384 KiB = 2.38 GiB against the "
-                                  "ledger's 3.66: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "ledger's 4.10: the budget, not the figure. The log keeps no budget line; 0.29.0 "
+                                  "runs gpt-oss on the V2 runner (config/vllm.py L645-676), whose greedy dummy "
+                                  "sampler holds the logits alone (0.35 GiB of activation with the forward), and "
                                   "subtracts its measured CUDA-graph estimate (gpu_worker.py L559-610, "
-                                  "gpu_model_runner.py L6733-6852: first capture + second x (graphs - 1), FULL and "
-                                  "PIECEWISE, 35 each), the ledger takes 0.27 GiB; 1.28 GiB is missing between "
-                                  "activation, graphs and non-torch, which no logged line splits. The log's DCGM "
-                                  "view after start-up (18,604 MiB used of 23,034) bounds them: with the ledger's "
-                                  "13.69 GiB of weights and the 2.38 GiB pool, 2.10 GiB held by the CUDA context, "
-                                  "non-torch and the captured graphs, against 1.31 GiB the ledger leaves for "
-                                  "non-torch, activation and the graph estimate: the graphs, most likely, but no "
-                                  "line gives the term",
-    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 924,818 (28.22x) the ledger: "
-                                                 "-17.8%, the pool 52,911 blocks x 192 KiB = 9.69 GiB against "
-                                                 "7.96. The ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB "
-                                                 "(NCCL's NVLink-switch buffers, memory_profile.py NON_TORCH_TP); "
-                                                 "two L4s talk over PCIe, and with the one-rank 0.25 GiB the pool "
-                                                 "would be 9.78 GiB (+0.9%). One PCIe case does not make a rule: "
-                                                 "no log of the corpus prints a PCIe TP non-torch figure",
+                                  "v1/worker/gpu/model_runner.py L896-898: captured, not computed), the ledger "
+                                  "takes 0.27 GiB; 1.72 GiB is missing between activation, graphs and non-torch, "
+                                  "which no logged line splits. The log's DCGM view after start-up (18,604 MiB used "
+                                  "of 23,034) bounds them: with the ledger's 13.69 GiB of weights and the 2.38 GiB "
+                                  "pool, 2.10 GiB held by the CUDA context, non-torch and the captured graphs, "
+                                  "against 0.87 GiB the ledger leaves for non-torch, activation and the graph "
+                                  "estimate: the graphs (MARLIN MXFP4 MoE on sm89), most likely, but no line gives "
+                                  "the term",
+    "vllm-0.29.0-l4x2-gpt-oss-20b-tp2-ep-kvfp8": "1,125,105 tokens (34.34x) logged, 1,046,258 the ledger: -7.0%, "
+                                                 "the pool 52,911 blocks x 192 KiB = 9.69 GiB against 9.01. The "
+                                                 "ledger's non-torch at TP 2 is the H100 logs' 2.06 GiB (NCCL's "
+                                                 "NVLink-switch buffers, memory_profile.py NON_TORCH_TP); two L4s "
+                                                 "talk over PCIe, whose NCCL buffers no log of the corpus prints: "
+                                                 "the term is not known",
 }
+TOKEN_ONLY_MISSES["vllm-0.27.1-rtx4090-wsl2-qwen25-0.5b-gmu030-shared"] = (
+    "476,672 tokens logged, the ledger +9%: 0.30 x 23.99 GiB - 0.92 GiB of weights - the logged 5.45 GiB pool "
+    "leaves 0.82 GiB for the rest, the ledger 0.33 (0.25 non-torch, 0.08 activation; the same model's notebook "
+    "log on this card prints 0.30 and 0.31 at four times the token budget). The card was shared with a second "
+    "server (Qwen2.5-1.5B); 0.27.1 counts as its own non-KV memory all free memory consumed since its init "
+    "snapshot (utils/mem_utils.py L313-326: total_consumed = before_create.free - after_profile.free), so "
+    "another process's allocations during this one's profile shrink the pool. Whether the two start-ups "
+    "overlapped the post does not say (its order puts this server first): a candidate, not a known term")
 # The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
 TOKEN_LINE_DIFFERS = {
     "vllm-0.10.1.1-a100-80gb-gpt-oss-120b-tp4-ray": "0.10.1.1 prints a hybrid (sliding + full) model's tokens as "
@@ -122,8 +137,11 @@ ACTIVATION_NOT_MODELLED = {
     "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
     "0.26.0-a40": "0.26.0's V2 model runner profile (v1/worker/gpu/model_runner.py profile_run L673-688: the "
-                  "forward, then one sampler call on max_num_seqs rows) logs 1.01 GiB for both checkpoints, "
-                  "twice the ledger's V1-rule estimate; its terms are not read",
+                  "forward, then one greedy sampler call on max_num_seqs rows: memory_profile.py ProfileRules "
+                  "0.26.0) logs 1.01 GiB for both checkpoints; the ledger's forward of 2,048 tokens is 0.23 "
+                  "GiB (the logits 0.06). The same rule gives 0.27.1's Qwen3-8B logs on an RTX 4090 exactly "
+                  "(0.00%, test_budget_corpus_releases.py); what else the A40 runs' profile holds (a 0.26.0 "
+                  "V2 forward under VLLM_COMPILE?) is not read",
 }
 
 
@@ -152,9 +170,9 @@ def why_not_runnable(case: dict) -> str | None:
         return REFUSED_AT_SIZING
     if "kv_cache_gib" not in logged and not (logged.get("kv_tokens") and not logged.get("refused")):
         return "the log prints no KV pool (refused before sizing it)"
-    if "total_gpu_gib" not in logged and gpu_by_name(case) is None:
-        return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line), and "
-                f"kvprobe has no GPU named {case['gpu']!r}")
+    if "total_gpu_gib" not in logged and "gpu_total" not in case and gpu_by_name(case) is None:
+        return ("the log prints no total GPU memory (no 'total_memory=' or 'Free memory on device' line, no "
+                f"nvidia-smi memory.total: `gpu_total`), and kvprobe has no GPU named {case['gpu']!r}")
     argv = ledger_argv(case)
     _, extra = build_parser(argv).parse_known_args(argv)
     if extra:
@@ -193,6 +211,8 @@ def ledger_argv(case: dict) -> list[str]:
     if "total_gpu_gib" in case["logged"]:
         total = round(case["logged"]["total_gpu_gib"] * GIB)  # the engine prints it rounded to 0.01 GiB
         gpu = ["--gpu-memory", f"{total}B"]
+    elif "gpu_total" in case:  # the post's nvidia-smi memory.total (the schema test checks it is the log's)
+        gpu = ["--gpu-memory", f"{case['gpu_total']['mib']}MiB"]
     else:  # by name: its CUDA total, and the name vLLM's batch defaults read (A100: 256 seqs / 2048 tokens)
         gpu = ["--gpu", gpu_by_name(case).name]
     argv = ["ledger", "--engine", "vllm", "--model", str(CONFIGS / SHIPPED[case["model"]]),

@@ -67,7 +67,7 @@ def test_refusals_before_any_pool_are_predicted():
 def test_refusals_when_sizing_the_pool_are_predicted():
     """vLLM 0.17.1 on an RTX 3090 (max_model_len 8192): Llama-3.1-8B at 0.70 (0.95 GiB for the 1.0 GiB one request
     needs), Qwen2.5-7B at 0.65 on one start (0.41 for 0.44) and at 0.60 (-0.7 GiB: no cache blocks). The ledger
-    refuses each the same way (its pools: 0.76, 0.27, -0.91 GiB), with the same figure needed for one request."""
+    refuses each the same way (its pools: 0.79, 0.30, -0.88 GiB), with the same figure needed for one request."""
     stems = [s for s, case in CASES.items() if why_not_runnable(case) == REFUSED_AT_SIZING]
     assert len(stems) == 3, stems
     needed = re.compile(r"\(([\d.]+) GiB KV cache is needed")

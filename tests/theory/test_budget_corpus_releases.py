@@ -36,7 +36,8 @@ def test_the_release_rules_the_logs_show():
     ("0.9.2", "0.9.2", 0.9, "subtracted"), ("0.10.1.1", "0.10.1.1", 0.9, "none"), ("0.11.0", "0.11.0", 0.9, "none"),
     ("0.15.1", "0.14.0", 0.9, "none"), ("0.19.0", "0.18.0", 0.9, "logged"), ("0.19.1", "0.18.0", 0.9, "logged"),
     ("0.20.1", "0.20.0", 0.92, "subtracted"), ("0.24.0", "0.21.0", 0.92, "subtracted"),
-    ("0.26.0", "0.25.0", 0.92, "subtracted"), ("0.27.1", "0.25.0", 0.92, "subtracted"),
+    ("0.25.1", "0.25.0", 0.92, "subtracted"), ("0.26.0", "0.26.0", 0.92, "subtracted"),
+    ("0.27.1", "0.26.0", 0.92, "subtracted"),
     ("0.29.0", "0.29.0", 0.92, "subtracted"), ("0.33.0", "0.33.0", 0.92, "subtracted")])
 def test_each_release_takes_the_rules_of_the_release_that_changed_them(version, release, util, graph):
     from kvprobe.theory.vllm.memory_profile import profile_rules
@@ -97,3 +98,54 @@ def test_the_0260_log_adds_up_without_a_graph_term():
         rest = requested - logged["weights_gib"] - logged["activation_peak_gib"] - logged["non_torch_gib"]
         assert abs(rest - logged["kv_cache_gib"]) < 0.02, (stem, rest)
         assert run_ledger(CASES[stem]).budget.cudagraph == 0, stem  # and the ledger takes none
+
+
+def test_the_v2_runner_warms_its_sampler_on_greedy_dummy_requests():
+    """0.25.0-0.28.0's V2 model runner (every model's from 0.29.0) samples dummy requests with the default
+    sampling states (temperature 0, top_k = vocab, top_p = 1; v1/worker/gpu/sample/states.py L22-34): no
+    top-k/top-p path, the logits and (0.25.0 only) one fp32 copy of them (sample/sampler.py). The forward is
+    then the larger term. The RTX 4090 (WSL2) Qwen3-8B logs of 0.27.1 add up with it: 0.90 x 23.99 GiB -
+    15.27 weights - 5.87 pool = 0.45 GiB for non-torch and activation, below V1's sampler warm-up alone
+    (0.60 GiB at 256 rows x 151,936)."""
+    import json
+
+    from kvprobe.theory.model.geometry import geometry_from_config
+    from kvprobe.theory.vllm.memory_profile import profile_rules, sampler_warmup_bytes
+
+    geom = geometry_from_config(json.loads((CONFIGS / "qwen3-8b.json").read_text()))
+    rows, vocab, hidden = 256, geom.vocab_size, 2048 * geom.hidden_size * 2
+
+    def warmup(version):
+        return sampler_warmup_bytes(geom, profile_rules(version), max_num_seqs=rows, max_num_batched_tokens=2048)
+
+    assert warmup("0.25.0") == rows * vocab * (2 + 4) + hidden
+    assert warmup("0.26.0") == warmup("0.28.0") == rows * vocab * 2 + hidden
+    assert warmup("0.24.0") > 0.55 * GIB  # V1's FlashInfer + forward_native warm-up
+    moe = geometry_from_config(json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text()))
+    assert sampler_warmup_bytes(moe, profile_rules("0.27.1"), max_num_seqs=rows, max_num_batched_tokens=2048) > \
+        rows * moe.vocab_size * 8  # an MoE model stays on V1 and its rule ...
+    assert sampler_warmup_bytes(moe, profile_rules("0.29.0"), max_num_seqs=rows, max_num_batched_tokens=2048) == \
+        rows * moe.vocab_size * 2 + 2048 * moe.hidden_size * 2  # ... until 0.29.0 gives every model the V2 runner
+    for stem in ("vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu085", "vllm-0.27.1-rtx4090-wsl2-qwen3-8b-gmu090"):
+        row = compare(stem, CASES[stem])
+        assert abs(row["error"]) < 0.005, (stem, row["error"])
+
+
+def test_the_triton_sampler_rows_follow_the_cards_own_sms():
+    """The triton top-k/top-p kernel keeps min(next_pow2(min(SMs, rows)), SMs) vocab rows of fp32 and reads the
+    device's own SM count (0.17.1 v1/sample/ops/topk_topp_triton.py L992-1000, num_compute_units): an RTX 3090
+    by name is 82 SMs (its deviceQuery, spec/gpus.py), not the sm90 default's 132."""
+    import json
+
+    from kvprobe.spec.gpus import find_gpu
+    from kvprobe.theory.model.geometry import geometry_from_config
+    from kvprobe.theory.vllm.memory_profile import profile_rules, sampler_warmup_bytes
+
+    geom = geometry_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+    rules = profile_rules("0.17.1")
+    by_arch = sampler_warmup_bytes(geom, rules, max_num_seqs=256, max_num_batched_tokens=2048)
+    on_3090 = sampler_warmup_bytes(geom, rules, max_num_seqs=256, max_num_batched_tokens=2048,
+                                   gpu_sms=find_gpu("RTX-3090", key="gpu").sms)
+    assert by_arch - on_3090 == (132 - 82) * geom.vocab_size * 4
+    case = CASES["vllm-0.17.1-rtx3090-llama31-8b"]
+    assert run_ledger(case).budget.activation == on_3090  # the corpus runs the card by name: its SMs

@@ -21,6 +21,7 @@ class LedgerInputs:
     gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: the whole card
     gpu_name: str | None = None  # the card by name (--gpu): vLLM's batch defaults set an A100 apart
     gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
+    gpu_sms: int | None = None  # the card's SMs where known by name (spec/gpus.py); else its arch's (memory_profile.py)
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None
     dtype: str | None = None

@@ -112,7 +112,8 @@ def estimate_vllm_forward_bytes(geom: ModelGeometry, *, max_num_batched_tokens: 
 
 
 def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_batched_tokens: int,
-                                       max_num_seqs: int, tp: int = 1, pp: int = 1, gpu_arch: str = "sm90") -> int:
+                                       max_num_seqs: int, tp: int = 1, pp: int = 1, gpu_arch: str = "sm90",
+                                       gpu_sms: int | None = None) -> int:
     """The torch peak increase of profile_run as the release computes it: the forward, then the
     sampler warm-up (memory_profile.sampler_warmup_bytes), whichever is larger; 0.33.0: kvprobe's sum."""
     if rules.legacy:
@@ -122,7 +123,7 @@ def estimate_profiled_activation_bytes(geom: ModelGeometry, rules: ProfileRules,
                                           top_k=geom.experts_per_token or 8)
     return max(forward, sampler_warmup_bytes(geom, rules, max_num_seqs=max_num_seqs,
                                              max_num_batched_tokens=max_num_batched_tokens, gpu_arch=gpu_arch,
-                                             pp=pp))
+                                             gpu_sms=gpu_sms, pp=pp))
 
 
 def _n_experts(geom: ModelGeometry) -> int:
@@ -229,7 +230,8 @@ class MemorySplit:
 
 def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: int | None, fraction: float,
                       version: str | None, max_num_seqs: int, max_num_batched_tokens: int, tp: int = 1, pp: int = 1,
-                      estimates: dict[str, int] | None = None, gpu_arch: str = "sm90") -> MemorySplit:
+                      estimates: dict[str, int] | None = None, gpu_arch: str = "sm90",
+                      gpu_sms: int | None = None) -> MemorySplit:
     """The memory profile of `version` (`memory_profile.profile_rules`): the ledger's budget and the
     shadow worker's `determine_available_memory` (kvprobe/targets/shadow/vllm/kvspec.py) both size
     the pool here, so a shadow with a declared GPU checks the ledger's arithmetic end to end."""
@@ -246,7 +248,7 @@ def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: in
     if act is None:
         act = used["activation_bytes"] = estimate_profiled_activation_bytes(
             geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
-            gpu_arch=gpu_arch)
+            gpu_arch=gpu_arch, gpu_sms=gpu_sms)
     graph = estimates.get("cudagraph_bytes")
     if graph is None:
         graph = used["cudagraph_bytes"] = 0 if graph_estimate_is_zero(rules, geom) else \
@@ -263,7 +265,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, tp: int = 1, pp: int = 1,
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False,
-                refuse: bool = True, plan_opts: VllmOptions | None = None, gpu_arch: str = "sm90") -> VllmBudget:
+                refuse: bool = True, plan_opts: VllmOptions | None = None, gpu_arch: str = "sm90",
+                gpu_sms: int | None = None) -> VllmBudget:
     """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
 
     Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
@@ -298,7 +301,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     split = vllm_memory_split(geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=fraction,
                               version=version, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp, estimates=estimates,
-                              gpu_arch=gpu_arch)
+                              gpu_arch=gpu_arch, gpu_sms=gpu_sms)
     weights, other, act, graph, used = split.weights, split.other, split.activation, split.cudagraph, split.used
 
     requested = upper = upper_blocks = upper_tokens = None

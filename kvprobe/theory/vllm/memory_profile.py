@@ -9,7 +9,8 @@ final release from 0.11.0 to 0.33.0 (and their patch releases): the snapshot aft
 FlashInfer's sampler made opt-in, torch's sort path by default (0.11.1), requested rounded up (0.14.0),
 the triton top-k/top-p kernel (0.17.0), the CUDA-graph estimate logged (0.18.0), then subtracted with
 utilisation 0.92 (0.20.0), FlashInfer's sampler on by default again (0.21.0), dense models on the V2 model
-runner, which estimates no CUDA-graph memory (0.25.0 to 0.28.0; estimated again in 0.29.0). Each rule names the engine
+runner, which estimates no CUDA-graph memory (0.25.0 to 0.28.0; estimated again in 0.29.0) and warms its
+sampler on greedy dummy requests (no top-k/top-p; 0.26.0 on, no fp32 copy of the logits). Each rule names the engine
 file and line it comes from (docs/ledger.md has the table). A version takes the rules of the newest
 release at or below it that changed one.
 
@@ -35,7 +36,9 @@ from kvprobe.theory.model.sizes import MIB
 
 # Streaming multiprocessors of the GPU family (`--gpu-arch`): the triton top-k/top-p kernel keeps one
 # vocab-wide fp32 row per program, min(next_pow2(min(SMs, rows)), SMs) of them (v1/sample/ops/
-# topk_topp_triton.py apply_top_k_top_p_triton, 0.19.0 L1013-1019). H100 SXM 132, B200 148.
+# topk_topp_triton.py apply_top_k_top_p_triton, 0.19.0 L1013-1019). H100 SXM 132, B200 148. The kernel reads
+# the device's own count (num_compute_units(logits.device.index): 0.17.1 L992-1000), so a card known by name
+# with its SMs (spec/gpus.py, `gpu_sms`) takes those: an RTX 3090's 82.
 SMS_BY_ARCH = {"sm90": 132, "sm100": 148}
 
 
@@ -51,6 +54,10 @@ class ProfileRules:
     snapshot_after_distributed: bool  # the init snapshot follows NCCL init: the context is not counted
     warms_native: bool = False  # the warm-up samples a second time with a generator: forward_native's path too
     v2_runner_no_graph_estimate: bool = False  # dense models default to the V2 runner, whose estimate is 0
+    # The V2 runner's dummy sampler (its models only): "fp32_copy" the model-dtype logits and their fp32 copy;
+    # "logits" the logits alone (no copy for its greedy dummy requests); "" not the V2 runner's (V1's rule)
+    v2_sampler: str = ""
+    v2_runs_every_model: bool = False  # 0.29.0: every model takes the V2 runner (not only the dense ones)
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
 
@@ -87,11 +94,33 @@ _V0250 = replace(
              "v1/worker/gpu/model_runner.py L680-682 profile_cudagraph_memory: 'return 0' (V2), so "
              "gpu_worker.py (L483) subtracts no graph estimate for these models (0.25.0 wheel; 0.25.1 "
              "the same files); the same in 0.26.0 (L705-707, "
-             "config/vllm.py L621), 0.27.1 (L749-751, L658) and 0.28.0 (L843-845, L712)"))
+             "config/vllm.py L621), 0.27.1 (L749-751, L658) and 0.28.0 (L843-845, L712)",
+             "v1/worker/gpu/model_runner.py L629-640 _dummy_sampler_run: compute_logits, then the sampler on "
+             "InputBatch.make_dummy's requests, whose sampling states are the defaults (sample/states.py L22-34: "
+             "temperature 0, top_k = vocab, top_p = 1: greedy, neither top-k nor top-p; 'the sampler may skip "
+             "top_k, top_p'); sample/sampler.py L157 apply_sampling_params copies the logits to fp32 "
+             "unconditionally, and gumbel_sample holds (rows, blocks) only: the model-dtype logits + one fp32 "
+             "copy, no V1 top-k/top-p path"),
+    v2_sampler="fp32_copy")
+# 0.26.0: the V2 sampler keeps the logits' dtype (no fp32 copy for the greedy dummy requests)
+_V0260 = replace(
+    _V0250, release="0.26.0", v2_sampler="logits",
+    sources=(*_V0250.sources[:2],
+             "v1/worker/gpu/sample/sampler.py (0.26.0) apply_sampling_params: 'The ops below upcast to fp32 "
+             "internally, so the input dtype is kept and mutated in place', a clone only for raw logprobs "
+             "(the dummy requests ask none); 0.27.1 (L159, L200-216) and 0.28.0 (L196) copy to fp32 only "
+             "when _requires_logits_processing, false for the default (greedy) states: the V2 dummy sampler "
+             "holds the model-dtype logits alone (model_runner.py _dummy_sampler_run: 0.26.0 L654-665, "
+             "0.27.1 L683-694, 0.28.0 L771-782)"))
 _V0290 = replace(
-    _V0210, release="0.29.0",
+    _V0210, release="0.29.0", v2_sampler="logits", v2_runs_every_model=True,
     sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
-             "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",))
+             "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",
+             "config/vllm.py L645-676 use_v2_model_runner: every model takes the V2 runner unless "
+             "_get_v2_model_runner_unsupported_features (L2539-2611: stock torch.compile, TP sequence "
+             "parallelism, ngram speculation, DBO, elastic EP, custom logits processors, ...) names one",
+             "v1/worker/gpu/model_runner.py L832-843 _dummy_sampler_run, sample/sampler.py L61, L218-219: "
+             "needs_logits_processing is all False for the dummy requests, no fp32 copy: the logits alone"))
 
 
 RULES: tuple[ProfileRules, ...] = (
@@ -150,6 +179,7 @@ RULES: tuple[ProfileRules, ...] = (
                  "subtracted (v1/worker/gpu_worker.py determine_available_memory)")),
     _V0210,
     _V0250,
+    _V0260,
     _V0290,
     ProfileRules(
         "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
@@ -178,13 +208,24 @@ def graph_estimate_is_zero(rules: ProfileRules, geom: ModelGeometry) -> bool:
     dense or one of the listed MoE architectures. Sliding-window models are not vLLM's `is_hybrid`.
     The V2 runner's unsupported features (ngram speculation, prefill context parallelism, stock
     torch.compile) fall back to V1; the ledger models none of them."""
+    return rules.v2_runner_no_graph_estimate and runs_v2_runner(rules, geom)
+
+
+def runs_v2_runner(rules: ProfileRules, geom: ModelGeometry) -> bool:
+    """The V2 model runner's models under these rules (0.25.0-0.28.0, config/vllm.py
+    _is_default_v2_model_runner_model; graph_estimate_is_zero says which). 0.29.0 defaults every model to
+    it (config/vllm.py L645-676 use_v2_model_runner, unless a feature is unsupported: none the ledger
+    takes a flag for)."""
+    if rules.v2_runs_every_model:
+        return True
     if not rules.v2_runner_no_graph_estimate or geom.layers.count("linear"):
         return False
     return not geom.moe or geom.model_type in V2_MOE_MODEL_TYPES
 
 
 def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_seqs: int,
-                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1) -> int:
+                         max_num_batched_tokens: int, gpu_arch: str = "sm90", pp: int = 1,
+                         gpu_sms: int | None = None) -> int:
     """Torch peak of profile_run's sampler warm-up (`_dummy_sampler_run`), the activation peak of most
     models at max_num_seqs 1024: one row per dummy request (`_dummy_run`: min(tokens, max_num_seqs)).
 
@@ -202,21 +243,27 @@ def sampler_warmup_bytes(geom: ModelGeometry, rules: ProfileRules, *, max_num_se
     With PP the sampler runs on the last rank, which also holds
     the received hidden states and residual of max_num_batched_tokens
     (`_dummy_run` make_empty_intermediate_tensors, 0.19.0 L5437-5446); the pool is the smallest over
-    the ranks (the executor takes the minimum), so this rank's peak is the one that counts."""
+    the ranks (the executor takes the minimum), so this rank's peak is the one that counts.
+    The V2 model runner's models (0.25.0-0.28.0, and every model from 0.29.0: `rules.v2_sampler`) sample
+    greedy dummy requests: the logits (and 0.25.0's fp32 copy of them) and the hidden states only, the
+    forward the larger term."""
     rows = min(max_num_seqs, max_num_batched_tokens)
-    peak = _sampling_path_bytes(rules.sampler, rows, geom, gpu_arch)
-    if rules.warms_native:  # the second call's forward_native: the larger of the two paths is the peak
-        peak = max(peak, _sampling_path_bytes("triton" if rows >= 8 else "torch", rows, geom, gpu_arch))
     hidden = max_num_batched_tokens * geom.hidden_size * geom.dtype_bytes
+    if rules.v2_sampler and runs_v2_runner(rules, geom):  # V2's greedy dummy requests: no top-k/top-p path
+        per_element = geom.dtype_bytes + (4 if rules.v2_sampler == "fp32_copy" else 0)
+        return rows * geom.vocab_size * per_element + hidden + (2 * hidden if pp > 1 else 0)
+    sms = gpu_sms or SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
+    peak = _sampling_path_bytes(rules.sampler, rows, geom, sms)
+    if rules.warms_native:  # the second call's forward_native: the larger of the two paths is the peak
+        peak = max(peak, _sampling_path_bytes("triton" if rows >= 8 else "torch", rows, geom, sms))
     return peak + hidden + (2 * hidden if pp > 1 else 0)
 
 
-def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, gpu_arch: str) -> int:
+def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, sms: int) -> int:
     """One sampler call on `rows` dummy requests down one top-k/top-p path (sampler_warmup_bytes says what)."""
     per_element = geom.dtype_bytes + 4 + (4 + 8 + 1 + 4 + 1 + 4 if path == "torch" else 4 + 4)
     peak = rows * geom.vocab_size * per_element
     if path == "triton" and rows >= 8:  # apply_top_k_top_p: triton from 8 rows
-        sms = SMS_BY_ARCH.get(gpu_arch, SMS_BY_ARCH["sm90"])
         programs = min(sms, rows)
         peak += min(1 << (programs - 1).bit_length(), sms) * geom.vocab_size * 4
     return peak
