@@ -255,6 +255,6 @@ def test_pytest_kvprobe_admission_on_real_sglang_is_the_ledgers(model, servers, 
     assert pred["admission"]["binding"] == "kv" and abs(pred["admission"]["limit"] - 5) < 0.1
     # deep: offered two or more past the limit (a measured queue of 1.95 at N=7 once made "waiting >= 2" miss one)
     deep = [lv for lv in doc["levels"] if lv["users"] >= pred["admission"]["limit"] + 2]
-    assert len(deep) == 3 and all(abs(lv["running_mean"] - pred["admission"]["limit"]) < 0.5 for lv in deep)
+    assert len(deep) >= 2 and all(abs(lv["running_mean"] - pred["admission"]["limit"]) < 0.5 for lv in deep)
     assert _usage(target.url, model, 1) == (PROMPT, OUTPUT)  # alive after its idle pool checks
     assert dialect.LEAK_LOG not in Path(target.log_path).read_text(errors="replace")
