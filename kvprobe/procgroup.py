@@ -25,8 +25,12 @@ import psutil
 # and we released can be taken, before the engine binds it, by any client connection or by an
 # engine's own sockets (torch's store, gloo, zmq): CI saw two SGLang shadows started at once find
 # one's port taken. Below the range only pickers like this one choose; this process never hands
-# out the same port twice, and another process's picker collides once in ~12,000.
-PICK_FLOOR = 20000
+# out the same port twice, and another process's picker collides once in a few thousand. SGLang from
+# 0.5.22 is such a picker too: its scheduler's TCP store port is drawn from 22000-29999 and bound
+# seconds later (srt/utils/network.py get_free_port_below_ephemeral, 0.5.23 L205-224; server_args.py
+# PortArgs.init_new L771-775), so CI saw a shadow's HTTP port taken by another shadow's store. The
+# floor sits above that band: 30000 up to the ephemeral range (32768 by default).
+PICK_FLOOR = 30000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _PICK_TRIES = 200
 _issued: set[int] = set()

@@ -66,6 +66,11 @@ def _alive_path(dialect) -> str:
 # --------------------------------------------------------------------------- Target
 
 
+# asyncio's BaseEventLoop.create_server, when a listening socket cannot bind:
+# "error while attempting to bind on address ('127.0.0.1', PORT): address already in use"
+BIND_FAILURE = "error while attempting to bind on address"
+
+
 class Target(OneEngine):
     """A launched or attached engine. Use as a context manager: leaving it always stops a launch."""
 
@@ -270,6 +275,10 @@ class Target(OneEngine):
                 raise TargetError(
                     f"{self.engine} at {redact_url(self.url)} not healthy within {timeout:g} s "
                     f"(GET {self.health_path}: {last}{where})", log_tail=self.log_tail())
+            if (taken := self._bind_failure()) is not None:
+                raise TargetError(
+                    f"{self.engine} could not serve on {redact_url(self.url)}: another process took the port while it "
+                    f"started ({taken}; log {self.log_path})", log_tail=self.log_tail())
             status, last = self._health_status(timeout=min(2.0, max(remaining, 0.05)))
             if status == 200:
                 # Someone else may have answered on our port while our process died binding it.
@@ -278,6 +287,16 @@ class Target(OneEngine):
                 return
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 1.5, 0.5)
+
+    def _bind_failure(self) -> str | None:
+        """The log's line saying the server could not bind its own port: asyncio's create_server error,
+        which uvicorn (both engines' HTTP server) logs and then waits — SGLang 0.5.23's process lived on
+        and a store listening on the port answered no health check, so the start-up ran to its deadline."""
+        if self._proc is None:
+            return None
+        port = urllib.parse.urlsplit(self.url).port
+        return next((ln.strip() for ln in self.log_tail().splitlines()
+                     if BIND_FAILURE in ln and f", {port})" in ln), None)
 
     # ------------------------------------------------------------------ facts
 

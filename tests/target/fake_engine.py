@@ -4,7 +4,8 @@
                           [--pidfile FILE] [--require-key KEY]
 
 Modes: ok (healthy after --delay), exit (prints an error and exits 3 during start), never (/health
-always 503), ignore-term (ok, but ignores SIGTERM), grandchild (ok, dies on SIGTERM, but first
+always 503), port-stolen (its port taken while it starts: asyncio's bind error, then it lingers),
+ignore-term (ok, but ignores SIGTERM), grandchild (ok, dies on SIGTERM, but first
 spawns a child that ignores SIGTERM and writes its pid to --pidfile). Serves /health, /metrics (the --metrics
 file), /v1/models and /version in vLLM's shapes; copies --log to stdout as its start-up log.
 """
@@ -38,6 +39,24 @@ def main() -> int:
         time.sleep(args.delay)
         print("ValueError: No available memory for the cache blocks.", flush=True)
         return 3
+    if args.mode == "port-stolen":
+        # Another process (SGLang's TCP store, say) binds our port while we start: asyncio's own
+        # create_server error, logged as uvicorn logs it, and the process lingers without serving.
+        import asyncio
+        import socket
+        thief = socket.socket()
+        thief.bind(("127.0.0.1", args.port))
+        thief.listen()
+
+        async def serve():
+            await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", args.port)
+
+        try:
+            asyncio.run(serve())
+        except OSError as exc:
+            print(f"ERROR:    {exc}", flush=True)
+        time.sleep(600)
+        return 1
     if args.mode == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.mode == "grandchild":

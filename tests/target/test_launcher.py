@@ -114,6 +114,21 @@ def test_never_healthy_hits_the_deadline_and_leaves_nothing(tmp_path):
     assert pids and all(gone(p) for p in pids)
 
 
+def test_a_port_taken_while_the_engine_starts_ends_the_start_up_at_once(tmp_path):
+    """The server's own bind error in its log ends the wait (a process that lingers after it, with a
+    store answering no health check on the port, would otherwise run to the deadline)."""
+    t0 = time.monotonic()
+    with pytest.raises(TargetError) as info:
+        Target.launch(fake_argv("--mode", "port-stolen"), engine="sglang", port=None,
+                      log_path=str(tmp_path / "e.log"), startup_timeout=60)
+    assert time.monotonic() - t0 < 60 / 4
+    first = str(info.value).splitlines()[0]
+    assert "another process took the port while it started" in first
+    assert "error while attempting to bind on address" in first  # asyncio's own line, quoted
+    pids = [int(w.split("=")[1].rstrip(",")) for w in info.value.log_tail.split() if w.startswith("pid=")]
+    assert pids and all(gone(p) for p in pids)
+
+
 def test_port_taken(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
