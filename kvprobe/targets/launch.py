@@ -28,12 +28,7 @@ from kvprobe.errors import TargetError
 from kvprobe.observe.client import list_models
 from kvprobe.observe.http import Secret, error_reason, http_get, read_key, redact_url
 from kvprobe.observe.sampler import Sampler
-from kvprobe.procgroup import (
-    free_port,
-    group_members,
-    port_in_use,
-    stop_group,
-)
+from kvprobe.procgroup import free_port, group_members, port_in_use, stop_group
 from kvprobe.targets.engine import emulator_argv, engine_argv
 from kvprobe.targets.facts import EngineFacts, merge_reports
 from kvprobe.targets.interface import OneEngine, OpenHow
@@ -44,6 +39,7 @@ DEFAULT_HEALTH_PATH = "/health"
 LOG_TAIL_LINES = 40
 _MAX_LOG_READ = 4 * 2**20  # bytes of the start-up log handed to the dialect's parser
 _TAIL_LINE_CHARS = 400
+BIND_FAILURE = "error while attempting to bind on address"  # asyncio's create_server, a port it cannot bind
 
 
 def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
@@ -64,11 +60,6 @@ def _alive_path(dialect) -> str:
 
 
 # --------------------------------------------------------------------------- Target
-
-
-# asyncio's BaseEventLoop.create_server, when a listening socket cannot bind:
-# "error while attempting to bind on address ('127.0.0.1', PORT): address already in use"
-BIND_FAILURE = "error while attempting to bind on address"
 
 
 class Target(OneEngine):
@@ -289,14 +280,11 @@ class Target(OneEngine):
             delay = min(delay * 1.5, 0.5)
 
     def _bind_failure(self) -> str | None:
-        """The log's line saying the server could not bind its own port: asyncio's create_server error,
-        which uvicorn (both engines' HTTP server) logs and then waits — SGLang 0.5.23's process lived on
-        and a store listening on the port answered no health check, so the start-up ran to its deadline."""
-        if self._proc is None:
-            return None
+        """The server's own line that it could not bind its port (uvicorn logs asyncio's error and waits:
+        SGLang 0.5.23 lived on while a store on the port answered no health check, to the deadline)."""
         port = urllib.parse.urlsplit(self.url).port
-        return next((ln.strip() for ln in self.log_tail().splitlines()
-                     if BIND_FAILURE in ln and f", {port})" in ln), None)
+        return None if self._proc is None else next(
+            (ln.strip() for ln in self.log_tail().splitlines() if BIND_FAILURE in ln and f", {port})" in ln), None)
 
     # ------------------------------------------------------------------ facts
 
