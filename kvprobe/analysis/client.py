@@ -34,14 +34,9 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
     seconds. The lag limit scales with the level's request lifetime (`lag_limit_ms`): a lag that
     distorts a 0.3 s request is noise beside a 12 s one. A level without lag records keeps None."""
     for lv in levels:
-        start = window_start(lv, warmup_fraction)
-        by_worker: dict[str, list] = {}
-        for r in records:
-            if r.kind == "lag" and r.worker != "master" and r.t is not None and start <= r.t <= lv.t_end:
-                by_worker.setdefault(r.worker or "?", []).append(r)
+        limit, by_worker = _lag_by_worker(records, lv.t_start, window_start(lv, warmup_fraction), lv.t_end)
         if not by_worker:
             continue
-        limit = lag_limit_ms(median_lifetime(records, lv.t_start, lv.t_end))
         workers = [(worker_health(w, rs, lag_limit=limit), _mostly_saturated(rs, limit))
                    for w, rs in sorted(by_worker.items())]
         lv.client_lag_limit_ms = limit
@@ -50,6 +45,23 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
         lv.client_saturated = any(bad for _, bad in workers)
         if len(workers) > 1:  # name the load processes that saturated
             lv.client_saturated_by = [h.name for h, bad in workers if bad]
+
+
+def starved_so_far(records, t_start: float, t_steady: float, now: float) -> bool:
+    """Would `mark_levels` read a level held from `t_start` (steady from `t_steady`) until `now`
+    as starved? The ramp asks while it holds a level, to hold on past a burst rather than lose it."""
+    limit, by_worker = _lag_by_worker(records, t_start, t_steady, now)
+    return any(_mostly_saturated(rs, limit) for rs in by_worker.values())
+
+
+def _lag_by_worker(records, t_start: float, t_steady: float, t_end: float) -> tuple[float, dict[str, list]]:
+    """The lag limit for the requests of [t_start, t_end] and each load process's lag records of
+    its steady part [t_steady, t_end]."""
+    by_worker: dict[str, list] = {}
+    for r in records:
+        if r.kind == "lag" and r.worker != "master" and r.t is not None and t_steady <= r.t <= t_end:
+            by_worker.setdefault(r.worker or "?", []).append(r)
+    return lag_limit_ms(median_lifetime(records, t_start, t_end)), by_worker
 
 
 def _mostly_saturated(lag_records, lag_limit: float) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis import plateau
+from kvprobe.analysis.client import starved_so_far
 from kvprobe.analysis.steady import detected_start, fed_since
 from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.ramps import LevelResult
@@ -164,11 +165,12 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
     LEVEL_PRECISION_SHARE of the allowance — or for the most it may take."""
     least = _least_steady(pr)
     longest = t_start + pr.hold + (pr.lifetime or 0.0)
+    past_burst = _PastBurst(pr, users, t_start, longest)
     clean_read = "no_preemption" in pr.exp.checks  # a level below the knee is the check's clean level
     check_every = max(0.25, 2 * pr.exp.profile.sample_interval)
     halves: list[tuple[float, float]] = []  # (time, the plateau's half-width with this level so far)
     while True:
-        _hold_level(pr.target, pr.load, until=min(longest, time.time() + check_every))
+        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + check_every))
         now = time.time()
         arrays = pr.sampler.series.arrays()
         steady = detected_start(arrays["t"], [arrays["running"], arrays["waiting"]], t_start, now)
@@ -176,15 +178,17 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         fed = fed_since(arrays["t"], arrays["running"], arrays["waiting"], t_start, now, FED_SHARE * users)
         steady = max(steady, fed if fed is not None else now)
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
-        if now >= longest:
-            return window
+        if now >= past_burst.longest:
+            if past_burst.ends(window):
+                return window
+            continue
         if fed is None or now - steady < least:
             continue
         stats = analysis.level_stats(arrays, [window], counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
         if stats.too_few_samples:
             continue
         if not level_result(stats).saturated:
-            if not clean_read or _clean_decided(stats):
+            if (not clean_read or _clean_decided(stats)) and past_burst.ends(window):
                 return window
             continue
         if pr.dialect.RUNNING_GAUGE_EXACT:
@@ -192,16 +196,56 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             # this level still narrows it; an unconfirmed plateau needs another deep level instead
             rejection = _plan_rejection(pr, extra=stats)
             if settled(rejection, float(pr.prediction.limit), allowance) or not rejection.confirmed:
-                return window
+                if past_burst.ends(window):
+                    return window
+                continue
             halves.append((now, rejection.uncertainty or float("inf")))
-            if not _narrowing(halves, least):
+            if not _narrowing(halves, least) and past_burst.ends(window):
                 return window  # the scatter between levels dominates: a new deep level narrows it, this one no more
             continue
         # a sampled gauge's live mean is not the verdict's figure (the streams are, after the
         # ramp): the level's own precision decides
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
-        if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance:
+        if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance and past_burst.ends(window):
             return window
+
+
+class _PastBurst:
+    """Holds a level on while its load generator lagged for most of the level so far: read as
+    starved (`analysis.client`), the level would leave every check it feeds unjudged. A burst from
+    beside the probe (another engine starting on the same cores: loop lag 29-65 ms for several
+    seconds against a limit of 25, measured here) ends, and the healthy seconds held after it make
+    the level's own. At most STARVED_EXTRA times the level's longest hold more; checked at most
+    once a second (each check reads the load's records)."""
+
+    def __init__(self, pr: ProbeRun, users: int, t_start: float, longest: float):
+        self.pr, self.users, self.t_start, self.longest = pr, users, t_start, longest
+        # never past the probe's time budget (pr.deadline is on the monotonic clock, the windows on the wall clock)
+        budget = time.time() + (pr.deadline - time.monotonic())
+        self.cap = max(longest, min(longest + STARVED_EXTRA * (longest - t_start), budget))
+        self._checked, self._healthy = -math.inf, True
+
+    def ends(self, window) -> bool:
+        """May the level end with `window`? Yes unless its client is starved so far and the cap allows more."""
+        now = window.t_end
+        if now >= self.cap:
+            return True
+        if now - self._checked < 1.0:
+            return self._healthy  # as a second ago
+        self._checked = now
+        steady = window.t_steady if window.t_steady is not None else window.t_start
+        self._healthy = not starved_so_far(self.pr.load.records(), window.t_start, steady, now)
+        if self._healthy:
+            return True
+        if self.longest < self.cap:
+            self.pr.log(f"  users {self.users:>4}: the load generator lagged for most of this level so far "
+                        "(a burst beside the probe?): holding it on, up to "
+                        f"{self.cap - self.t_start:.0f} s, until most of its seconds are healthy")
+            self.longest = self.cap
+        return False
+
+
+STARVED_EXTRA = 1.0
 
 
 def _clean_decided(stats) -> bool:

@@ -22,7 +22,12 @@ def probe(exp, tmp_path):
     return result, lines
 
 
+# Round robin splits evenly only while both replicas step at the same speed: an engine starting
+# beside the probe slows one emulator more than the other, and the slower one gathers the requests
+# in flight (1.33 at N=26 against an allowance of 1.3 in a clean-clone run). The check is a sharp
+# test of the router, so the probe runs on a quiet machine (tests/conftest.py).
 @pytest.mark.slow
+@pytest.mark.needs_a_quiet_machine
 def test_round_robin_fleet_admits_twice_one_replica(tmp_path, router_binary):
     exp = load_expectations(FLEET)[0]
     result, lines = probe(exp, tmp_path)
