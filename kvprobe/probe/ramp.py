@@ -11,7 +11,7 @@ from dataclasses import replace
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis import plateau
 from kvprobe.analysis.client import starved_so_far
-from kvprobe.analysis.steady import detected_start, fed_since
+from kvprobe.analysis.steady import detected_start, fed_since, window_start
 from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
@@ -133,7 +133,7 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
     t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
     if allowance is None:
         _hold_level(pr.target, pr.load, until=t_start + pr.hold)
-        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
+        window = _held_past_burst(pr, users, t_start)
     else:
         window = _hold_adaptive(pr, users, t_start, allowance)
     pr.windows.append(window)
@@ -233,7 +233,7 @@ class _PastBurst:
         if now - self._checked < 1.0:
             return self._healthy  # as a second ago
         self._checked = now
-        steady = window.t_steady if window.t_steady is not None else window.t_start
+        steady = window_start(window, self.pr.exp.profile.hold.warmup)
         self._healthy = not starved_so_far(self.pr.load.records(), window.t_start, steady, now)
         if self._healthy:
             return True
@@ -246,6 +246,16 @@ class _PastBurst:
 
 
 STARVED_EXTRA = 1.0
+
+
+def _held_past_burst(pr: ProbeRun, users: int, t_start: float):
+    """A level of fixed hold, ended at its hold unless its client was starved so far (`_PastBurst`)."""
+    past_burst = _PastBurst(pr, users, t_start, t_start + pr.hold)
+    while True:
+        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
+        if past_burst.ends(window):
+            return window
+        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + 1.0))
 
 
 def _clean_decided(stats) -> bool:

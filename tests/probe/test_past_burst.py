@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from kvprobe.analysis.client import mark_levels, starved_so_far
 from kvprobe.analysis.levels import LevelWindow
 from kvprobe.load.records import Record
-from kvprobe.probe.ramp import STARVED_EXTRA, _PastBurst
+from kvprobe.probe.ramp import STARVED_EXTRA, _held_past_burst, _PastBurst
 
 LIFETIME = 2.0  # seconds: the lag limit is then the floor of 15 ms or the lifetime's share
 
@@ -42,8 +42,11 @@ def test_a_coordinating_process_and_other_kinds_of_record_are_not_read_as_lag():
 
 
 class FakeProbe:
-    def __init__(self, records, budget_s: float = 600.0):
-        self.load = SimpleNamespace(records=lambda: records)
+    def __init__(self, records, budget_s: float = 600.0, hold: float = 8.0):
+        self.load = SimpleNamespace(records=lambda: records, alive=lambda: True, expect_workers=0)
+        self.target = SimpleNamespace(alive=lambda: True)
+        self.exp = SimpleNamespace(profile=SimpleNamespace(hold=SimpleNamespace(warmup=0.3)))
+        self.hold = hold
         self.deadline = time.monotonic() + budget_s
         self.lines: list[str] = []
 
@@ -93,3 +96,20 @@ def test_the_hold_on_never_passes_the_probes_time_budget():
     assert held.cap == t0 + 8.0  # the budget ends sooner than the longest hold: no extension
     held = _PastBurst(FakeProbe([], budget_s=12.0), 26, t0, longest=t0 + 8.0)
     assert t0 + 11.5 < held.cap < t0 + 12.5
+
+
+def test_a_level_of_fixed_hold_reads_its_steady_part_by_the_warmup_share():
+    # held 10 s from 19.5 s ago: its hold is over, and with the warm-up share 0.3 of 19.5 s its
+    # steady part (from 5.85 s) holds 4 lagged seconds (6-9) against 10 healthy ones: it ends now
+    t0 = time.time() - 19.5
+    pr = FakeProbe(requests(t0, t0 + 19) + lags(t0, 19, bad=set(range(10))), hold=10.0)
+    window = _held_past_burst(pr, 26, t0)
+    assert window.t_end - t0 < 20.0 and not pr.lines
+
+
+def test_a_level_of_fixed_hold_starved_throughout_is_held_to_the_cap():
+    t0 = time.time() - 19.5
+    pr = FakeProbe(requests(t0, t0 + 19) + lags(t0, 19, bad=set(range(19))), hold=10.0)
+    window = _held_past_burst(pr, 26, t0)  # holds on the last half second to its cap, 2 x 10 s
+    assert window.t_end >= t0 + 10.0 + STARVED_EXTRA * 10.0
+    assert len(pr.lines) == 1 and "holding it on" in pr.lines[0]
