@@ -20,6 +20,7 @@ LAG_SATURATED_MS = 15.0
 # LAG_SATURATED_MS stays the floor, where TTFT distortion starts.
 LIFETIME_SHARE = 0.01
 CPU_SATURATED = 0.9  # cores: a gevent process cannot use more than one
+HEALTH_PERIOD = 1.0  # seconds: each load process writes one lag record per period (kvprobe.load.locustfile)
 
 # Tests only: a load process that starves on purpose. With this variable set (milliseconds), each
 # Locust process blocks its whole loop that long every STALL_PERIOD seconds (kvprobe.load.locustfile),

@@ -35,7 +35,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from kvprobe.load.body import body_template
-from kvprobe.load.health import STALL_ENV, STALL_PERIOD
+from kvprobe.load.health import HEALTH_PERIOD, STALL_ENV, STALL_PERIOD
 from kvprobe.load.prompts import varying_ids
 from kvprobe.load.records import (
     ABORTED,
@@ -263,7 +263,7 @@ def _lag_monitor() -> None:
         gevent.sleep(0.01)
         lags.append(max(0.0, (time.perf_counter() - t0 - 0.01) * 1000.0))
         now = time.monotonic()
-        if now - t_last >= 1.0:
+        if now - t_last >= HEALTH_PERIOD:
             cpu_now = time.process_time()
             lags.sort()
             p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]

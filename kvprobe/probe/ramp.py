@@ -13,6 +13,7 @@ from kvprobe.analysis import plateau
 from kvprobe.analysis.client import starved_so_far
 from kvprobe.analysis.steady import detected_start, fed_since, window_start
 from kvprobe.errors import ProbeError, TargetError
+from kvprobe.load.health import HEALTH_PERIOD
 from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
 from kvprobe.probe.strategy import FED_SHARE, make_ramp, settled, usage_agrees
@@ -216,7 +217,7 @@ class _PastBurst:
     beside the probe (another engine starting on the same cores: loop lag 29-65 ms for several
     seconds against a limit of 25, measured here) ends, and the healthy seconds held after it make
     the level's own. At most STARVED_EXTRA times the level's longest hold more; checked at most
-    once a second (each check reads the load's records)."""
+    once a HEALTH_PERIOD, as often as the load writes a lag record (each check reads the records)."""
 
     def __init__(self, pr: ProbeRun, users: int, t_start: float, longest: float):
         self.pr, self.users, self.t_start, self.longest = pr, users, t_start, longest
@@ -230,8 +231,8 @@ class _PastBurst:
         now = window.t_end
         if now >= self.cap:
             return True
-        if now - self._checked < 1.0:
-            return self._healthy  # as a second ago
+        if now - self._checked < HEALTH_PERIOD:
+            return self._healthy  # no lag record since the last look
         self._checked = now
         steady = window_start(window, self.pr.exp.profile.hold.warmup)
         self._healthy = not starved_so_far(self.pr.load.records(), window.t_start, steady, now)
@@ -255,7 +256,7 @@ def _held_past_burst(pr: ProbeRun, users: int, t_start: float):
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
         if past_burst.ends(window):
             return window
-        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + 1.0))
+        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + HEALTH_PERIOD))
 
 
 def _clean_decided(stats) -> bool:
