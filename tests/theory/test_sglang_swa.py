@@ -96,10 +96,18 @@ PARKS_AFTER_RETRACTION = (SglangConfig(max_total_num_tokens=167, max_running_req
                                        policy="sglang-0.5.21", overlap=False, sliding_window_size=4,
                                        swa_pool_tokens=37), 2, 42)
 
+# Found by the search: the window budget leaves room for one token when a chunked request's last
+# two prompt tokens come; the continuation is cut to that token, not rounded up to a page (as it
+# was here, which joined the request running with 120 of its 118 prompt tokens computed).
+CUT_MID_PAGE = (SglangConfig(max_total_num_tokens=426, page_size=4, max_running_requests=3, chunked_prefill_size=32,
+                             max_prefill_tokens=512, context_len=147, policy="sglang-0.5.22", overlap=False,
+                             sliding_window_size=53, swa_pool_tokens=297), 118, 21)
+
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=sglang_swa_case(), users=st.integers(1, 20), eos=st.booleans(), radix=st.booleans())
 @example(case=PARKS_AFTER_RETRACTION, users=6, eos=False, radix=True)
+@example(case=CUT_MID_PAGE, users=5, eos=False, radix=True)
 def test_both_pools_account_every_slot(case, users, eos, radix):
     """Whatever runs, finishes, is chunked or retracted: each pool's used slots are exactly what
     the requests hold (check_pool), never more than its size, and all come back at the end. (A

@@ -119,7 +119,8 @@ class SglangPrefillAdder:
         return self.pool.match(self._fill(req), limit)
 
     def _continue_chunk(self, free: int, b: dict, result: StepResult) -> int:
-        """add_chunked_req (L1140-1222): min(rem_chunk, remaining_total), full chunk if <= 0."""
+        """add_chunked_req (L1140-1222): min(rem_chunk, remaining_total), full chunk if <= 0. Unlike a
+        first chunk (L1663-1671) a continuation is not floored to a page: it may end mid-page."""
         req, ps = self.chunked, self.ps
         done = req.num_computed_tokens
         left = len(req.prompt) + req.output_len - done
@@ -130,9 +131,7 @@ class SglangPrefillAdder:
                 room = min(room, int(self._swa_left()) - ps)  # when no window room (L325-329)
                 if room <= 0:
                     return 0
-            size = min(left, room if room > 0 else b["chunk"])
-            if size < left:
-                size = max(size // ps * ps, ps)
+            size = min(left, room if room > 0 else b["chunk"])  # not floored to a page (L1181-1184)
         self._alloc_extend(self.ceil_page(done + size) - self.ceil_page(done), req)
         paged = self.ceil_page(size)
         self._swa_reserve(paged, 0 if size < left else min(req._maxn, CLIP_MAX_NEW_TOKENS), b["chunk"])
