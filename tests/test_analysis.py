@@ -177,8 +177,8 @@ def test_closed_loop_duty_cycle_and_queueing_between_steps_are_not_saturation():
     users = [4, 7, 11, 14, 18, 19, 20, 21, 22, 23, 25, 27]
     running = [3.76, 6.62, 10.52, 13.29, 16.45, 17.24, 18.33, 19.57, 20.05, 20.10, 20.19, 19.71]
     waiting = [0.14, 0.19, 0.29, 0.19, 0.75, 0.76, 1.14, 0.62, 1.33, 2.19, 4.10, 6.05]
-    stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, usage_mean=0.9, preemptions=0 if u <= 20 else 5,
-                             too_few_samples=False, running_se=None)
+    stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, waiting_max=w, usage_mean=0.9,
+                             preemptions=0 if u <= 20 else 5, too_few_samples=False, running_se=None)
              for u, r, w in zip(users, running, waiting, strict=True)]
     rp = find_rejection_point(stats)
     assert 19.7 <= rp.rejection_point <= 20.3
@@ -281,7 +281,7 @@ def test_a_level_where_nothing_waits_never_starts_the_plateau():
     users = [4, 7, 11, 14, 18, 19, 20, 21, 22, 24, 26]
     running = [3.8, 6.7, 10.5, 13.8, 17.5, 18.41, 18.0, 19.9, 20.2, 20.3, 20.1]
     waiting = [0, 0, 0, 0, 0, 0, 0, 0.7, 1.8, 2.0, 3.6]
-    stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, usage_mean=0.8, preemptions=0,
+    stats = [SimpleNamespace(users=u, running_mean=r, waiting_mean=w, waiting_max=w, usage_mean=0.8, preemptions=0,
                              too_few_samples=False, running_se=None)
              for u, r, w in zip(users, running, waiting, strict=True)]
     rp = find_rejection_point(stats)

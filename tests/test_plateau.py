@@ -113,3 +113,26 @@ def test_deep_levels_are_planned_past_the_knee_and_the_deepest_level():
     # an uncertainty above the precision asked for adds one more level, past the deepest
     more = deep_levels_to_add(full, [u for u, *_ in ISSUE], max_users=64, precision=0.01)
     assert len(more) == 1 and more[0] > 32
+
+
+# The SGLang shadow (0.5.23, ledger 21, clean predicted up to 21) in a CI run of stop 30: running and
+# waiting from the streams (its gauges are sampled), the queue gauge's highest reading beside them.
+# N=20 read 0.51 waiting from the streams while the engine's gauge never saw a queue there.
+SGLANG_CI = [(10, 10.00, 0.00, 0.0), (20, 19.48, 0.51, 0.0), (26, 20.92, 5.08, 9.0), (29, 20.89, 8.11, 12.0)]
+SGLANG_PRED = type("Prediction", (), {"limit": 21.0, "no_preemption_limit": 21, "binding": "kv",
+                                      "usage_at_limit": 0.81})
+
+
+@pytest.mark.parametrize(("gauge_at_20", "clean"), [(0.0, 20), (1.0, 10), (float("nan"), 10)])
+def test_the_streams_waiting_counts_only_where_the_queue_gauge_saw_a_queue(gauge_at_20, clean):
+    """The streams' waiting below the knee is the client-to-scheduler way when the engine's queue
+    gauge read zero throughout (plateau.queue_seen); where it read a request, or there is no gauge,
+    the streams decide."""
+    levels = []
+    for u, r, w, top in SGLANG_CI:
+        lv = level(u, r, w)
+        lv.waiting_max = gauge_at_20 if u == 20 else top
+        levels.append(lv)
+    rp = find_rejection_point(levels)
+    assert rp.last_clean_users == clean
+    assert check_no_preemption(SGLANG_PRED, rp, Tolerances()).passed is (clean == 20)

@@ -189,7 +189,8 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         if stats.too_few_samples:
             continue
         if not level_result(stats).saturated:
-            if (not clean_read or _clean_decided(stats)) and past_burst.ends(window):
+            if (not clean_read or _clean_decided(stats, exact_gauge=pr.dialect.RUNNING_GAUGE_EXACT)) \
+                    and past_burst.ends(window):
                 return window
             continue
         if pr.dialect.RUNNING_GAUGE_EXACT:
@@ -259,22 +260,32 @@ def _held_past_burst(pr: ProbeRun, users: int, t_start: float):
         _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + HEALTH_PERIOD))
 
 
-def _clean_decided(stats) -> bool:
+def _clean_decided(stats, *, exact_gauge: bool) -> bool:
     """Has a level below the knee settled whether it ran clean, as the no_preemption check reads
     it (`plateau.CLEAN_WAITING`)? It preempted, or its waiting mean's ~95% interval lies wholly
     below the threshold or wholly at or above it. Arrivals that bunch (an API server or a client
     that fell behind for a moment) queue a request or two for part of a lifetime; read over one
     lifetime such a level sat on the threshold (waiting 0.25-0.67 at N=23, clean predicted up to
     24, on the vLLM shadow) and the check had no clean level. So it is held on, up to the
-    profile's hold, until its mean is decided."""
+    profile's hold, until its mean is decided.
+
+    A sampled queue gauge reads low (SGLang publishes it after a prefill's admissions): the
+    judgement reads such a level's waiting from the streams, which only exist once its requests
+    ended. Live, a gauge that read no queue decides clean (`plateau.queue_seen`), one whose low
+    reading already reaches the threshold decides waiting; in between the level is held to its
+    longest."""
     if stats.preemptions:
         return True
     if not math.isfinite(stats.waiting_mean):
         return True  # no queue gauge: nothing more to read
+    if not exact_gauge and not plateau.queue_seen(stats):
+        return True
     if stats.waiting_se is None:
         return False
     half = plateau.Z95 * stats.waiting_se
-    return stats.waiting_mean + half < plateau.CLEAN_WAITING or stats.waiting_mean - half >= plateau.CLEAN_WAITING
+    if stats.waiting_mean - half >= plateau.CLEAN_WAITING:
+        return True
+    return exact_gauge and stats.waiting_mean + half < plateau.CLEAN_WAITING
 
 
 def _narrowing(halves: list[tuple[float, float]], span: float) -> bool:

@@ -194,9 +194,10 @@ def test_a_deep_level_held_back_by_the_load_generator_refutes_nothing():
     assert levels[:3] == [29, first, first + math.ceil(deep_waiting(58.5))] and len(levels) == 4, levels
 
 
-def _below_knee(waiting: float, se: float | None, preemptions: float | None = 0.0):
+def _below_knee(waiting: float, se: float | None, preemptions: float | None = 0.0, top: float | None = None):
     from types import SimpleNamespace
-    return SimpleNamespace(waiting_mean=waiting, waiting_se=se, preemptions=preemptions)
+    top = (waiting if waiting != waiting else 3.0) if top is None else top  # the gauge's highest reading
+    return SimpleNamespace(waiting_mean=waiting, waiting_se=se, preemptions=preemptions, waiting_max=top)
 
 
 @pytest.mark.parametrize(("waiting", "se", "preemptions", "decided"), [
@@ -210,7 +211,18 @@ def _below_knee(waiting: float, se: float | None, preemptions: float | None = 0.
 ])
 def test_the_clean_level_is_held_until_its_waiting_is_decided(waiting, se, preemptions, decided):
     from kvprobe.probe.ramp import _clean_decided
-    assert _clean_decided(_below_knee(waiting, se, preemptions)) is decided
+    assert _clean_decided(_below_knee(waiting, se, preemptions), exact_gauge=True) is decided
+
+
+@pytest.mark.parametrize(("waiting", "se", "top", "decided"), [
+    (0.0, 0.0, 0.0, True),       # the gauge read no queue: clean, as the judgement reads it (plateau.queue_seen)
+    (0.05, 0.02, 1.0, False),    # it read one: the streams may read more, known only after the ramp
+    (1.40, 0.20, 4.0, True),     # its low reading already waits beyond doubt
+    (0.45, 0.10, 2.0, False),
+])
+def test_a_sampled_gauges_clean_level_is_decided_by_whether_it_saw_a_queue(waiting, se, top, decided):
+    from kvprobe.probe.ramp import _clean_decided
+    assert _clean_decided(_below_knee(waiting, se, top=top), exact_gauge=False) is decided
 
 
 def test_a_levels_waiting_has_a_standard_error():
