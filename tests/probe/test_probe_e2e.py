@@ -24,7 +24,10 @@ def probe(exp, tmp_path, **options):
     return result, lines
 
 
-@pytest.mark.parametrize("name", ["emulated-vllm.yaml", "emulated-sglang.yaml"])
+# The emulated SGLang's usage gauge reads by its reports' phases (below): it runs while the other
+# lane starts no engine (tests/conftest.py).
+@pytest.mark.parametrize("name", ["emulated-vllm.yaml",
+                                  pytest.param("emulated-sglang.yaml", marks=pytest.mark.needs_a_quiet_machine)])
 def test_measured_rejection_point_equals_prediction(expectation, tmp_path, groups, name):
     exp = expectation(name)
     result, _ = probe(exp, tmp_path)
@@ -39,8 +42,10 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, group
     if name == "emulated-sglang.yaml":
         # SGLang's gauge holds the reading of its last report (theory/sglang/reports.py), which
         # assumes the clients' phases spread; CPU contention locks them into cohorts and reads it
-        # low: 86% on a quiet machine, 85% with every core busy here, 80% once in CI's full suite,
-        # against 87%. Its agreement with the real SGLang is tested on the shadow (tests/shadow_sglang).
+        # low: 86% on a quiet machine, 85% with every core busy here, 80% once in CI's full suite and
+        # 76.5% in another while the other lane started an engine (its running gauge read 12-18 of 20:
+        # cohorts of 2-8), against 87%. Its agreement with the real SGLang is tested on the shadow
+        # (tests/shadow_sglang).
         assert abs(gap.measured - gap.predicted) <= 2 * exp.tolerances.usage_gap, report
     else:
         assert gap.passed, report
