@@ -12,10 +12,10 @@ from kvprobe.spec.expectation import Tolerances
 from kvprobe.verdict.checks import check_no_preemption, check_rejection_point
 
 
-def level(users, running, waiting, *, se=0.07, preemptions=0.0, usage=0.95):
+def level(users, running, waiting, *, se=0.07, preemptions=0.0, usage=0.95, top=None):
     return LevelStats(users=users, running_mean=running, running_max=running, waiting_mean=waiting,
-                      waiting_max=waiting, usage_mean=usage, usage_max=usage, preemptions=preemptions,
-                      preemption_rate_per_s=0.0, samples=30, running_se=se)
+                      waiting_max=waiting if top is None else top, usage_mean=usage, usage_max=usage,
+                      preemptions=preemptions, preemption_rate_per_s=0.0, samples=30, running_se=se)
 
 
 # Real vLLM 0.33.0 (the shadow target), ledger 24.21: requests already wait at N=22 and 23 (0.94,
@@ -128,11 +128,7 @@ def test_the_streams_waiting_counts_only_where_the_queue_gauge_saw_a_queue(gauge
     """The streams' waiting below the knee is the client-to-scheduler way when the engine's queue
     gauge read zero throughout (plateau.queue_seen); where it read a request, or there is no gauge,
     the streams decide."""
-    levels = []
-    for u, r, w, top in SGLANG_CI:
-        lv = level(u, r, w)
-        lv.waiting_max = gauge_at_20 if u == 20 else top
-        levels.append(lv)
+    levels = [level(u, r, w, top=gauge_at_20 if u == 20 else top) for u, r, w, top in SGLANG_CI]
     rp = find_rejection_point(levels)
     assert rp.last_clean_users == clean
     assert check_no_preemption(SGLANG_PRED, rp, Tolerances()).passed is (clean == 20)

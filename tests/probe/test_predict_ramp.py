@@ -196,8 +196,8 @@ def test_a_deep_level_held_back_by_the_load_generator_refutes_nothing():
 
 def _below_knee(waiting: float, se: float | None, preemptions: float | None = 0.0, top: float | None = None):
     from types import SimpleNamespace
-    top = (waiting if waiting != waiting else 3.0) if top is None else top  # the gauge's highest reading
-    return SimpleNamespace(waiting_mean=waiting, waiting_se=se, preemptions=preemptions, waiting_max=top)
+    return SimpleNamespace(waiting_mean=waiting, waiting_se=se, preemptions=preemptions,
+                           waiting_max=waiting if top is None else top)  # the gauge's highest reading
 
 
 @pytest.mark.parametrize(("waiting", "se", "preemptions", "decided"), [
