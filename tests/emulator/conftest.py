@@ -107,6 +107,7 @@ class StreamClients:
     def __init__(self, url: str, bodies: list[dict]):
         self.url, self.bodies = url, bodies
         self.results: list[dict | None] = [None] * len(bodies)
+        self.tokens = [0] * len(bodies)  # tokens each stream has received so far, live
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -125,6 +126,7 @@ class StreamClients:
                 if chunk.get("usage"):
                     out["usage"] = chunk["usage"]
                 out["tokens"] += len(chunk.get("choices") or [])
+                self.tokens[i] = out["tokens"]
         self.results[i] = out
 
     async def _main(self):

@@ -44,12 +44,19 @@ def test_gpt_oss_admission_over_http_is_the_hybrid_simulation(serve):
     clients = StreamClients(s.url, [{"prompt": [1000 + i] * prompt, "max_tokens": out, "min_tokens": out,
                                      "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
                                     for i in range(n)])
-    wait_for(lambda: (s.value("vllm:num_requests_running"), s.value("vllm:num_requests_waiting")) == want,
-             what=f"{want} running, waiting")
+    gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    wait_for(lambda: tuple(s.value(g) for g in gauges) == want, what=f"{want} running, waiting")
+    # The gauge is read once all four decode: the step of a request's last prefill chunk still holds the
+    # window blocks its chunks allocated, which the next step's allocate_slots frees (remove_skipped_blocks
+    # on the processed tokens: hybrid/kv_cache_manager.py), so (4, 5) begins with up to 342 blocks in use.
+    # A stream's second token comes from a step after its last chunk.
+    wait_for(lambda: sorted(clients.tokens)[-4] >= 2, what="four streams past their first token")
+    scrape = s.families()
+    assert tuple(s.value(g, scrape) for g in gauges) == want, "the gauges were read after a request finished"
     # the gauge counts both groups' blocks over the one pool (block_pool.py L921-932): four requests'
     # 63 to 75 full blocks and the <= 9 window blocks each keeps once its prompt passed the window,
     # not the 4 x 126 their admission needed — yet a fifth still needs 126 free blocks to be admitted
-    usage = s.value("vllm:kv_cache_usage_perc")
+    usage = s.value("vllm:kv_cache_usage_perc", scrape)
     assert 4 * (63 + 1) / 399 <= usage <= 4 * (75 + 9) / 399 and 399 * (1 - usage) < 126
     results = clients.join()
     assert all(r["usage"]["completion_tokens"] == out for r in results)
