@@ -56,10 +56,13 @@ def test_every_shipped_expectation_loads(path):
 def test_shipped_profiles_say_what_the_brief_says():
     short, long_, bisect, sweep = (load_profile(PROFILES / f"{n}.yaml") for n in ("short", "long", "bisect", "sweep"))
     assert (short.request.prompt_tokens, short.request.output_tokens) == (128, 32)
-    assert short.ramp.strategy == "around-prediction" and short.hold.seconds == 3
+    assert short.ramp.strategy == "predict" and short.hold.seconds == 3
     assert short.sample_interval == pytest.approx(0.1) and short.budget_seconds == 100
     assert (long_.request.prompt_tokens, long_.request.output_tokens) == (2048, 512)
     assert long_.hold.seconds is None and long_.hold.lifetimes >= 1
+    # the profiles a user gets without choosing one spend the prediction (docs/probe.md, the predict ramp)
+    attach = load_profile(PROFILES / "attach.yaml")
+    assert long_.ramp.strategy == attach.ramp.strategy == "predict" and attach.hold.lifetimes == 3
     assert bisect.ramp.strategy == "bisect" and bisect.ramp.confirm >= 1
     assert sweep.ramp.strategy == "explicit" and len(sweep.ramp.levels) == 10
 

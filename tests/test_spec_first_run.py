@@ -116,7 +116,7 @@ def test_kvprobe_profiles_lists_them(capsys, tmp_path):
     out = capsys.readouterr().out
     for name in ("short", "long", "bisect", "sweep", "attach"):
         assert f"\n{name} " in out
-    assert "P=128, O=32 streamed; around the prediction" in out
+    assert "P=128, O=32 streamed; spends the prediction" in out
 
 
 def test_a_profile_by_name_from_another_folder_in_a_real_process(tmp_path):

@@ -52,7 +52,11 @@ def test_round_robin_fleet_admits_twice_one_replica(tmp_path, router_binary):
 def test_a_leak_on_the_replicas_fails_replica_leak_naming_them(tmp_path, router_binary):
     exp = load_expectations(FLEET)[0]
     target = replace(exp.target, emulator={**exp.target.emulator, "faults": ("zombie-blocks",)})
-    profile = replace(exp.profile, ramp=replace(exp.profile.ramp, levels=(8, 12)))
+    # Outputs of 256: the stop must find requests mid-output at the replicas, not only at the client. With
+    # the shipped 32 a request lives ~0.17 s, and a starved client read a cohort's last chunks after both
+    # replicas had finished it: aborted at the client, nothing held at the engines, no leak (a loaded run).
+    request = replace(exp.profile.request, output_tokens=256)
+    profile = replace(exp.profile, request=request, ramp=replace(exp.profile.ramp, levels=(8, 12)))
     exp = replace(exp, target=target, profile=profile, checks=("replica_leak",))
     result, _ = probe(exp, tmp_path)
     check = result.check("replica_leak")

@@ -13,7 +13,9 @@ from kvprobe.load.ramps import around_prediction_levels
 from kvprobe.observe import oneshot
 from kvprobe.observe.oneshot import OneShot
 from kvprobe.probe import calibrate as probe
+from kvprobe.probe.strategy import PredictRamp
 from kvprobe.spec.profile import load_profile
+from kvprobe.spec.schema import RampSpec
 
 
 @pytest.fixture
@@ -76,7 +78,9 @@ def test_a_hold_in_seconds_is_the_profiles(expectation):
 
 def test_planned_levels_follow_the_ramp(long_exp, expectation):
     assert probe.planned_levels(expectation("emulated-vllm.yaml"), 20.4) == 7  # the tiny profile's explicit levels
-    around = replace(long_exp, profile=replace(long_exp.profile, ramp=load_profile("long").ramp))
+    around = replace(long_exp, profile=replace(long_exp.profile, ramp=RampSpec("around-prediction", window=3, above=3)))
     assert probe.planned_levels(around, 20.4) == len(around_prediction_levels(20.4, below=4, window=3, above=3))
+    predict = replace(long_exp, profile=replace(long_exp.profile, ramp=load_profile("long").ramp))
+    assert probe.planned_levels(predict, 20.4) == len(PredictRamp(20.4).planned())
     bisect = replace(long_exp, profile=replace(long_exp.profile, ramp=load_profile("bisect").ramp))
     assert probe.planned_levels(bisect, 20.4) == 9 + 4  # ceil(log2(257)) + 2 confirmations x 2
