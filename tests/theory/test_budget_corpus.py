@@ -43,6 +43,8 @@ SHIPPED = {
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
     # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
     "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
+    # the checkpoint's own config.json, its GPTQ quantization_config with it (the file's _provenance says where from)
+    "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4": CORPUS / "vllm-configs" / "qwen2.5-7b-instruct-gptq-int4.json",
     # the SGLang cases' MiniCPM5-1B config (its _provenance inside): the model's geometry, whichever engine loads it
     "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
     # the SGLang cases' Qwen2.5-0.5B-Instruct config: the geometry the post prints for its Qwen2.5-0.5B
