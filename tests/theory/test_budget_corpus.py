@@ -38,6 +38,8 @@ SHIPPED = {
     "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b-instruct.json",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b-instruct-v0.1.json",
     "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b.json",
+    # the 2507 Instruct checkpoint: the same geometry (its config differs in max_position_embeddings and rope_theta)
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": "qwen3-30b-a3b.json",
     "deepseek-ai/DeepSeek-V2-Lite-Chat": "deepseek-v2-lite-chat.json",
     # the hub resolves ids case-insensitively; the log spells it "fp8-dynamic"
     "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic": "llama-3.3-70b-instruct-fp8-dynamic.json",
@@ -58,14 +60,14 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 35  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 36  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
 # (0.27 before the card's own 82 SMs were read for the triton sampler rows)
 KNOWN_MISS_WORST = 0.40
 MEDIAN_ALLOWED = 0.015  # 1.47% today (1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the
 # corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%)
-RUNNABLE = 38
+RUNNABLE = 39
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
