@@ -60,15 +60,15 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 66  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 56  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
 # (0.27 before the card's own 82 SMs were read for the triton sampler rows)
 KNOWN_MISS_WORST = 0.40
-MEDIAN_ALLOWED = 0.015  # 0.41% today (0.89% without corpus7's ten H100 repeat runs at +0.1%; 1.46% before
-# corpus7's H100 sweep and A100 0.24.0 runs; 1.47% before corpus6's six cases; 1.52% before corpus5's V2 sampler
-# rule and WSL2 cases; 1.02% before the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%)
-RUNNABLE = 69
+MEDIAN_ALLOWED = 0.015  # 0.89% today (1.46% before corpus7's H100 sweep and A100 0.24.0 runs; 1.47% before
+# corpus6's six cases; 1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the corpus3 pass added
+# the RTX 3090 cases at -2.2% to -4.0%)
+RUNNABLE = 59
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
