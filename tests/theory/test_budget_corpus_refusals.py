@@ -27,6 +27,8 @@ UNPREDICTED_REFUSALS = {
     "vllm-0.17.1-rtx3090-llama31-8b-sampler-oom": "the same OOM in the sampler warm-up, after the pool, on a card "
                                                   "other processes held memory of (0.17.1 sizes the pool from the "
                                                   "total, not the free memory)",
+    "vllm-0.19.0-h100-gpt-oss-20b-tp2-gmu095-sampler-oom": "the same OOM in the sampler warm-up, after the pool, on "
+                                                           "both TP 2 workers at utilisation 0.95",
 }
 # Engines that started where the ledger predicts a refusal, with the reason.
 REFUSALS_NOT_SEEN = {
