@@ -40,6 +40,9 @@ MODELS = {
     # MiniCPM5-1B's geometry from a public config of it (the file's _provenance: 24 layers, 2 KV heads of 128)
     "OpenBMB/MiniCPM5-1B": CORPUS / "sglang-configs" / "minicpm5-1b.json",
     "meta-llama/Llama-3.1-8B-Instruct": CONFIGS / "llama-3.1-8b.json",
+    # the base model, run with the shipped Chat config: the chat model is the base fine-tuned, the same geometry
+    # (its log agrees: context_len=163840, the [163840, 64] rope cache, E=64,N=1408 in the MoE config lookup)
+    "deepseek-ai/DeepSeek-V2-Lite": CONFIGS / "deepseek-v2-lite-chat.json",
 }
 # nvidia-smi's memory.total, what SGLang's defaults read (utils/common.py get_nvgpu_memory_capacity): 95830MiB on
 # every H100 NVL nvidia-smi table found in public repositories (find_string "H100 NVL                On": 10
@@ -49,8 +52,8 @@ CARD_TOTAL = {"NVIDIA H100 NVL": "95830MiB",
               # Optimization, the SGLang 0.5.17 case's repository)
               "NVIDIA A40": "46068MiB"}
 WITHIN = 0.05
-FLOOR_WITHIN_5 = 5  # the ratchet: raise it when a rule improves; never lower it to pass
-RUNNABLE = 6
+FLOOR_WITHIN_5 = 6  # the ratchet: raise it when a rule improves; never lower it to pass
+RUNNABLE = 7
 # Cases run with the card's total and the free memory at start, from which the ledger must land within 1%.
 WITHIN_1 = {"sglang-0.5.10.post1-h100nvl-qwen25-0.5b-nographs"}
 # SGLang's own arithmetic on its printed figures that does not close within their rounding, and why.
