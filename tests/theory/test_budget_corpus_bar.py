@@ -1,0 +1,45 @@
+"""Issue 20's bar over the whole corpus of real GPU start-up logs, both engines together: the ledger's
+KV pool within 5% of what the engine logged for at least 90% of the cases it can run, each miss named
+with its reason. The per-engine files hold the ratchets and the reasons (test_budget_corpus.py for
+vLLM in bytes and in tokens, test_budget_corpus_sglang.py); this one adds them up.
+"""
+
+from __future__ import annotations
+
+import test_budget_corpus as vllm_corpus
+import test_budget_corpus_sglang as sglang_corpus
+
+BAR = (9, 10)  # of the runnable cases, within 5%: nine in ten
+WITHIN = 0.05
+# Beyond 15% (the issue asks for none): a 0.49 GiB pool under a host gap of 0.19 GiB no source sets, and a
+# token-only log whose graph memory no line splits. Each is a named miss with its reason in its engine's file.
+BEYOND_15 = {"vllm-0.17.1-rtx3090-qwen25-7b-gmu065", "vllm-0.29.0-l4-gpt-oss-20b"}
+
+
+def errors() -> dict[str, float]:
+    """The ledger's error on every runnable case: vLLM in bytes, or in tokens where that is all the log
+    prints; SGLang in max_total_num_tokens, or in bytes where that is all the log prints."""
+    out = {}
+    for stem, case in vllm_corpus.CASES.items():
+        why = vllm_corpus.why_not_runnable(case)
+        if why is None:
+            out[stem] = vllm_corpus.compare(stem, case)["error"]
+        elif why == vllm_corpus.TOKENS_ONLY:
+            out[stem] = vllm_corpus.run_ledger(case).budget.kv_tokens / case["logged"]["kv_tokens"] - 1
+    for stem, case in sglang_corpus.CASES.items():
+        if sglang_corpus.why_not_runnable(case) is None:
+            out[stem] = sglang_corpus.compare(stem, case)["error"]
+    return out
+
+
+def test_the_ledger_is_within_5_percent_on_90_percent_of_the_runnable_logs():
+    errs = errors()
+    named = {**vllm_corpus.KNOWN_MISSES, **vllm_corpus.TOKEN_ONLY_MISSES, **sglang_corpus.KNOWN_MISSES}
+    misses = {stem: e for stem, e in errs.items() if abs(e) > WITHIN}
+    for stem, e in sorted(misses.items()):
+        print(f"miss {e:+.1%} {stem}: {named.get(stem, 'UNNAMED')}")
+    within = len(errs) - len(misses)
+    print(f"{within} of {len(errs)} runnable cases within 5% ({within / len(errs):.1%})")
+    assert set(misses) <= set(named), f"unnamed misses: {sorted(set(misses) - set(named))}"
+    assert within * BAR[1] >= len(errs) * BAR[0], f"{within} of {len(errs)} within 5%, the bar is {BAR[0]} in {BAR[1]}"
+    assert {stem for stem, e in errs.items() if abs(e) > 0.15} == BEYOND_15
