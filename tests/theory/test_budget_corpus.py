@@ -323,13 +323,18 @@ def test_kv_tokens_follow_the_pool(table):
             assert abs(token_error - r["error"]) < 0.02, (r["case"], token_error, r["error"])
 
 
+def token_error(case: dict) -> float:
+    """The ledger's error on a log that prints the pool in tokens only (TOKENS_ONLY)."""
+    return run_ledger(case).budget.kv_tokens / case["logged"]["kv_tokens"] - 1
+
+
 def test_pools_logged_in_tokens_only(table):
     """The cases whose log keeps the token line only run in tokens: each within 5% or a named miss."""
     _, skipped = table
     errors = {}
     for stem in (s for s, why in skipped.items() if why == TOKENS_ONLY):
         logged = CASES[stem]["logged"]["kv_tokens"]
-        errors[stem] = run_ledger(CASES[stem]).budget.kv_tokens / logged - 1
+        errors[stem] = token_error(CASES[stem])
         print(f"tokens only: {stem}: {logged} logged, ledger {errors[stem]:+.1%}")
     assert set(TOKEN_ONLY_MISSES) <= set(errors), "a named token-only miss no longer runs"
     misses = {s for s, e in errors.items() if abs(e) > WITHIN}

@@ -25,7 +25,7 @@ def errors() -> dict[str, float]:
         if why is None:
             out[stem] = vllm_corpus.compare(stem, case)["error"]
         elif why == vllm_corpus.TOKENS_ONLY:
-            out[stem] = vllm_corpus.run_ledger(case).budget.kv_tokens / case["logged"]["kv_tokens"] - 1
+            out[stem] = vllm_corpus.token_error(case)
     for stem, case in sglang_corpus.CASES.items():
         if sglang_corpus.why_not_runnable(case) is None:
             out[stem] = sglang_corpus.compare(stem, case)["error"]

@@ -173,8 +173,7 @@ def table() -> tuple[list[dict], dict[str, str]]:
             skipped[stem] = reason
     lines = [f"{'case':56} {'logged':>9} {'ledger':>9} {'error':>7} {'fraction':>11} {'weights GiB':>13}"]
     for r in rows:
-        lines.append(f"{r['case'][:56]:56} {r['logged']:9} {r['ledger']:9.{0 if isinstance(r['ledger'], int) else 2}f} "
-                     f"{r['error']:+7.1%} "
+        lines.append(f"{r['case'][:56]:56} {r['logged']:9.6g} {r['ledger']:9.6g} {r['error']:+7.1%} "
                      f"{r['fraction'][0]!s:>5}/{r['fraction'][1]:<5} {r.get('weights_logged', 0):6.2f}/"
                      f"{r['weights']:.2f}")
     lines += ["", "not run:"] + [f"  {s}: {why}" for s, why in skipped.items()]
