@@ -48,7 +48,14 @@ def start_load(pr: ProbeRun) -> None:
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
                         seed=int(time.time() * 1000) % 1_000_003,
-                        prompt_format=pr.target.prompt_format, **remote)
+                        prompt_format=pr.target.prompt_format,
+                        # Locust dispatches a level's new users at once (a spawn rate of at least the
+                        # step), so their first requests would leave together and fixed-length requests
+                        # stay in phase: one cohort, which a report-held gauge (SGLang's usage) reads at
+                        # one point of its cycle (the emulated SGLang's 0.42-0.45 at N=11 where spread
+                        # phases read 0.48, as the ledger assumes). Real clients' phases spread: each new
+                        # user waits up to one request lifetime before its first request.
+                        start_jitter=pr.lifetime or 0.0, **remote)
     if workers:
         pr.log(f"kvprobe: {exp.name}: waiting up to {workers.wait_seconds:g} s for {workers.expect} Locust worker(s); "
                f"start each on a load host with: {pr.load.worker_command()}  (they send to {pr.target.url})")

@@ -69,6 +69,35 @@ def test_exact_fixed_length_requests_against_the_emulator(emulator, tmp_path):
     assert all(r.t_send < r.t_first <= r.t_end for r in done)
 
 
+def first_sends(records, users: int) -> list[float]:
+    """When each of a level's `users` users sent its first request (the level's first sends)."""
+    sends = sorted(r.t_send for r in records if r.kind == "request" and r.users == users and r.t_send)
+    return sends[:users]
+
+
+@pytest.mark.parametrize("jitter", [0.0, 2.0])
+def test_start_jitter_spreads_a_levels_first_requests(emulator, tmp_path, jitter):
+    """Locust dispatches a step of users at once: without a start jitter their first requests leave
+    together (a cohort in phase); with one, each new user waits uniform(0, jitter) s first."""
+    run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=200, workdir=tmp_path / "locust",
+                    time_limit=60, start_jitter=jitter)
+    with run:
+        run.start()
+        asked = time.time()
+        run.set_users(8)
+        t_level = run.wait_level(8, since=asked, timeout=20)
+        deadline = time.monotonic() + 20
+        while len(first_sends(run.records("request"), 8)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    sends = first_sends(run.records("request"), 8)
+    assert len(sends) == 8, sends
+    spread = sends[-1] - sends[0]
+    if jitter:  # eight uniform draws over 2 s span ~1.6 s; under 0.6 s by chance about once in 10^3
+        assert 0.3 * jitter <= spread and sends[-1] - t_level <= jitter + 1.0, (spread, sends[-1] - t_level)
+    else:  # dispatched at once: they leave within a moment of each other
+        assert spread < 0.3 * 2.0, spread
+
+
 def _counter(url: str, name: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
