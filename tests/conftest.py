@@ -15,9 +15,10 @@ level inconclusive when it lags, and two probes ramping at once on two cores sta
 Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the lanes share one load
 turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
 its load's stop, and every other lane test (and one marked `holds_the_turn`: it bounds the wall
-clock around its probe, which a wait for the turn would spend) holds it throughout; the other lane's engine starts and
-drains meanwhile. A test marked `needs_a_quiet_machine` (a real server streaming requests of a second
-or two: an engine starting beside it makes it burst) runs while the other lane runs nothing.
+clock around its probe, which a wait for the turn would spend) holds it throughout, but for those
+that drive no load at all (WAITS_WITHOUT_LOAD); the other lane's engine starts and drains meanwhile.
+A test marked `needs_a_quiet_machine` (a real server streaming requests of a second or two: an
+engine starting beside it makes it burst) runs while the other lane runs nothing.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -90,6 +91,13 @@ PROBES_TAKE_TURNS = (
     "tests/shadow_sglang/test_shared_no_radix.py", "tests/shadow_sglang/test_shared_radix.py",
     "tests/shadow_sglang/test_usage_gauge.py",
 )
+# Lane tests that drive no load (no probe, no Locust): they wait on the engine's own timers, or start an
+# engine that exits, as every lane's engines start beside the other lane's ramp. They keep their lane
+# (a deadline or a bound on how long something took) and hold no turn: the other lane ramps meanwhile.
+WAITS_WITHOUT_LOAD = {
+    "tests/emulator/test_sglang_idle_gauges.py": "two streams, then ~35 s waiting for SGLang's idle report",
+    "tests/shadow_sglang/test_bad_input.py": "SGLang's start-up refusals and an engine exiting during start-up",
+}
 YIELDING_NICE = 10  # the priority of the tests outside the lanes
 FIGURES = "measured figures"  # the user_properties key a test's figure lines travel under
 _reported: list[tuple[str, str]] = []
@@ -190,7 +198,8 @@ def _load_turn(request, monkeypatch):
     if _QUIET_MISSED in item.stash:
         pytest.fail(item.stash[_QUIET_MISSED])
     quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
-    whole = quiet or item.get_closest_marker("holds_the_turn") is not None or path not in PROBES_TAKE_TURNS
+    whole = quiet or item.get_closest_marker("holds_the_turn") is not None or (
+        path not in PROBES_TAKE_TURNS and path not in WAITS_WITHOUT_LOAD)
     with load_turn() if whole else contextlib.nullcontext():
         if whole:
             monkeypatch.delenv(TURN_ENV)

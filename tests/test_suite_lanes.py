@@ -71,6 +71,16 @@ def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
         f"{path} loads the machine outside its probes: it must hold the turn throughout"
 
 
+@pytest.mark.parametrize("path", sorted(conftest.WAITS_WITHOUT_LOAD))
+def test_every_module_that_waits_without_load_drives_none(path):
+    # a module named here holds no turn at all: neither a probe nor a load generator may run in it
+    text = (ROOT / path).read_text(encoding="utf-8")
+    assert not [sign for sign in (*PROBE_SIGNS, "LocustRun(", "STALL_ENV", "burn") if sign in text], \
+        f"{path} drives load: it must take the turn"
+    assert conftest.serial(ROOT, f"{path}::t"), f"{path} is in no lane: it needs no entry here"
+    assert path not in conftest.PROBES_TAKE_TURNS
+
+
 def test_a_quiet_test_waits_for_the_other_lanes_test_and_no_new_one_starts_before_it(tmp_path, monkeypatch):
     monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
     order, a_in, a_go, b_waiting = [], threading.Event(), threading.Event(), threading.Event()

@@ -137,4 +137,5 @@ def make_ramp(spec, predicted: float | None):
             else:
                 raise ConfigError("ramp strategy 'bisect' needs levels [lo, hi], max_users or a prediction")
         return BisectRamp(lo, hi, confirm=getattr(spec, "confirm", 1))
-    raise ConfigError(f"unknown ramp strategy {strategy!r}: expected explicit, around-prediction or bisect")
+    raise ConfigError(f"unknown ramp strategy {strategy!r}: expected explicit, around-prediction or bisect here "
+                      "(`predict` reads the prediction's limits: kvprobe.probe.strategy.make_ramp)")
