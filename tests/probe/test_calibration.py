@@ -77,7 +77,7 @@ def test_a_hold_in_seconds_is_the_profiles(expectation):
 
 
 def test_planned_levels_follow_the_ramp(long_exp, expectation):
-    assert probe.planned_levels(expectation("emulated-vllm.yaml"), 20.4) == 7  # the tiny profile's explicit levels
+    assert probe.planned_levels(expectation("emulated-vllm.yaml"), 20.4) == 4  # the tiny profile's explicit levels
     around = replace(long_exp, profile=replace(long_exp.profile, ramp=RampSpec("around-prediction", window=3, above=3)))
     assert probe.planned_levels(around, 20.4) == len(around_prediction_levels(20.4, below=4, window=3, above=3))
     predict = replace(long_exp, profile=replace(long_exp.profile, ramp=load_profile("long").ramp))
