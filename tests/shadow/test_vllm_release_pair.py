@@ -47,8 +47,8 @@ def test_first_chunk_against_whole_prompt_admission_is_found_and_named_on_the_re
         assert release["status"] == "passed", (release["version"], release["reason"])
     assert old["preemptions_per_deep_level"] > 0 and old["ledger_preemption_rate"] > 0
     assert new["preemptions_per_deep_level"] == 0 and new["ledger_preemption_rate"] == 0
-    # one unit on both sides: per 1k engine steps (the probe's in-phase levels read ~20, the ledger's evenly
-    # ramped users ~138: tests/theory/test_first_chunk_phase.py)
+    # one unit on both sides: per 1k engine steps (the ledger's evenly ramped users ~138; the probe's levels,
+    # spread over a lifetime, 96-115, and ~20-31 when they started in phase: tests/theory/test_first_chunk_phase.py)
     assert old["preemptions_per_1k_steps"] > 0 and new["preemptions_per_1k_steps"] == 0
     found = {c["quantity"]: c for c in doc["changes"]}
     change = found["preemptions per 1k steps"]
