@@ -59,6 +59,7 @@ def test_one_lane_by_default(monkeypatch):
 
 
 PROBE_SIGNS = ("run_probe", '"probe"', "--kvprobe", '"diff"', "repro_chain")
+LOAD_SIGNS = ("LocustRun(", "STALL_ENV", "burn")  # load on the machine beside any probe
 
 
 @pytest.mark.parametrize("path", conftest.PROBES_TAKE_TURNS)
@@ -67,7 +68,7 @@ def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
     text = (ROOT / path).read_text(encoding="utf-8")
     assert [sign for sign in PROBE_SIGNS if sign in text], f"{path} runs no probe: its load would take no turn"
     assert conftest.serial(ROOT, f"{path}::t"), f"{path} is in no lane: it needs no turn"
-    assert not [sign for sign in ("LocustRun(", "STALL_ENV", "burn") if sign in text], \
+    assert not [sign for sign in LOAD_SIGNS if sign in text], \
         f"{path} loads the machine outside its probes: it must hold the turn throughout"
 
 
@@ -75,7 +76,7 @@ def test_every_module_whose_probes_take_turns_runs_probes_in_a_lane(path):
 def test_every_module_that_waits_without_load_drives_none(path):
     # a module named here holds no turn at all: neither a probe nor a load generator may run in it
     text = (ROOT / path).read_text(encoding="utf-8")
-    assert not [sign for sign in (*PROBE_SIGNS, "LocustRun(", "STALL_ENV", "burn") if sign in text], \
+    assert not [sign for sign in (*PROBE_SIGNS, *LOAD_SIGNS) if sign in text], \
         f"{path} drives load: it must take the turn"
     assert conftest.serial(ROOT, f"{path}::t"), f"{path} is in no lane: it needs no entry here"
     assert path not in conftest.PROBES_TAKE_TURNS

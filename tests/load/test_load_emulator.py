@@ -75,7 +75,10 @@ def first_sends(records, users: int) -> list[float]:
     return sends[:users]
 
 
-@pytest.mark.parametrize("jitter", [0.0, 2.0])
+JITTER = 2.0  # seconds: the spread a jittered level's first requests are judged against
+
+
+@pytest.mark.parametrize("jitter", [0.0, JITTER])
 def test_start_jitter_spreads_a_levels_first_requests(emulator, tmp_path, jitter):
     """Locust dispatches a step of users at once: without a start jitter their first requests leave
     together (a cohort in phase); with one, each new user waits uniform(0, jitter) s first."""
@@ -95,7 +98,7 @@ def test_start_jitter_spreads_a_levels_first_requests(emulator, tmp_path, jitter
     if jitter:  # eight uniform draws over 2 s span ~1.6 s; under 0.6 s by chance about once in 10^3
         assert 0.3 * jitter <= spread and sends[-1] - t_level <= jitter + 1.0, (spread, sends[-1] - t_level)
     else:  # dispatched at once: they leave within a moment of each other
-        assert spread < 0.3 * 2.0, spread
+        assert spread < 0.3 * JITTER, spread
 
 
 def _counter(url: str, name: str) -> float:
