@@ -18,7 +18,8 @@ its load's stop, and every other lane test (and one marked `holds_the_turn`: it 
 clock around its probe, which a wait for the turn would spend) holds it throughout, but for those
 that drive no load at all (WAITS_WITHOUT_LOAD); the other lane's engine starts and drains meanwhile.
 A test marked `needs_a_quiet_machine` (a real server streaming requests of a second or two: an
-engine starting beside it makes it burst) runs while the other lane runs nothing.
+engine starting beside it makes it burst) has its probes load the machine while the other lane runs
+nothing; its own engines start beside the other lane's tests.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -26,7 +27,6 @@ taken; on one worker the suite is the same tests in the same order.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import os
 import tempfile
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.load.turns import TURN_ENV, TURN_LOG_ENV, flock_within, load_turn, log_hold
+from kvprobe.load.turns import ALONE_ENV, TURN_ENV, TURN_LOG_ENV, load_turn, log_hold, machine_lock
 from tests import suite_timeline
 
 pytest_plugins = ["pytester"]
@@ -163,77 +163,65 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    # The quiet lock spans a lane test's whole protocol, not only its function: a module's engine
-    # (a module-scoped server fixture) starts in its first test's setup and stops in its last one's
-    # teardown, before and after any function fixture. Held from a fixture, the lock let the other
-    # lane start two SGLang shadows while a quiet test ramped (CI: loop lag 20.4 ms at N=37).
+    # Every lane test holds the machine lock shared over its whole protocol, not only its function: a
+    # module's engine (a module-scoped server fixture) starts in its first test's setup and stops in
+    # its last one's teardown, before and after any function fixture. Held from a fixture, it let the
+    # other lane start two SGLang shadows while a quiet test ramped (CI: loop lag 20.4 ms at N=37).
+    # A quiet test holds none: its probes take it exclusively while they load (_load_turn), so its
+    # own engines start while the other lane runs.
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
-    exclusive = item.get_closest_marker("needs_a_quiet_machine") is not None
+    quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
     asked = time.time()
-    with quiet_lock(exclusive=exclusive) as had:
+    with contextlib.nullcontext(True) if quiet else machine_lock(os.environ[TURN_ENV], exclusive=False,
+                                                                  seconds=QUIET_WAIT_SECONDS) as had:
         if not had:
             item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
         start = time.time()
         yield
-    # the lane test's span (alone on the machine when exclusive), for the run's timeline
-    log_hold("quiet" if exclusive else "lane", start, time.time(), start - asked, who=item.nodeid)
+    # the lane test's span, for the run's timeline (a quiet test's probes log their time alone)
+    log_hold("lane", start, time.time(), start - asked, who=item.nodeid)
 
 
 _QUIET_MISSED = pytest.StashKey[str]()
 
 
+def turn_mode(item) -> str | None:
+    """How a lane test takes the load turn: "whole" (held from its setup to its teardown; its probes
+    take none), "probes" (each of its probes holds it while it loads), "alone" (its probes hold it
+    with the machine to themselves), None (it drives no load, or runs in no lane)."""
+    path = item.nodeid.split("::", 1)[0]
+    if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
+        return None
+    if item.get_closest_marker("needs_a_quiet_machine") is not None:
+        return "alone"
+    if item.get_closest_marker("holds_the_turn") is not None:
+        return "whole"
+    if path in WAITS_WITHOUT_LOAD:
+        return None
+    return "probes" if path in PROBES_TAKE_TURNS else "whole"
+
+
 @pytest.fixture(autouse=True)
 def _load_turn(request, monkeypatch):
     """A lane test whose load is not only its probes' holds the load turn throughout (and its
-    probes, inside it, take none). Its quiet lock (pytest_runtest_protocol) is held by then: shared
-    by every lane test, alone by one marked `needs_a_quiet_machine`, so the other lane finishes its
-    test and waits."""
-    item = request.node
-    path = item.nodeid.split("::", 1)[0]
-    if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
-        yield
-        return
-    if _QUIET_MISSED in item.stash:
-        pytest.fail(item.stash[_QUIET_MISSED])
-    quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
-    whole = quiet or item.get_closest_marker("holds_the_turn") is not None or (
-        path not in PROBES_TAKE_TURNS and path not in WAITS_WITHOUT_LOAD)
-    with load_turn() if whole else contextlib.nullcontext():
-        if whole:
+    probes, inside it, take none). A test marked `needs_a_quiet_machine` (its module's load is its
+    probes', tests/test_suite_lanes.py) has its probes load the machine alone: each takes the lanes'
+    machine lock exclusively before its turn (kvprobe.load.turns, ALONE_ENV), so the other lane
+    finishes its test and starts none until that probe's load stops."""
+    if _QUIET_MISSED in request.node.stash:
+        pytest.fail(request.node.stash[_QUIET_MISSED])
+    mode = turn_mode(request.node)
+    if mode == "alone":
+        monkeypatch.setenv(ALONE_ENV, "1")
+    with load_turn() if mode == "whole" else contextlib.nullcontext():
+        if mode == "whole":
             monkeypatch.delenv(TURN_ENV)
         yield
 
 
 QUIET_WAIT_SECONDS = 1800  # the other lane's longest test (the vLLM repro chain: under 4 minutes) and more
-
-
-@contextlib.contextmanager
-def quiet_lock(*, exclusive: bool):
-    """The lanes' quiet lock (beside the turn's file): shared by every lane test, exclusive for one
-    that needs the machine to itself. A test that wants it alone first holds the `.want` file, which
-    each other test passes through on its way in, so the other lane cannot keep it shared forever
-    (a new test starts a few milliseconds after the last one ends). Bounded: QUIET_WAIT_SECONDS;
-    yields whether it holds the lock (a hook cannot fail a test: the test fails on False)."""
-    base = os.environ[TURN_ENV]
-    want = os.open(base + ".want", os.O_RDWR | os.O_CREAT, 0o644)
-    quiet = os.open(base + ".quiet", os.O_RDWR | os.O_CREAT, 0o644)
-    end = time.monotonic() + QUIET_WAIT_SECONDS
-    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    try:
-        had = _flock(want, mode, end) and _flock(quiet, mode, end)
-        os.close(want)  # closing a descriptor releases its lock
-        want = None
-        yield had
-    finally:
-        for fd in (want, quiet):
-            if fd is not None:
-                os.close(fd)
-
-
-def _flock(fd: int, mode: int, end: float) -> bool:
-    return flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is not None
 
 
 def pytest_runtest_setup(item):
