@@ -184,7 +184,9 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         steady = detected_start(arrays["t"], [arrays["running"], arrays["waiting"]], t_start, now)
         # not steady before the load reached the engine (a flat zero is steady to MSER)
         fed = fed_since(arrays["t"], arrays["running"], arrays["waiting"], t_start, now, FED_SHARE * users)
-        steady = max(steady, fed if fed is not None else now)
+        # nor before the level's last new user has sent its first request (the start jitter): until
+        # then running climbs below the knee, and a window that short is steady to MSER
+        steady = max(steady, fed if fed is not None else now, t_start + pr.load.start_jitter)
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
         if now >= past_burst.longest:
             if past_burst.ends(window):

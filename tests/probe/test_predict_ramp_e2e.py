@@ -30,6 +30,9 @@ def test_the_predict_ramp_reaches_the_verdict_from_deep_levels(engine, tmp_path)
     lifetime = ramp["lifetime_s"]
     for level in ramp["levels"]:  # every level outlasts a request, and none exceeds its hold plus warm-up
         assert lifetime <= level["seconds"] <= 4 * lifetime + 1.0, level
+        # its steady part starts once its last new user has sent a first request (each waits up to a
+        # lifetime, the start jitter): before, running still climbs below the knee
+        assert level["warmup_s"] >= lifetime - 0.01, level
     assert ramp["lifetimes"] == pytest.approx(ramp["seconds"] / lifetime, rel=0.01)
     report = (tmp_path / "report.txt").read_text()
     assert f"ramp: predict, {len(users)} levels in {ramp['seconds']:.1f}s = {ramp['lifetimes']:.1f} request" in report
