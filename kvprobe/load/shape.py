@@ -2,7 +2,8 @@
 
 The parent (LocustRun) writes `{"users": N, "spawn_rate": R}` or `{"stop": true}` atomically;
 Locust calls tick() once a second on the process that runs the shape (the master in distributed
-mode) and the shape returns (users, spawn_rate), or None to end the test. A hard time limit makes
+mode), and each tick watches the file for most of that second; the shape returns (users,
+spawn_rate), or None to end the test. A hard time limit makes
 Locust stop by itself even if the parent vanished.
 
 `ShapeControl` is the pure logic (tested without Locust); `make_shape_class()` imports Locust and
@@ -92,21 +93,39 @@ class ShapeControl:
         return self.current
 
 
+# How long one tick watches the control file for a change, and how often it looks: Locust calls the
+# shape once a second, so a tick that watches 0.9 s of it sees a level asked for a second or more
+# after the last one within about a tenth of a second (it was up to a second).
+WATCH_SECONDS = 0.9
+WATCH_POLL_SECONDS = 0.05
+
+
 def make_shape_class(on_new_level: Callable[[int, float], None] | None = None):
     """The LoadTestShape subclass for the locustfile. `on_new_level(users, t_set)` is called when
     tick() hands Locust a new user count (before Locust starts spawning it)."""
-    from locust import LoadTestShape  # imported here: only ever inside the Locust process
+    import gevent  # imported here: only ever inside the Locust process
+    from locust import LoadTestShape
 
     class ControlFileShape(LoadTestShape):
         use_common_options = False
         _control: ShapeControl | None = None
         _last_users: int | None = None
+        _last_out: tuple[int, float] | None = None
 
         def tick(self):
             opts = self.runner.environment.parsed_options
             if self._control is None:
                 self._control = ShapeControl(opts.kv_control, opts.kv_time_limit)
             out = self._control.tick()
+            # Locust asks once a second (its shape worker sleeps out the rest of the second), so a
+            # level asked for between two ticks waited half a second on average, every level. A tick
+            # that finds nothing new watches the file for most of its second and answers as soon as
+            # it changes (the second after a change stays unwatched: Locust sleeps it out).
+            watch_end = time.monotonic() + WATCH_SECONDS
+            while out is not None and out == self._last_out and time.monotonic() < watch_end:
+                gevent.sleep(WATCH_POLL_SECONDS)
+                out = self._control.tick()
+            self._last_out = out
             if out is not None and out[0] != self._last_users:
                 self._last_users = out[0]
                 if on_new_level is not None:

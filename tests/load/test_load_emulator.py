@@ -101,6 +101,29 @@ def test_start_jitter_spreads_a_levels_first_requests(emulator, tmp_path, jitter
         assert spread < 0.3 * JITTER, spread
 
 
+LOCUST_SHAPE_TICK = 1.0  # seconds: Locust's shape worker calls tick() once a second (runners.py shape_worker)
+
+
+def test_a_level_asked_for_reaches_locust_within_a_fraction_of_its_tick(emulator, tmp_path):
+    """The shape watches its control file through most of each of Locust's one-second ticks, so a
+    level asked for (a tick or more after the last, as a probe's levels are) is handed to Locust at
+    once, not up to a tick later (half a second per level)."""
+    run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=4, workdir=tmp_path / "locust",
+                    time_limit=60)
+    seen = []
+    with run:
+        run.start()
+        # each level asked for a tick and more after the last, at another point of Locust's second
+        for users, offset in ((2, 0.1), (4, 0.45), (3, 0.8), (5, 0.25), (2, 0.6), (4, 0.95)):
+            time.sleep((1 + offset) * LOCUST_SHAPE_TICK)
+            asked = time.time()
+            run.set_users(users)
+            run.wait_level(users, since=asked, timeout=20)
+            seen.append(run.level_records()[-1].t_set - asked)
+    # without the watch, six waits uniform over the tick all fall under 0.3 of it once in ~1,400 runs
+    assert all(0.0 <= s < 0.3 * LOCUST_SHAPE_TICK for s in seen), seen
+
+
 def _counter(url: str, name: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
