@@ -68,6 +68,7 @@ class _State:
     index: int | None = None
     target_users = 0
     pending_level: tuple[int, float] | None = None
+    level_written: int | None = None  # the user count of the last level record
     seq = itertools.count()
     inflight: dict[int, Record] = {}
     body_parts: list[bytes] | None = None
@@ -203,10 +204,22 @@ def _keep_env(environment, **_kw) -> None:
 
 @events.spawning_complete.add_listener
 def _on_spawning_complete(user_count: int, **_kw) -> None:
-    if S.role == "worker" or S.writer is None:
-        return
     t_set = S.pending_level[1] if S.pending_level and S.pending_level[0] == user_count else None
-    S.writer.write(Record(kind="level", t=time.time(), t_set=t_set, users=user_count, worker=S.label))
+    _write_level(user_count, t_set)
+
+
+def _on_idle(t: float) -> None:
+    """The shape's first tick, with no users asked for: Locust runs none, which is the parent's level 0."""
+    _write_level(0, t)
+
+
+def _write_level(users: int, t_set: float | None) -> None:
+    # once per user count: an empty start reported by the shape's first tick is not reported again
+    # when Locust applies it
+    if S.role == "worker" or S.writer is None or users == S.level_written:
+        return
+    S.level_written = users
+    S.writer.write(Record(kind="level", t=time.time(), t_set=t_set, users=users, worker=S.label))
     S.writer.flush()  # the parent polls for this record
 
 
@@ -416,4 +429,4 @@ class ProbeUser(FastHttpUser):
         return False
 
 
-ControlFileShape = make_shape_class(_on_new_level)
+ControlFileShape = make_shape_class(_on_new_level, _on_idle)

@@ -100,9 +100,13 @@ WATCH_SECONDS = 0.9
 WATCH_POLL_SECONDS = 0.05
 
 
-def make_shape_class(on_new_level: Callable[[int, float], None] | None = None):
+def make_shape_class(on_new_level: Callable[[int, float], None] | None = None,
+                     on_idle: Callable[[float], None] | None = None):
     """The LoadTestShape subclass for the locustfile. `on_new_level(users, t_set)` is called when
-    tick() hands Locust a new user count (before Locust starts spawning it)."""
+    tick() hands Locust a new user count (before Locust starts spawning it). `on_idle(t)` is called
+    at the first tick when the control file asks for no users: Locust runs none yet, and the tick
+    watches for the first level at once instead of handing Locust an empty one and sleeping out the
+    second after it (a second more before every probe's first level)."""
     import gevent  # imported here: only ever inside the Locust process
     from locust import LoadTestShape
 
@@ -117,6 +121,10 @@ def make_shape_class(on_new_level: Callable[[int, float], None] | None = None):
             if self._control is None:
                 self._control = ShapeControl(opts.kv_control, opts.kv_time_limit)
             out = self._control.tick()
+            if self._last_out is None and out is not None and out[0] == 0:
+                self._last_out, self._last_users = out, 0
+                if on_idle is not None:
+                    on_idle(time.time())
             # Locust asks once a second (its shape worker sleeps out the rest of the second), so a
             # level asked for between two ticks waited half a second on average, every level. A tick
             # that finds nothing new watches the file for most of its second and answers as soon as

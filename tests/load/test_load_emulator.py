@@ -107,15 +107,17 @@ LOCUST_SHAPE_TICK = 1.0  # seconds: Locust's shape worker calls tick() once a se
 def test_a_level_asked_for_reaches_locust_within_a_fraction_of_its_tick(emulator, tmp_path):
     """The shape watches its control file through most of each of Locust's one-second ticks, so a
     level asked for (a tick or more after the last, as a probe's levels are) is handed to Locust at
-    once, not up to a tick later (half a second per level)."""
+    once, not up to a tick later (half a second per level); and the first, asked for as soon as
+    Locust runs, is not kept waiting for the tick after an empty start (a second per probe)."""
     run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=4, workdir=tmp_path / "locust",
                     time_limit=60)
     seen = []
     with run:
         run.start()
-        # each level asked for a tick and more after the last, at another point of Locust's second
-        for users, offset in ((2, 0.1), (4, 0.45), (3, 0.8), (5, 0.25), (2, 0.6), (4, 0.95)):
-            time.sleep((1 + offset) * LOCUST_SHAPE_TICK)
+        # the first at once, then each a tick and more after the last, at another point of Locust's second
+        for users, offset in ((2, None), (4, 0.45), (3, 0.8), (5, 0.25), (2, 0.6), (4, 0.95)):
+            if offset is not None:
+                time.sleep((1 + offset) * LOCUST_SHAPE_TICK)
             asked = time.time()
             run.set_users(users)
             run.wait_level(users, since=asked, timeout=20)
