@@ -18,7 +18,7 @@ TINY_PROFILE = """
 name: tiny
 request: {prompt_tokens: 128, output_tokens: 32, stream: true}
 ramp: {strategy: explicit, levels: [12, 28, 32, 36]}
-hold: {seconds: 2.5, warmup: 0.3}
+hold: {seconds: 2.0, warmup: 0.3}
 sampling: {interval: 0.1}
 budget_seconds: 60
 drain_seconds: 8

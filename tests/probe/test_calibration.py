@@ -73,7 +73,7 @@ def test_hold_in_lifetimes_is_capped_by_the_budget(long_exp):
 
 def test_a_hold_in_seconds_is_the_profiles(expectation):
     exp = expectation("emulated-vllm.yaml")
-    assert probe.hold_seconds(exp, 99.0, levels=100, remaining=1.0) == (2.5, None)
+    assert probe.hold_seconds(exp, 99.0, levels=100, remaining=1.0) == (exp.profile.hold.seconds, None)
 
 
 def test_planned_levels_follow_the_ramp(long_exp, expectation):
