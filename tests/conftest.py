@@ -18,8 +18,7 @@ its load's stop, and every other lane test (and one marked `holds_the_turn`: it 
 clock around its probe, which a wait for the turn would spend) holds it throughout, but for those
 that drive no load at all (WAITS_WITHOUT_LOAD); the other lane's engine starts and drains meanwhile.
 A test marked `needs_a_quiet_machine` (a real server streaming requests of a second or two: an
-engine starting beside it makes it burst) has its probes load the machine while the other lane runs
-nothing; its own engines start beside the other lane's tests.
+engine starting beside it makes it burst) runs while the other lane runs nothing.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.load.turns import ALONE_ENV, TURN_ENV, TURN_LOG_ENV, load_turn, log_hold, machine_lock
+from kvprobe.load.turns import TURN_ENV, TURN_LOG_ENV, load_turn, log_hold, machine_lock
 from tests import suite_timeline
 
 pytest_plugins = ["pytester"]
@@ -169,21 +168,23 @@ def pytest_runtest_protocol(item, nextitem):
     # module's engine (a module-scoped server fixture) starts in its first test's setup and stops in
     # its last one's teardown, before and after any function fixture. Held from a fixture, it let the
     # other lane start two SGLang shadows while a quiet test ramped (CI: loop lag 20.4 ms at N=37).
-    # A quiet test holds none: its probes take it exclusively while they load (_load_turn), so its
-    # own engines start while the other lane runs.
+    # A quiet test holds it exclusively over its whole protocol. (Held by its probes alone, from
+    # their calibration to their load's stop, with the test itself holding nothing, a quiet test of
+    # the other lane started its vLLM shadow beside an SGLang hybrid probe: loop lag 16.3 ms > 16.1 ms
+    # in a clean clone. Two quiet tests, one per lane, each holding its own lane's lock while its
+    # probe waits for the other's, would deadlock.)
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
     quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
     asked = time.time()
-    with contextlib.nullcontext(True) if quiet else machine_lock(os.environ[TURN_ENV], exclusive=False,
-                                                                  seconds=QUIET_WAIT_SECONDS) as had:
+    with machine_lock(os.environ[TURN_ENV], exclusive=quiet, seconds=QUIET_WAIT_SECONDS) as had:
         if not had:
             item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
         start = time.time()
         yield
-    # the lane test's span, for the run's timeline (a quiet test's probes log their time alone)
-    log_hold("lane", start, time.time(), start - asked, who=item.nodeid)
+    # the lane test's span (alone on the machine when quiet), for the run's timeline
+    log_hold("quiet" if quiet else "lane", start, time.time(), start - asked, who=item.nodeid)
 
 
 _QUIET_MISSED = pytest.StashKey[str]()
@@ -191,14 +192,12 @@ _QUIET_MISSED = pytest.StashKey[str]()
 
 def turn_mode(item) -> str | None:
     """How a lane test takes the load turn: "whole" (held from its setup to its teardown; its probes
-    take none), "probes" (each of its probes holds it while it loads), "alone" (its probes hold it
-    with the machine to themselves), None (it drives no load, or runs in no lane)."""
+    take none; a quiet test too: it has the machine to itself), "probes" (each of its probes holds it
+    while it loads), None (it drives no load, or runs in no lane)."""
     path = item.nodeid.split("::", 1)[0]
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         return None
-    if item.get_closest_marker("needs_a_quiet_machine") is not None:
-        return "alone"
-    if item.get_closest_marker("holds_the_turn") is not None:
+    if any(item.get_closest_marker(m) is not None for m in ("needs_a_quiet_machine", "holds_the_turn")):
         return "whole"
     if path in WAITS_WITHOUT_LOAD:
         return None
@@ -208,15 +207,12 @@ def turn_mode(item) -> str | None:
 @pytest.fixture(autouse=True)
 def _load_turn(request, monkeypatch):
     """A lane test whose load is not only its probes' holds the load turn throughout (and its
-    probes, inside it, take none). A test marked `needs_a_quiet_machine` (its module's load is its
-    probes', tests/test_suite_lanes.py) has its probes load the machine alone: each takes the lanes'
-    machine lock exclusively before its turn (kvprobe.load.turns, ALONE_ENV), so the other lane
-    finishes its test and starts none until that probe's load stops."""
+    probes, inside it, take none). Its machine lock (pytest_runtest_protocol) is held by then:
+    shared by every lane test, alone by one marked `needs_a_quiet_machine`, so the other lane
+    finishes its test and waits."""
     if _QUIET_MISSED in request.node.stash:
         pytest.fail(request.node.stash[_QUIET_MISSED])
     mode = turn_mode(request.node)
-    if mode == "alone":
-        monkeypatch.setenv(ALONE_ENV, "1")
     with load_turn() if mode == "whole" else contextlib.nullcontext():
         if mode == "whole":
             monkeypatch.delenv(TURN_ENV)

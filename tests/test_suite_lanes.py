@@ -81,18 +81,6 @@ def test_every_module_that_waits_without_load_drives_none(path):
     assert path not in conftest.PROBES_TAKE_TURNS
 
 
-QUIET_MARK = "mark.needs_a_quiet_machine"
-
-
-def test_a_quiet_test_loads_the_machine_only_through_its_probes():
-    # a quiet test holds no lock of its own: its probes take the machine alone (kvprobe.load.turns,
-    # ALONE_ENV); load it drove outside a probe would run beside the other lane's tests
-    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                    if p != Path(__file__) and QUIET_MARK in p.read_text(encoding="utf-8"))
-    assert marked, "no quiet test found: the mark's name changed?"
-    assert [p for p in marked if p not in conftest.PROBES_TAKE_TURNS] == []
-
-
 class _Item:
     """What the protocol hook and the turn's fixture read of a pytest item."""
 
@@ -107,7 +95,7 @@ class _Item:
 
 
 @pytest.mark.parametrize(("nodeid", "quiet", "holds", "mode"), [
-    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, "alone"),
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, "whole"),  # and the machine to itself
     ("tests/shadow/test_vllm_e2e.py::test_x", False, False, "probes"),
     ("tests/probe/test_probe_e2e.py::test_x", False, True, "whole"),
     ("tests/load/test_load_run.py::test_x", False, False, "whole"),  # Locust of its own
@@ -135,13 +123,13 @@ def _quiet_lock_held(tmp_path, mode) -> bool:
 
 @pytest.mark.parametrize(("nodeid", "quiet", "blocks_shared", "blocks_exclusive"), [
     ("tests/shadow_sglang/test_usage_gauge.py::test_x", False, False, True),
-    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, False),  # its probes take it, alone
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, True, True),
     ("tests/theory/test_ledger.py::test_x", False, False, False),  # no lane: no lock
 ])
 def test_the_machine_lock_spans_the_whole_protocol(nodeid, quiet, blocks_shared, blocks_exclusive,
                                                   tmp_path, monkeypatch, pytestconfig):
-    """Held shared from before the item's setup (a module's server fixture starts there) to after its
-    teardown; a quiet test holds nothing (its probes hold it exclusively while they load)."""
+    """Held from before the item's setup (a module's server fixture starts there) to after its
+    teardown: shared, or exclusively by a quiet test."""
     monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
     monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
     hook = conftest.pytest_runtest_protocol(_Item(pytestconfig, nodeid, quiet), None)

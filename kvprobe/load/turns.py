@@ -15,7 +15,10 @@ waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the h
 A harness whose other work must not run beside a probe's load (its engines starting, say) holds the
 lock beside the turn's file (`<turn>.quiet`) shared while that work runs, and sets KVPROBE_LOAD_ALONE
 for the probe: the probe then takes that lock exclusively before the turn and holds both while it
-loads (`machine_lock`). Its own engine starts meanwhile, beside the other work.
+loads (`machine_lock`). Its own engine starts meanwhile, beside the other work. The harness must
+hold the shared lock for everything that may start beside such a probe, and no shared holder may
+itself wait for a probe that loads alone (two such would wait on each other): the test suite, whose
+two lanes each run such tests, gives its quiet tests the lock exclusively instead (tests/conftest.py).
 
 With KVPROBE_LOAD_TURN_LOG naming a file, every hold appends one JSON line (`log_hold`): when it was
 had and let go, how long it was waited for, and by whom. The suite reads it to say where its wall
