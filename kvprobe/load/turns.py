@@ -12,13 +12,9 @@ two cores for its imports, and a client that loses them lags and makes its own l
 The lock is an advisory `flock` on the file, released by the kernel if its holder dies; a turn
 waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the holder.
 
-A harness whose other work must not run beside a probe's load (its engines starting, say) holds the
-lock beside the turn's file (`<turn>.quiet`) shared while that work runs, and sets KVPROBE_LOAD_ALONE
-for the probe: the probe then takes that lock exclusively before the turn and holds both while it
-loads (`machine_lock`). Its own engine starts meanwhile, beside the other work. The harness must
-hold the shared lock for everything that may start beside such a probe, and no shared holder may
-itself wait for a probe that loads alone (two such would wait on each other): the test suite, whose
-two lanes each run such tests, gives its quiet tests the lock exclusively instead (tests/conftest.py).
+A harness that must keep other work from starting beside a test (its engines, say) holds the lock
+beside the turn's file (`machine_lock`): shared by every piece of work, exclusively by the one that
+needs the machine to itself (the test suite's quiet tests, tests/conftest.py).
 
 With KVPROBE_LOAD_TURN_LOG naming a file, every hold appends one JSON line (`log_hold`): when it was
 had and let go, how long it was waited for, and by whom. The suite reads it to say where its wall
@@ -32,13 +28,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 from kvprobe.errors import ProbeError
 
 TURN_ENV = "KVPROBE_LOAD_TURN"
 TURN_LOG_ENV = "KVPROBE_LOAD_TURN_LOG"
-ALONE_ENV = "KVPROBE_LOAD_ALONE"
 # The longest another probe's load phase lasts: its profile's budget (the shipped ones: at most
 # 10 minutes) and Locust's stop. A turn not had by then is a holder that hangs.
 TURN_WAIT_SECONDS = 1200.0
@@ -50,40 +45,35 @@ _POLL_SECONDS = 0.1
 def load_turn(*, log: Callable[[str], None] | None = None, path: str | None = None,
               wait_seconds: float = TURN_WAIT_SECONDS) -> Iterator[float]:
     """Hold the load turn (the lock file `path`, or $KVPROBE_LOAD_TURN; none: no turn) while the
-    block runs, with the machine to itself first when $KVPROBE_LOAD_ALONE is set; yields the seconds
-    waited for both."""
+    block runs; yields the seconds waited for it."""
     path = path if path is not None else os.environ.get(TURN_ENV)
     if not path:
         yield 0.0
         return
-    with ExitStack() as stack:
-        asked = time.time()
-        if os.environ.get(ALONE_ENV):
-            if not stack.enter_context(machine_lock(path, exclusive=True, seconds=wait_seconds)):
-                raise ProbeError(f"waited {wait_seconds:.0f} s to load the machine alone ({ALONE_ENV} set: the "
-                                 f"lock {path}.quiet stayed shared); the work beside this probe has not finished")
-            alone = time.time()
-            stack.callback(lambda: log_hold("quiet", alone, time.time(), alone - asked))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        stack.callback(os.close, fd)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
         waited = _acquire(fd, path, log=log, wait_seconds=wait_seconds)
-        stack.callback(fcntl.flock, fd, fcntl.LOCK_UN)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        before = _boost()
-        had = time.time()
         try:
-            yield had - asked
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            before = _boost()
+            had = time.time()
+            try:
+                yield waited
+            finally:
+                if before is not None:  # a thread may raise its own nice value back without privilege
+                    os.setpriority(os.PRIO_PROCESS, 0, before)
+                log_hold("turn", had, time.time(), waited)
         finally:
-            if before is not None:  # a thread may raise its own nice value back without privilege
-                os.setpriority(os.PRIO_PROCESS, 0, before)
-            log_hold("turn", had, time.time(), waited)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
 def machine_lock(base: str, *, exclusive: bool, seconds: float) -> Iterator[bool]:
     """The lock beside the turn's file `base` (`base`.quiet): shared by work that may run beside other
-    work, exclusive for a probe that loads the machine alone. Who wants it exclusively first holds
+    work, exclusive for work that needs the machine to itself. Who wants it exclusively first holds
     `base`.want, which each shared holder passes through on its way in, so shared holders arriving one
     after another (a harness starts its next test milliseconds after the last) cannot keep it
     forever. Yields whether it was had within `seconds` (a caller that cannot raise decides)."""

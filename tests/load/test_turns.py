@@ -13,7 +13,7 @@ import time
 import pytest
 
 from kvprobe.errors import ProbeError
-from kvprobe.load.turns import ALONE_ENV, TURN_BOOST, TURN_ENV, holder, load_turn, machine_lock
+from kvprobe.load.turns import TURN_BOOST, TURN_ENV, holder, load_turn, machine_lock
 
 
 def test_without_the_variable_there_is_no_turn(monkeypatch):
@@ -89,16 +89,15 @@ def test_the_holder_starts_its_load_above_the_machine_where_it_may_and_gives_it_
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
 
 
-def test_a_probe_that_loads_alone_waits_for_the_work_beside_it_and_keeps_new_work_out(tmp_path, monkeypatch):
-    """With KVPROBE_LOAD_ALONE, the turn comes after the machine lock, had exclusively: the work that
-    holds it shared finishes first, and work arriving while the probe waits or loads waits for it."""
+def test_an_exclusive_holder_waits_for_the_work_beside_it_and_keeps_new_work_out(tmp_path):
+    """machine_lock: the exclusive holder waits for the shared one, and holds `.want` while it waits, so
+    work arriving meanwhile (a harness starts its next test milliseconds after the last) waits behind it."""
     base = str(tmp_path / "turn")
-    monkeypatch.setenv(ALONE_ENV, "1")
     order = []
-    a_in, a_go, probe_in, probe_go = (threading.Event() for _ in range(4))
+    a_in, a_go = threading.Event(), threading.Event()
 
-    def work(name, started=None, go=None):
-        with machine_lock(base, exclusive=False, seconds=30) as had:
+    def work(name, exclusive, started=None, go=None):
+        with machine_lock(base, exclusive=exclusive, seconds=30) as had:
             assert had
             order.append(f"{name} in")
             if started:
@@ -107,41 +106,19 @@ def test_a_probe_that_loads_alone_waits_for_the_work_beside_it_and_keeps_new_wor
                 assert go.wait(30)
             order.append(f"{name} out")
 
-    def probe():
-        with load_turn(path=base, wait_seconds=30):
-            order.append("probe in")
-            probe_in.set()
-            assert probe_go.wait(30)
-            order.append("probe out")
-
-    a = threading.Thread(target=work, args=("a", a_in, a_go))
+    a = threading.Thread(target=work, args=("a", False, a_in, a_go))
     a.start()
     assert a_in.wait(30)
-    p = threading.Thread(target=probe)
-    p.start()
-    # the probe holds `.want` while it waits: the next work cannot slip in before it
-    assert _held_within(base + ".want", fcntl.LOCK_SH, seconds=30), "the probe never asked for the machine"
-    c = threading.Thread(target=work, args=("c",))
+    b = threading.Thread(target=work, args=("alone", True))
+    b.start()
+    assert _held_within(base + ".want", fcntl.LOCK_SH, seconds=30), "the exclusive holder never asked"
+    assert "alone in" not in order, order
+    c = threading.Thread(target=work, args=("c", False))
     c.start()
     a_go.set()
-    assert probe_in.wait(30)
-    assert holder(base) == f"pid {os.getpid()}"  # the turn too
-    probe_go.set()
-    for t in (a, p, c):
+    for t in (a, b, c):
         t.join(30)
-    assert order == ["a in", "a out", "probe in", "probe out", "c in", "c out"], order
-
-
-def test_a_machine_not_had_alone_in_time_names_the_lock(tmp_path, monkeypatch):
-    base = str(tmp_path / "turn")
-    monkeypatch.setenv(ALONE_ENV, "1")
-    with machine_lock(base, exclusive=False, seconds=5) as had:
-        assert had
-        with pytest.raises(ProbeError) as err, load_turn(path=base, wait_seconds=0.3):
-            pytest.fail("the machine was had alone while other work held it")
-    assert f"{base}.quiet" in str(err.value) and ALONE_ENV in str(err.value)
-    with load_turn(path=base, wait_seconds=5):  # nothing left held by the failed try
-        assert holder(base) == f"pid {os.getpid()}"
+    assert order == ["a in", "a out", "alone in", "alone out", "c in", "c out"], order
 
 
 def _held_within(path: str, mode: int, *, seconds: float) -> bool:
