@@ -18,7 +18,7 @@ calibration excluded), levels, the measured plateau ± its uncertainty, and the 
 rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
 
 Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]
-[--shapes 'knee~24,x2'] [--keep DIR]`
+[--shapes 'knee~24,x2'] [--step-ms MS] [--keep DIR]`
 (about 15 minutes; `--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
@@ -70,16 +70,19 @@ STRATEGIES = {
 }
 
 
-def expectation(shape: Shape, strategy: str):
+def expectation(shape: Shape, strategy: str, step_ms: float | None = None):
     exp = load_expectations(ROOT / "expectations" / shape.expectation)[0]
     profile = load_profile("predict")
     request = exp.profile.request if shape.own_shape else SHAPE
     profile = replace(profile, request=request, ramp=STRATEGIES[strategy], hold=HoldSpec(None, 3.0, 0.34),
                       budget_seconds=900.0, processes=2, drain_seconds=3.0)
-    return replace(exp, flags={**exp.flags, **shape.flags}, profile=profile, checks=CHECKS)
+    target = exp.target
+    if step_ms is not None and target.mode == "emulator":
+        target = replace(target, emulator={**target.emulator, "step_ms": step_ms})
+    return replace(exp, flags={**exp.flags, **shape.flags}, profile=profile, checks=CHECKS, target=target)
 
 
-def one(shape: Shape, strategy: str, workdir: Path) -> dict:
+def one(shape: Shape, strategy: str, workdir: Path, step_ms: float | None = None) -> dict:
     """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`."""
     def wrong(pr) -> None:
         adm = pr.ledger.admission
@@ -87,7 +90,7 @@ def one(shape: Shape, strategy: str, workdir: Path) -> dict:
             adm, limit=adm.limit * shape.wrong,
             no_preemption_limit=max(1, round(adm.no_preemption_limit * shape.wrong))))
 
-    pr = begin(expectation(shape, strategy), ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}"))
+    pr = begin(expectation(shape, strategy, step_ms), ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}"))
     try:
         drive(pr, adjust=wrong if shape.wrong != 1.0 else None)
     except KvprobeError as err:
@@ -168,6 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default="", help="only the shapes whose name contains one of these (a comma list)")
     ap.add_argument("--keep", default=None, help="keep each probe's artifacts under this folder")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="a comma list of " + ", ".join(STRATEGIES))
+    ap.add_argument("--step-ms", type=float, default=None,
+                    help="the emulators' fixed cost per engine step (their default 5 ms makes a P=512, O=256 "
+                         "request last ~1.3 s; 15 ms, ~4 s, where the ramp's floors in seconds weigh as on a GPU)")
     args = ap.parse_args(argv or [])
     strategies = [s for s in STRATEGIES if s in args.strategies.split(",")]
     shapes = [SHAPES[1], SHAPES[6]] if args.quick else list(SHAPES)
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
         for shape in shapes:
             for strategy in strategies:
-                run = one(shape, strategy, Path(args.keep or tmp))
+                run = one(shape, strategy, Path(args.keep or tmp), args.step_ms)
                 runs.append(run)
                 print("   " + " | ".join(str(v) for v in run.values()), flush=True)
     rows = [[r["shape"], r["strategy"], _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],

@@ -26,7 +26,6 @@ import json
 import os
 import random
 import signal
-import socket
 import time
 
 import gevent
@@ -35,7 +34,9 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from kvprobe.load.body import body_template
-from kvprobe.load.health import HEALTH_PERIOD, STALL_ENV, STALL_PERIOD
+from kvprobe.load.health import STALL_ENV
+from kvprobe.load.locust_options import add_arguments
+from kvprobe.load.loop_watch import lag_monitor, stall
 from kvprobe.load.prompts import varying_ids
 from kvprobe.load.records import (
     ABORTED,
@@ -43,8 +44,6 @@ from kvprobe.load.records import (
     EXCEPTION,
     NO_USAGE,
     READ_ERROR,
-    TOKEN_BASE,
-    TOKEN_RANGE,
     USAGE_MISMATCH,
     Record,
     RecordWriter,
@@ -56,7 +55,6 @@ from kvprobe.load.stream import read_stream, usage_from_tail
 
 ERROR_TEXT = 300
 FLUSH_INTERVAL = 0.5
-_HOST = socket.gethostname()  # named in lag records: which load host saturated
 
 
 class _State:
@@ -67,6 +65,7 @@ class _State:
     label = "w0"
     index: int | None = None
     target_users = 0
+    start_jitter = 0.0  # this level's spread of its new users' first requests (s)
     pending_level: tuple[int, float] | None = None
     level_written: int | None = None  # the user count of the last level record
     seq = itertools.count()
@@ -81,35 +80,7 @@ class _State:
 S = _State()
 
 
-@events.init_command_line_parser.add_listener
-def _add_arguments(parser) -> None:
-    g = parser.add_argument_group("kvprobe")
-    g.add_argument("--kv-control", default="", help="control file written by the parent")
-    g.add_argument("--kv-records-dir", default="", help="directory for the per-process JSONL records")
-    g.add_argument("--kv-time-limit", type=float, default=600.0, help="hard limit (s): the shape ends the test")
-    g.add_argument("--kv-model", default="", help="model name sent in the request body")
-    g.add_argument("--kv-engine", default="vllm", help="request dialect (kvprobe.engines.<name>)")
-    # The dialect's COMPLETIONS_PATH, from the runner; a `kvprobe worker` gets it from the master.
-    g.add_argument("--kv-path", default="")
-    g.add_argument("--kv-prompt-tokens", type=int, default=16)
-    g.add_argument("--kv-output-tokens", type=int, default=16)
-    g.add_argument("--kv-shared-prefix-tokens", type=int, default=0, help="ids shared by every prompt")
-    g.add_argument("--kv-prompt-format", choices=("ids", "text"), default="ids",
-                   help="text: one word per id, for a router that refuses token ids (load/prompts.ids_to_text)")
-    g.add_argument("--kv-stream", type=int, default=1)
-    g.add_argument("--kv-api-key-env", default="", help="NAME of the env var holding the API key")
-    g.add_argument("--kv-seed", type=int, default=0)
-    g.add_argument("--kv-run-id", default="run")
-    g.add_argument("--kv-workers", type=int, default=1, help="number of load-generating processes")
-    g.add_argument("--kv-token-base", type=int, default=TOKEN_BASE)
-    g.add_argument("--kv-token-range", type=int, default=TOKEN_RANGE)
-    g.add_argument("--kv-network-timeout", type=float, default=600.0)
-    g.add_argument("--kv-start-jitter", type=float, default=0.0,
-                   help="each new user waits uniform(0, S) s before its first request (desynchronise)")
-    g.add_argument("--kv-transport", choices=("file", "message"), default="file",
-                   help="worker: write records to --kv-records-dir, or send them to the master")
-    g.add_argument("--kv-expect-workers", type=int, default=0,
-                   help="master: collect the records of this many message-mode workers")
+events.init_command_line_parser.add_listener(add_arguments)
 
 
 # --- process setup ------------------------------------------------------------------------------
@@ -118,6 +89,7 @@ def _add_arguments(parser) -> None:
 def _on_init(environment, **_kw) -> None:
     opts = environment.parsed_options
     S.opts = opts
+    S.start_jitter = opts.kv_start_jitter
     runner = environment.runner
     S.role = "master" if isinstance(runner, MasterRunner) else "worker" if isinstance(runner, WorkerRunner) else "local"
     S.label = "master" if S.role == "master" else "w0"
@@ -137,10 +109,10 @@ def _on_init(environment, **_kw) -> None:
     if S.role == "worker":
         runner.register_message("kv_level", _on_level_message)
     gevent.spawn(_flusher)
-    gevent.spawn(_lag_monitor)
+    gevent.spawn(lag_monitor, _write, _label)
     stall_ms = float(os.environ.get(STALL_ENV) or 0)
     if stall_ms > 0:
-        gevent.spawn(_stall, stall_ms / 1000.0)
+        gevent.spawn(stall, stall_ms / 1000.0)
     # A full gen-2 collection stalls every greenlet for ~100 ms; freeze what exists (Locust does only
     # for --processes, locust/main.py).
     gc.collect()
@@ -182,15 +154,20 @@ def _final_batch() -> None:
 
 def _on_level_message(environment, msg, **_kw) -> None:
     S.target_users = int(msg.data["users"])
+    S.start_jitter = float(msg.data.get("start_jitter") or 0.0)
 
 
-def _on_new_level(users: int, t_set: float) -> None:
-    """Called by the shape (local or master) when it hands Locust a new user count."""
+def _on_new_level(users: int, t_set: float, start_jitter: float | None = None) -> None:
+    """Called by the shape (local or master) when it hands Locust a new user count. The level's
+    start jitter, when the parent names one, replaces --kv-start-jitter for this level's new users;
+    a master sends the jitter in force with the count, ahead of the spawn message on the same link
+    (a remote worker's own --kv-start-jitter is not the master's)."""
     S.target_users = users
     S.pending_level = (users, t_set)
+    S.start_jitter = S.opts.kv_start_jitter if start_jitter is None else start_jitter
     runner = _env_ref.runner if _env_ref is not None else None
     if isinstance(runner, MasterRunner):
-        runner.send_message("kv_level", {"users": users})
+        runner.send_message("kv_level", {"users": users, "start_jitter": S.start_jitter})
 
 
 _env_ref = None
@@ -260,44 +237,15 @@ def _flush() -> None:
             pass
 
 
+def _write(rec: Record) -> None:
+    if S.writer is not None:
+        S.writer.write(rec)
+
+
 def _flusher() -> None:
     while True:
         gevent.sleep(FLUSH_INTERVAL)
         _flush()
-
-
-def _lag_monitor() -> None:
-    """Oversleep of a 10 ms sleep, p99 per second, and this process's CPU in cores (the loop lag
-    tracks how far the client distorts first-token times: kvprobe.load.health)."""
-    lags: list[float] = []
-    t_last, cpu_last = time.monotonic(), time.process_time()
-    while True:
-        t0 = time.perf_counter()
-        gevent.sleep(0.01)
-        lags.append(max(0.0, (time.perf_counter() - t0 - 0.01) * 1000.0))
-        now = time.monotonic()
-        if now - t_last >= HEALTH_PERIOD:
-            cpu_now = time.process_time()
-            lags.sort()
-            p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
-            if S.writer is not None:
-                S.writer.write(Record(kind="lag", t=time.time(), lag_ms=round(p99, 3), lag_max_ms=round(lags[-1], 3),
-                                      cpu=round((cpu_now - cpu_last) / (now - t_last), 4), worker=_label(),
-                                      host=_HOST))
-            lags = []
-            t_last, cpu_last = now, cpu_now
-
-
-def _stall(seconds: float) -> None:
-    """Tests only (kvprobe.load.health.STALL_ENV): block the whole loop for `seconds` every
-    STALL_PERIOD s, with a real sleep (nothing else runs meanwhile, and no CPU is burnt on a shared
-    machine), so this process's loop lag p99 reads about that long, every second."""
-    from gevent import monkey
-
-    blocking_sleep = monkey.get_original("time", "sleep")
-    while True:
-        gevent.sleep(STALL_PERIOD)
-        blocking_sleep(seconds)
 
 
 def _label() -> str:
@@ -340,8 +288,8 @@ class ProbeUser(FastHttpUser):
 
     def on_start(self) -> None:
         self.network_timeout = S.opts.kv_network_timeout
-        if S.opts.kv_start_jitter > 0:
-            gevent.sleep(random.uniform(0.0, S.opts.kv_start_jitter))
+        if S.start_jitter > 0:
+            gevent.sleep(random.uniform(0.0, S.start_jitter))
 
     @task
     def one_request(self) -> None:

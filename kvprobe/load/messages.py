@@ -15,7 +15,8 @@ Messages (type: data)
 - ``kv_stop`` master → worker: stop your users now (their in-flight requests are recorded as
   aborted), send what is left, then a final batch. The master waits for every final batch (bounded)
   before it quits, because Locust's own quit gives workers only 0.5 s (runners.py `MasterRunner.quit`).
-- ``kv_level`` master → worker: the global user count (the locustfile's, unchanged).
+- ``kv_level`` master → worker: ``{"users", "start_jitter"}``: the global user count, and the spread (s)
+  of the first requests of the level's new users.
 - ``kv_hello`` worker → master: ``{"label", "host", "pid", "version"}`` once its handlers are
   registered (a message sent before that is dropped as unknown by Locust).
 - ``kv_refused`` master → worker: ``{"expect": N}``: the master already has its N workers; followed

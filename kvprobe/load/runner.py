@@ -75,6 +75,7 @@ class LocustRun:
         self.token_base, self.token_range = int(token_base), int(token_range)
         self.network_timeout = float(network_timeout)
         self.start_jitter = float(start_jitter)
+        self.level_jitter = self.start_jitter  # the jitter of the level asked for last
         self.shared_prefix_tokens = int(shared_prefix_tokens)
         if prompt_format not in ("ids", "text"):
             raise ConfigError(f"prompt_format must be 'ids' or 'text', got {prompt_format!r}")
@@ -162,14 +163,20 @@ class LocustRun:
             raise
         return self
 
-    def set_users(self, n: int, spawn_rate: float | None = None) -> None:
+    def set_users(self, n: int, spawn_rate: float | None = None, *, start_jitter: float | None = None) -> None:
+        """Ask Locust for `n` users; `start_jitter` (s) spreads this level's new users' first requests
+        in place of the run's `start_jitter` (`level_jitter` says which is in force)."""
         if n < 0:
             raise ConfigError(f"user count must be >= 0, got {n}")
+        if start_jitter is not None and not start_jitter >= 0:
+            raise ConfigError(f"start jitter must be >= 0 seconds, got {start_jitter!r}")
         # A rate of at least the change makes Locust apply the whole step at once (its dispatcher
         # moves `spawn_rate` users per second, ramping down too).
         rate = spawn_rate or max(default_spawn_rate(n), float(abs(n - self._last_users)))
-        write_control(self.control_path, users=int(n), spawn_rate=float(rate))
+        jitter = {} if start_jitter is None else {"start_jitter": float(start_jitter)}
+        write_control(self.control_path, users=int(n), spawn_rate=float(rate), **jitter)
         self._last_users = int(n)
+        self.level_jitter = self.start_jitter if start_jitter is None else float(start_jitter)
 
     def level_records(self) -> list[Record]:
         out: list[Record] = []

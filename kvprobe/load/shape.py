@@ -1,6 +1,7 @@
 """The LoadTestShape that follows a control file the parent writes.
 
-The parent (LocustRun) writes `{"users": N, "spawn_rate": R}` or `{"stop": true}` atomically;
+The parent (LocustRun) writes `{"users": N, "spawn_rate": R}` (and optionally `"start_jitter": S`,
+the first-request spread of this level's new users) or `{"stop": true}` atomically;
 Locust calls tick() once a second on the process that runs the shape (the master in distributed
 mode), and each tick watches the file for most of that second; the shape returns (users,
 spawn_rate), or None to end the test. A hard time limit makes
@@ -54,6 +55,7 @@ class ShapeControl:
         self.current: tuple[int, float] = (0, 1.0)
         self.stopped_reason: str | None = None
         self.bad_reads = 0
+        self.start_jitter: float | None = None  # the level's, when the control file names one
         self._stamp: tuple[int, int] | None = None
 
     def _read(self) -> dict | None:
@@ -88,6 +90,8 @@ class ShapeControl:
                 rate = data.get("spawn_rate")
                 rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else default_spawn_rate(users)
                 self.current = (users, rate)
+                jitter = data.get("start_jitter")
+                self.start_jitter = float(jitter) if isinstance(jitter, (int, float)) and jitter >= 0 else None
             else:
                 self.bad_reads += 1
         return self.current
@@ -100,10 +104,11 @@ WATCH_SECONDS = 0.9
 WATCH_POLL_SECONDS = 0.05
 
 
-def make_shape_class(on_new_level: Callable[[int, float], None] | None = None,
+def make_shape_class(on_new_level: Callable[[int, float, float | None], None] | None = None,
                      on_idle: Callable[[float], None] | None = None):
-    """The LoadTestShape subclass for the locustfile. `on_new_level(users, t_set)` is called when
-    tick() hands Locust a new user count (before Locust starts spawning it). `on_idle(t)` is called
+    """The LoadTestShape subclass for the locustfile. `on_new_level(users, t_set, start_jitter)` is
+    called when tick() hands Locust a new user count (before Locust starts spawning it), with the
+    level's start jitter when the control file names one (else None). `on_idle(t)` is called
     at the first tick when the control file asks for no users: Locust runs none yet, and the tick
     watches for the first level at once instead of handing Locust an empty one and sleeping out the
     second after it (a second more before every probe's first level)."""
@@ -137,7 +142,7 @@ def make_shape_class(on_new_level: Callable[[int, float], None] | None = None,
             if out is not None and out[0] != self._last_users:
                 self._last_users = out[0]
                 if on_new_level is not None:
-                    on_new_level(out[0], time.time())
+                    on_new_level(out[0], time.time(), self._control.start_jitter)
             return out
 
     return ControlFileShape

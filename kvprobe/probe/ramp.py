@@ -1,6 +1,6 @@
-"""The load steps of a probe: the sampler and Locust started, the ramp driven level by level (and
-deep levels added until the plateau is confirmed), the load stopped and the drain watched. Each
-reads and fills a `kvprobe.probe.state.ProbeRun`."""
+"""The ramp of a probe: Locust driven level by level (and deep levels added until the plateau is
+confirmed), each level held and recorded. Reads and fills a `kvprobe.probe.state.ProbeRun`; the
+load's start and stop around it are `kvprobe.probe.load_steps`."""
 
 from __future__ import annotations
 
@@ -28,38 +28,6 @@ def level_result(stats, *, gauge_exact: bool = True):
     running = stats.running_mean if gauge_exact else stats.engine_running_max
     return LevelResult(users=stats.users, running=running, waiting=stats.waiting_mean,
                        preemption_rate=stats.preemption_rate_per_s, saturated=saturated)
-
-
-def start_load(pr: ProbeRun) -> None:
-    """The /metrics sampler, then Locust at zero users."""
-    from kvprobe.load.runner import LocustRun
-
-    exp, shape = pr.exp, pr.exp.profile.request
-    pr.sampler = pr.target.sampler(interval=exp.profile.sample_interval)
-    pr.sampler.start()
-    workers = exp.profile.workers
-    remote = ({"expect_workers": workers.expect, "bind_host": workers.host, "bind_port": workers.port,
-               "workers_wait": workers.wait_seconds} if workers else {})
-    pr.load = LocustRun(pr.target.url, model=pr.model, prompt_tokens=shape.prompt_tokens,
-                        output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
-                        api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
-                        engine=exp.engine, shared_prefix_tokens=shape.shared_prefix_tokens,
-                        time_limit=exp.profile.budget_seconds + 60,
-                        # a new seed per probe: a long-lived engine must not serve a second probe's
-                        # prompts from the first probe's prefix cache
-                        seed=int(time.time() * 1000) % 1_000_003,
-                        prompt_format=pr.target.prompt_format,
-                        # Locust dispatches a level's new users at once (a spawn rate of at least the
-                        # step), so their first requests would leave together and fixed-length requests
-                        # stay in phase: one cohort, which a report-held gauge (SGLang's usage) reads at
-                        # one point of its cycle (the emulated SGLang's 0.42-0.45 at N=11 where spread
-                        # phases read 0.48, as the ledger assumes). Real clients' phases spread: each new
-                        # user waits up to one request lifetime before its first request.
-                        start_jitter=pr.lifetime or 0.0, **remote)
-    if workers:
-        pr.log(f"kvprobe: {exp.name}: waiting up to {workers.wait_seconds:g} s for {workers.expect} Locust worker(s); "
-               f"start each on a load host with: {pr.load.worker_command()}  (they send to {pr.target.url})")
-    pr.load.start()
 
 
 def run_ramp(pr: ProbeRun) -> None:
@@ -137,7 +105,7 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
         pr.log(f"time budget reached before level {users}; stopping the ramp")
         return False
     asked = time.time()
-    pr.load.set_users(users)
+    pr.load.set_users(users, start_jitter=_start_jitter(pr, users) if allowance is not None else None)
     t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
     if allowance is None:
         _hold_level(pr.target, pr.load, until=t_start + pr.hold)
@@ -145,6 +113,7 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
     else:
         window = _hold_adaptive(pr, users, t_start, allowance)
     pr.windows.append(window)
+    pr.jitters.append(pr.load.level_jitter)
     level = analysis.level_stats(pr.sampler.series.arrays(), [window], warmup_fraction=pr.exp.profile.hold.warmup,
                                  counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)[0]
     pr.result.levels.append(level)
@@ -155,6 +124,21 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
            f"usage gauge {_pct(level.usage_mean)}  preemptions {_count(level.preemptions)}  (steady means; "
            f"held {held:.1f}s{lifetimes})")
     return True
+
+
+def _start_jitter(pr: ProbeRun, users: int) -> float | None:
+    """The spread of an adaptive level's new users' first requests: None (the run's, a lifetime)
+    unless no phases need spreading. A level that climbs from one with a queue in the engine sends
+    its new requests into that queue, where the engine admits each as a running request ends — at
+    the phases those requests already have — so they need no jitter, and the level none of the
+    lifetime its steady part would wait for it; a level that steps down has no new users."""
+    if not pr.result.levels:
+        return None
+    before = pr.result.levels[-1]
+    if users <= before.users:
+        return 0.0
+    queued = math.isfinite(before.waiting_mean) and before.waiting_mean >= max(1.0, 0.1 * before.users)
+    return 0.0 if queued else None
 
 
 def _least_steady(pr: ProbeRun) -> float:
@@ -186,7 +170,7 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         fed = fed_since(arrays["t"], arrays["running"], arrays["waiting"], t_start, now, FED_SHARE * users)
         # nor before the level's last new user has sent its first request (the start jitter): until
         # then running climbs below the knee, and a window that short is steady to MSER
-        steady = max(steady, fed if fed is not None else now, t_start + pr.load.start_jitter)
+        steady = max(steady, fed if fed is not None else now, t_start + pr.load.level_jitter)
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
         if now >= past_burst.longest:
             if past_burst.ends(window):
@@ -310,10 +294,11 @@ NARROWING = 0.05
 def _sum_ramp(pr: ProbeRun, note: str | None) -> None:
     """Seconds and request lifetimes per level into the result, for the report."""
     ramp, lifetime = pr.result.ramp, pr.lifetime
-    for w in pr.windows:
+    for w, jitter in zip(pr.windows, pr.jitters, strict=True):
         held = w.t_end - w.t_start
         warm = (w.t_steady - w.t_start) if w.t_steady is not None else pr.exp.profile.hold.warmup * held
         ramp["levels"].append({"users": w.users, "seconds": round(held, 2), "warmup_s": round(warm, 2),
+                               "start_jitter_s": round(jitter, 2),
                                "lifetimes": round(held / lifetime, 2) if lifetime else None})
     total = sum(x["seconds"] for x in ramp["levels"])
     ramp["seconds"] = round(total, 2)
@@ -355,45 +340,3 @@ def _hold_level(target, load, *, until: float) -> None:
         if load.expect_workers:
             load.raise_if_worker_lost()
         time.sleep(min(0.2, left))
-
-
-# Checks that read the series after the load stops: the sampler watches the drain for them.
-DRAIN_CHECKS = ("leak", "replica_leak")
-
-
-def stop_load(pr: ProbeRun) -> None:
-    """Stop Locust and read its client's health over the levels held."""
-    pr.t_stop = time.time()
-    pr.load.stop()
-    # the run's client health over the levels held: the spawn before the first and the stop after
-    # the last block Locust's loop for a second or so, which in a short ramp outweighs its levels
-    span = (pr.windows[0].t_start, pr.windows[-1].t_end) if pr.windows else ()
-    pr.result.client = pr.load.client_health(*span)
-
-
-def watch_drain(pr: ProbeRun) -> None:
-    """Watch the drain when a check needs it, stop the sampler, read the records."""
-    if set(DRAIN_CHECKS) & {*pr.exp.checks, pr.exp.expect_fail}:
-        # long enough for an engine's idle report (SGLang's 30 s), unless it reads zero sooner
-        wait_drained(pr.sampler, seconds=analysis.drain_window(pr.exp.profile.drain_seconds,
-                                                               pr.dialect.IDLE_REPORT_SECONDS))
-    pr.series = pr.sampler.stop()
-    pr.replica_series = getattr(pr.sampler, "replica_series", None)
-    pr.sampler = None
-    pr.records = pr.load.records()
-    for line in pr.load.clock_warnings() if pr.load.expect_workers else ():
-        pr.log(f"kvprobe: {pr.exp.name}: warning: {line}")
-
-
-def wait_drained(sampler, *, seconds: float) -> None:
-    """Give the engine `seconds` to return running, waiting and usage to zero (polls, bounded)."""
-    end = time.time() + seconds
-    while time.time() < end:
-        s = sampler.latest()
-        if s is not None and s.ok and not (s.running or s.waiting or s.usage):
-            # a few more samples, so the series shows the zero holding rather than one reading
-            seen = len(sampler.series)
-            while len(sampler.series) < seen + 3 and time.time() < end:
-                time.sleep(0.05)
-            return
-        time.sleep(0.1)

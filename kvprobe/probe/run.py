@@ -9,7 +9,7 @@ sampler and the engine it started, and writes what it has. From the request time
 load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns). The
 target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
 the steps do not ask which. The result and options live in `probe.result`, the calibration in
-`probe.calibrate`, the load steps in `probe.ramp`, the analysis and the checks in `probe.judge`.
+`probe.calibrate`, the load steps in `probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from kvprobe.load.turns import load_turn
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
-from kvprobe.probe.ramp import run_ramp, start_load, stop_load, watch_drain
+from kvprobe.probe.load_steps import start_load, stop_load, watch_drain
+from kvprobe.probe.ramp import run_ramp
 from kvprobe.probe.result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
 from kvprobe.probe.state import ProbeRun
 from kvprobe.targets import open as targets

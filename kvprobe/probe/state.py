@@ -27,6 +27,7 @@ class ProbeRun:
     hold: float = 0.0  # seconds per level
     lifetime: float | None = None  # seconds one request takes alone (calibration)
     windows: list = field(default_factory=list)  # analysis.LevelWindow per level run
+    jitters: list = field(default_factory=list)  # the start jitter (s) of each level's new users, as windows
     series: object = None  # observe.TimeSeries once the sampler stopped
     records: list = field(default_factory=list)  # load.records.Record, once Locust stopped
     replica_series: list | None = None  # a fleet: each replica's observe.TimeSeries, once the sampler stopped

@@ -101,6 +101,34 @@ def test_start_jitter_spreads_a_levels_first_requests(emulator, tmp_path, jitter
         assert spread < 0.3 * JITTER, spread
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_level_may_name_its_own_start_jitter(emulator, tmp_path, processes):
+    """A level asked for with start_jitter=0 sends its new users at once although the run's jitter is
+    2 s, and the next level, naming none, spreads its new users over the run's jitter again — in one
+    Locust process and with a master and two workers (the jitter travels with the level message)."""
+    run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=2000, workdir=tmp_path / "locust",
+                    time_limit=60, start_jitter=JITTER, processes=processes)
+    with run:
+        run.start()
+        run.set_users(8, start_jitter=0.0)
+        assert run.level_jitter == 0.0
+        t8 = run.wait_level(8, timeout=20)
+        run.set_users(16)
+        assert run.level_jitter == JITTER
+        t16 = run.wait_level(16, timeout=20)
+        # a request is recorded when it ends, after 2000 decode steps (~10 s): every first request
+        # has, before any user's second one was sent
+        deadline = time.monotonic() + 60
+        while len([r for r in run.records("request") if r.t_send]) < 16 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    at_once = first_sends(run.records("request"), 8)
+    spread_in = first_sends(run.records("request"), 16)[:8]
+    assert len(at_once) == 8 and len(spread_in) == 8, (at_once, spread_in)
+    assert at_once[-1] - at_once[0] < 0.3 * JITTER and at_once[0] >= t8 - 0.5, (at_once, t8)
+    spread = spread_in[-1] - spread_in[0]
+    assert 0.3 * JITTER <= spread and spread_in[-1] - t16 <= JITTER + 1.0, (spread, spread_in[-1] - t16)
+
+
 LOCUST_SHAPE_TICK = 1.0  # seconds: Locust's shape worker calls tick() once a second (runners.py shape_worker)
 
 

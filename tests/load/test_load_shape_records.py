@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvprobe.load.records import Record, RecordWriter, level_windows, read_records
 from kvprobe.load.runner import client_health
 from kvprobe.load.shape import ShapeControl, write_control
@@ -34,6 +36,35 @@ def test_shape_follows_the_control_file(tmp_path):
     assert shape.tick() is None and shape.stopped_reason == "control"
     write_control(ctl, users=3)
     assert shape.tick() is None  # a stopped shape stays stopped
+
+
+def test_a_level_may_name_its_start_jitter(tmp_path):
+    """The level's own jitter when the control file names one, else None (the run's applies)."""
+    ctl = tmp_path / "control.json"
+    shape = ShapeControl(ctl, time_limit=60, clock=Clock())
+    write_control(ctl, users=7, spawn_rate=7, start_jitter=0.0)
+    assert shape.tick() == (7, 7.0) and shape.start_jitter == 0.0
+    write_control(ctl, users=9, spawn_rate=2, start_jitter=1.5)
+    assert shape.tick() == (9, 2.0) and shape.start_jitter == 1.5
+    write_control(ctl, users=12)
+    assert shape.tick() == (12, 12.0) and shape.start_jitter is None
+    write_control(ctl, users=13, start_jitter=-1)  # not a spread: the run's applies
+    assert shape.tick() == (13, 13.0) and shape.start_jitter is None
+
+
+def test_the_runner_writes_a_levels_start_jitter(tmp_path):
+    from kvprobe.errors import ConfigError
+    from kvprobe.load.runner import LocustRun
+
+    run = LocustRun("http://127.0.0.1:9", model=None, prompt_tokens=8, output_tokens=8, workdir=tmp_path,
+                    start_jitter=2.0)
+    assert run.level_jitter == 2.0
+    run.set_users(5, start_jitter=0.0)
+    assert json.loads(run.control_path.read_text())["start_jitter"] == 0.0 and run.level_jitter == 0.0
+    run.set_users(8)
+    assert "start_jitter" not in json.loads(run.control_path.read_text()) and run.level_jitter == 2.0
+    with pytest.raises(ConfigError, match="start jitter must be >= 0 seconds, got -0.5"):
+        run.set_users(9, start_jitter=-0.5)
 
 
 def test_shape_time_limit_ends_the_test(tmp_path):

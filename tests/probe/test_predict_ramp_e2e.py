@@ -28,11 +28,17 @@ def test_the_predict_ramp_reaches_the_verdict_from_deep_levels(engine, tmp_path)
     ramp = result.ramp
     assert ramp["strategy"] == "predict" and [x["users"] for x in ramp["levels"]] == users
     lifetime = ramp["lifetime_s"]
-    for level in ramp["levels"]:  # every level outlasts a request, and none exceeds its hold plus warm-up
+    for i, level in enumerate(ramp["levels"]):  # every level outlasts a request, and none exceeds its hold plus warm-up
         assert lifetime <= level["seconds"] <= 4 * lifetime + 1.0, level
-        # its steady part starts once its last new user has sent a first request (each waits up to a
-        # lifetime, the start jitter): before, running still climbs below the knee
-        assert level["warmup_s"] >= lifetime - 0.01, level
+        if level["start_jitter_s"]:
+            # its steady part starts once its last new user has sent a first request (each waits up
+            # to a lifetime, the start jitter): before, running still climbs below the knee
+            assert level["start_jitter_s"] == pytest.approx(lifetime, abs=0.01), level
+            assert level["warmup_s"] >= lifetime - 0.01, level
+        else:  # no jitter only where the new users' requests join a queue in the engine
+            before = result.levels[i - 1]
+            assert i > 0 and before.users < level["users"], users
+            assert before.waiting_mean >= max(1.0, 0.1 * before.users), (before, level)
     assert ramp["lifetimes"] == pytest.approx(ramp["seconds"] / lifetime, rel=0.01)
     report = (tmp_path / "report.txt").read_text()
     assert f"ramp: predict, {len(users)} levels in {ramp['seconds']:.1f}s = {ramp['lifetimes']:.1f} request" in report

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvprobe.probe import ramp as probe
+from kvprobe.probe import load_steps as probe
 
 
 class _Sampler:
