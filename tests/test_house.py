@@ -34,8 +34,6 @@ ENGINE_SIDE = {
 OVERSIZE: dict[str, str] = {
     "kvprobe.theory.vllm.hybrid.single_type_managers":
         "a port of one vLLM file (vllm/v1/core/single_type_kv_cache_manager.py): its managers side by side, as there",
-    "kvprobe.load.locustfile":
-        "the one file Locust loads: the user class, its event hooks and the per-process setup must live in it",
 }
 
 
