@@ -106,7 +106,7 @@ def test_a_level_may_name_its_own_start_jitter(emulator, tmp_path, processes):
     """A level asked for with start_jitter=0 sends its new users at once although the run's jitter is
     2 s, and the next level, naming none, spreads its new users over the run's jitter again — in one
     Locust process and with a master and two workers (the jitter travels with the level message)."""
-    run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=2000, workdir=tmp_path / "locust",
+    run = LocustRun(emulator, model=None, prompt_tokens=50, output_tokens=1000, workdir=tmp_path / "locust",
                     time_limit=60, start_jitter=JITTER, processes=processes)
     with run:
         run.start()
@@ -116,8 +116,8 @@ def test_a_level_may_name_its_own_start_jitter(emulator, tmp_path, processes):
         run.set_users(16)
         assert run.level_jitter == JITTER
         t16 = run.wait_level(16, timeout=20)
-        # a request is recorded when it ends, after 2000 decode steps (~10 s): every first request
-        # has, before any user's second one was sent
+        # a request is recorded when it ends, after 1000 decode steps (5 s or more): every first request
+        # has, before any user's second one was sent (the new users' first ones leave within JITTER)
         deadline = time.monotonic() + 60
         while len([r for r in run.records("request") if r.t_send]) < 16 and time.monotonic() < deadline:
             time.sleep(0.2)
