@@ -23,11 +23,16 @@ def level_result(stats, *, gauge_exact: bool = True):
     # Every engine queues a request for up to one step after it arrives, and a closed-loop user
     # spends part of its cycle between requests, so "waiting > 0" or "running < N" alone is not
     # saturation; a queue of a tenth of the users, or running far below N, is.
-    saturated = stats.waiting_mean >= max(1.0, 0.1 * stats.users) or stats.running_mean < 0.8 * stats.users
+    saturated = _queued(stats) or stats.running_mean < 0.8 * stats.users
     # a sampled gauge reads low except at full steps: its highest reading stands in for running
     running = stats.running_mean if gauge_exact else stats.engine_running_max
     return LevelResult(users=stats.users, running=running, waiting=stats.waiting_mean,
                        preemption_rate=stats.preemption_rate_per_s, saturated=saturated)
+
+
+def _queued(stats) -> bool:
+    """A queue in the engine: a tenth of the users waiting on average, and at least one."""
+    return stats.waiting_mean >= max(1.0, 0.1 * stats.users)
 
 
 def run_ramp(pr: ProbeRun) -> None:
@@ -137,8 +142,7 @@ def _start_jitter(pr: ProbeRun, users: int) -> float | None:
     before = pr.result.levels[-1]
     if users <= before.users:
         return 0.0
-    queued = math.isfinite(before.waiting_mean) and before.waiting_mean >= max(1.0, 0.1 * before.users)
-    return 0.0 if queued else None
+    return 0.0 if _queued(before) else None
 
 
 def _least_steady(pr: ProbeRun) -> float:
