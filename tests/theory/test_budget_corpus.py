@@ -56,13 +56,15 @@ SHIPPED = {
     # the SGLang cases' Qwen2.5-0.5B-Instruct config: the geometry the post prints for its Qwen2.5-0.5B
     "Qwen2.5-0.5B (hub id not stated)": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
     "Qwen/Qwen2.5-0.5B-Instruct": CORPUS / "sglang-configs" / "qwen2.5-0.5b.json",
+    # microsoft/phi-2's config.json as a public repository commits it (its _provenance inside)
+    "microsoft/phi-2": CORPUS / "vllm-configs" / "phi-2.json",
 }
 WITHIN = 0.05  # the issue's bar for the KV pool
 TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("non_torch_gib", "other"))
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 56  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 57  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
 # (0.27 before the card's own 82 SMs were read for the triton sampler rows)
@@ -70,7 +72,7 @@ KNOWN_MISS_WORST = 0.40
 MEDIAN_ALLOWED = 0.015  # 0.89% today (1.46% before corpus7's H100 sweep and A100 0.24.0 runs; 1.47% before
 # corpus6's six cases; 1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the corpus3 pass added
 # the RTX 3090 cases at -2.2% to -4.0%)
-RUNNABLE = 59
+RUNNABLE = 60
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {
@@ -150,6 +152,9 @@ ACTIVATION_NOT_MODELLED = {
     "qwen3-30b-a3b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mixtral-8x7b": "the fused-MoE kernel's caches are modelled from the widest expert rows only",
     "mistral-small": "the Pixtral encoder's profile run (multimodal dummy batch) is not modelled",
+    "phi-2": "the ledger's peak here is its sampler warm-up (0.75 GiB: max_num_seqs 1,024 rows of a 51,200 vocab), "
+             "above its forward (0.39 GiB: fc1's 10,240-wide output over 8,192 tokens); the log's 0.79 GiB is split "
+             "by no line, so which term is short is not known",
     "0.26.0-a40": "0.26.0's V2 model runner profile (v1/worker/gpu/model_runner.py profile_run L673-688: the "
                   "forward, then one greedy sampler call on max_num_seqs rows: memory_profile.py ProfileRules "
                   "0.26.0) logs 1.01 GiB for both checkpoints; the ledger's forward of 2,048 tokens is 0.23 "

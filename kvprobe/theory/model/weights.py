@@ -94,11 +94,12 @@ def attention_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> No
         p.linear("o_proj", h, heads * v, "tp", layers)
         return
     kv, hd = g["kv_heads"], g["head_dim"]
-    qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe")
+    phi = g["model_type"] in GATELESS_MLP  # its dense (o_proj) is a RowParallelLinear of default bias=True
+    qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe") or phi
     p.linear("q_proj", heads * hd, h, "tp", layers, bias=qkv_bias)
     p.linear("k_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
     p.linear("v_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
-    p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")))
+    p.linear("o_proj", h, heads * hd, "tp", layers, bias=bool(cfg.get("attention_bias")) or phi)
     if g["model_type"] in ("qwen3", "qwen3_moe"):  # per-head RMSNorm on q and k
         p.plain("q_norm+k_norm", 2 * hd, "replicated", layers)
     if g["model_type"] == "gpt_oss":  # one learned sink logit per head (vLLM gpt_oss.py L131)
@@ -117,8 +118,23 @@ def indexer_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None
     p.linear("indexer.weights_proj", n, g["hidden"], "replicated", layers, quantizable=False)
 
 
+# Model types whose MLP is one up projection and one down, no gate: vLLM's phi.py (0.18.1 L147-165) builds
+# PhiMLP as fc1 (ColumnParallelLinear) and fc2 (RowParallelLinear), both of default bias=True, n_inner
+# wide (4 x hidden when the config has none; phi-2's intermediate_size is the same 10240), and its
+# attention as qkv_proj (bias=True) and dense (L95-108). A gated count put phi-2's weights 30% high.
+GATELESS_MLP = ("phi",)
+# ... and whose final norm is a LayerNorm (weight and bias) and lm_head has a bias (phi.py L225, L326-330):
+# with them phi-2 counts 2,779,683,840 parameters, its checkpoint's index total (5,559,367,680 bytes in fp16).
+BIASED_HEAD = ("phi",)
+
+
 def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[int, ...]) -> None:
     h = g["hidden"]
+    if g["model_type"] in GATELESS_MLP:
+        width = cfg.get("n_inner") or 4 * h
+        p.linear("mlp.fc1", width, h, "tp", dense, bias=True)
+        p.linear("mlp.fc2", h, width, "tp", dense, bias=True)
+        return
     inter = cfg.get("intermediate_size") or 4 * h
     bias = bool(cfg.get("mlp_bias"))
     if dense:  # Llama-4's dense layers are intermediate_size_mlp wide (vLLM llama4.py L352)
