@@ -13,12 +13,17 @@ about 4 to about 100, plus two vLLM shapes whose prediction is wrong by a factor
 ledger's limit halved and doubled before the ramp). `--shadows` adds the real vLLM and SGLang
 shadow expectations (their own shapes; the engine environments must be installed).
 
+`--equal-uncertainty` asks the bar's question as written: on each shape with a right prediction,
+`predict` runs last and holds to the ± of the fastest conclusive prediction-free ramp on that shape
+(`ramp.uncertainty`), so it is compared at equal uncertainty rather than at its default, which stops
+once the verdict is safe (`strategy.SAFE_SHARE`).
+
 Reported per run: the ramp's time to verdict in seconds and in request lifetimes (the levels held,
 calibration excluded), levels, the measured plateau ± its uncertainty, and the verdict of the
 rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
 
 Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]
-[--shapes 'knee~24,x2'] [--step-ms MS] [--keep DIR]`
+[--shapes 'knee~24,x2'] [--step-ms MS] [--equal-uncertainty] [--keep DIR]`
 (about 15 minutes; `--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
@@ -70,11 +75,12 @@ STRATEGIES = {
 }
 
 
-def expectation(shape: Shape, strategy: str, step_ms: float | None = None):
+def expectation(shape: Shape, strategy: str, step_ms: float | None = None, uncertainty: float | None = None):
     exp = load_expectations(ROOT / "expectations" / shape.expectation)[0]
     profile = load_profile("predict")
     request = exp.profile.request if shape.own_shape else SHAPE
-    profile = replace(profile, request=request, ramp=STRATEGIES[strategy], hold=HoldSpec(None, 3.0, 0.34),
+    ramp = STRATEGIES[strategy] if uncertainty is None else replace(STRATEGIES[strategy], uncertainty=uncertainty)
+    profile = replace(profile, request=request, ramp=ramp, hold=HoldSpec(None, 3.0, 0.34),
                       budget_seconds=900.0, processes=2, drain_seconds=3.0)
     target = exp.target
     if step_ms is not None and target.mode == "emulator":
@@ -82,15 +88,18 @@ def expectation(shape: Shape, strategy: str, step_ms: float | None = None):
     return replace(exp, flags={**exp.flags, **shape.flags}, profile=profile, checks=CHECKS, target=target)
 
 
-def one(shape: Shape, strategy: str, workdir: Path, step_ms: float | None = None) -> dict:
-    """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`."""
+def one(shape: Shape, strategy: str, workdir: Path, step_ms: float | None = None,
+        uncertainty: float | None = None) -> dict:
+    """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`
+    (and `predict` held to an `uncertainty`, when given)."""
     def wrong(pr) -> None:
         adm = pr.ledger.admission
         pr.ledger = replace(pr.ledger, admission=replace(
             adm, limit=adm.limit * shape.wrong,
             no_preemption_limit=max(1, round(adm.no_preemption_limit * shape.wrong))))
 
-    pr = begin(expectation(shape, strategy, step_ms), ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}"))
+    options = ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}")
+    pr = begin(expectation(shape, strategy, step_ms, uncertainty), options)
     try:
         drive(pr, adjust=wrong if shape.wrong != 1.0 else None)
     except KvprobeError as err:
@@ -106,6 +115,7 @@ def one(shape: Shape, strategy: str, workdir: Path, step_ms: float | None = None
             "lifetimes": ramp.get("lifetimes"), "levels": len(result.levels),
             "measured": None if rp is None else rp.measured, "uncertainty": None if rp is None else rp.uncertainty,
             "predicted": None if rp is None else rp.predicted, "verdict": verdict, "note": ramp.get("note"),
+            "target": uncertainty,
             "users": [lv.users for lv in result.levels],
             "reason": None if verdict == "PASS" else (result.error or (rp.reason if rp else None))}
 
@@ -124,9 +134,7 @@ def bar_lines(runs: list[dict], shapes: list[Shape]) -> list[str]:
     lines, right, met = [], [], True
     for shape in shapes:
         mine = next((r for r in runs if r["shape"] == shape.name and r["strategy"] == "predict"), None)
-        free = [r for r in runs if r["shape"] == shape.name and r["strategy"] != "predict"
-                and r["verdict"] in CONCLUSIVE and r["lifetimes"]]
-        best = min(free, key=lambda r: r["lifetimes"], default=None)
+        best = best_free(runs, shape.name)
         if mine is None or best is None or not mine["lifetimes"]:
             lines.append(f"{shape.name}: no comparison (no prediction-free verdict, or predict did not run)")
             continue
@@ -149,6 +157,13 @@ def bar_lines(runs: list[dict], shapes: list[Shape]) -> list[str]:
                  f"no wider uncertainty with a right prediction; at most {SLOWER_AT_MOST:g}x slower, conclusive, "
                  "with a wrong one)")
     return lines
+
+
+def best_free(runs: list[dict], shape: str) -> dict | None:
+    """The fastest prediction-free run on `shape` that reached a verdict: what predict is measured against."""
+    free = [r for r in runs if r["shape"] == shape and r["strategy"] != "predict"
+            and r["verdict"] in CONCLUSIVE and r["lifetimes"]]
+    return min(free, key=lambda r: r["lifetimes"], default=None)
 
 
 def _not_comparable(mine: dict, best: dict) -> str | None:
@@ -174,8 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step-ms", type=float, default=None,
                     help="the emulators' fixed cost per engine step (their default 5 ms makes a P=512, O=256 "
                          "request last ~1.3 s; 15 ms, ~4 s, where the ramp's floors in seconds weigh as on a GPU)")
+    ap.add_argument("--equal-uncertainty", action="store_true",
+                    help="with a right prediction, run predict last, held to the ± of the fastest conclusive "
+                         "prediction-free ramp on the same shape (ramp.uncertainty)")
     args = ap.parse_args(argv or [])
     strategies = [s for s in STRATEGIES if s in args.strategies.split(",")]
+    if args.equal_uncertainty:  # predict last: it needs the prediction-free ramps' ±
+        strategies.sort(key=lambda s: s == "predict")
     shapes = [SHAPES[1], SHAPES[6]] if args.quick else list(SHAPES)
     shapes = [s for s in shapes if s.name.split()[0] in args.engines.split(",")]
     if args.shadows:
@@ -186,10 +206,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
         for shape in shapes:
             for strategy in strategies:
-                run = one(shape, strategy, Path(args.keep or tmp), args.step_ms)
+                held_to = None
+                if args.equal_uncertainty and strategy == "predict" and shape.wrong == 1.0:
+                    best = best_free(runs, shape.name)
+                    held_to = None if best is None else best["uncertainty"]
+                run = one(shape, strategy, Path(args.keep or tmp), args.step_ms, held_to)
                 runs.append(run)
                 print("   " + " | ".join(str(v) for v in run.values()), flush=True)
-    rows = [[r["shape"], r["strategy"], _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],
+    rows = [[r["shape"], r["strategy"] + ("" if r["target"] is None else f" to ± {r['target']:.2f}"),
+             _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],
              f"{_f(r['measured'], '{:.2f}')} ± {_f(r['uncertainty'], '{:.2f}')}", _f(r["predicted"], "{:.2f}"),
              r["verdict"]] for r in runs]
     print(render_table(["shape", "ramp", "ramp s", "lifetimes", "levels", "measured", "predicted", "verdict"], rows,

@@ -16,7 +16,7 @@ from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.health import HEALTH_PERIOD
 from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.state import ProbeRun
-from kvprobe.probe.strategy import FED_SHARE, make_ramp, settled, usage_agrees
+from kvprobe.probe.strategy import FED_SHARE, SAFE_SHARE, make_ramp, settled, usage_agrees, widest
 
 
 def level_result(stats, *, gauge_exact: bool = True):
@@ -48,6 +48,8 @@ def run_ramp(pr: ProbeRun) -> None:
     pr.result.ramp = {"strategy": spec.strategy, "lifetime_s": pr.lifetime, "levels": [], "note": None}
     try:
         _run_levels(pr, strategy, adaptive=adaptive, allowance=allowance)
+        if adaptive:
+            _short_of_target(pr, strategy)
     finally:
         _sum_ramp(pr, getattr(strategy, "note", None))
 
@@ -63,7 +65,7 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
     precision = allowance if pr.dialect.RUNNING_GAUGE_EXACT else None
     for _ in range(MAX_ADDED_LEVELS):
         rejection = _plan_rejection(pr)
-        if adaptive and settled(rejection, float(pr.prediction.limit), allowance) and _usage_read(pr, rejection):
+        if adaptive and _settled(pr, rejection, allowance) and _usage_read(pr, rejection):
             return
         measured = [lv.users for lv in pr.result.levels]
         if adaptive:  # one more deep level at a time, until the verdict is settled
@@ -81,6 +83,23 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
             return
 
 
+def _short_of_target(pr: ProbeRun, strategy) -> None:
+    """Say so when the ramp ended (its levels, added levels or budget spent) with the plateau wider
+    than the profile's `ramp.uncertainty` asked. With an exact gauge only: a sampled one's plan is a
+    stand-in (its highest readings), and the verdict's plateau comes from the streams after the ramp."""
+    target = pr.exp.profile.ramp.uncertainty
+    if target is None or not pr.dialect.RUNNING_GAUGE_EXACT:
+        return
+    rejection = _plan_rejection(pr)
+    if rejection.uncertainty is not None and rejection.uncertainty > target:
+        strategy.say(f"the plateau's ± {rejection.uncertainty:.2f} is wider than the profile's uncertainty "
+                     f"{target:g} after {len(pr.result.levels)} levels")
+
+
+def _settled(pr: ProbeRun, rejection, allowance: float) -> bool:
+    return settled(rejection, float(pr.prediction.limit), allowance, pr.exp.profile.ramp.uncertainty)
+
+
 def _usage_read(pr: ProbeRun, rejection) -> bool:
     """With usage_gap selected, the deep levels must also agree on the gauge (`usage_agrees`)."""
     if "usage_gap" not in pr.exp.checks:
@@ -91,7 +110,8 @@ def _usage_read(pr: ProbeRun, rejection) -> bool:
 MAX_ADDED_LEVELS = 6  # deep levels the ramp may add after its own, to confirm the plateau
 # With a sampled running gauge a saturated level held adaptively stops once its own ~95% half-width
 # is this share of the rejection point's allowance: two such deep levels settle a verdict whose gap
-# from the prediction is under ~65% of it (and a third is added when they do not).
+# from the prediction is under ~65% of it (and a third is added when they do not). A narrower
+# `ramp.uncertainty` narrows it in proportion.
 LEVEL_PRECISION_SHARE = 0.5
 MIN_STEADY_SAMPLES = 10  # and it holds at least this many samples after its detected warm-up
 # ... and at least this long: the load processes record their health once a second and a level is
@@ -194,7 +214,7 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             # the plateau with this level as held so far: hold while the verdict is unsettled and
             # this level still narrows it; an unconfirmed plateau needs another deep level instead
             rejection = _plan_rejection(pr, extra=stats)
-            if settled(rejection, float(pr.prediction.limit), allowance) or not rejection.confirmed:
+            if _settled(pr, rejection, allowance) or not rejection.confirmed:
                 if past_burst.ends(window):
                     return window
                 continue
@@ -205,7 +225,8 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         # a sampled gauge's live mean is not the verdict's figure (the streams are, after the
         # ramp): the level's own precision decides
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
-        if se is not None and plateau.Z95 * se <= LEVEL_PRECISION_SHARE * allowance and past_burst.ends(window):
+        precise = LEVEL_PRECISION_SHARE / SAFE_SHARE * widest(allowance, pr.exp.profile.ramp.uncertainty)
+        if se is not None and plateau.Z95 * se <= precise and past_burst.ends(window):
             return window
 
 

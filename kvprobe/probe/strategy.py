@@ -86,7 +86,7 @@ class PredictRamp:
         """The next level, never one already measured: the load generator reports a level it is
         already at as reached at its first arrival, so a repeated level would hold no time at all."""
         if len(history) >= MAX_LEVELS:
-            self._say(f"stopped after {MAX_LEVELS} levels")
+            self.say(f"stopped after {MAX_LEVELS} levels")
             return None
         measured = {h.users for h in history}
         # Upwards first: stopping streaming users blocks Locust's loop (1.6 s for 14 users measured
@@ -100,7 +100,7 @@ class PredictRamp:
         step = math.ceil(deep_waiting(self.predicted))
         for h in history:
             if not fed(h):
-                self._say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
+                self.say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
                           "not reach it): not read as the engine's limit")
         seen = [h for h in history if fed(h)]
         # saturated as the engine's limit: a queue in the engine; running far below N without one
@@ -109,20 +109,20 @@ class PredictRamp:
         saturated = [h for h in seen if h.saturated and h.waiting >= queued]
         for h in seen:
             if h.saturated and h.waiting < queued and h.users >= first:
-                self._say(f"N={h.users} ran {h.running:.1f} with no queue in the engine (the load generator held "
+                self.say(f"N={h.users} ran {h.running:.1f} with no queue in the engine (the load generator held "
                           "the requests): not read as the engine's limit")
         if not saturated:
             top = max((h.users for h in seen if h.users >= first and not h.saturated), default=None)
             if top is None:  # no deep level showed the engine's limit: the next one, still from the prediction
                 return self._cap(_fresh(first + step, step, measured))
-            self._say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
+            self.say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
                       "searching by doubling")
             return self._cap(_fresh(2 * top, step, measured))
         deepest = max(saturated, key=lambda h: h.users)
         basis = self.predicted
         if abs(deepest.running - basis) > max(REFUTED_SHARE * basis, REFUTED_MIN):
             basis = deepest.running
-            self._say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
+            self.say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
                       "the remaining levels are placed from the measurement")
         first = deep_users(basis)
         step = math.ceil(deep_waiting(basis))
@@ -147,7 +147,7 @@ class PredictRamp:
         clean = max(1, math.ceil(self.clean_limit * basis / self.predicted - self.tolerance))
         return [clean] if clean <= STEP_QUEUE_SHARE * basis else sorted({low, clean})
 
-    def _say(self, line: str) -> None:
+    def say(self, line: str) -> None:
         if line not in (self.note or ""):
             self.note = f"{self.note}; {line}" if self.note else line
 
@@ -156,19 +156,28 @@ class PredictRamp:
 
 
 # The share of the allowance the plateau's ~95% half-width must be within before a verdict counts
-# as settled: no wider than what the prediction-free ramps reach (±0.7-0.9 against an allowance of
-# 1.2 on the emulated vLLM, bench_ramps), so the speed is not bought with a looser verdict.
+# as settled by default. Then more data cannot turn it, whatever the gap; a narrower half-width is
+# the profile's to ask for (`ramp.uncertainty`): the prediction-free ramps' fixed holds reach one
+# that shrinks with the knee's share of the allowance (±0.46 of 1.2 at knee~24, ±0.53 of 2.9 at
+# knee~58 on the emulated vLLM, bench_ramps), which no one share of the allowance matches.
 SAFE_SHARE = 0.65
 
 
-def settled(rejection, predicted: float, allowance: float) -> bool:
+def widest(allowance: float, target: float | None = None) -> float:
+    """The widest ~95% half-width a settled verdict may have: SAFE_SHARE of the allowance, or the
+    profile's `ramp.uncertainty` when that is narrower."""
+    safe = SAFE_SHARE * allowance
+    return safe if target is None else min(safe, target)
+
+
+def settled(rejection, predicted: float, allowance: float, target: float | None = None) -> bool:
     """The rejection point's verdict can no longer change with more data of the same quality: the
-    plateau is confirmed, its ~95% half-width is within SAFE_SHARE of the allowance, and its
-    interval lies wholly inside the tolerance around the prediction, or wholly outside it
+    plateau is confirmed, its ~95% half-width is within `widest`, and its interval lies wholly
+    inside the tolerance around the prediction, or wholly outside it
     (`verdict.checks.check_rejection_point` reads the same figures)."""
     if not rejection.confirmed or rejection.rejection_point is None or rejection.uncertainty is None:
         return False
-    if rejection.uncertainty > SAFE_SHARE * allowance:
+    if rejection.uncertainty > widest(allowance, target):
         return False
     gap = abs(rejection.rejection_point - predicted)
     return gap + rejection.uncertainty <= allowance or gap - rejection.uncertainty > allowance

@@ -26,7 +26,7 @@ RAMP_KEYS = {
     "explicit": ("strategy", "levels"),
     "around-prediction": ("strategy", "below", "window", "above", "max_users"),
     "bisect": ("strategy", "max_users", "confirm"),
-    "predict": ("strategy", "max_users"),
+    "predict": ("strategy", "max_users", "uncertainty"),
 }
 
 
@@ -68,6 +68,9 @@ def _parse_ramp(node: Node) -> RampSpec:
         values["confirm"] = keys["confirm"].integer(lo=1, what="a number of confirming levels")
     if "max_users" in keys:
         values["max_users"] = keys["max_users"].integer(lo=1, what="a user count")
+    if "uncertainty" in keys:
+        values["uncertainty"] = keys["uncertainty"].number(
+            lo=0, lo_open=True, what="the rejection point's half-width in requests to hold for")
     return dataclasses.replace(spec, **values)
 
 

@@ -34,6 +34,9 @@ class RampSpec:
     above: int = 2
     max_users: int | None = None
     confirm: int = 1
+    # predict: the rejection point's ~95% half-width, in requests, the ramp holds and adds deep levels
+    # for at most (None: what a safe verdict needs, strategy.SAFE_SHARE of the allowance)
+    uncertainty: float | None = None
 
 
 @dataclass(frozen=True)

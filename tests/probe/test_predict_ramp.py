@@ -12,7 +12,17 @@ from kvprobe.analysis.plateau import RejectionPoint, deep_waiting
 from kvprobe.analysis.steady import detected_start, fed_since, mser_truncation
 from kvprobe.errors import ConfigError
 from kvprobe.load.ramps import LevelResult
-from kvprobe.probe.strategy import MAX_LEVELS, PredictRamp, deep_users, fed, make_ramp, settled, usage_agrees
+from kvprobe.probe.strategy import (
+    MAX_LEVELS,
+    SAFE_SHARE,
+    PredictRamp,
+    deep_users,
+    fed,
+    make_ramp,
+    settled,
+    usage_agrees,
+    widest,
+)
 from kvprobe.spec.schema import RampSpec
 
 
@@ -93,6 +103,25 @@ def rejection(point, half, confirmed=True):
 ])
 def test_a_verdict_is_settled_when_its_interval_is_wholly_inside_or_outside(point, half, done):
     assert settled(rejection(point, half), 24.0, 1.2) is done
+
+
+def test_a_profile_may_ask_for_a_narrower_verdict_than_a_safe_one():
+    assert settled(rejection(24.1, 0.3), 24.0, 1.2, 0.5)
+    assert not settled(rejection(24.1, 0.3), 24.0, 1.2, 0.25)  # ramp.uncertainty: 0.25
+    assert not settled(rejection(24.0, 0.9), 24.0, 1.2, 5.0)  # never wider than a safe verdict allows
+    assert widest(1.2) == widest(1.2, 5.0) == pytest.approx(SAFE_SHARE * 1.2) and widest(1.2, 0.25) == 0.25
+
+
+def test_the_ramp_reads_the_profiles_uncertainty():
+    from types import SimpleNamespace
+
+    from kvprobe.probe import ramp
+
+    profile = SimpleNamespace(ramp=RampSpec("predict", uncertainty=0.25))
+    pr = SimpleNamespace(prediction=SimpleNamespace(limit=24.0), exp=SimpleNamespace(profile=profile))
+    assert not ramp._settled(pr, rejection(24.1, 0.3), 1.2)
+    profile.ramp = RampSpec("predict")
+    assert ramp._settled(pr, rejection(24.1, 0.3), 1.2)
 
 
 def test_an_unconfirmed_plateau_is_never_settled():
