@@ -47,6 +47,7 @@ SHIPPED = {
     "RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-quantized.w8a8": "mistral-small-3.1-24b-instruct-2503-w8a8.json",
     # kept beside the corpus, its provenance inside (an absolute path: CONFIGS / it is itself)
     "codellama/CodeLlama-34b-hf": CORPUS / "vllm-configs" / "codellama-34b-hf.json",
+    "codellama/CodeLlama-7b-hf": CORPUS / "vllm-configs" / "codellama-7b-hf.json",
     # the checkpoint's own config.json, its GPTQ quantization_config with it (the file's _provenance says where from)
     "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4": CORPUS / "vllm-configs" / "qwen2.5-7b-instruct-gptq-int4.json",
     # the checkpoint's config.json as a public test embeds it verbatim (its _provenance inside)
@@ -64,7 +65,7 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 57  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 58  # of the runnable cases, KV pool within 5% of the log
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
 # ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
 # (0.27 before the card's own 82 SMs were read for the triton sampler rows)
@@ -72,7 +73,7 @@ KNOWN_MISS_WORST = 0.40
 MEDIAN_ALLOWED = 0.015  # 0.89% today (1.46% before corpus7's H100 sweep and A100 0.24.0 runs; 1.47% before
 # corpus6's six cases; 1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the corpus3 pass added
 # the RTX 3090 cases at -2.2% to -4.0%)
-RUNNABLE = 60
+RUNNABLE = 61  # 60 before corpus10's CodeLlama-7B
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
 KNOWN_MISSES = {

@@ -6,7 +6,7 @@ vLLM in bytes and in tokens, test_budget_corpus_sglang.py); this one adds them u
 The corpus is not trimmed to meet the bar: a case that becomes runnable counts, missed or not. So
 this file holds the count within 5% as a ratchet (it may only rise) and says whether the bar is met;
 it was met (63 of 70) until the shared card's Qwen2.5-1.5B case could be run (its config found): 63
-of 71; 64 of 72 with phi-2 (corpus9 pass: -2.2%).
+of 71; 64 of 72 with phi-2 (corpus9 pass: -2.2%); 65 of 73 with CodeLlama-7B (corpus10 pass: +0.0%).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import test_budget_corpus_sglang as sglang_corpus
 
 BAR = (9, 10)  # of the runnable cases, within 5%: nine in ten
 WITHIN = 0.05
-WITHIN_AT_LEAST = 64  # the ratchet: runnable cases within 5% today
+WITHIN_AT_LEAST = 65  # the ratchet: runnable cases within 5% today
 # Beyond 15% (the issue asks for none): a 0.49 GiB pool under a host gap of 0.19 GiB no source sets, a
 # token-only log whose graph memory no line splits, and the second server of a shared card. Each is a named
 # miss with its reason in its engine's file.

@@ -52,6 +52,17 @@ def test_tied_embeddings_drop_lm_head():
     assert untied - tied == 128256 * 4096
 
 
+def test_gemma_ties_lm_head_when_its_config_does_not_say():
+    """google/gemma-7b's config.json has no tie_word_embeddings; GemmaConfig defaults it to True and vLLM's
+    gemma.py asserts it. keras-hub's gemma_7b_en preset states 8,537,680,896 parameters."""
+    cfg = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "hidden_size": 3072,
+           "intermediate_size": 24576, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
+           "num_hidden_layers": 28, "vocab_size": 256000, "max_position_embeddings": 8192,
+           "torch_dtype": "bfloat16"}
+    assert geometry_from_config(cfg).param_count == 8_537_680_896
+    assert geometry_from_config({**cfg, "tie_word_embeddings": False}).param_count == 8_537_680_896 + 256000 * 3072
+
+
 def test_qwen2_attention_bias_is_counted():
     cfg, _ = load_model_config("Qwen/Qwen2.5-7B")
     as_llama = geometry_from_config({**cfg, "model_type": "llama"}).param_count

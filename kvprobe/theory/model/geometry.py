@@ -48,8 +48,12 @@ _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla l
 # transformers 5.20) — google/gemma-3-27b-it names neither its vocabulary nor its context.
 # Gemma3TextConfig ties lm_head to the embeddings by default (L89 `tie_word_embeddings: bool = True`), and
 # vLLM 0.33.0 then ties them (models/gemma3.py L398-399): one vocabulary-wide matrix, not two.
+# GemmaConfig and Gemma2Config tie them by default too, and vLLM's gemma.py and gemma2.py assert that every
+# checkpoint does (0.18.1 gemma.py L385-386, logits from embed_tokens L416; gemma2.py L391-392): google/gemma-7b's
+# config.json names no tie_word_embeddings.
 _CLASS_DEFAULTS = {"gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
-                                   "tie_word_embeddings": True}}
+                                   "tie_word_embeddings": True},
+                   "gemma": {"tie_word_embeddings": True}, "gemma2": {"tie_word_embeddings": True}}
 
 
 @dataclass(frozen=True)
