@@ -63,6 +63,17 @@ def test_gemma_ties_lm_head_when_its_config_does_not_say():
     assert geometry_from_config({**cfg, "tie_word_embeddings": False}).param_count == 8_537_680_896 + 256000 * 3072
 
 
+def test_qwen2_moe_counts_its_shared_expert():
+    """Qwen/Qwen1.5-MoE-A2.7B's geometry (60 experts of 1,408 and one shared expert of 5,632 per layer); keras-hub's
+    qwen1.5_moe_2.7b_en preset states 14,315,784,192 parameters."""
+    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+           "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+           "num_experts": 60, "num_experts_per_tok": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+           "num_hidden_layers": 24, "vocab_size": 151936, "max_position_embeddings": 8192,
+           "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    assert geometry_from_config(cfg).param_count == 14_315_784_192
+
+
 def test_qwen2_attention_bias_is_counted():
     cfg, _ = load_model_config("Qwen/Qwen2.5-7B")
     as_llama = geometry_from_config({**cfg, "model_type": "llama"}).param_count

@@ -158,6 +158,14 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     if shared:
         p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
         p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
+    # Qwen2-MoE, Qwen3-Next: one shared expert shared_expert_intermediate_size wide, and a one-output gate on
+    # it kept unquantised (vLLM 0.18.1 qwen2_moe.py L143-160, qwen3_next.py L299-318): Qwen1.5-MoE-A2.7B counts
+    # keras-hub's 14,315,784,192 parameters with them, 0.83 B fewer without
+    wide = cfg.get("shared_expert_intermediate_size") or 0
+    if wide:
+        p.linear("shared_experts.gate_up_proj", 2 * wide, h, "tp", moe)
+        p.linear("shared_experts.down_proj", h, wide, "tp", moe)
+        p.linear("shared_expert_gate", 1, h, "replicated", moe, quantizable=False)
     # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
     p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
     if cfg.get("topk_method") == "noaux_tc":
