@@ -92,8 +92,8 @@ def _short_of_target(pr: ProbeRun, strategy) -> None:
         return
     rejection = _plan_rejection(pr)
     if rejection.uncertainty is not None and rejection.uncertainty > target:
-        strategy.say(f"the plateau's ± {rejection.uncertainty:.2f} is wider than the profile's uncertainty "
-                     f"{target:g} after {len(pr.result.levels)} levels")
+        strategy.say(f"the plateau's ± {rejection.uncertainty:.3g} is wider than the profile's uncertainty "
+                     f"{target:.3g} after {len(pr.result.levels)} levels")
 
 
 def _settled(pr: ProbeRun, rejection, allowance: float) -> bool:

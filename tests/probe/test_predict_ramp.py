@@ -124,6 +124,23 @@ def test_the_ramp_reads_the_profiles_uncertainty():
     assert ramp._settled(pr, rejection(24.1, 0.3), 1.2)
 
 
+def test_a_ramp_that_ends_wider_than_asked_says_so(monkeypatch):
+    from types import SimpleNamespace
+
+    from kvprobe.probe import ramp
+
+    monkeypatch.setattr(ramp, "_plan_rejection", lambda pr: rejection(24.1, 0.31))
+    strategy = PredictRamp(24.0)
+    profile = SimpleNamespace(ramp=RampSpec("predict", uncertainty=0.25))
+    pr = SimpleNamespace(exp=SimpleNamespace(profile=profile), dialect=SimpleNamespace(RUNNING_GAUGE_EXACT=True),
+                         result=SimpleNamespace(levels=[None] * 7))
+    ramp._short_of_target(pr, strategy)
+    assert strategy.note == "the plateau's ± 0.31 is wider than the profile's uncertainty 0.25 after 7 levels"
+    strategy.note, profile.ramp = None, RampSpec("predict", uncertainty=0.35)
+    ramp._short_of_target(pr, strategy)
+    assert strategy.note is None
+
+
 def test_an_unconfirmed_plateau_is_never_settled():
     assert not settled(rejection(24.0, 0.1, confirmed=False), 24.0, 1.2)
 
