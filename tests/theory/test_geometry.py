@@ -63,6 +63,16 @@ def test_gemma_ties_lm_head_when_its_config_does_not_say():
     assert geometry_from_config({**cfg, "tie_word_embeddings": False}).param_count == 8_537_680_896 + 256000 * 3072
 
 
+def test_gemma_head_dim_defaults_to_256_as_transformers_does():
+    """Gemma3TextConfig's head_dim is 256 unless config.json says (transformers 5.20 configuration_gemma3.py L80):
+    a Gemma-3 12B geometry (hidden 3840, 16 heads of 8 KV) without it has 256-wide heads, not 3840 / 16 = 240."""
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 3840,
+           "intermediate_size": 15360, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 48,
+           "sliding_window": 1024, "torch_dtype": "bfloat16"}
+    g = geometry_from_config(cfg)
+    assert g.head_dim == 256 and geometry_from_config({**cfg, "head_dim": 240}).head_dim == 240
+
+
 def test_qwen2_moe_counts_its_shared_expert():
     """Qwen/Qwen1.5-MoE-A2.7B's geometry (60 experts of 1,408 and one shared expert of 5,632 per layer); keras-hub's
     qwen1.5_moe_2.7b_en preset states 14,315,784,192 parameters."""
