@@ -101,7 +101,7 @@ class PredictRamp:
         for h in history:
             if not fed(h):
                 self.say(f"N={h.users} held fewer than half its users' requests in the engine (the load did "
-                          "not reach it): not read as the engine's limit")
+                         "not reach it): not read as the engine's limit")
         seen = [h for h in history if fed(h)]
         # saturated as the engine's limit: a queue in the engine; running far below N without one
         # is a load generator that held the requests back (a busy machine), and refutes nothing
@@ -110,20 +110,20 @@ class PredictRamp:
         for h in seen:
             if h.saturated and h.waiting < queued and h.users >= first:
                 self.say(f"N={h.users} ran {h.running:.1f} with no queue in the engine (the load generator held "
-                          "the requests): not read as the engine's limit")
+                         "the requests): not read as the engine's limit")
         if not saturated:
             top = max((h.users for h in seen if h.users >= first and not h.saturated), default=None)
             if top is None:  # no deep level showed the engine's limit: the next one, still from the prediction
                 return self._cap(_fresh(first + step, step, measured))
             self.say(f"N={top} did not saturate the engine (predicted limit {self.predicted:g}): "
-                      "searching by doubling")
+                     "searching by doubling")
             return self._cap(_fresh(2 * top, step, measured))
         deepest = max(saturated, key=lambda h: h.users)
         basis = self.predicted
         if abs(deepest.running - basis) > max(REFUTED_SHARE * basis, REFUTED_MIN):
             basis = deepest.running
             self.say(f"the deepest level ran {deepest.running:.1f} where {self.predicted:g} was predicted: "
-                      "the remaining levels are placed from the measurement")
+                     "the remaining levels are placed from the measurement")
         first = deep_users(basis)
         step = math.ceil(deep_waiting(basis))
         # deep as the analysis reads it: a queue of its own, not just N past the knee (a starved

@@ -51,8 +51,8 @@ _SCALE_BLOCK = 128  # elements per fp32 scale: DSA indexer keys and fp8_ds_mla l
 # GemmaConfig and Gemma2Config tie them by default too, and vLLM's gemma.py and gemma2.py assert that every
 # checkpoint does (0.18.1 gemma.py L385-386, logits from embed_tokens L416; gemma2.py L391-392): google/gemma-7b's
 # config.json names no tie_word_embeddings. All three classes default head_dim to 256, not hidden / heads
-# (configuration_gemma.py L73, configuration_gemma2.py L74, configuration_gemma3.py L80): 3840 / 16 = 240 would
-# be wrong for a Gemma-3 12B config that leaves it out.
+# (transformers 5.20 configuration_gemma.py L73, configuration_gemma2.py L74, configuration_gemma3.py L80): 3840 / 16
+# = 240 would be wrong for a Gemma-3 12B config that leaves it out.
 _GEMMA = {"head_dim": 256, "tie_word_embeddings": True}
 _CLASS_DEFAULTS = {"gemma3_text": {**_GEMMA, "vocab_size": 262_208, "max_position_embeddings": 131_072},
                    "gemma": {**_GEMMA, "vocab_size": 256_000}, "gemma2": {**_GEMMA, "vocab_size": 256_000}}
