@@ -30,7 +30,7 @@ from kvprobe.theory.model.quant import linear_quant
 from kvprobe.theory.model.sizes import DTYPE_BYTES
 from kvprobe.theory.model.vision import vision_parts
 from kvprobe.theory.model.weights import (
-    BIASED_HEAD,
+    PHI_LAYOUT,
     Parts,
     WeightPart,
     attention_parts,
@@ -179,7 +179,7 @@ def geometry_from_config(cfg: dict, name: str = "", *, dtype: str | None = None,
     indexer_parts(p, cfg, g, indexer_ids)
     mlp_parts(p, cfg, g, tuple(sorted(dense_ids)), tuple(i for i in all_layers if i not in dense_ids))
     p.plain("input_layernorm+post_attention_layernorm", 2 * hidden, "replicated", all_layers)
-    head_bias = model_type in BIASED_HEAD
+    head_bias = model_type in PHI_LAYOUT
     p.plain("norm", hidden * (2 if head_bias else 1), "replicated", stage="last")
     rope_cache_parts(p, cfg, g)
     vision_parts(p, top, hidden)

@@ -94,7 +94,7 @@ def attention_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> No
         p.linear("o_proj", h, heads * v, "tp", layers)
         return
     kv, hd = g["kv_heads"], g["head_dim"]
-    phi = g["model_type"] in GATELESS_MLP  # its dense (o_proj) is a RowParallelLinear of default bias=True
+    phi = g["model_type"] in PHI_LAYOUT
     qkv_bias = bool(cfg.get("attention_bias")) or g["model_type"] in ("qwen2", "qwen2_moe") or phi
     p.linear("q_proj", heads * hd, h, "tp", layers, bias=qkv_bias)
     p.linear("k_proj", kv * hd, h, "kv", layers, bias=qkv_bias)
@@ -118,19 +118,17 @@ def indexer_parts(p: Parts, cfg: dict, g: dict, layers: tuple[int, ...]) -> None
     p.linear("indexer.weights_proj", n, g["hidden"], "replicated", layers, quantizable=False)
 
 
-# Model types whose MLP is one up projection and one down, no gate: vLLM's phi.py (0.18.1 L147-165) builds
-# PhiMLP as fc1 (ColumnParallelLinear) and fc2 (RowParallelLinear), both of default bias=True, n_inner
-# wide (4 x hidden when the config has none; phi-2's intermediate_size is the same 10240), and its
-# attention as qkv_proj (bias=True) and dense (L95-108). A gated count put phi-2's weights 30% high.
-GATELESS_MLP = ("phi",)
-# ... and whose final norm is a LayerNorm (weight and bias) and lm_head has a bias (phi.py L225, L326-330):
-# with them phi-2 counts 2,779,683,840 parameters, its checkpoint's index total (5,559,367,680 bytes in fp16).
-BIASED_HEAD = ("phi",)
+# Model types laid out as vLLM's phi.py builds phi (0.18.1): an MLP of one up projection and one down, no gate
+# (PhiMLP fc1 ColumnParallelLinear and fc2 RowParallelLinear, both of default bias=True, n_inner wide or 4 x
+# hidden: L147-165), qkv_proj with a bias and dense of default bias=True (L95-108), a LayerNorm (weight and
+# bias) for the final norm and an lm_head with a bias (L225, L326-330). So counted, phi-2 has 2,779,683,840
+# parameters, its checkpoint's index total (5,559,367,680 bytes in fp16); a gated count put it 30% high.
+PHI_LAYOUT = ("phi",)
 
 
 def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[int, ...]) -> None:
     h = g["hidden"]
-    if g["model_type"] in GATELESS_MLP:
+    if g["model_type"] in PHI_LAYOUT:
         width = cfg.get("n_inner") or 4 * h
         p.linear("mlp.fc1", width, h, "tp", dense, bias=True)
         p.linear("mlp.fc2", h, width, "tp", dense, bias=True)
@@ -153,18 +151,17 @@ def mlp_parts(p: Parts, cfg: dict, g: dict, dense: tuple[int, ...], moe: tuple[i
     else:
         p.linear("experts.gate_up_proj", n_routed * 2 * mi, h, "tp", moe, special="experts", dims=(n_routed,))
         p.linear("experts.down_proj", n_routed * h, mi, "tp", moe, special="experts", dims=(n_routed,))
-    # Llama-4: one shared expert of intermediate_size beside the routed ones (vLLM llama4.py Llama4MoE L100-113)
+    # The shared experts beside the routed ones: Llama-4's and DeepSeek's n_shared_experts of the routed width
+    # (vLLM llama4.py Llama4MoE L100-113); Qwen2-MoE's and Qwen3-Next's one of shared_expert_intermediate_size,
+    # with a one-output gate on it kept unquantised (vLLM 0.18.1 qwen2_moe.py L143-160, qwen3_next.py
+    # L299-318): Qwen1.5-MoE-A2.7B counts keras-hub's 14,315,784,192 parameters with them, 0.83 B fewer without
     shared = cfg.get("n_shared_experts") or (1 if g["model_type"] == "llama4_text" else 0)
-    if shared:
-        p.linear("shared_experts.gate_up_proj", shared * 2 * mi, h, "tp", moe)
-        p.linear("shared_experts.down_proj", h, shared * mi, "tp", moe)
-    # Qwen2-MoE, Qwen3-Next: one shared expert shared_expert_intermediate_size wide, and a one-output gate on
-    # it kept unquantised (vLLM 0.18.1 qwen2_moe.py L143-160, qwen3_next.py L299-318): Qwen1.5-MoE-A2.7B counts
-    # keras-hub's 14,315,784,192 parameters with them, 0.83 B fewer without
-    wide = cfg.get("shared_expert_intermediate_size") or 0
+    gated = cfg.get("shared_expert_intermediate_size") or 0
+    wide = gated or shared * mi
     if wide:
         p.linear("shared_experts.gate_up_proj", 2 * wide, h, "tp", moe)
         p.linear("shared_experts.down_proj", h, wide, "tp", moe)
+    if gated:
         p.linear("shared_expert_gate", 1, h, "replicated", moe, quantizable=False)
     # The router stays in the model dtype in fp8 checkpoints; noaux_tc adds an fp32 bias per expert.
     p.linear("router.gate", n_routed, h, "replicated", moe, bias=gpt_oss, quantizable=False)
