@@ -24,10 +24,10 @@ from kvprobe.theory.ledger.build import build_ledger
 from kvprobe.theory.ledger.inputs import LedgerInputs
 from kvprobe.verdict.checks import CheckResult
 from kvprobe.verdict.claim import claim_from_reported, engine_claim, figures
+from tests.engine_fixtures import FIXTURES
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "gpu_logs"
-FIXTURES = ROOT.parent / "shared" / "fixtures"
 PUBLISHED = ROOT / "tests" / "engines" / "published"
 H100 = int(79.19 * 2**30)
 

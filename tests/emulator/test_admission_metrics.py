@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -11,8 +9,8 @@ from kvprobe.engines import sglang, vllm
 from kvprobe.theory.schedsim import SglangConfig, SimRequest, VllmConfig, make_scheduler
 from kvprobe.theory.sim.steptime import TimeModel
 from tests.emulator.conftest import StreamClients, wait_for
+from tests.engine_fixtures import FIXTURES
 
-FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures"
 SLOW = TimeModel(step_ms=20.0, prefill_us_per_token=0.0, decode_us_per_seq=0.0)
 
 
@@ -103,12 +101,11 @@ def test_vllm_exposition(serve):
     assert (rep.num_blocks, rep.block_size, rep.kv_tokens) == (3646, 16, 58336)
     assert rep.max_concurrency == pytest.approx(7.12109375)
     fixture = FIXTURES / "vllm-0.33.0-metrics.txt"
-    if fixture.exists():
-        real = {f.name: f for f in text_string_to_metric_families(fixture.read_text())}
-        assert set(real["vllm:cache_config_info"].samples[0].labels) == set(
-            fams["vllm:cache_config_info"].samples[0].labels)
-        for name in kinds:
-            assert real[name].type == fams[name].type
+    real = {f.name: f for f in text_string_to_metric_families(fixture.read_text())}
+    assert set(real["vllm:cache_config_info"].samples[0].labels) == set(
+        fams["vllm:cache_config_info"].samples[0].labels)
+    for name in kinds:
+        assert real[name].type == fams[name].type
 
 
 def test_sglang_exposition(serve):
@@ -120,9 +117,8 @@ def test_sglang_exposition(serve):
     assert "pid" in fams["sglang:num_retracted_reqs"].samples[0].labels
     assert sglang.reported_from_metrics(fams).kv_tokens == 444500
     fixture = FIXTURES / "sglang-0.5.23-metrics.txt"
-    if fixture.exists():
-        real = {f.name: f for f in text_string_to_metric_families(fixture.read_text())}
-        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_used_tokens",
-                     "sglang:max_total_num_tokens", "sglang:new_token_ratio", "sglang:num_retracted_reqs"):
-            assert real[name].type == fams[name].type
-            assert set(real[name].samples[0].labels) == set(fams[name].samples[0].labels), name
+    real = {f.name: f for f in text_string_to_metric_families(fixture.read_text())}
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_used_tokens",
+                 "sglang:max_total_num_tokens", "sglang:new_token_ratio", "sglang:num_retracted_reqs"):
+        assert real[name].type == fams[name].type
+        assert set(real[name].samples[0].labels) == set(fams[name].samples[0].labels), name

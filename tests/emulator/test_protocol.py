@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from kvprobe.targets.emulator.tokens import text_to_ids
+from tests.engine_fixtures import FIXTURES
 
-FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures"
 VLLM = {"num-gpu-blocks-override": 1000, "max-model-len": 8192, "served-model-name": "meta-llama/Llama-3.1-8B-Instruct"}
 
 
 def fixture_bodies(section: str) -> list[dict]:
     """The JSON error bodies of one engine part of errors.md, in order."""
-    if not (FIXTURES / "errors.md").exists():
-        pytest.skip(f"fixtures not found at {FIXTURES} (shared/ beside the repo)")
     text = (FIXTURES / "errors.md").read_text()
     vllm_part, sglang_part = text.split("## SGLang 0.5.23", 1)
     part = vllm_part if section == "vllm" else sglang_part.split("## Appendix A", 1)[0]

@@ -1,24 +1,15 @@
-"""Dialect modules against real engine output (shared/fixtures) and their own round trips."""
+"""Dialect modules against real engine output (tests/data/engine_fixtures) and their own round trips."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvprobe.engines import get_dialect, sglang, vllm
 from kvprobe.errors import ConfigError
-
-FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures"
-
-
-def fixture(name: str) -> str:
-    path = FIXTURES / name
-    if not path.exists():
-        pytest.skip(f"fixture {path} not found (shared/ is expected beside the repo)")
-    return path.read_text()
+from tests.engine_fixtures import fixture_text as fixture
 
 
 def test_get_dialect():

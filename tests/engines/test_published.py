@@ -92,7 +92,7 @@ def test_the_emulator_publishes_what_real_vllm_publishes(tmp_path):
     theirs = families((PUBLISHED / "vllm-0.33.0-cache_config_info.txt").read_text())[
         "vllm:cache_config_info"].samples[0].labels
     # mamba_ssm_cache_dtype: the capture ran on vLLM's CPU platform (float32); a GPU shows "auto"
-    # (shared/fixtures/vllm-0.33.0-metrics-idle.txt), as the emulator does.
+    # (tests/data/engine_fixtures/vllm-0.33.0-metrics-idle.txt), as the emulator does.
     differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
     assert differ == {"mamba_ssm_cache_dtype"}
 
@@ -113,7 +113,7 @@ def test_without_dev_mode_vllm_publishes_no_scheduler_limits(tmp_path):
 
 def test_sglang_server_info_holds_every_server_argument(tmp_path):
     """/server_info is ServerArgs.resolved_dict(): every argument, unset ones as null
-    (shared/reference/sglang.md §1.7, §6); the emulator's has every flag kvprobe knows."""
+    (SGLang 0.5.23 http_server.py and server_args.py); the emulator's has every flag kvprobe knows."""
     port = free_port()
     flags = {"max-total-tokens": 3300, "context-length": 2048, "max-running-requests": 12, "page-size": 1}
     argv = sglang.emulator_command("/models/qwen", {**flags, "served-model-name": "qwen"}, host="127.0.0.1",

@@ -15,7 +15,6 @@ from kvprobe.engines.base import MetricMap
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-FIXTURES = Path("/work/shared/fixtures")
 FAKE_ENGINE = HERE / "fake_engine.py"
 
 # The names as the fixture files expose them, so these tests do not wait for the dialect modules.
@@ -36,12 +35,6 @@ SGLANG_MAP = MetricMap(
     pool_tokens="sglang:max_total_num_tokens",
 )
 
-
-def fixture_text(name: str) -> str:
-    path = FIXTURES / name
-    if not path.exists():
-        pytest.skip(f"fixture {path} not present")
-    return path.read_text()
 
 
 def fake_argv(*extra: str) -> list[str]:

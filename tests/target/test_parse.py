@@ -9,8 +9,9 @@ import pytest
 
 from kvprobe.engines.base import MetricMap
 from kvprobe.observe.sampler import Sample, TimeSeries, parse_sample
+from tests.engine_fixtures import fixture_text
 
-from .conftest import SGLANG_MAP, VLLM_MAP, fixture_text
+from .conftest import SGLANG_MAP, VLLM_MAP
 
 
 def test_vllm_busy_fixture():

@@ -2,7 +2,6 @@
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,9 @@ from kvprobe.theory.model.geometry import (
 from kvprobe.theory.sglang import budget as SB
 from kvprobe.theory.vllm import budget as VB
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+from tests.engine_fixtures import FIXTURES
 
 GIB = 2**30
-FIXTURES = Path("/work/shared/fixtures")
 NO_ESTIMATES = {"activation_bytes": 0, "cudagraph_bytes": 0, "other_bytes": 0}
 
 
