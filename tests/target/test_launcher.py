@@ -18,21 +18,13 @@ from kvprobe.observe.http import http_get, redact_url
 from kvprobe.procgroup import free_port, group_members
 from kvprobe.targets.facts import merge_reports
 from kvprobe.targets.launch import Target
+from tests.engine_fixtures import FIXTURES
 
-from .conftest import FIXTURES, REPO, fake_argv, gone, wait_until
+from .conftest import REPO, fake_argv, gone, wait_until
 
 VLLM_METRICS = str(FIXTURES / "vllm-0.33.0-metrics.txt")
 VLLM_LOG = str(FIXTURES / "vllm-0.33.0-startup.log")
 
-
-def _has_dialects() -> bool:
-    try:
-        from kvprobe.engines import get_dialect
-
-        get_dialect("vllm")
-        return True
-    except Exception:
-        return False
 
 
 def test_launch_ok_then_stop(tmp_path):
@@ -55,7 +47,6 @@ def test_launch_ok_then_stop(tmp_path):
     assert target.stop() == code  # idempotent
 
 
-@pytest.mark.skipif(not _has_dialects(), reason="kvprobe.engines.get_dialect not there yet")
 def test_facts_from_metrics_info_and_log(tmp_path):
     with Target.launch(fake_argv("--metrics", VLLM_METRICS, "--log", VLLM_LOG, "--max-model-len", "8192"),
                        engine="vllm", log_path=str(tmp_path / "e.log"), startup_timeout=20) as target:

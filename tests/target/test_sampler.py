@@ -11,8 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from kvprobe.observe.sampler import Sampler, scrape_once
+from tests.engine_fixtures import fixture_text
 
-from .conftest import VLLM_MAP, fixture_text, wait_until
+from .conftest import VLLM_MAP, wait_until
 
 
 @pytest.fixture
