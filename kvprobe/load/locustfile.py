@@ -42,6 +42,7 @@ from kvprobe.load.records import (
     ABORTED,
     CONNECTION,
     EXCEPTION,
+    FLUSH_SECONDS,
     NO_USAGE,
     READ_ERROR,
     USAGE_MISMATCH,
@@ -54,7 +55,6 @@ from kvprobe.load.stream import read_stream, usage_from_tail
 # (kvprobe.load.distributed is imported only by a master expecting workers or a message-mode worker)
 
 ERROR_TEXT = 300
-FLUSH_INTERVAL = 0.5
 
 
 class _State:
@@ -244,7 +244,7 @@ def _write(rec: Record) -> None:
 
 def _flusher() -> None:
     while True:
-        gevent.sleep(FLUSH_INTERVAL)
+        gevent.sleep(FLUSH_SECONDS)
         _flush()
 
 

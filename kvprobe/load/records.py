@@ -94,6 +94,8 @@ class Record:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Record))
+# How often a load process writes its finished requests: a reader sees a request at most this long after it ends.
+FLUSH_SECONDS = 0.5
 
 
 class RecordWriter:

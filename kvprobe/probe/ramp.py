@@ -1,6 +1,6 @@
 """The ramp of a probe: Locust driven level by level (and deep levels added until the plateau is
 confirmed), each level held and recorded. Reads and fills a `kvprobe.probe.state.ProbeRun`; the
-load's start and stop around it are `kvprobe.probe.load_steps`."""
+load's start and stop around it are `kvprobe.probe.load_steps`, a level waited out `kvprobe.probe.hold`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import time
 from dataclasses import replace
 
 from kvprobe.analysis import levels as analysis
-from kvprobe.analysis import plateau
-from kvprobe.analysis.client import starved_so_far
+from kvprobe.analysis import live, plateau
 from kvprobe.analysis.steady import detected_start, fed_since, window_start
-from kvprobe.errors import ProbeError, TargetError
 from kvprobe.load.health import HEALTH_PERIOD
 from kvprobe.load.ramps import LevelResult
+from kvprobe.probe.hold import PastBurst, held_past_burst, hold_level
 from kvprobe.probe.state import ProbeRun
 from kvprobe.probe.strategy import FED_SHARE, SAFE_SHARE, make_ramp, settled, usage_agrees, widest
 
@@ -65,7 +64,7 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
     precision = allowance if pr.dialect.RUNNING_GAUGE_EXACT else None
     for _ in range(MAX_ADDED_LEVELS):
         rejection = _plan_rejection(pr)
-        if adaptive and _settled(pr, rejection, allowance) and _usage_read(pr, rejection):
+        if adaptive and _settled(pr, _settle_plan(pr, rejection), allowance) and _usage_read(pr, rejection):
             return
         measured = [lv.users for lv in pr.result.levels]
         if adaptive:  # one more deep level at a time, until the verdict is settled
@@ -85,12 +84,11 @@ def _run_levels(pr: ProbeRun, strategy, *, adaptive: bool, allowance: float) -> 
 
 def _short_of_target(pr: ProbeRun, strategy) -> None:
     """Say so when the ramp ended (its levels, added levels or budget spent) with the plateau wider
-    than the profile's `ramp.uncertainty` asked. With an exact gauge only: a sampled one's plan is a
-    stand-in (its highest readings), and the verdict's plateau comes from the streams after the ramp."""
+    than the profile's `ramp.uncertainty` asked (a sampled gauge's: as the streams written so far show it)."""
     target = pr.exp.profile.ramp.uncertainty
-    if target is None or not pr.dialect.RUNNING_GAUGE_EXACT:
+    if target is None:
         return
-    rejection = _plan_rejection(pr)
+    rejection = _settle_plan(pr, _plan_rejection(pr))
     if rejection.uncertainty is not None and rejection.uncertainty > target:
         strategy.say(f"the plateau's ± {rejection.uncertainty:.3g} is wider than the profile's uncertainty "
                      f"{target:.3g} after {len(pr.result.levels)} levels")
@@ -98,6 +96,27 @@ def _short_of_target(pr: ProbeRun, strategy) -> None:
 
 def _settled(pr: ProbeRun, rejection, allowance: float) -> bool:
     return settled(rejection, float(pr.prediction.limit), allowance, pr.exp.profile.ramp.uncertainty)
+
+
+def _reads_streams(pr: ProbeRun) -> bool:
+    """Does the ramp settle on the streams? With a sampled gauge held to a `ramp.uncertainty`: the
+    gauge's live readings cannot show a ± that narrow (its highest readings stand in for running), the
+    streams the verdict reads can (`analysis.live`)."""
+    return not pr.dialect.RUNNING_GAUGE_EXACT and pr.exp.profile.ramp.uncertainty is not None
+
+
+def _settle_plan(pr: ProbeRun, plan, window=None):
+    """The plateau a verdict is settled on: `plan` (the gauge's), or the streams' where the ramp reads
+    them, with `window` (a level still held) read as far as it is written."""
+    return plateau.find_rejection_point(_streams_view(pr, window)) if _reads_streams(pr) else plan
+
+
+def _streams_view(pr: ProbeRun, window=None):
+    """The levels held so far (and `window`) as the streams written so far show them (`analysis.live`)."""
+    windows = pr.windows + ([window] if window is not None else [])
+    return live.streams_levels(pr.sampler.series.arrays(), windows, pr.load.records(), now=time.time(),
+                               warmup_fraction=pr.exp.profile.hold.warmup, lead_steps=pr.dialect.FIRST_TOKEN_LEAD_STEPS,
+                               counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)
 
 
 def _usage_read(pr: ProbeRun, rejection) -> bool:
@@ -133,8 +152,8 @@ def run_level(pr: ProbeRun, users: int, *, allowance: float | None = None) -> bo
     pr.load.set_users(users, start_jitter=_start_jitter(pr, users) if allowance is not None else None)
     t_start = pr.load.wait_level(users, since=asked, timeout=max(30.0, users / 50))
     if allowance is None:
-        _hold_level(pr.target, pr.load, until=t_start + pr.hold)
-        window = _held_past_burst(pr, users, t_start)
+        hold_level(pr.target, pr.load, until=t_start + pr.hold)
+        window = held_past_burst(pr, users, t_start)
     else:
         window = _hold_adaptive(pr, users, t_start, allowance)
     pr.windows.append(window)
@@ -181,12 +200,13 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
     LEVEL_PRECISION_SHARE of the allowance — or for the most it may take."""
     least = _least_steady(pr)
     longest = t_start + pr.hold + (pr.lifetime or 0.0)
-    past_burst = _PastBurst(pr, users, t_start, longest)
+    past_burst = PastBurst(pr, users, t_start, longest)
     clean_read = "no_preemption" in pr.exp.checks  # a level below the knee is the check's clean level
     check_every = max(0.25, 2 * pr.exp.profile.sample_interval)
     halves: list[tuple[float, float]] = []  # (time, the plateau's half-width with this level so far)
+    streams_read = -math.inf
     while True:
-        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + check_every))
+        hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + check_every))
         now = time.time()
         arrays = pr.sampler.series.arrays()
         steady = detected_start(arrays["t"], [arrays["running"], arrays["waiting"]], t_start, now)
@@ -222,6 +242,12 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             if not _narrowing(halves, least) and past_burst.ends(window):
                 return window  # the scatter between levels dominates: a new deep level narrows it, this one no more
             continue
+        if _reads_streams(pr):
+            if now - streams_read >= HEALTH_PERIOD:  # a read of every record so far: once a health period
+                streams_read = now
+                if _streams_settle(pr, window, allowance, halves, least) and past_burst.ends(window):
+                    return window
+            continue
         # a sampled gauge's live mean is not the verdict's figure (the streams are, after the
         # ramp): the level's own precision decides
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
@@ -230,52 +256,19 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             return window
 
 
-class _PastBurst:
-    """Holds a level on while its load generator lagged for most of the level so far: read as
-    starved (`analysis.client`), the level would leave every check it feeds unjudged. A burst from
-    beside the probe (another engine starting on the same cores: loop lag 29-65 ms for several
-    seconds against a limit of 25, measured here) ends, and the healthy seconds held after it make
-    the level's own. At most STARVED_EXTRA times the level's longest hold more; checked at most
-    once a HEALTH_PERIOD, as often as the load writes a lag record (each check reads the records)."""
-
-    def __init__(self, pr: ProbeRun, users: int, t_start: float, longest: float):
-        self.pr, self.users, self.t_start, self.longest = pr, users, t_start, longest
-        # never past the probe's time budget (pr.deadline is on the monotonic clock, the windows on the wall clock)
-        budget = time.time() + (pr.deadline - time.monotonic())
-        self.cap = max(longest, min(longest + STARVED_EXTRA * (longest - t_start), budget))
-        self._checked, self._healthy = -math.inf, True
-
-    def ends(self, window) -> bool:
-        """May the level end with `window`? Yes unless its client is starved so far and the cap allows more."""
-        now = window.t_end
-        if now >= self.cap:
-            return True
-        if now - self._checked < HEALTH_PERIOD:
-            return self._healthy  # no lag record since the last look
-        self._checked = now
-        steady = window_start(window, self.pr.exp.profile.hold.warmup)
-        self._healthy = not starved_so_far(self.pr.load.records(), window.t_start, steady, now)
-        if self._healthy:
-            return True
-        if self.longest < self.cap:
-            self.pr.log(f"  users {self.users:>4}: the load generator lagged for most of this level so far "
-                        "(a burst beside the probe?): holding it on, up to "
-                        f"{self.cap - self.t_start:.0f} s, until most of its seconds are healthy")
-            self.longest = self.cap
-        return False
-
-
-STARVED_EXTRA = 1.0
-
-
-def _held_past_burst(pr: ProbeRun, users: int, t_start: float):
-    """A level of fixed hold, ended at its hold unless its client was starved so far (`_PastBurst`)."""
-    past_burst = _PastBurst(pr, users, t_start, t_start + pr.hold)
-    while True:
-        window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
-        if past_burst.ends(window):
-            return window
-        _hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + HEALTH_PERIOD))
+def _streams_settle(pr: ProbeRun, window, allowance: float, halves: list, least: float) -> bool:
+    """May a saturated level of a ramp that reads the streams end? Once its written steady part spans
+    the least steady window: when the verdict is settled, the plateau still needs another deep level,
+    or this level no longer narrows it (as `_hold_adaptive` reads an exact gauge)."""
+    levels = _streams_view(pr, window)
+    mine = levels[-1] if levels and levels[-1].t_start == window.t_start else None
+    if mine is None or mine.t_end - window_start(window, pr.exp.profile.hold.warmup) < least:
+        return False  # this level's streams are not written far enough yet
+    rejection = plateau.find_rejection_point(levels)
+    if _settled(pr, rejection, allowance) or not rejection.confirmed:
+        return True
+    halves.append((window.t_end, rejection.uncertainty or float("inf")))
+    return not _narrowing(halves, least)
 
 
 def _clean_decided(stats, *, exact_gauge: bool) -> bool:
@@ -353,15 +346,3 @@ def _mean(x) -> str:
 
 def _count(x) -> str:
     return "—" if x is None or x != x else f"{x:g}"
-
-
-def _hold_level(target, load, *, until: float) -> None:
-    """Wait out a level, failing fast when the engine or Locust dies."""
-    while (left := until - time.time()) > 0:
-        if not target.alive():
-            raise TargetError("the engine died during the probe", log_tail=target.log_tail())
-        if not load.alive():
-            raise ProbeError(f"the Locust subprocess exited during the ramp (rc={load.returncode}): {load.log_tail()}")
-        if load.expect_workers:
-            load.raise_if_worker_lost()
-        time.sleep(min(0.2, left))

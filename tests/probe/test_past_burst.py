@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from kvprobe.analysis.client import mark_levels, starved_so_far
 from kvprobe.analysis.levels import LevelWindow
 from kvprobe.load.records import Record
-from kvprobe.probe.ramp import STARVED_EXTRA, _held_past_burst, _PastBurst
+from kvprobe.probe.hold import STARVED_EXTRA, PastBurst, held_past_burst
 
 LIFETIME = 2.0  # seconds: the lag limit is then the floor of 15 ms or the lifetime's share
 
@@ -64,7 +64,7 @@ def test_a_level_starved_so_far_is_held_on_until_most_of_its_seconds_are_healthy
     recs = requests(t0, t0 + 30) + lags(t0, 30, bad=set(range(2, 8)))
     pr = FakeProbe(recs)
     at = lambda t: LevelWindow(users=26, t_start=t0, t_end=t0 + t, t_steady=t0 + 2.0)  # noqa: E731
-    held = _PastBurst(pr, 26, t0, longest=t0 + 8.0)
+    held = PastBurst(pr, 26, t0, longest=t0 + 8.0)
     assert not held.ends(at(8.0))  # 6 of 6 steady seconds lagged: hold on
     assert held.longest == held.cap == t0 + 8.0 + STARVED_EXTRA * 8.0
     assert len(pr.lines) == 1 and "holding it on" in pr.lines[0]
@@ -77,7 +77,7 @@ def test_a_level_starved_so_far_is_held_on_until_most_of_its_seconds_are_healthy
 def test_a_client_that_stays_starved_ends_the_level_at_the_cap():
     t0 = time.time() - 100
     recs = requests(t0, t0 + 40) + lags(t0, 40, bad=set(range(40)))
-    held = _PastBurst(FakeProbe(recs), 26, t0, longest=t0 + 8.0)
+    held = PastBurst(FakeProbe(recs), 26, t0, longest=t0 + 8.0)
     at = lambda t: LevelWindow(users=26, t_start=t0, t_end=t0 + t, t_steady=t0 + 2.0)  # noqa: E731
     assert not held.ends(at(8.0)) and not held.ends(at(15.9))
     assert held.ends(at(held.cap - t0))  # then the judgement reads it as starved, with the reason
@@ -85,16 +85,16 @@ def test_a_client_that_stays_starved_ends_the_level_at_the_cap():
 
 def test_a_healthy_level_ends_when_its_own_rules_say_so():
     t0 = time.time() - 100
-    held = _PastBurst(FakeProbe(requests(t0, t0 + 10) + lags(t0, 10, bad={4})), 26, t0, longest=t0 + 8.0)
+    held = PastBurst(FakeProbe(requests(t0, t0 + 10) + lags(t0, 10, bad={4})), 26, t0, longest=t0 + 8.0)
     assert held.ends(LevelWindow(users=26, t_start=t0, t_end=t0 + 6.0, t_steady=t0 + 2.0))
     assert held.longest == t0 + 8.0  # never lengthened
 
 
 def test_the_hold_on_never_passes_the_probes_time_budget():
     t0 = time.time()
-    held = _PastBurst(FakeProbe([], budget_s=3.0), 26, t0, longest=t0 + 8.0)
+    held = PastBurst(FakeProbe([], budget_s=3.0), 26, t0, longest=t0 + 8.0)
     assert held.cap == t0 + 8.0  # the budget ends sooner than the longest hold: no extension
-    held = _PastBurst(FakeProbe([], budget_s=12.0), 26, t0, longest=t0 + 8.0)
+    held = PastBurst(FakeProbe([], budget_s=12.0), 26, t0, longest=t0 + 8.0)
     assert t0 + 11.5 < held.cap < t0 + 12.5
 
 
@@ -103,13 +103,13 @@ def test_a_level_of_fixed_hold_reads_its_steady_part_by_the_warmup_share():
     # steady part (from 5.85 s) holds 4 lagged seconds (6-9) against 10 healthy ones: it ends now
     t0 = time.time() - 19.5
     pr = FakeProbe(requests(t0, t0 + 19) + lags(t0, 19, bad=set(range(10))), hold=10.0)
-    window = _held_past_burst(pr, 26, t0)
+    window = held_past_burst(pr, 26, t0)
     assert window.t_end - t0 < 20.0 and not pr.lines
 
 
 def test_a_level_of_fixed_hold_starved_throughout_is_held_to_the_cap():
     t0 = time.time() - 19.5
     pr = FakeProbe(requests(t0, t0 + 19) + lags(t0, 19, bad=set(range(19))), hold=10.0)
-    window = _held_past_burst(pr, 26, t0)  # holds on the last half second to its cap, 2 x 10 s
+    window = held_past_burst(pr, 26, t0)  # holds on the last half second to its cap, 2 x 10 s
     assert window.t_end >= t0 + 10.0 + STARVED_EXTRA * 10.0
     assert len(pr.lines) == 1 and "holding it on" in pr.lines[0]
