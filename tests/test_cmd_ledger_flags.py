@@ -109,9 +109,9 @@ def test_engine_versions_without_facts_need_a_policy(capsys):
 
 
 def test_unread_flags_are_said_once(capsys):
-    rc, out, err = run(capsys, *SEED_001, "--max-model-len", "4096", "--disable-log-stats", "--enforce-eager",
+    rc, out, err = run(capsys, *SEED_001, "--max-model-len", "4096", "--disable-log-stats", "--trust-remote-code",
                        "--watermark", "0.1")
-    assert rc == 0 and "--disable-log-stats, --enforce-eager not read by the ledger" in err
+    assert rc == 0 and "--disable-log-stats, --trust-remote-code not read by the ledger" in err
     assert "--watermark" not in err  # read from vLLM 0.24.0 on (theory/vllm/releases.py WATERMARK_FROM)
 
 

@@ -135,8 +135,8 @@ CASES = [
     Case("flag-managed-port", "flags.port", "set target.port instead", exp=put("flags.port", 8000)),
     Case("flag-inline-api-key", "flags.api-key", "secrets never live in YAML", exp=put("flags.api-key", SECRET),
          absent=SECRET),
-    Case("flag-null-value", "flags.enforce-eager", "a value (a number, text, true for a bare flag",
-         exp=put("flags.enforce-eager", None)),
+    Case("flag-null-value", "flags.trust-remote-code", "a value (a number, text, true for a bare flag",
+         exp=put("flags.trust-remote-code", None)),
     # -- lengths and hardware
     Case("length-vllm", "flags.max-model-len", "room for prompt_tokens + output_tokens = 160 of profile 'short'",
          exp=put("flags.max-model-len", 128)),

@@ -211,3 +211,20 @@ def test_uniform_budgets_refuse_hybrid_models_instead_of_sizing_them_as_full(mod
     with pytest.raises(ConfigError, match="needs the model's config.json and the hybrid options") as err:
         SB.sglang_budget(g, kv, weights=0, gpu_memory_bytes=None, context_len=4096, max_total_tokens=10000)
     assert err.value.key == g.layers.key
+
+
+@pytest.mark.parametrize(("version", "eager", "other_mib"), [
+    ("0.17.1", False, 80),  # the window holds profile_run alone (0.17.1 gpu_worker.py L386-393)
+    ("0.19.1", False, 256),  # ... and profile_cudagraph_memory (0.19.1 L366-391)
+    ("0.19.1", True, 80),  # skipped under --enforce-eager (0.18.1 L397-399)
+    ("0.24.0", True, 80),
+    ("0.27.1", False, 256),  # the free memory consumed since the snapshot (0.27.0 mem_utils.py L317-326)
+])
+def test_what_the_profiling_window_holds_sets_the_non_torch_term(llama, version, eager, other_mib):
+    b = vllm(llama, version=version, enforce_eager=eager)
+    assert b.other == other_mib * 2**20
+    assert ("--enforce-eager" in b.rules) == eager
+    if eager:  # no graph profiled, none captured: the graph estimate (where subtracted) and 176 MiB back
+        graphs = vllm(llama, version=version)
+        back = (graphs.cudagraph if graphs.cudagraph_subtracted else 0) + (256 - 80) * 2**20
+        assert b.cudagraph == 0 and b.kv_pool_bytes == graphs.kv_pool_bytes + back

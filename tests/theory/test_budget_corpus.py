@@ -65,14 +65,15 @@ TERMS = (("weights_gib", "weights"), ("activation_peak_gib", "activation"), ("no
 TERM_NAMES = {"weights": "weights", "activation": "activation peak", "other": "non-torch"}
 
 # The ratchet: what the ledger reaches today. Raise it when a rule improves; never lower it to pass.
-FLOOR_WITHIN_5 = 58  # of the runnable cases, KV pool within 5% of the log
+FLOOR_WITHIN_5 = 60  # of the runnable cases, KV pool within 5% of the log (58 before the non-torch rule below)
 WORST_ALLOWED = WITHIN  # no runnable case beyond 5% but the named misses below
-# ... and none of those beyond this: Qwen2.5-7B at 0.65 on the RTX 3090, a 0.49 GiB pool the ledger puts at 0.30
-# (0.27 before the card's own 82 SMs were read for the triton sampler rows)
-KNOWN_MISS_WORST = 0.40
-MEDIAN_ALLOWED = 0.015  # 0.89% today (1.46% before corpus7's H100 sweep and A100 0.24.0 runs; 1.47% before
-# corpus6's six cases; 1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before the corpus3 pass added
-# the RTX 3090 cases at -2.2% to -4.0%)
+# ... and none of those beyond this: Qwen2.5-72B at TP 2 on H100s (+5.8%). 0.40 before the ledger counted the
+# non-torch memory of a profiling window without CUDA graphs (memory_profile.py non_torch_bytes): the RTX 3090's
+# 0.49 GiB pool of Qwen2.5-7B at 0.65 was -39% (now -4.1%), Llama-3.1-8B's at 0.75 -7.5% (now +0.5%)
+KNOWN_MISS_WORST = 0.06
+MEDIAN_ALLOWED = 0.01  # 0.50% today (0.89% before the non-torch rule; 1.46% before corpus7's H100 sweep and A100
+# 0.24.0 runs; 1.47% before corpus6's six cases; 1.52% before corpus5's V2 sampler rule and WSL2 cases; 1.02% before
+# the corpus3 pass added the RTX 3090 cases at -2.2% to -4.0%)
 RUNNABLE = 61  # 60 before corpus10's CodeLlama-7B
 # Cases whose KV pool misses by more than 5%, and why (the term that differs, read off the log's own
 # breakdown): a fixed term turns the case into a pass, and the test then asks to strike it off.
@@ -80,20 +81,6 @@ KNOWN_MISSES = {
     "vllm-0.19.0-h100-qwen25-72b-tp2": "weights: a 3.04 GiB pool under 72.3 GiB of other terms: weights -0.09, "
                                        "activation -0.06, non-torch -0.03 GiB (each within 3%) add up to +0.18 GiB, "
                                        "+6% of so small a pool",
-    # The RTX 3090 host (vLLM 0.17.1): the ledger's pool is 0.10-0.19 GiB under the logged one at every utilisation
-    # (0.90: -3.0% / -2.0%, 0.86: -3.5% / -1.8%); the logs keep no breakdown (weights alone, exact). 0.17.1's
-    # determine_available_memory (v1/worker/gpu_worker.py L352-430: requested - (weights + torch peak + non-torch))
-    # and its sampler warm-up (gpu_model_runner.py L5084-5136, 256 rows through the triton top-k/top-p kernel) are
-    # the ledger's, the triton rows from the card's own 82 SMs (topk_topp_triton.py L992-1000; spec/gpus.py).
-    # Given the modelled activation, the logs' own sums put this host's non-torch at 0.08-0.18 GiB against the 0.25
-    # the H100/A100 logs print: a figure no vLLM source sets (driver, modules). On a
-    # small pool that fixed gap is a large share:
-    "vllm-0.17.1-rtx3090-llama31-8b-gmu075": "weights exact (14.99 GiB); the host's 0.16 GiB gap on a 2.13 GiB "
-                                             "pool: -7.5%",
-    "vllm-0.17.1-rtx3090-qwen25-7b-gmu065": "weights 14.22 vs 14.25 GiB; the host's 0.19 GiB gap on a 0.49 GiB pool "
-                                            "(9,088 tokens for max_model_len 8,192): -39%, and the ledger predicts "
-                                            "the refusal the same configuration met on the next start (0.41 GiB: "
-                                            "vllm-0.17.1-rtx3090-qwen25-7b-gmu065-refused)",
 }
 # Logs that keep only the token line (no `Available KV cache memory`, no budget terms), compared in tokens:
 # a miss beyond 5% with what the log does say.
@@ -410,3 +397,31 @@ def test_activation_peak_where_logged(table):
         if "activation" in r and r["case"] not in close:
             assert any(k in r["case"] for k in ACTIVATION_NOT_MODELLED), (r["case"], r["activation"])
             assert r["activation"][1] < r["activation"][0], (r["case"], r["activation"])
+
+
+NON_TORCH_WITHIN = 0.025  # GiB
+# Cases whose logged non-torch term the ledger's one-rank rule does not give, and why.
+NON_TORCH_NOT_MODELLED = {
+    "-pp": "with pipeline parallelism NCCL is set up before the init snapshot (its figure 1.43 GiB against 0.51 at "
+           "one rank), and the window's increase is 0.07 GiB although it profiles graphs: what the one-rank "
+           "window adds is not split by any line (0.19.0's pp2 and pp4 logs)",
+}
+
+
+def test_non_torch_where_logged(table):
+    """The ledger's non-torch term against the one the logs print at one rank: 0.24-0.27 GiB where the window
+    profiles CUDA graphs (0.19.0 on H100), 0.08 where it does not (0.26.0's V2 runner on an A40), each within
+    0.025 GiB (the logs print two decimals); the exceptions named."""
+    rows, _ = table
+    seen = {"graphs": 0, "none": 0}
+    for r in rows:
+        case = CASES[r["case"]]
+        if "other" not in r or case.get("tensor_parallel", 1) != 1:
+            continue
+        logged, ours = r["other"]
+        if any(k in r["case"] for k in NON_TORCH_NOT_MODELLED):
+            assert abs(ours - logged) > NON_TORCH_WITHIN, f"{r['case']}: now modelled: strike it off"
+            continue
+        assert abs(ours - logged) <= NON_TORCH_WITHIN, (r["case"], logged, ours)
+        seen["graphs" if logged > 0.15 else "none"] += 1
+    assert seen["graphs"] >= 9 and seen["none"] >= 2, seen

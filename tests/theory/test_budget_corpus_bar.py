@@ -7,7 +7,11 @@ The corpus is not trimmed to meet the bar: a case that becomes runnable counts, 
 this file holds the count within 5% as a ratchet (it may only rise) and says whether the bar is met;
 it was met (63 of 70) until the shared card's Qwen2.5-1.5B case could be run (its config found): 63
 of 71; 64 of 72 with phi-2 (corpus9 pass: +0.1%, once the ledger counted phi's MLP as vLLM builds
-it); 65 of 73 with CodeLlama-7B (corpus10 pass: +0.0%).
+it); 65 of 73 with CodeLlama-7B (corpus10 pass: +0.0%); 67 of 73, the bar met, once the ledger counted the
+non-torch memory of a profiling window that captures no CUDA graphs (vLLM up to 0.17, --enforce-eager, the V2
+runner's dense models up to 0.26) as the A40 logs print it, 0.08 GiB, not the H100 logs' 0.25 of a window that
+does (memory_profile.py non_torch_bytes): the seven RTX 3090 logs of 0.17.1, two of them misses before, all
+within 1.4% but the smallest pool's -4.1%.
 """
 
 from __future__ import annotations
@@ -17,12 +21,10 @@ import test_budget_corpus_sglang as sglang_corpus
 
 BAR = (9, 10)  # of the runnable cases, within 5%: nine in ten
 WITHIN = 0.05
-WITHIN_AT_LEAST = 65  # the ratchet: runnable cases within 5% today
-# Beyond 15% (the issue asks for none): a 0.49 GiB pool under a host gap of 0.19 GiB no source sets, a
-# token-only log whose graph memory no line splits, and the second server of a shared card. Each is a named
-# miss with its reason in its engine's file.
-BEYOND_15 = {"vllm-0.17.1-rtx3090-qwen25-7b-gmu065", "vllm-0.29.0-l4-gpt-oss-20b",
-             "vllm-0.27.1-rtx4090-wsl2-qwen25-1.5b-gmu030-shared"}
+WITHIN_AT_LEAST = 67  # the ratchet: runnable cases within 5% today
+# Beyond 15% (the issue asks for none): a token-only log whose graph memory no line splits, and the second
+# server of a shared card. Each is a named miss with its reason in its engine's file.
+BEYOND_15 = {"vllm-0.29.0-l4-gpt-oss-20b", "vllm-0.27.1-rtx4090-wsl2-qwen25-1.5b-gmu030-shared"}
 
 
 def errors() -> dict[str, float]:

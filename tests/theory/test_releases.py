@@ -88,10 +88,12 @@ def test_a_rule_is_keyed_by_the_release_that_changed_it():
     from kvprobe.theory.vllm.memory_profile import RULES
 
     fields = [(r.gpu_memory_utilization, r.requested_ceil, r.cudagraph, r.sampler, r.snapshot_after_distributed,
-               r.warms_native, r.v2_runner_no_graph_estimate, r.v2_sampler) for r in RULES if not r.legacy]
+               r.warms_native, r.v2_runner_no_graph_estimate, r.v2_sampler, r.counts_consumed)
+              for r in RULES if not r.legacy]
     assert all(a != b for a, b in zip(fields, fields[1:], strict=False)), "two consecutive rules say the same"
     assert [r.release for r in RULES] == ["0.9.2", "0.10.1.1", "0.11.0", "0.11.1", "0.14.0", "0.17.0", "0.18.0",
-                                          "0.20.0", "0.21.0", "0.25.0", "0.26.0", "0.29.0", "0.33.0"]
+                                          "0.20.0", "0.21.0", "0.25.0", "0.26.0", "0.27.0", "0.29.0",
+                                          "0.33.0"]
     assert all(r.sources for r in RULES)
 
 

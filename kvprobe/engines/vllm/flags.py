@@ -61,13 +61,16 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enable-expert-parallel", None, False, "place the MoE experts whole over the TP x DP ranks (expert "
          "parallelism) instead of splitting each by TP", negatable=True, emulated=False,
          ledger="enable_expert_parallel"),
+    # gpu_worker.py (0.18.1 L397-399, 0.33.0 the same): no graph profiled in the memory window, none captured
+    Flag("enforce-eager", None, False, "no CUDA graphs: none profiled or captured, no graph memory "
+         "(and less non-torch memory) before the KV pool", emulated=False, ledger="enforce_eager"),
 )}
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.
 OTHER_FLAGS = (
     "max-num-scheduled-tokens", "long-prefill-token-threshold",
     "scheduling-policy", "prefill-schedule-interval", "max-num-queued-reqs",
-    "max-num-queued-tokens", "enforce-eager", "disable-hybrid-kv-cache-manager",
+    "max-num-queued-tokens", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
     "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)

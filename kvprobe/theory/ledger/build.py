@@ -141,7 +141,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
         auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts,
-        gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH, gpu_sms=inputs.gpu_sms)
+        gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH, gpu_sms=inputs.gpu_sms, enforce_eager=inputs.enforce_eager)
     groups, not_modelled = (), None
     if bud.plan is not None:
         try:

@@ -40,6 +40,7 @@ class LedgerInputs:
     pp: int = 1
     dp: int = 1
     enable_expert_parallel: bool = False  # vLLM --enable-expert-parallel: experts whole over TP x DP ranks
+    enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs profiled or captured
     num_gpu_blocks_override: int | None = None
     max_total_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None

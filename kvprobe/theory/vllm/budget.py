@@ -32,6 +32,7 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions
 from kvprobe.theory.vllm.memory_profile import (
     ProfileRules,
     graph_estimate_is_zero,
+    graphs_profiled,
     non_torch_bytes,
     profile_rules,
     sampler_warmup_bytes,
@@ -231,7 +232,7 @@ class MemorySplit:
 def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: int | None, fraction: float,
                       version: str | None, max_num_seqs: int, max_num_batched_tokens: int, tp: int = 1, pp: int = 1,
                       estimates: dict[str, int] | None = None, gpu_arch: str = "sm90",
-                      gpu_sms: int | None = None) -> MemorySplit:
+                      gpu_sms: int | None = None, enforce_eager: bool = False) -> MemorySplit:
     """The memory profile of `version` (`memory_profile.profile_rules`): the ledger's budget and the
     shadow worker's `determine_available_memory` (kvprobe/targets/shadow/vllm/kvspec.py) both size
     the pool here, so a shadow with a declared GPU checks the ledger's arithmetic end to end."""
@@ -242,7 +243,8 @@ def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: in
     used: dict[str, int] = {}
     other = estimates.get("other_bytes")
     if other is None:
-        other = non_torch_bytes(rules, tp=tp, pp=pp)
+        other = non_torch_bytes(rules, tp=tp, pp=pp,
+                                graphs_profiled=graphs_profiled(rules, geom, enforce_eager=enforce_eager))
         other = used["other_bytes"] = estimate_vllm_other_bytes(tp=tp, pp=pp) if other is None else other
     act = estimates.get("activation_bytes")
     if act is None:
@@ -250,8 +252,8 @@ def vllm_memory_split(geom: ModelGeometry, *, weights: int, gpu_memory_bytes: in
             geom, rules, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, tp=tp, pp=pp,
             gpu_arch=gpu_arch, gpu_sms=gpu_sms)
     graph = estimates.get("cudagraph_bytes")
-    if graph is None:
-        graph = used["cudagraph_bytes"] = 0 if graph_estimate_is_zero(rules, geom) else \
+    if graph is None:  # --enforce-eager: no graph profiled, none captured (gpu_worker.py, 0.18.1 L398)
+        graph = used["cudagraph_bytes"] = 0 if enforce_eager or graph_estimate_is_zero(rules, geom) else \
             estimate_vllm_cudagraph_bytes(geom, max_num_seqs=max_num_seqs)
     requested = None
     if gpu_memory_bytes is not None:
@@ -266,7 +268,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False,
                 refuse: bool = True, plan_opts: VllmOptions | None = None, gpu_arch: str = "sm90",
-                gpu_sms: int | None = None) -> VllmBudget:
+                gpu_sms: int | None = None, enforce_eager: bool = False) -> VllmBudget:
     """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
 
     Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
@@ -301,7 +303,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     split = vllm_memory_split(geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=fraction,
                               version=version, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp, estimates=estimates,
-                              gpu_arch=gpu_arch, gpu_sms=gpu_sms)
+                              gpu_arch=gpu_arch, gpu_sms=gpu_sms, enforce_eager=enforce_eager)
     weights, other, act, graph, used = split.weights, split.other, split.activation, split.cudagraph, split.used
 
     requested = upper = upper_blocks = upper_tokens = None
@@ -327,13 +329,14 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                           "--kv-cache-memory-bytes or --num-gpu-blocks-override)", key="gpu_memory")
     else:
         num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
+    described = rules.describe() + ("; --enforce-eager: no CUDA graphs profiled or captured" if enforce_eager else "")
     if geom.layers.hybrid:
         return _hybrid_budget(geom, plan_opts, max_model_len, auto_fit, refuse, num_gpu_blocks_override,
                               kv_pool, VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None
                                                   else None, requested, weights, other, act, graph, kv_pool,
                                                   upper, bytes_per_block, num_blocks, upper_blocks, block, 0,
                                                   upper_tokens, max_model_len, 0.0, True, source, used,
-                                                  rules=rules.describe(),
+                                                  rules=described,
                                                   cudagraph_subtracted=rules.cudagraph == "subtracted"))
     refusal = None
     try:
@@ -352,7 +355,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
-                      source, used, refusal, max(0, (num_blocks - 1) * block), rules=rules.describe(),
+                      source, used, refusal, max(0, (num_blocks - 1) * block), rules=described,
                       cudagraph_subtracted=rules.cudagraph == "subtracted")
 
 

@@ -58,6 +58,9 @@ class ProfileRules:
     # "logits" the logits alone (no copy for its greedy dummy requests); "" not the V2 runner's (V1's rule)
     v2_sampler: str = ""
     v2_runs_every_model: bool = False  # 0.29.0: every model takes the V2 runner (not only the dense ones)
+    # 0.27.0: the non-KV memory is the free memory consumed since the init snapshot (weights, non-torch and
+    # torch's cached blocks), the graphs profiled after the window (`non_torch_bytes`)
+    counts_consumed: bool = False
     legacy: bool = False  # kvprobe's own 0.33.0 estimates, unchanged
     sources: tuple[str, ...] = ()
 
@@ -112,8 +115,15 @@ _V0260 = replace(
              "when _requires_logits_processing, false for the default (greedy) states: the V2 dummy sampler "
              "holds the model-dtype logits alone (model_runner.py _dummy_sampler_run: 0.26.0 L654-665, "
              "0.27.1 L683-694, 0.28.0 L771-782)"))
+# 0.27.0: total_consumed = before_create.free - after_profile.free (utils/mem_utils.py L317-326), and
+# profile_cudagraph_memory after the window (v1/worker/gpu_worker.py L500-517); 0.26.0 measured
+# non_torch_increase with the graph profile inside it (L484-513)
+_V0270 = replace(
+    _V0260, release="0.27.0", counts_consumed=True,
+    sources=(*_V0260.sources, "utils/mem_utils.py L317-326 (0.27.0): total_consumed = before_create.free - "
+             "after_profile.free; v1/worker/gpu_worker.py L500-526: profile_cudagraph_memory after the window"))
 _V0290 = replace(
-    _V0210, release="0.29.0", v2_sampler="logits", v2_runs_every_model=True,
+    _V0210, release="0.29.0", v2_sampler="logits", v2_runs_every_model=True, counts_consumed=True,
     sources=("v1/worker/gpu/model_runner.py L896-898 profile_cudagraph_memory: the V2 runner estimates "
              "graph memory (_profile_cudagraph_memory), as V1 does; otherwise 0.21.0's rules",
              "config/vllm.py L645-676 use_v2_model_runner: every model takes the V2 runner unless "
@@ -180,6 +190,7 @@ RULES: tuple[ProfileRules, ...] = (
     _V0210,
     _V0250,
     _V0260,
+    _V0270,
     _V0290,
     ProfileRules(
         "0.33.0", 0.92, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
@@ -271,27 +282,42 @@ def _sampling_path_bytes(path: str, rows: int, geom: ModelGeometry, sms: int) ->
 
 # Non-torch memory counted by releases whose init snapshot follows CUDA and NCCL init: not the CUDA
 # context (it is in the snapshot), only what the driver, NCCL and the kernels' modules add during
-# load and profiling. Not in vLLM's source (driver and NCCL allocations): the corpus of real H100
-# start-up logs (tests/data/gpu_logs/, vLLM 0.19.0) logs 0.24-0.27 GiB with one rank per model copy
-# (9 runs) and 2.07-2.21 GiB at TP 2 and 4 (7 runs: NCCL's NVLink-switch buffers). Override with
+# load and profiling. Its size is not in vLLM's source (driver and NCCL allocations); where it is
+# measured is: the window closes after profile_run alone up to 0.17.x (0.17.1 gpu_worker.py L386-393),
+# and from 0.18.0 after profile_cudagraph_memory too, which captures graphs on a scratch KV cache and
+# frees them (0.18.1 L384-399, 0.19.1 L366-391, 0.26.0 L484-506), skipped under --enforce-eager and a
+# no-op where the V2 runner estimates nothing (graph_estimate_is_zero); from 0.27.0 the term is the
+# free memory consumed since the snapshot less the weights (ProfileRules.counts_consumed). The corpus
+# of real start-up logs (tests/data/gpu_logs/) prints the term: one rank that profiles graphs in the
+# window, 0.24-0.27 GiB (vLLM 0.19.0 on H100, 9 runs); one that does not, 0.08 GiB (0.26.0's V2 runner
+# on an A40, 4 runs); 0.27.1's consumed memory less the weights, 0.30 GiB (an RTX 4090, no graphs);
+# 2.07-2.21 GiB at TP 2 and 4 (7 runs: NCCL's NVLink-switch buffers). Override with
 # estimates["other_bytes"].
 NON_TORCH_ONE_RANK = 256 * MIB
+NON_TORCH_ONE_RANK_NO_GRAPHS = 80 * MIB
 NON_TORCH_TP = 2112 * MIB  # 2.06 GiB
 
 
-def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int) -> int | None:
+def non_torch_bytes(rules: ProfileRules, *, tp: int, pp: int, graphs_profiled: bool = True) -> int | None:
     """The non-torch increase these rules count, or None where kvprobe's own estimate stands.
 
     Every release read takes its init snapshot after the CUDA context exists (gpu_worker.py init_device:
-    set_device and empty_cache first), so one rank without NCCL counts the same small increase in all
-    of them. Where the snapshot precedes init_worker_distributed_environment (0.10.1.1) NCCL's buffers
-    are counted too, and their size is the transport's (NVLink switch, PCIe, Ray across nodes: not in
-    vLLM's source): kvprobe's own estimate stands there."""
+    set_device and empty_cache first), so one rank without NCCL counts a small increase in all of them:
+    larger where the profiling window also captures CUDA graphs (`graphs_profiled`). Where the snapshot
+    precedes init_worker_distributed_environment (0.10.1.1) NCCL's buffers are counted too, and their
+    size is the transport's (NVLink switch, PCIe, Ray across nodes: not in vLLM's source): kvprobe's own
+    estimate stands there."""
     if rules.legacy:
         return None
-    if tp == 1:
-        return NON_TORCH_ONE_RANK
+    if tp == 1:  # from 0.27.0 the term holds torch's cached blocks too (the RTX 4090 logs: 0.30 GiB, no graphs)
+        return NON_TORCH_ONE_RANK if graphs_profiled or rules.counts_consumed else NON_TORCH_ONE_RANK_NO_GRAPHS
     return NON_TORCH_TP if rules.snapshot_after_distributed else None
+
+
+def graphs_profiled(rules: ProfileRules, geom: ModelGeometry, *, enforce_eager: bool) -> bool:
+    """Does the release's profiling window capture CUDA graphs (`non_torch_bytes`)? From 0.18.0, unless
+    --enforce-eager or the V2 runner's estimate is nothing."""
+    return rules.cudagraph != "none" and not enforce_eager and not graph_estimate_is_zero(rules, geom)
 
 
 # vLLM requests total x gpu_memory_utilization and subtracts only its own process's increase (0.18.1 and 0.33.0

@@ -296,7 +296,8 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
     split = budget.vllm_memory_split(  # the ledger's own split, under the rules of the release running here
         geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=cc.gpu_memory_utilization,
         version=VLLM_VERSION, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
-        tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, estimates=estimates)
+        tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, estimates=estimates,
+        enforce_eager=bool(vllm_config.model_config.enforce_eager))
     graph = split.cudagraph if split.cudagraph_subtracted else 0
     detail = (f"requested {split.requested} (vLLM {VLLM_VERSION}: {gpu_memory_bytes} x {cc.gpu_memory_utilization}) "
               f"- weights {split.weights} - other {split.other} - activation {split.activation} - cudagraph {graph}")
