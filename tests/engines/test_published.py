@@ -64,7 +64,7 @@ def test_real_vllm_dev_server_info_gives_the_scheduler_limits():
             "gpu-memory-utilization": 0.92, "kv-cache-dtype": "auto", "kv-cache-memory-bytes": None,
             "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
             "data-parallel-size": 1, "max-model-len": 4096, "dtype": "bfloat16", "quantization": None,
-            "max-num-active-seqs": None, "enable-expert-parallel": False}
+            "max-num-active-seqs": None, "enable-expert-parallel": False, "enforce-eager": False}
     assert rep.flags == want
     # every published flag is one an expectation can write, under the same name
     assert set(rep.flags) <= set(vllm.FLAGS)

@@ -24,7 +24,8 @@ SERVER_INFO_FLAGS = {
     "parallel_config": {"tensor_parallel_size": "tensor-parallel-size",
                         "pipeline_parallel_size": "pipeline-parallel-size",
                         "data_parallel_size": "data-parallel-size", "enable_expert_parallel": "enable-expert-parallel"},
-    "model_config": {"max_model_len": "max-model-len", "dtype": "dtype", "quantization": "quantization"},
+    "model_config": {"max_model_len": "max-model-len", "dtype": "dtype", "quantization": "quantization",
+                     "enforce_eager": "enforce-eager"},
 }
 
 
@@ -42,7 +43,7 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
     the real dump has many more fields, and `vllm_env` / `system_env` beside it)."""
     return {"vllm_config": {
         "model_config": {"model": model, "tokenizer": model, "dtype": "torch.bfloat16", "max_model_len": max_model_len,
-                         "served_model_name": served_model_name, "quantization": None},
+                         "served_model_name": served_model_name, "quantization": None, "enforce_eager": False},
         "cache_config": {"block_size": block_size, "user_specified_block_size": user_specified_block_size,
                          "gpu_memory_utilization": gpu_memory_utilization, "cache_dtype": "auto",
                          "num_gpu_blocks_override": num_gpu_blocks_override,
