@@ -62,8 +62,6 @@ def held_past_burst(pr: ProbeRun, users: int, t_start: float):
         hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + HEALTH_PERIOD))
 
 
-
-
 def hold_level(target, load, *, until: float) -> None:
     """Wait out a level, failing fast when the engine or Locust dies."""
     while (left := until - time.time()) > 0:
