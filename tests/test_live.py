@@ -69,11 +69,11 @@ def capped_loop(levels: list[tuple[int, float, float]], cap: int, now: float) ->
     written by `now`. `levels`: (users, t_start, t_end); a level's new users join at its start."""
     import heapq
 
-    events, records, running, queue = [], [], 0, []
+    events, records, running, queue, joined = [], [], 0, [], 0
     for users, t0, _ in levels:
-        have = sum(1 for e in events if e[1] == "send")
-        for _ in range(users - have):
+        for _ in range(users - joined):
             heapq.heappush(events, (t0, "send", t0))
+        joined = users
     end = levels[-1][2]
     while events:
         t, kind, sent = heapq.heappop(events)

@@ -234,13 +234,8 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
             # the plateau with this level as held so far: hold while the verdict is unsettled and
             # this level still narrows it; an unconfirmed plateau needs another deep level instead
             rejection = _plan_rejection(pr, extra=stats)
-            if _settled(pr, rejection, allowance) or not rejection.confirmed:
-                if past_burst.ends(window):
-                    return window
-                continue
-            halves.append((now, rejection.uncertainty or float("inf")))
-            if not _narrowing(halves, least) and past_burst.ends(window):
-                return window  # the scatter between levels dominates: a new deep level narrows it, this one no more
+            if _plateau_served(pr, rejection, allowance, halves, now, least) and past_burst.ends(window):
+                return window
             continue
         if _reads_streams(pr):
             if now - streams_read >= HEALTH_PERIOD:  # a read of every record so far: once a health period
@@ -258,16 +253,21 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
 
 def _streams_settle(pr: ProbeRun, window, allowance: float, halves: list, least: float) -> bool:
     """May a saturated level of a ramp that reads the streams end? Once its written steady part spans
-    the least steady window: when the verdict is settled, the plateau still needs another deep level,
-    or this level no longer narrows it (as `_hold_adaptive` reads an exact gauge)."""
+    the least steady window, as `_hold_adaptive` reads an exact gauge (`_plateau_served`)."""
     levels = _streams_view(pr, window)
     mine = levels[-1] if levels and levels[-1].t_start == window.t_start else None
     if mine is None or mine.t_end - window_start(window, pr.exp.profile.hold.warmup) < least:
         return False  # this level's streams are not written far enough yet
-    rejection = plateau.find_rejection_point(levels)
+    return _plateau_served(pr, plateau.find_rejection_point(levels), allowance, halves, window.t_end, least)
+
+
+def _plateau_served(pr: ProbeRun, rejection, allowance: float, halves: list, now: float, least: float) -> bool:
+    """Has a saturated level held so far done what it can for the plateau? The verdict is settled, the
+    plateau needs another deep level instead (unconfirmed), or the scatter between levels dominates:
+    its half-width, recorded in `halves`, stopped narrowing over the last `least` seconds."""
     if _settled(pr, rejection, allowance) or not rejection.confirmed:
         return True
-    halves.append((window.t_end, rejection.uncertainty or float("inf")))
+    halves.append((now, rejection.uncertainty or float("inf")))
     return not _narrowing(halves, least)
 
 
