@@ -18,7 +18,8 @@ its load's stop, and every other lane test (and one marked `holds_the_turn`: it 
 clock around its probe, which a wait for the turn would spend) holds it throughout, but for those
 that drive no load at all (WAITS_WITHOUT_LOAD); the other lane's engine starts and drains meanwhile.
 A test marked `needs_a_quiet_machine` (a real server streaming requests of a second or two: an
-engine starting beside it makes it burst) runs while the other lane runs nothing.
+engine starting beside it makes it burst) has its probes load while the other lane runs nothing;
+its engines start beside the other lane's loads.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.load.turns import TURN_ENV, TURN_LOG_ENV, load_turn, log_hold, machine_lock
+from kvprobe.load.turns import QUIET_ENV, TURN_ENV, TURN_LOG_ENV, load_turn, log_hold, machine_lock
 from tests import suite_timeline
 
 pytest_plugins = ["pytester"]
@@ -168,23 +169,45 @@ def pytest_runtest_protocol(item, nextitem):
     # module's engine (a module-scoped server fixture) starts in its first test's setup and stops in
     # its last one's teardown, before and after any function fixture. Held from a fixture, it let the
     # other lane start two SGLang shadows while a quiet test ramped (CI: loop lag 20.4 ms at N=37).
-    # A quiet test holds it exclusively over its whole protocol. (Held by its probes alone, from
-    # their calibration to their load's stop, with the test itself holding nothing, a quiet test of
-    # the other lane started its vLLM shadow beside an SGLang hybrid probe: loop lag 16.3 ms > 16.1 ms
-    # in a clean clone. Two quiet tests, one per lane, each holding its own lane's lock while its
-    # probe waits for the other's, would deadlock.)
+    # A quiet test holds it shared over its setup and teardown (below), and its probes hold it
+    # themselves (kvprobe.load.turns.machine_share, with QUIET_ENV): shared from their launch to their
+    # close, exclusively from their calibration to their load's stop. (Held exclusively by the test
+    # over its whole protocol, each quiet test's engine started on an idle machine, and the lane
+    # before it finished its test, engine start included, on an idle one: 3.9 min of a 29.1-min run
+    # with one lane alone, 4.0 with the turn idle. Held by its probes alone, exclusively, with no
+    # shared hold over their engine's start, a quiet test of the other lane started its vLLM shadow
+    # beside an SGLang hybrid probe: loop lag 16.3 ms > 16.1 ms in a clean clone.)
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         yield
         return
-    quiet = item.get_closest_marker("needs_a_quiet_machine") is not None
+    quiet = _quiet(item)
     asked = time.time()
-    with machine_lock(os.environ[TURN_ENV], exclusive=quiet, seconds=QUIET_WAIT_SECONDS) as had:
+    with contextlib.nullcontext(True) if quiet else _machine_shared(item) as had:
         if not had:
             item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
         start = time.time()
         yield
-    # the lane test's span (alone on the machine when quiet), for the run's timeline
-    log_hold("quiet" if quiet else "lane", start, time.time(), start - asked, who=item.nodeid)
+    # the lane test's span, for the run's timeline (its probes log their time alone themselves)
+    log_hold("lane", start, time.time(), start - asked, who=item.nodeid)
+
+
+def _quiet(item) -> bool:
+    return item.get_closest_marker("needs_a_quiet_machine") is not None
+
+
+def _machine_shared(item):
+    return machine_lock(os.environ[TURN_ENV], exclusive=False, seconds=QUIET_WAIT_SECONDS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # a quiet test's teardown (a module's engine stops there) shares the machine as every lane test does
+    with _machine_shared(item) if _quiet_in_a_lane(item) else contextlib.nullcontext():
+        yield
+
+
+def _quiet_in_a_lane(item) -> bool:
+    return bool(os.environ.get(TURN_ENV)) and serial(item.config.rootpath, item.nodeid) and _quiet(item)
 
 
 _QUIET_MISSED = pytest.StashKey[str]()
@@ -192,12 +215,14 @@ _QUIET_MISSED = pytest.StashKey[str]()
 
 def turn_mode(item) -> str | None:
     """How a lane test takes the load turn: "whole" (held from its setup to its teardown; its probes
-    take none; a quiet test too: it has the machine to itself), "probes" (each of its probes holds it
-    while it loads), None (it drives no load, or runs in no lane)."""
+    take none), "probes" (each of its probes holds it while it loads; a quiet test's, the machine to
+    itself too), None (it drives no load, or runs in no lane)."""
     path = item.nodeid.split("::", 1)[0]
     if not os.environ.get(TURN_ENV) or not serial(item.config.rootpath, item.nodeid):
         return None
-    if any(item.get_closest_marker(m) is not None for m in ("needs_a_quiet_machine", "holds_the_turn")):
+    if _quiet(item):
+        return "probes"
+    if item.get_closest_marker("holds_the_turn") is not None:
         return "whole"
     if path in WAITS_WITHOUT_LOAD:
         return None
@@ -207,12 +232,16 @@ def turn_mode(item) -> str | None:
 @pytest.fixture(autouse=True)
 def _load_turn(request, monkeypatch):
     """A lane test whose load is not only its probes' holds the load turn throughout (and its
-    probes, inside it, take none). Its machine lock (pytest_runtest_protocol) is held by then:
-    shared by every lane test, alone by one marked `needs_a_quiet_machine`, so the other lane
-    finishes its test and waits."""
+    probes, inside it, take none). Its machine lock (pytest_runtest_protocol) is held by then,
+    shared; a test marked `needs_a_quiet_machine` has its probes take the machine to themselves
+    (QUIET_ENV: they hold it shared from their launch, so the other lane's quiet probes wait for
+    their engine to start, and exclusively while they load, so the other lane finishes its test and
+    waits)."""
     if _QUIET_MISSED in request.node.stash:
         pytest.fail(request.node.stash[_QUIET_MISSED])
     mode = turn_mode(request.node)
+    if mode == "probes" and _quiet(request.node):
+        monkeypatch.setenv(QUIET_ENV, "1")
     with load_turn() if mode == "whole" else contextlib.nullcontext():
         if mode == "whole":
             monkeypatch.delenv(TURN_ENV)
@@ -222,6 +251,7 @@ def _load_turn(request, monkeypatch):
 QUIET_WAIT_SECONDS = 1800  # the other lane's longest test (the vLLM repro chain: under 4 minutes) and more
 
 
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     # a worker's unit tests yield the cores to the lanes running beside them (the priority holds
     # for the rest of the worker's life: a lane, handed out first, has run on its worker before
@@ -229,6 +259,9 @@ def pytest_runtest_setup(item):
     if os.environ.get("PYTEST_XDIST_WORKER") and not serial(item.config.rootpath, item.nodeid):
         if os.getpriority(os.PRIO_PROCESS, 0) < YIELDING_NICE:
             os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICE)
+    # a quiet test's setup (a module's engine may start there) shares the machine as every lane test does
+    with _machine_shared(item) if _quiet_in_a_lane(item) else contextlib.nullcontext():
+        yield
 
 
 def add_figure(node: pytest.Item, line: str) -> None:

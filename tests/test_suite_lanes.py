@@ -95,7 +95,7 @@ class _Item:
 
 
 @pytest.mark.parametrize(("nodeid", "quiet", "holds", "mode"), [
-    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, "whole"),  # and the machine to itself
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, "probes"),  # each the machine to itself too
     ("tests/shadow/test_vllm_e2e.py::test_x", False, False, "probes"),
     ("tests/probe/test_probe_e2e.py::test_x", False, True, "whole"),
     ("tests/load/test_load_run.py::test_x", False, False, "whole"),  # Locust of its own
@@ -123,13 +123,13 @@ def _quiet_lock_held(tmp_path, mode) -> bool:
 
 @pytest.mark.parametrize(("nodeid", "quiet", "blocks_shared", "blocks_exclusive"), [
     ("tests/shadow_sglang/test_usage_gauge.py::test_x", False, False, True),
-    ("tests/shadow/test_vllm_e2e.py::test_x", True, True, True),
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, False, False),  # its probes hold it (kvprobe.load.turns)
     ("tests/theory/test_ledger.py::test_x", False, False, False),  # no lane: no lock
 ])
 def test_the_machine_lock_spans_the_whole_protocol(nodeid, quiet, blocks_shared, blocks_exclusive,
                                                   tmp_path, monkeypatch, pytestconfig):
-    """Held from before the item's setup (a module's server fixture starts there) to after its
-    teardown: shared, or exclusively by a quiet test."""
+    """Held shared from before the item's setup (a module's server fixture starts there) to after its
+    teardown; a quiet test's probes take it themselves."""
     monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
     monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
     hook = conftest.pytest_runtest_protocol(_Item(pytestconfig, nodeid, quiet), None)
@@ -139,3 +139,32 @@ def test_the_machine_lock_spans_the_whole_protocol(nodeid, quiet, blocks_shared,
     with pytest.raises(StopIteration):
         next(hook)
     assert not _quiet_lock_held(tmp_path, fcntl.LOCK_EX)
+
+
+@pytest.mark.parametrize("phase", ["pytest_runtest_setup", "pytest_runtest_teardown"])
+@pytest.mark.parametrize(("nodeid", "quiet", "held"), [
+    ("tests/shadow/test_vllm_e2e.py::test_x", True, True),  # a module's engine may start or stop there
+    ("tests/shadow/test_vllm_e2e.py::test_x", False, False),  # its protocol's hold covers it already
+    ("tests/theory/test_ledger.py::test_x", True, False),  # no lane
+])
+def test_a_quiet_tests_setup_and_teardown_share_the_machine(phase, nodeid, quiet, held, tmp_path, monkeypatch,
+                                                            pytestconfig):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
+    monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
+    item = _Item(pytestconfig, nodeid, quiet)
+    hook = getattr(conftest, phase)(item, None) if phase.endswith("teardown") else conftest.pytest_runtest_setup(item)
+    next(hook)
+    assert _quiet_lock_held(tmp_path, fcntl.LOCK_EX) == held
+    assert not _quiet_lock_held(tmp_path, fcntl.LOCK_SH)
+    with pytest.raises(StopIteration):
+        next(hook)
+    assert not _quiet_lock_held(tmp_path, fcntl.LOCK_EX)
+
+
+def test_every_quiet_test_loads_through_its_probes():
+    # a quiet test has the machine to itself only while its probes load (kvprobe.load.turns
+    # machine_share): load of its own would run beside the other lane's engines starting
+    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                    if "mark.needs_a_quiet_machine" in p.read_text(encoding="utf-8") and p != Path(__file__))
+    assert "tests/shadow/test_vllm_e2e.py" in marked and "tests/fleet/test_fleet_e2e.py" in marked
+    assert [p for p in marked if p not in conftest.PROBES_TAKE_TURNS] == []

@@ -14,7 +14,10 @@ waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the h
 
 A harness that must keep other work from starting beside a test (its engines, say) holds the lock
 beside the turn's file (`machine_lock`): shared by every piece of work, exclusively by the one that
-needs the machine to itself (the test suite's quiet tests, tests/conftest.py).
+needs the machine to itself. A probe that needs it to itself while it loads (requests so short that
+an engine starting beside it lags its client: KVPROBE_LOAD_TURN_QUIET=1 beside the turn) holds that
+lock shared from its launch to its close (`machine_share`: no such probe of another lane ramps beside
+its engine starting), and exclusively over its turn; its engine starts beside the others' loads.
 
 With KVPROBE_LOAD_TURN_LOG naming a file, every hold appends one JSON line (`log_hold`): when it was
 had and let go, how long it was waited for, and by whom. The suite reads it to say where its wall
@@ -34,40 +37,91 @@ from kvprobe.errors import ProbeError
 
 TURN_ENV = "KVPROBE_LOAD_TURN"
 TURN_LOG_ENV = "KVPROBE_LOAD_TURN_LOG"
+QUIET_ENV = "KVPROBE_LOAD_TURN_QUIET"
 # The longest another probe's load phase lasts: its profile's budget (the shipped ones: at most
 # 10 minutes) and Locust's stop. A turn not had by then is a holder that hangs.
 TURN_WAIT_SECONDS = 1200.0
 TURN_BOOST = 5  # nice levels: a weight of about 3:1 over a process at the machine's own priority
 _POLL_SECONDS = 0.1
+_shared: list[int] = []  # the machine lock's descriptor a quiet probe holds shared (machine_share)
 
 
 @contextmanager
 def load_turn(*, log: Callable[[str], None] | None = None, path: str | None = None,
               wait_seconds: float = TURN_WAIT_SECONDS) -> Iterator[float]:
     """Hold the load turn (the lock file `path`, or $KVPROBE_LOAD_TURN; none: no turn) while the
-    block runs; yields the seconds waited for it."""
+    block runs, and the machine to itself too inside `machine_share`; yields the seconds waited."""
     path = path if path is not None else os.environ.get(TURN_ENV)
     if not path:
         yield 0.0
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        waited = _acquire(fd, path, log=log, wait_seconds=wait_seconds)
+    with _alone(path, log=log, wait_seconds=wait_seconds) as alone:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            before = _boost()
-            had = time.time()
+            waited = alone + _acquire(fd, path, log=log, wait_seconds=wait_seconds)
             try:
-                yield waited
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                before = _boost()
+                had = time.time()
+                try:
+                    yield waited
+                finally:
+                    if before is not None:  # a thread may raise its own nice value back without privilege
+                        os.setpriority(os.PRIO_PROCESS, 0, before)
+                    log_hold("turn", had, time.time(), waited)
             finally:
-                if before is not None:  # a thread may raise its own nice value back without privilege
-                    os.setpriority(os.PRIO_PROCESS, 0, before)
-                log_hold("turn", had, time.time(), waited)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+@contextmanager
+def machine_share(*, path: str | None = None) -> Iterator[bool]:
+    """A quiet probe's hold of the machine lock beside the turn's file, shared, over the block (its
+    launch to its close); `load_turn` inside it takes that lock exclusively while it loads. Outside a
+    quiet probe (no $KVPROBE_LOAD_TURN_QUIET, or no turn) nothing is held; yields whether it is."""
+    path = path if path is not None else os.environ.get(TURN_ENV)
+    if not path or os.environ.get(QUIET_ENV) != "1" or _shared:
+        yield False
+        return
+    fd = os.open(path + ".quiet", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _enter(path, fd, fcntl.LOCK_SH, seconds=TURN_WAIT_SECONDS):
+            raise ProbeError(f"waited {TURN_WAIT_SECONDS:.0f} s for the machine lock ({path}.quiet): a probe "
+                             "that has the machine to itself has not stopped its load")
+        _shared.append(fd)
+        try:
+            yield True
+        finally:
+            _shared.remove(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _alone(path: str, *, log, wait_seconds: float) -> Iterator[float]:
+    """Inside `machine_share`: its shared hold let go, the machine had exclusively (through `.want`,
+    as every exclusive holder) for the block, then shared again; yields the seconds waited."""
+    if not _shared:
+        yield 0.0
+        return
+    fd = _shared[-1]
+    fcntl.flock(fd, fcntl.LOCK_UN)  # a shared hold kept while waiting would deadlock two quiet probes
+    asked = time.monotonic()
+    had = _enter(path, fd, fcntl.LOCK_EX, seconds=wait_seconds)
+    if not had:
+        raise ProbeError(f"waited {wait_seconds:.0f} s for the machine to itself ({path}.quiet): the work beside "
+                         "this probe has not finished")
+    waited, start = time.monotonic() - asked, time.time()
+    if log is not None and waited > 1:
+        log(f"kvprobe: waited {waited:.0f} s for the machine to itself ({QUIET_ENV})")
+    try:
+        yield waited
+    finally:
+        log_hold("quiet", start, time.time(), waited)
+        # shared again until the probe closes: its drain and its engine's stop stay out of another quiet ramp
+        flock_within(fd, fcntl.LOCK_SH, seconds=wait_seconds)
 
 
 @contextmanager
@@ -77,23 +131,23 @@ def machine_lock(base: str, *, exclusive: bool, seconds: float) -> Iterator[bool
     `base`.want, which each shared holder passes through on its way in, so shared holders arriving one
     after another (a harness starts its next test milliseconds after the last) cannot keep it
     forever. Yields whether it was had within `seconds` (a caller that cannot raise decides)."""
-    want = os.open(base + ".want", os.O_RDWR | os.O_CREAT, 0o644)
     quiet = os.open(base + ".quiet", os.O_RDWR | os.O_CREAT, 0o644)
-    end = time.monotonic() + seconds
-    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-
-    def within(fd: int) -> bool:
-        return flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is not None
-
     try:
-        had = within(want) and within(quiet)
-        os.close(want)  # closing a descriptor releases its lock
-        want = None
-        yield had
+        yield _enter(base, quiet, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, seconds=seconds)
     finally:
-        for fd in (want, quiet):
-            if fd is not None:
-                os.close(fd)
+        os.close(quiet)  # closing a descriptor releases its lock
+
+
+def _enter(base: str, quiet: int, mode: int, *, seconds: float) -> bool:
+    """Lock `quiet` (the descriptor of `base`.quiet) in `mode`, passing through `base`.want in the same
+    mode, within `seconds`: whether it was had."""
+    end = time.monotonic() + seconds
+    want = os.open(base + ".want", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        return all(flock_within(fd, mode, seconds=max(0.0, end - time.monotonic())) is not None
+                   for fd in (want, quiet))
+    finally:
+        os.close(want)
 
 
 def _acquire(fd: int, path: str, *, log, wait_seconds: float) -> float:

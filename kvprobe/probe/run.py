@@ -6,7 +6,8 @@ run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it 
 console, the pytest plugin and the tests all enter through `run_probe(exp, options) -> ProbeResult`.
 Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the
 sampler and the engine it started, and writes what it has. From the request timed alone to the
-load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns). The
+load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns; a quiet
+probe also the machine to itself, and the machine shared from its launch to its close). The
 target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
 the steps do not ask which. The result and options live in `probe.result`, the calibration in
 `probe.calibrate`, the load steps in `probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
@@ -14,13 +15,14 @@ the steps do not ask which. The result and options live in `probe.result`, the c
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError, TargetError
-from kvprobe.load.turns import load_turn
+from kvprobe.load.turns import load_turn, machine_share
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
@@ -153,15 +155,17 @@ def close(pr: ProbeRun) -> None:
 def run_probe(exp, options: ProbeOptions) -> ProbeResult:
     """Run one probe end to end. Never raises for a failed check; raises KvprobeError for bad input."""
     pr = begin(exp, options)
-    try:
-        drive(pr)
-    except ConfigError as err:  # bad input (a refused API key, the other engine): written, then the caller's
-        record_error(pr, err)
-        raise
-    except KvprobeError as err:
-        record_error(pr, err)
-    finally:
-        close(pr)
+    with contextlib.ExitStack() as machine:  # a quiet probe's share of the machine, to its engine's stop
+        try:
+            machine.enter_context(machine_share())
+            drive(pr)
+        except ConfigError as err:  # bad input (a refused API key, the other engine): written, then the caller's
+            record_error(pr, err)
+            raise
+        except KvprobeError as err:
+            record_error(pr, err)
+        finally:
+            close(pr)
     return pr.result
 
 

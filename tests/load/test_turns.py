@@ -4,6 +4,8 @@ bounded and names its holder, and a holder that dies passes it on."""
 from __future__ import annotations
 
 import fcntl
+import itertools
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import time
 import pytest
 
 from kvprobe.errors import ProbeError
-from kvprobe.load.turns import TURN_BOOST, TURN_ENV, holder, load_turn, machine_lock
+from kvprobe.load.turns import QUIET_ENV, TURN_BOOST, TURN_ENV, holder, load_turn, machine_lock, machine_share
 
 
 def test_without_the_variable_there_is_no_turn(monkeypatch):
@@ -139,3 +141,84 @@ def _held_within(path: str, mode: int, *, seconds: float) -> bool:
             os.close(fd)
         time.sleep(0.01)
     return False
+
+
+def _blocked(path: str, mode: int) -> bool:
+    """Is `path` locked against `mode` right now?"""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_a_quiet_probe_shares_the_machine_and_has_it_to_itself_while_it_loads(tmp_path, monkeypatch):
+    base = str(tmp_path / "turn")
+    quiet = base + ".quiet"
+    monkeypatch.setenv(TURN_ENV, base)
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    with machine_share() as held:  # not a quiet probe: nothing held, the turn alone
+        assert held is False and not _blocked(quiet, fcntl.LOCK_EX)
+        with load_turn():
+            assert not _blocked(quiet, fcntl.LOCK_EX) and _blocked(base, fcntl.LOCK_EX)
+    monkeypatch.setenv(QUIET_ENV, "1")
+    with machine_share() as held:
+        assert held is True
+        assert _blocked(quiet, fcntl.LOCK_EX) and not _blocked(quiet, fcntl.LOCK_SH)  # its engine starts
+        with load_turn():
+            assert _blocked(quiet, fcntl.LOCK_SH) and _blocked(base, fcntl.LOCK_EX)  # alone while it loads
+        assert _blocked(quiet, fcntl.LOCK_EX) and not _blocked(quiet, fcntl.LOCK_SH)  # its drain and stop
+    assert not _blocked(quiet, fcntl.LOCK_EX)
+
+
+_QUIET_PROBE = """
+import json, os, sys, time
+from kvprobe.load.turns import load_turn, machine_lock, machine_share
+name, log, base = sys.argv[1], sys.argv[2], os.environ["KVPROBE_LOAD_TURN"]
+
+def note(what):
+    with open(log, "a") as f:
+        f.write(json.dumps([name, what, time.monotonic()]) + "\\n")
+
+if name.startswith("quiet"):
+    with machine_share():
+        note("share")
+        time.sleep(0.3)  # its engine starting, beside the other's
+        with load_turn():
+            note("alone in"); time.sleep(0.3); note("alone out")
+else:  # another lane's test: the machine shared over it, the turn over its load
+    with machine_lock(base, exclusive=False, seconds=30):
+        note("lane in"); time.sleep(0.2)
+        with load_turn():
+            time.sleep(0.2)
+        note("lane out")
+"""
+
+
+def test_two_quiet_probes_and_a_lane_test_finish_and_never_load_beside_each_other(tmp_path):
+    """Both quiet probes hold the machine shared while they start, then both want it to themselves:
+    neither keeps its shared hold while it waits (or they would wait for each other for good), and
+    no quiet probe loads while another holds the machine."""
+    log = tmp_path / "log"
+    env = {**os.environ, TURN_ENV: str(tmp_path / "turn"), QUIET_ENV: "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _QUIET_PROBE, name, str(log)], env=env)
+             for name in ("quiet-a", "quiet-b", "lane")]
+    try:
+        assert [p.wait(60) for p in procs] == [0, 0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
+    notes = [json.loads(line) for line in log.read_text().splitlines()]
+    alone = {name: [t for n, what, t in notes if n == name and what.startswith("alone")] for name in ("quiet-a",
+                                                                                                      "quiet-b")}
+    lane = [t for n, what, t in notes if n == "lane"]
+    shares = [t for n, what, t in notes if what == "share"]
+    assert all(len(span) == 2 for span in alone.values()) and len(lane) == 2, notes
+    spans = sorted([*alone.values(), lane])
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans  # one after another
+    for start, end in alone.values():  # no probe's engine started while another had the machine
+        assert not [t for t in shares if start < t < end], notes
