@@ -40,8 +40,7 @@ def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
     ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.SECOND_LANE),
     ("tests/load/test_load_run.py::test_x", conftest.FIRST_LANE),
     ("tests/fleet/test_fleet_e2e.py::test_x", conftest.FIRST_LANE),
-    ("tests/shadow_env/test_hybrid_vllm_probe.py::test_x", conftest.SECOND_LANE),  # no sign needed
-    ("tests/shadow/test_vllm_release_pair.py::test_x", conftest.SECOND_LANE),
+    ("tests/shadow_env/test_hybrid_vllm_probe.py::test_x", conftest.FIRST_LANE),  # no sign needed
     ("tests/theory/test_real_vllm.py::test_x", None),   # named in SHARES_THE_CORES
     ("tests/shadow/test_vllm_planner.py::test_x", None),  # under ENGINE_DIRS, but named
     ("tests/test_spec.py::test_x", None),                # no sign

@@ -26,7 +26,7 @@ from tests.probe.conftest import TINY
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ENV = "KVPROBE_HARDENING_API_KEY"
-FAST = TINY.replace("levels: [10, 28, 32]", "levels: [10, 20, 28]").replace("drain_seconds: 6",
+FAST = TINY.replace("levels: [10, 28, 32, 36]", "levels: [10, 20, 28]").replace("drain_seconds: 6",
                                                                                           "drain_seconds: 3")
 assert FAST != TINY  # the fast profile really is faster
 

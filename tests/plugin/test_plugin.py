@@ -13,11 +13,11 @@ import yaml
 
 from tests.plugin.conftest import REPO, pgid_alive
 
-# One level well below the emulated limit of ~20 and two deep past it, as tests/probe/conftest.py's TINY
+# One level well below the emulated limit of ~20 and three deep past it, as tests/probe/conftest.py's TINY
 TINY_PROFILE = """
 name: tiny
 request: {prompt_tokens: 128, output_tokens: 32, stream: true}
-ramp: {strategy: explicit, levels: [12, 28, 32]}
+ramp: {strategy: explicit, levels: [12, 28, 32, 36]}
 hold: {seconds: 2.0, warmup: 0.3}
 sampling: {interval: 0.1}
 budget_seconds: 60

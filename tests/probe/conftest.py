@@ -13,14 +13,13 @@ from kvprobe.targets.launch import Target
 REPO = Path(__file__).resolve().parents[2]
 
 # Levels chosen around the emulated pools' limit of ~20 as the predict ramp places them: one well below
-# it (the hinge fit's duty cycle, step queueing) and two deep enough (N >= 20 / 0.9 + 2.2: a queue
-# that rarely empties) to confirm the plateau (analysis/plateau.py MIN_DEEP_LEVELS) and measure it to
-# within the expectations' ±1 request. Levels near the knee weigh nothing in the plateau
-# (docs/probe.md) and cost a hold each; so did a third deep level (2 s of every emulated probe's turn).
+# it (the hinge fit's duty cycle, step queueing) and three deep enough (N >= 20 / 0.9 + 2.2: a queue
+# that rarely empties) to measure the plateau to within the expectations' ±1 request. Levels near the
+# knee weigh nothing in the plateau (docs/probe.md) and cost a hold each.
 TINY = """
 name: tiny
 request: {prompt_tokens: 128, output_tokens: 32, stream: true}
-ramp: {strategy: explicit, levels: [10, 28, 32]}
+ramp: {strategy: explicit, levels: [10, 28, 32, 36]}
 hold: {seconds: 2.0, warmup: 0.3}
 sampling: {interval: 0.1}
 budget_seconds: 60

@@ -56,7 +56,7 @@ def test_measured_rejection_point_equals_prediction(expectation, tmp_path, group
     doc = json.loads(Path(result.artifacts["result"]).read_text())
     assert doc["schema"] == "kvprobe.result/2" and doc["verdict"]["passed"] is result.passed
     assert doc["verdict"]["status"] == ("passed" if result.passed else "failed")
-    assert [lv["users"] for lv in doc["levels"]] == [10, 28, 32]  # explicit: no level added
+    assert [lv["users"] for lv in doc["levels"]] == [10, 28, 32, 36]  # explicit: no level added
     # the first level's users started within a request lifetime of each other, spread (not one cohort)
     lines = Path(result.artifacts["requests"]).read_text().splitlines()
     sends = sorted(r["t_send"] for r in map(json.loads, lines) if r["kind"] == "request" and r["users"] == 10)[:10]
