@@ -5,12 +5,12 @@ renamed module in a lane nobody meant."""
 from __future__ import annotations
 
 import fcntl
-import os
 from pathlib import Path
 
 import pytest
 
 from tests import conftest
+from tests.locks import blocked
 
 ROOT = Path(__file__).resolve().parents[1]
 # how a test starts load: a probe (in-process, by the CLI, by the plugin) or Locust itself
@@ -111,14 +111,7 @@ def test_how_a_lane_test_takes_the_turn(nodeid, quiet, holds, mode, tmp_path, mo
 
 
 def _quiet_lock_held(tmp_path, mode) -> bool:
-    fd = os.open(str(tmp_path / "turn.quiet"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    return blocked(str(tmp_path / "turn.quiet"), mode)
 
 
 @pytest.mark.parametrize(("nodeid", "quiet", "blocks_shared", "blocks_exclusive"), [

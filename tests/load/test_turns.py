@@ -25,6 +25,7 @@ from kvprobe.load.turns import (
     machine_lock,
     machine_share,
 )
+from tests.locks import blocked
 
 
 def test_without_the_variable_there_is_no_turn(monkeypatch):
@@ -152,18 +153,6 @@ def _held_within(path: str, mode: int, *, seconds: float) -> bool:
     return False
 
 
-def _blocked(path: str, mode: int) -> bool:
-    """Is `path` locked against `mode` right now?"""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def test_a_quiet_probe_shares_the_machine_and_has_it_to_itself_while_it_loads(tmp_path, monkeypatch):
     base = str(tmp_path / "turn")
     quiet = base + ".quiet"
@@ -171,17 +160,17 @@ def test_a_quiet_probe_shares_the_machine_and_has_it_to_itself_while_it_loads(tm
     monkeypatch.delenv(QUIET_ENV, raising=False)
     monkeypatch.delenv(TURN_LOG_ENV, raising=False)  # its holds are not the suite's
     with machine_share() as held:  # not a quiet probe: nothing held, the turn alone
-        assert held is False and not _blocked(quiet, fcntl.LOCK_EX)
+        assert held is False and not blocked(quiet, fcntl.LOCK_EX)
         with load_turn():
-            assert not _blocked(quiet, fcntl.LOCK_EX) and _blocked(base, fcntl.LOCK_EX)
+            assert not blocked(quiet, fcntl.LOCK_EX) and blocked(base, fcntl.LOCK_EX)
     monkeypatch.setenv(QUIET_ENV, "1")
     with machine_share() as held:
         assert held is True
-        assert _blocked(quiet, fcntl.LOCK_EX) and not _blocked(quiet, fcntl.LOCK_SH)  # its engine starts
+        assert blocked(quiet, fcntl.LOCK_EX) and not blocked(quiet, fcntl.LOCK_SH)  # its engine starts
         with load_turn():
-            assert _blocked(quiet, fcntl.LOCK_SH) and _blocked(base, fcntl.LOCK_EX)  # alone while it loads
-        assert _blocked(quiet, fcntl.LOCK_EX) and not _blocked(quiet, fcntl.LOCK_SH)  # its drain and stop
-    assert not _blocked(quiet, fcntl.LOCK_EX)
+            assert blocked(quiet, fcntl.LOCK_SH) and blocked(base, fcntl.LOCK_EX)  # alone while it loads
+        assert blocked(quiet, fcntl.LOCK_EX) and not blocked(quiet, fcntl.LOCK_SH)  # its drain and stop
+    assert not blocked(quiet, fcntl.LOCK_EX)
 
 
 _QUIET_PROBE = """
