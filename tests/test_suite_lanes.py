@@ -134,7 +134,10 @@ def test_the_machine_lock_spans_the_whole_protocol(nodeid, quiet, blocks_shared,
     assert not _quiet_lock_held(tmp_path, fcntl.LOCK_EX)
 
 
-@pytest.mark.parametrize("phase", ["pytest_runtest_setup", "pytest_runtest_teardown"])
+@pytest.mark.parametrize("phase", [
+    pytest.param(lambda item: conftest.pytest_runtest_setup(item), id="setup"),
+    pytest.param(lambda item: conftest.pytest_runtest_teardown(item, None), id="teardown"),
+])
 @pytest.mark.parametrize(("nodeid", "quiet", "held"), [
     ("tests/shadow/test_vllm_e2e.py::test_x", True, True),  # a module's engine may start or stop there
     ("tests/shadow/test_vllm_e2e.py::test_x", False, False),  # its protocol's hold covers it already
@@ -145,7 +148,7 @@ def test_a_quiet_tests_setup_and_teardown_share_the_machine(phase, nodeid, quiet
     monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
     monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
     item = _Item(pytestconfig, nodeid, quiet)
-    hook = getattr(conftest, phase)(item, None) if phase.endswith("teardown") else conftest.pytest_runtest_setup(item)
+    hook = phase(item)
     next(hook)
     assert _quiet_lock_held(tmp_path, fcntl.LOCK_EX) == held
     assert not _quiet_lock_held(tmp_path, fcntl.LOCK_SH)
@@ -161,3 +164,17 @@ def test_every_quiet_test_loads_through_its_probes():
                     if "mark.needs_a_quiet_machine" in p.read_text(encoding="utf-8") and p != Path(__file__))
     assert "tests/shadow/test_vllm_e2e.py" in marked and "tests/fleet/test_fleet_e2e.py" in marked
     assert [p for p in marked if p not in conftest.PROBES_TAKE_TURNS] == []
+
+
+def test_a_quiet_setup_that_cannot_share_the_machine_fails_its_test(tmp_path, monkeypatch, pytestconfig):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
+    monkeypatch.setenv(conftest.TURN_ENV, str(tmp_path / "turn"))
+    monkeypatch.setattr(conftest, "QUIET_WAIT_SECONDS", 0.2)
+    item = _Item(pytestconfig, "tests/shadow/test_vllm_e2e.py::test_x", quiet=True)
+    with conftest.machine_lock(str(tmp_path / "turn"), exclusive=True, seconds=5) as had:  # another's, alone
+        assert had
+        hook = conftest.pytest_runtest_setup(item)
+        next(hook)
+        with pytest.raises(StopIteration):
+            next(hook)
+    assert "waited 0.2 s for the lanes' quiet lock" in item.stash[conftest._QUIET_MISSED]
