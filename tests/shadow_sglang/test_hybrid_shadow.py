@@ -136,12 +136,18 @@ def _serve(target: ShadowTarget, model: str, n: int, seen) -> tuple[list[tuple[i
     hit = None
     deadline = time.monotonic() + GAUGE_DEADLINE
     while hit is None and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        g = _gauges(target.url)
+        try:
+            g = _gauges(target.url)
+        except OSError:
+            target.ensure_alive()  # an engine that went away fails with its exit code and log tail
+            raise
         if seen(g):
             hit = g
         time.sleep(0.2)
     for t in threads:
         t.join(timeout=120)
+    if errors:
+        target.ensure_alive()
     assert not errors, errors
     return results, hit
 
