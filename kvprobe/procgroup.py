@@ -88,8 +88,21 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of the group. Zombies count as gone: they hold no memory or GPU."""
+def id_passed_on(proc: subprocess.Popen, pgid: int) -> bool:
+    """Has the id of the group `proc` led passed to another process since `proc` was reaped?
+
+    Linux frees a pid for reuse once no process uses it as its id, group or session, so while the
+    leader is unreaped, or any member of its group lives, no other process can have it. Reaped, with
+    a live process of that very pid, the group we started is gone and the id names someone else's
+    (pid_max is 32768 on many machines: a suite wraps it). A group's id is its leader's pid."""
+    return pgid == proc.pid and proc.returncode is not None and psutil.pid_exists(pgid)
+
+
+def group_members(pgid: int, proc: subprocess.Popen | None = None) -> list[int]:
+    """Live (non-zombie) processes of the group. Zombies count as gone: they hold no memory or GPU.
+    Given the group's leader `proc`, a group whose id has passed to another process has none."""
+    if proc is not None and id_passed_on(proc, pgid):
+        return []
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -111,22 +124,33 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def signal_own_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the group `proc` leads, unless it is gone and its id has passed on (`id_passed_on`)."""
+    if not id_passed_on(proc, proc.pid):
+        signal_group(proc.pid, sig)
+
+
 def stop_group(proc: subprocess.Popen, pgid: int, grace: float) -> tuple[bool, list[int]]:
-    """SIGTERM the group, SIGKILL it after `grace`; reap the leader. Returns (killed, survivors)."""
+    """SIGTERM the group, SIGKILL it after `grace`; reap the leader. Returns (killed, survivors).
+    A group that is gone is not signalled: its id may name another's group by now (`id_passed_on`)."""
+    if id_passed_on(proc, pgid):
+        return False, []
     signal_group(pgid, signal.SIGTERM)
     if wait_group_gone(proc, pgid, time.monotonic() + grace):
+        return False, []
+    if id_passed_on(proc, pgid):
         return False, []
     signal_group(pgid, signal.SIGKILL)
     if wait_group_gone(proc, pgid, time.monotonic() + 5.0):
         return True, []
-    return True, group_members(pgid)
+    return True, group_members(pgid, proc)
 
 
 def wait_group_gone(proc: subprocess.Popen, pgid: int, deadline: float) -> bool:
     delay = 0.01
     while True:
         proc.poll()  # reaps the leader; its pgid stays reserved while other members live
-        if proc.returncode is not None and not group_members(pgid):
+        if proc.returncode is not None and not group_members(pgid, proc):
             return True
         if time.monotonic() >= deadline:
             return False

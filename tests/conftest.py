@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -158,6 +159,12 @@ _STARTED = time.time()  # the controller's start: the wall clock the timeline's 
 
 
 def pytest_configure(config):
+    # A suite started in the background of a non-interactive shell inherits SIGINT ignored, and every
+    # process it starts with it: the Ctrl-C tests would find kvprobe deaf to SIGINT (a clean clone
+    # started `( setsid bash -c "make test" & )` failed three of them). Python's own handler, set here,
+    # is the default again in every child.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # the controller names the turn's file (and the log of its holds) before its workers start; they inherit it
     if two_lanes() and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
         os.environ[TURN_ENV] = str(Path(tempfile.gettempdir()) / f"kvprobe-load-turn-{os.getpid()}")

@@ -291,7 +291,7 @@ class LocustRun:
         if self.proc is None:
             return False
         self.proc.poll()
-        return bool(group_members(self.proc.pid))
+        return bool(group_members(self.proc.pid, self.proc))
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Ask the shape to stop, then SIGTERM the group, then SIGKILL it; idempotent, bounded."""

@@ -44,7 +44,7 @@ BIND_FAILURE = "error while attempting to bind on address"  # asyncio's create_s
 
 def _emergency_stop(proc: subprocess.Popen, pgid: int) -> None:
     """Finalizer/atexit path: the interpreter is going away and the Target was never stopped."""
-    if proc.returncode is None or group_members(pgid):
+    if proc.returncode is None or group_members(pgid, proc):
         stop_group(proc, pgid, grace=2.0)
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.procgroup import signal_own_group
+
 SERVER = Path(__file__).with_name("sse_server.py")
 
 
@@ -55,14 +57,11 @@ def start_server(tmp: Path, *, ttft: float = 0.01, itl: float = 0.01, timeout: f
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    signal_own_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        signal_own_group(proc, signal.SIGKILL)
         proc.wait(timeout=5)
 
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import group_gone
 
 from kvprobe.load.runner import LocustRun, free_port
+from kvprobe.procgroup import signal_own_group
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,15 +40,15 @@ def emulator(tmp_path):
                 break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
+                signal_own_group(proc, signal.SIGKILL)
                 pytest.fail("emulator did not become healthy: " + (tmp_path / "emulator.log").read_text()[-2000:])
             time.sleep(0.1)
     yield url
-    os.killpg(proc.pid, signal.SIGTERM)
+    signal_own_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        signal_own_group(proc, signal.SIGKILL)
         proc.wait(timeout=5)
 
 

@@ -5,7 +5,6 @@ them gone after SIGTERM to the console."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from kvprobe.engines import sglang as dialect
 from kvprobe.engines.base import render_flags
-from kvprobe.procgroup import free_port, group_members
+from kvprobe.procgroup import free_port, group_members, signal_own_group
 
 from .closed_loop import closed_loop
 from .conftest import STARTUP_TIMEOUT, Server, shipped
@@ -54,11 +53,11 @@ def console(sglang_env, tmp_path_factory):
         server = Server(exp, url=ready.group(1), pgid=int(ready.group(2)), log_path=str(tmp / "engine.log"))
         yield server, proc, out_path
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the console's own group: it takes Ctrl-C's path
+        signal_own_group(proc, signal.SIGTERM)  # the console's own group: it takes Ctrl-C's path
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_own_group(proc, signal.SIGKILL)
             proc.wait(timeout=10)
     assert proc.returncode == 0, out_path.read_text()[-3000:]
     assert "kvprobe shadow: stopping" in out_path.read_text()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.procgroup import signal_own_group
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,10 +28,7 @@ class Worker:
         return self.proc.pid
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        try:
-            os.killpg(self.pgid, sig)
-        except ProcessLookupError:
-            pass
+        signal_own_group(self.proc, sig)
 
     def wait_exit(self, seconds: float) -> int | None:
         try:
