@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvprobe.procgroup import signal_group
 from tests.plugin.conftest import REPO, pgid_alive
 
 # One level well below the emulated limit of ~20 and three deep past it, as tests/probe/conftest.py's TINY
@@ -182,6 +183,7 @@ def test_shared_target_torn_down_on_ctrl_c(project):
     project.makepyfile(test_kvp_target=TARGET_TEST.format(body="time.sleep(120)"))
     proc = project.popen([sys.executable, "-m", "pytest", "--kvprobe", "test_kvp_target.py"],
                          stdin=None)
+    pgid = None
     try:
         pgid = int(_wait_for(project.path / "pgid", 60))
         assert pgid_alive(pgid)
@@ -191,6 +193,8 @@ def test_shared_target_torn_down_on_ctrl_c(project):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            if pgid is not None:  # the session did not stop its target: this test does, or it outlives the suite
+                signal_group(pgid, signal.SIGKILL)
     end = time.monotonic() + 15
     while pgid_alive(pgid) and time.monotonic() < end:
         time.sleep(0.1)
