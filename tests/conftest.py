@@ -195,9 +195,7 @@ def pytest_runtest_protocol(item, nextitem):
         return
     quiet = _quiet(item)
     asked = time.time()
-    with contextlib.nullcontext(True) if quiet else _machine_shared() as had:
-        if not had:
-            item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
+    with contextlib.nullcontext() if quiet else _machine_shared(item):
         start = time.time()
         yield
     # the lane test's span, for the run's timeline (its probes log their time alone themselves)
@@ -208,14 +206,20 @@ def _quiet(item) -> bool:
     return item.get_closest_marker("needs_a_quiet_machine") is not None
 
 
-def _machine_shared():
-    return machine_lock(os.environ[TURN_ENV], exclusive=False, seconds=QUIET_WAIT_SECONDS)
+@contextlib.contextmanager
+def _machine_shared(item):
+    """The lanes' machine lock, shared; not had within QUIET_WAIT_SECONDS, the test is marked to fail
+    (_load_turn) and runs its hook without it."""
+    with machine_lock(os.environ[TURN_ENV], exclusive=False, seconds=QUIET_WAIT_SECONDS) as had:
+        if not had:
+            item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     # a quiet test's teardown (a module's engine stops there) shares the machine as every lane test does
-    with _machine_shared() if _quiet_in_a_lane(item) else contextlib.nullcontext():
+    with _machine_shared(item) if _quiet_in_a_lane(item) else contextlib.nullcontext():
         yield
 
 
@@ -274,9 +278,7 @@ def pytest_runtest_setup(item):
             os.setpriority(os.PRIO_PROCESS, 0, YIELDING_NICE)
     # a quiet test's setup (a module's engine may start there) shares the machine as every lane test
     # does; not had in time, the test fails as one whose protocol's hold was not (_load_turn)
-    with _machine_shared() if _quiet_in_a_lane(item) else contextlib.nullcontext(True) as had:
-        if not had:
-            item.stash[_QUIET_MISSED] = f"waited {QUIET_WAIT_SECONDS} s for the lanes' quiet lock"
+    with _machine_shared(item) if _quiet_in_a_lane(item) else contextlib.nullcontext():
         yield
 
 
