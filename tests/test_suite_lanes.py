@@ -57,6 +57,31 @@ def test_one_lane_by_default(monkeypatch):
     assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
 
 
+def _nodeids_in_run_order(monkeypatch, pytestconfig, lanes: str, nodeids: list[str]) -> list[str]:
+    monkeypatch.setenv("KVPROBE_TEST_LANES", lanes)
+    items = [_Item(pytestconfig, nodeid, quiet=False) for nodeid in nodeids]
+    conftest.pytest_collection_modifyitems(pytestconfig, items)
+    return [item.nodeid for item in items]
+
+
+# as pytest collects them; tests/probe/test_bench_bar.py is in no lane
+COLLECTED = ["tests/cli/test_declared_flags.py::a", "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b",
+             "tests/probe/test_bench_bar.py::a", "tests/shadow/test_vllm_e2e.py::a",
+             "tests/shadow_sglang/test_attach_checks.py::a", "tests/shadow_sglang/test_repro.py::a",
+             "tests/test_spec.py::a"]
+
+
+def test_the_second_lane_starts_its_engines_first_and_the_first_last(monkeypatch, pytestconfig):
+    # one lane's engines start while the other's probes load: the second lane's real engines first, each
+    # kind in its files' order, every test outside that lane in its place
+    assert _nodeids_in_run_order(monkeypatch, pytestconfig, "2", COLLECTED) == [
+        "tests/cli/test_declared_flags.py::a", "tests/shadow_sglang/test_attach_checks.py::a",
+        "tests/shadow_sglang/test_repro.py::a", "tests/probe/test_bench_bar.py::a",
+        "tests/shadow/test_vllm_e2e.py::a", "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b",
+        "tests/test_spec.py::a"]
+    assert _nodeids_in_run_order(monkeypatch, pytestconfig, "1", COLLECTED) == COLLECTED  # one lane: as collected
+
+
 PROBE_SIGNS = ("run_probe", '"probe"', "--kvprobe", '"diff"', "repro_chain")
 LOAD_SIGNS = ("LocustRun(", "STALL_ENV", "burn")  # load on the machine beside any probe
 
