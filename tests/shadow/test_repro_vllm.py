@@ -4,6 +4,8 @@ staging measured within the expectation's rejection-point tolerance (tests/repro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvprobe.procgroup import free_port
@@ -23,12 +25,20 @@ def start_shadow(exp, log_path):
                                startup_timeout=300, env=environ)
 
 
+def stop_shadow(server: ShadowTarget) -> None:
+    scratch = Path(server.scratch)
+    # vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, envs.py) live in the target's own TMPDIR, gone with the stop
+    assert [p for p in scratch.iterdir() if p.is_socket()], f"no sockets in {scratch}"
+    server.stop()
+    assert not scratch.exists(), f"{scratch} outlived the server"
+
+
 def test_a_staging_run_reproduces_on_the_vllm_shadow(vllm_env, tmp_path, say):
     # 1000 blocks of 16, P=512 O=256: vLLM admits on 32 blocks and preempts, plateau ~24.2; two deep levels
     # (the plateau is read from them alone: a level below the knee weighs nothing in it)
     (exp,) = load_expectations(REPO / "expectations" / "shadow-vllm.yaml")
     exp = with_levels(exp, (33, 38), lifetimes=2.5)
-    chain = run_chain(exp, tmp_path, step_ms=10, start_shadow=start_shadow, stop_shadow=lambda s: s.stop(),
+    chain = run_chain(exp, tmp_path, step_ms=10, start_shadow=start_shadow, stop_shadow=stop_shadow,
                       log=print)
     say(figures(chain))
     for repro in (chain.repro_a, chain.repro_b):

@@ -92,7 +92,12 @@ def stop_server(server: Server) -> None:
     tracker) was in it and is gone, checked by the group id."""
     pgid = server.pgid
     members_before = group_members(pgid)
+    scratch = Path(server.target.scratch)
+    # SGLang's sockets are named after files it never deletes (srt/server_args.py PortArgs): in the
+    # target's own TMPDIR, which goes with the stop (kvprobe.targets.shadow.target.ShadowTarget)
+    assert [p for p in scratch.iterdir() if p.name.startswith("tmp")], f"no socket names in {scratch}"
     server.target.stop()
+    assert not scratch.exists(), f"{scratch} outlived the server"
     deadline = time.monotonic() + 10
     while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,13 +1,14 @@
 """A stand-in engine process for launcher tests (run as a script, never imported by kvprobe).
 
     python fake_engine.py --port P [--mode MODE] [--delay S] [--metrics FILE] [--log FILE]
-                          [--pidfile FILE] [--require-key KEY]
+                          [--pidfile FILE] [--require-key KEY] [--leave-temp-file]
 
 Modes: ok (healthy after --delay), exit (prints an error and exits 3 during start), never (/health
 always 503), port-stolen (its port taken while it starts: asyncio's bind error, then it lingers),
 ignore-term (ok, but ignores SIGTERM), grandchild (ok, dies on SIGTERM, but first
 spawns a child that ignores SIGTERM and writes its pid to --pidfile). Serves /health, /metrics (the --metrics
 file), /v1/models and /version in vLLM's shapes; copies --log to stdout as its start-up log.
+--leave-temp-file makes a temporary file and never deletes it, as SGLang does for its sockets' names.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,9 +34,12 @@ def main() -> int:
     ap.add_argument("--pidfile")
     ap.add_argument("--require-key")
     ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--leave-temp-file", action="store_true")
     args = ap.parse_args()
 
     print(f"fake engine starting, mode={args.mode}, pid={os.getpid()}", flush=True)
+    if args.leave_temp_file:
+        print(f"temp file {tempfile.NamedTemporaryFile(delete=False).name}", flush=True)
     if args.mode == "exit":
         time.sleep(args.delay)
         print("ValueError: No available memory for the cache blocks.", flush=True)
