@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -90,9 +91,12 @@ def model_run(cfg: SglangConfig, P, O, K, users, arrivals, steps, ignore_eos, eo
 def real_traces(env, cases: list[dict]) -> list[dict]:
     """SGLang's own traces for `cases` (real_spec dicts), one driver run: SGLang is imported once and
     each case runs in a fresh forked process (tests/theory/real/sglang_driver.py)."""
-    out = subprocess.run([str(env.python), str(DRIVER), json.dumps(cases)], capture_output=True, text=True,
-                         timeout=900, start_new_session=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    # TMPDIR of its own: each Scheduler's PortArgs names its sockets after temporary files SGLang never
+    # deletes (srt/server_args.py, five a scheduler; 195 left in /tmp by one suite)
+    with tempfile.TemporaryDirectory(prefix="kvprobe-sglang-driver-") as scratch:
+        out = subprocess.run([str(env.python), str(DRIVER), json.dumps(cases)], capture_output=True, text=True,
+                             timeout=900, start_new_session=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TMPDIR": scratch})
     assert out.returncode == 0, out.stderr[-3000:]
     results = [json.loads(line[len("TRACE "):]) for line in out.stdout.splitlines() if line.startswith("TRACE ")]
     assert len(results) == len(cases), out.stdout[-2000:] + out.stderr[-3000:]
