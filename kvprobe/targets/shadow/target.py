@@ -42,7 +42,7 @@ class ShadowTarget(Target):
     files it never deletes (`tempfile.NamedTemporaryFile(delete=False)`, srt/server_args.py PortArgs,
     five a start), and vLLM 0.33.0 puts its sockets (`VLLM_RPC_BASE_PATH`, the temporary folder by
     default: envs.py) and its Prometheus multiprocess folder (v1/metrics/prometheus.py) there, which a
-    stopped group leaves behind: a clean-clone suite left about 700 files in /tmp."""
+    stopped group leaves behind: a suite's shadow servers left hundreds of files in /tmp."""
 
     scratch: str | None = None  # the processes' TMPDIR while they run
 
