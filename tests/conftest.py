@@ -60,10 +60,10 @@ SECOND_LANE_DIRS = ("tests/shadow_sglang/", "tests/probe/")
 # load: the turn idle unless the other lane loads) the other lane's probes load. With both lanes running
 # their engines last, a clean clone left the turn idle 235 s (4-47 s at a time) in the 964 s both lanes
 # spent starting real engines side by side (27.6 min; 26.9 with this order, the idle turn 184 s).
-# The first lane's engine modules with quiet tests run last in it: a quiet probe waits for the other lane's
-# test to end, which costs no turn when that test loads (the second lane's emulator probes, last there) and
-# leaves it idle when it starts an engine or waits on one (waits of 11-36 s beside its SGLang tests, 0.2-3.4 s
-# beside its emulator probes; the idle turn 184 s -> 147 s in a clean clone).
+# (Tried and taken back: the first lane's engine module with quiet tests last of all. Its quiet probes then
+# waited 0.2-3.4 s for the other lane's emulator probes, not 11-36 s for its SGLang tests, but the first lane
+# ended alone, starting vLLM servers with nothing to load beside them: 2.2 and 3.5 min past the second lane in
+# two clean clones, 26.8 and 28.7 min.)
 ENGINES_FIRST = SECOND_LANE
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
 # took, a deadline), runs in a lane: none of its tests shares its worker with a probe
@@ -171,23 +171,19 @@ def pytest_collection_modifyitems(config, items):
     if not two_lanes():
         return
     root = config.rootpath
-    quiet_modules = {item.nodeid.split("::", 1)[0] for item in items if _quiet(item)}
     for name in (FIRST_LANE, SECOND_LANE):
         at = [i for i, item in enumerate(items) if lane(root, item.nodeid) == name]
         # a stable sort: the files of each kind keep their order, and the lane its places in the collection
-        moved = iter(sorted((items[i] for i in at), key=lambda item: _run_order(name, item.nodeid, quiet_modules)))
+        moved = iter(sorted((items[i] for i in at), key=lambda item: _run_order(name, item.nodeid)))
         for i in at:
             items[i] = next(moved)
 
 
-def _run_order(name: str, nodeid: str, quiet_modules: set[str]) -> int:
-    """Where the lane `name` runs the test `nodeid`: its real engines' modules first in ENGINES_FIRST;
-    last in the other lane, those with a quiet test (`quiet_modules`) after the rest."""
-    module = nodeid.split("::", 1)[0]
-    engine = module.startswith(ENGINE_DIRS)
-    if name == ENGINES_FIRST:
-        return 0 if engine else 1
-    return 0 if not engine else 2 if module in quiet_modules else 1
+def _run_order(name: str, nodeid: str) -> int:
+    """Where the lane `name` runs the test `nodeid`: its real engines' modules first in ENGINES_FIRST,
+    last in the other lane."""
+    engine = nodeid.startswith(ENGINE_DIRS)
+    return int(not engine) if name == ENGINES_FIRST else int(engine)
 
 
 def two_lanes() -> bool:

@@ -74,15 +74,14 @@ COLLECTED = [("tests/cli/test_declared_flags.py::a", False), ("tests/fleet/test_
 
 
 def test_each_lane_runs_its_engines_apart_from_the_others(monkeypatch, pytestconfig):
-    # the second lane's real engines first, the first lane's last, its engine module with quiet tests last of
-    # all (an emulator module's quiet test keeps its place); each kind in its files' order, a module whole,
-    # every test outside the lanes in its place
+    # the second lane's real engines first, the first lane's last; each kind in its files' order, a module
+    # whole, every test outside the lanes in its place
     assert _nodeids_in_run_order(monkeypatch, pytestconfig, "2", COLLECTED) == [
         "tests/cli/test_declared_flags.py::a", "tests/fleet/test_fleet_e2e.py::q",
         "tests/shadow_sglang/test_attach_checks.py::a", "tests/shadow_sglang/test_repro.py::a",
         "tests/probe/test_bench_bar.py::a", "tests/target/test_launcher.py::a",
-        "tests/shadow/test_vllm_release_pair.py::a", "tests/shadow/test_vllm_e2e.py::a",
-        "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/shadow/test_vllm_e2e.py::q",
+        "tests/shadow/test_vllm_e2e.py::a", "tests/shadow/test_vllm_e2e.py::q",
+        "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/shadow/test_vllm_release_pair.py::a",
         "tests/test_spec.py::a"]
     one_lane = _nodeids_in_run_order(monkeypatch, pytestconfig, "1", COLLECTED)
     assert one_lane == [nodeid for nodeid, _ in COLLECTED]  # one lane: as collected
