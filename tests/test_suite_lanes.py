@@ -57,20 +57,19 @@ def test_one_lane_by_default(monkeypatch):
     assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
 
 
-def _nodeids_in_run_order(monkeypatch, pytestconfig, lanes: str, collected: list[tuple[str, bool]]) -> list[str]:
+def _nodeids_in_run_order(monkeypatch, pytestconfig, lanes: str, collected: list[str]) -> list[str]:
     monkeypatch.setenv("KVPROBE_TEST_LANES", lanes)
-    items = [_Item(pytestconfig, nodeid, quiet) for nodeid, quiet in collected]
+    items = [_Item(pytestconfig, nodeid, quiet=False) for nodeid in collected]
     conftest.pytest_collection_modifyitems(pytestconfig, items)
     return [item.nodeid for item in items]
 
 
-# (node id, needs_a_quiet_machine) as pytest collects them; tests/probe/test_bench_bar.py is in no lane
-COLLECTED = [("tests/cli/test_declared_flags.py::a", False), ("tests/fleet/test_fleet_e2e.py::q", True),
-             ("tests/probe/test_diff.py::a", False), ("tests/probe/test_diff.py::b", False),
-             ("tests/probe/test_bench_bar.py::a", False), ("tests/shadow/test_vllm_e2e.py::a", False),
-             ("tests/shadow/test_vllm_e2e.py::q", True), ("tests/shadow/test_vllm_release_pair.py::a", False),
-             ("tests/shadow_sglang/test_attach_checks.py::a", False), ("tests/shadow_sglang/test_repro.py::a", False),
-             ("tests/target/test_launcher.py::a", False), ("tests/test_spec.py::a", False)]
+# node ids as pytest collects them; tests/probe/test_bench_bar.py is in no lane
+COLLECTED = ["tests/cli/test_declared_flags.py::a", "tests/fleet/test_fleet_e2e.py::q", "tests/probe/test_diff.py::a",
+             "tests/probe/test_diff.py::b", "tests/probe/test_bench_bar.py::a", "tests/shadow/test_vllm_e2e.py::a",
+             "tests/shadow/test_vllm_e2e.py::q", "tests/shadow/test_vllm_release_pair.py::a",
+             "tests/shadow_sglang/test_attach_checks.py::a", "tests/shadow_sglang/test_repro.py::a",
+             "tests/target/test_launcher.py::a", "tests/test_spec.py::a"]
 
 
 def test_each_lane_runs_its_engines_apart_from_the_others(monkeypatch, pytestconfig):
@@ -84,7 +83,7 @@ def test_each_lane_runs_its_engines_apart_from_the_others(monkeypatch, pytestcon
         "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/shadow/test_vllm_release_pair.py::a",
         "tests/test_spec.py::a"]
     one_lane = _nodeids_in_run_order(monkeypatch, pytestconfig, "1", COLLECTED)
-    assert one_lane == [nodeid for nodeid, _ in COLLECTED]  # one lane: as collected
+    assert one_lane == COLLECTED  # one lane: as collected
 
 
 PROBE_SIGNS = ("run_probe", '"probe"', "--kvprobe", '"diff"', "repro_chain")
