@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvprobe.analysis.steady import window_start
-from kvprobe.load.health import CPU_SATURATED, lag_limit_ms, median_lifetime, worker_health
+from kvprobe.load.health import CPU_SATURATED, HEALTH_PERIOD, lag_limit_ms, median_lifetime, worker_health
 
 
 @dataclass
@@ -48,10 +48,20 @@ def mark_levels(levels, records, *, warmup_fraction: float) -> None:
 
 
 def starved_so_far(records, t_start: float, t_steady: float, now: float) -> bool:
-    """Would `mark_levels` read a level held from `t_start` (steady from `t_steady`) until `now`
-    as starved? The ramp asks while it holds a level, to hold on past a burst rather than lose it."""
+    """Could `mark_levels` read a level held from `t_start` (steady from `t_steady`) until `now`
+    as starved? The ramp asks while it holds a level, to hold on past a burst rather than lose it.
+
+    A load process writes its lag record once a HEALTH_PERIOD and the file gets it up to a flush
+    later, so the judgement of a level ended `now` may read a second the ramp has not seen: each
+    such second counts as lagged here. Ending on a 1-of-2 look, the unseen third second lagged
+    and the judgement read 2 of 3 (the SGLang shadow, loop lag 37 ms against 25.6)."""
     limit, by_worker = _lag_by_worker(records, t_start, t_steady, now)
-    return any(_mostly_saturated(rs, limit) for rs in by_worker.values())
+    last: dict[str, float] = {}
+    for r in records:
+        if r.kind == "lag" and r.t is not None and (worker := r.worker or "?") in by_worker:
+            last[worker] = max(last.get(worker, r.t), r.t)
+    return any(_mostly_saturated(rs, limit, unseen=max(0, int((now - last[w]) / HEALTH_PERIOD)))
+               for w, rs in by_worker.items())
 
 
 def _lag_by_worker(records, t_start: float, t_steady: float, t_end: float) -> tuple[float, dict[str, list]]:
@@ -64,9 +74,9 @@ def _lag_by_worker(records, t_start: float, t_steady: float, t_end: float) -> tu
     return lag_limit_ms(median_lifetime(records, t_start, t_end)), by_worker
 
 
-def _mostly_saturated(lag_records, lag_limit: float) -> bool:
+def _mostly_saturated(lag_records, lag_limit: float, *, unseen: int = 0) -> bool:
     bad = sum(1 for r in lag_records if (r.lag_ms or 0.0) > lag_limit or (r.cpu or 0.0) > CPU_SATURATED)
-    return 2 * bad > len(lag_records)
+    return 2 * (bad + unseen) > len(lag_records) + unseen
 
 
 def starvation(levels, client, *, judged=None) -> Starvation | None:

@@ -74,6 +74,25 @@ def test_a_level_starved_so_far_is_held_on_until_most_of_its_seconds_are_healthy
     assert len(pr.lines) == 1
 
 
+def test_a_level_does_not_end_on_a_look_its_last_unwritten_second_could_overturn():
+    # What a clean clone's SGLang probe met: steady from 2 s, its seconds at 2.5 (lagged) and 3.5
+    # (healthy) written, the one at 4.5 (lagged) still in the load's buffer when the level may end
+    # at 4.8. Ended there, the judgement read 2 of 3 seconds lagged and the level starved.
+    t0 = time.time() - 100
+    written = requests(t0, t0 + 10) + lags(t0, 4, bad={2})
+    pr = FakeProbe(written)
+    at = lambda t: LevelWindow(users=26, t_start=t0, t_end=t0 + t, t_steady=t0 + 2.0)  # noqa: E731
+    assert not starved_so_far(written, t0, t0 + 2.0, t0 + 4.4)  # under a second since 3.5: nothing unseen
+    held = PastBurst(pr, 26, t0, longest=t0 + 4.8)
+    assert not held.ends(at(4.8))  # 1 of 2 written, one unseen: the judgement could read most lagged
+    everything = requests(t0, t0 + 10) + lags(t0, 5, bad={2, 4})
+    level = SimpleNamespace(users=26, t_start=t0, t_end=t0 + 4.8, t_steady=t0 + 2.0)
+    mark_levels([level], everything, warmup_fraction=0.3)
+    assert level.client_saturated  # as the judgement reads it once the second is written
+    healthy = requests(t0, t0 + 10) + lags(t0, 4, bad=set())
+    assert PastBurst(FakeProbe(healthy), 26, t0, longest=t0 + 4.8).ends(at(4.8))  # no second could tip it
+
+
 def test_a_client_that_stays_starved_ends_the_level_at_the_cap():
     t0 = time.time() - 100
     recs = requests(t0, t0 + 40) + lags(t0, 40, bad=set(range(40)))
