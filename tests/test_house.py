@@ -1,6 +1,7 @@
 """The house: every module imports, no module imports its way back to itself, the layers of the data
 path hold (import-linter's contracts in pyproject.toml), and no module grows past the size a reader
-takes in at once without a stated reason."""
+takes in at once without a stated reason; and what ships cites only the repository and the engines'
+source, never a path beside the clone."""
 
 from __future__ import annotations
 
@@ -182,3 +183,34 @@ def test_the_layers_hold():
     proc = subprocess.run([exe, "--config", str(root / "pyproject.toml")], cwd=root, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# What a clone ships: the code, the docs, the expectations and the recipes' pin lists. A citation
+# of the notes the project began from (../shared) points nowhere in someone else's clone; the
+# repository keeps its own copy of what it cites (tests/data/reference).
+SHIPPED = ("kvprobe", "docs", "expectations", "bench", "README.md", "Makefile", "pyproject.toml")
+OUTSIDE = ("shared/reference", "shared/fixtures", "shared/seeds", "../shared")
+
+
+def outside_citations(root: Path) -> list[str]:
+    hits = []
+    for top in SHIPPED:
+        base = root / top
+        for path in [base] if base.is_file() else sorted(base.rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text("utf-8")
+            except UnicodeDecodeError:
+                continue  # a plot, a wheel: not prose
+            for n, line in enumerate(text.splitlines(), 1):
+                if any(mark in line for mark in OUTSIDE):
+                    hits.append(f"{path.relative_to(root)}:{n}: {line.strip()[:120]}")
+    return hits
+
+
+def test_nothing_shipped_cites_a_path_outside_the_repository(tmp_path):
+    assert outside_citations(PACKAGE.parent) == []
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("as measured (shared/reference/vllm.md)\n")
+    assert outside_citations(tmp_path) == ["docs/x.md:1: as measured (shared/reference/vllm.md)"]
