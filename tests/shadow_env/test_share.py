@@ -7,6 +7,10 @@ import errno
 import fcntl
 import json
 import os
+import py_compile
+import subprocess
+import sys
+from pathlib import Path
 
 from kvprobe.cli.main import main
 from kvprobe.targets.shadow import disk, envs, share
@@ -145,6 +149,63 @@ def test_pip_files_are_what_pip_recorded_but_sources(tmp_path):
     _dist(tmp_path, "plugin", {"plugin.txt": b"4"}, "kvprobe")
     (tmp_path / "stray.txt").write_bytes(b"5")
     assert share.pip_files(tmp_path) == ["torch-1.0.dist-info/INSTALLER", "torch-1.0.dist-info/RECORD", "torch/a.so"]
+
+
+SOURCE = b"def where():\n    return where.__code__.co_filename\n" + b"# padding\n" * 200
+PYC = "torch/__pycache__/hub.cpython-311.pyc"
+
+
+def _env_with_source(cache, name: str, *, mtime: int) -> Path:  # noqa: F811
+    """An environment whose torch ships hub.py and the bytecode pip compiled from it (holding this
+    environment's path and the source's mtime), both in torch's RECORD."""
+    root = _env(cache, name, **{"torch/hub.py": SOURCE})
+    site = root / SITE
+    os.utime(site / "torch/hub.py", (mtime, mtime))
+    py_compile.compile(str(site / "torch/hub.py"), cfile=str(site / PYC), doraise=True)
+    record = site / "torch-1.0.dist-info/RECORD"
+    record.write_text(record.read_text() + f"{PYC},,\n")
+    return root
+
+
+def _import_where(root: Path) -> subprocess.CompletedProcess:
+    """Import torch.hub from `root`'s site-packages as the engine would (no bytecode written), verbose."""
+    code = "import torch.hub as h; print(h.where())"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(root / SITE)}
+    return subprocess.run([sys.executable, "-v", "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_source_and_its_bytecode_are_linked_together_and_load_as_this_environments(cache):  # noqa: F811
+    a = _env_with_source(cache, "eng-1", mtime=1_700_000_000)
+    b = _env_with_source(cache, "eng-2", mtime=1_700_000_999)
+    assert (a / SITE / PYC).read_bytes() != (b / SITE / PYC).read_bytes()  # each holds its own path and mtime
+    disk.share_all(log=lambda _: None)
+    for rel in (f"{SITE}/torch/hub.py", f"{SITE}/{PYC}"):
+        assert _ino(a, rel) == _ino(b, rel), rel
+    for root in (a, b):
+        run = _import_where(root)
+        assert run.returncode == 0, run.stderr[-2000:]
+        # read from the shared bytecode (not compiled again), and naming this environment's source
+        assert f"code object from '{root / SITE / PYC}'" in run.stderr, run.stderr[-2000:]
+        assert run.stdout.strip() == str(root / SITE / "torch/hub.py")
+
+
+def test_a_bytecode_stale_for_its_own_source_is_not_linked_nor_its_source(cache):  # noqa: F811
+    a = _env_with_source(cache, "eng-1", mtime=1_700_000_000)
+    b = _env_with_source(cache, "eng-2", mtime=1_700_000_999)
+    for root in (a, b):  # each source touched after pip compiled it: no bytecode fits its source
+        os.utime(root / SITE / "torch/hub.py", (1_800_000_000, 1_800_000_000))
+    disk.share_all(log=lambda _: None)
+    for rel in (f"{SITE}/torch/hub.py", f"{SITE}/{PYC}"):
+        assert _ino(a, rel) != _ino(b, rel), rel
+    assert not share.bytecode_fits(a / SITE / PYC, os.stat(a / SITE / "torch/hub.py"))
+
+
+def test_source_pairs_are_the_recorded_sources_with_recorded_bytecode(tmp_path):
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    _dist(site, "torch", {"torch/b.py": b"2", "torch/__pycache__/b.cpython-311.pyc": b"3", "torch/c.py": b"4",
+                          "torch/__pycache__/d.cpython-310.pyc": b"5", "torch/d.py": b"6"}, "pip")
+    assert share.source_pairs(site) == [("torch/b.py", "torch/__pycache__/b.cpython-311.pyc")]
 
 
 def _install_pip_dist(env: envs.EngineEnv) -> None:

@@ -14,11 +14,17 @@ of every environment to find, beyond that, only the odd license text repeated un
 What is linked: only files listed in the RECORD of a distribution whose INSTALLER is `pip` (what pip
 wrote, and what pip alone removes or replaces). Never the venv's `bin/` or `pyvenv.cfg`, the
 kvprobe marker (all outside site-packages), nor what a recipe step writes (kvprobe's plugin modules
-and dist-infos say INSTALLER `kvprobe`; the torchvision stand-in is in no RECORD). Nor Python
-sources and bytecode: a `.pyc` pip compiled holds its source's absolute path (it differs in every
-environment) and its source's mtime, which a link would replace with the other environment's —
-every `.pyc` of a linked `.py` would go stale, and with PYTHONDONTWRITEBYTECODE set each import
-would compile again.
+and dist-infos say INSTALLER `kvprobe`; the torchvision stand-in is in no RECORD).
+
+Python sources go with their bytecode, as a pair or not at all (`link_pairs`). A `.pyc` pip compiled
+records its source's mtime and size, which a link of the source alone would replace with the other
+environment's: the `.pyc` would go stale, and with PYTHONDONTWRITEBYTECODE set every import would
+compile again. Linked together, the other environment's `.pyc` is checked first to be valid for its
+own source (the header's mtime and size, or a hash-based one), and that source's inode is then the
+one both environments name. Its bytes also hold the other environment's path (`co_filename`), which
+the import system puts right on every load from a cache (CPython's `_bootstrap_external`
+`_compile_bytecode` calls `_imp._fix_co_filename` with the source's path): tracebacks and
+`inspect` name this environment's file.
 
 Why a link is safe:
 - pip never writes into an installed file: it unlinks a file before writing a new one
@@ -43,13 +49,15 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
+import importlib.util
 import os
 import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Sources and their bytecode: see the module's docstring (a .pyc records its source's mtime and path).
+# Sources and their bytecode are linked in pairs only (`link_pairs`; a .pyc records its source's mtime).
 NEVER_LINKED = (".py", ".pyc")
 
 
@@ -67,9 +75,8 @@ def site_packages(root: Path) -> Path | None:
     return found[0] if found else None
 
 
-def pip_files(site: Path) -> list[str]:
-    """Paths under `site` of the regular files pip installed there (the RECORD of each distribution
-    whose INSTALLER is pip), without sources and bytecode."""
+def recorded(site: Path) -> set[str]:
+    """Paths under `site` that pip recorded there (the RECORD of each distribution whose INSTALLER is pip)."""
     out: set[str] = set()
     for info in site.glob("*.dist-info"):
         try:
@@ -80,9 +87,45 @@ def pip_files(site: Path) -> list[str]:
             continue
         for row in csv.reader(rows):
             rel = os.path.normpath(row[0]) if row and row[0] else ""
-            if rel and not rel.startswith("..") and not os.path.isabs(rel) and not rel.endswith(NEVER_LINKED):
+            if rel and not rel.startswith("..") and not os.path.isabs(rel):
                 out.add(rel)
-    return sorted(out)
+    return out
+
+
+def pip_files(site: Path) -> list[str]:
+    """Paths under `site` of the files pip installed there, without sources and bytecode."""
+    return sorted(rel for rel in recorded(site) if not rel.endswith(NEVER_LINKED))
+
+
+def source_pairs(site: Path) -> list[tuple[str, str]]:
+    """(source, bytecode) under `site`: each `.py` pip installed whose `.pyc` for the environment's
+    Python (its `lib/pythonX.Y`, read as CPython's cache tag) pip recorded too."""
+    version = site.parent.name.removeprefix("python").replace(".", "")
+    if sys.implementation.name != "cpython" or not version.isdigit():
+        return []
+    files = recorded(site)
+    pairs = []
+    for rel in sorted(files):
+        if rel.endswith(".py"):
+            head, name = os.path.split(rel)
+            pyc = os.path.join(head, "__pycache__", f"{name[:-3]}.cpython-{version}.pyc")
+            if pyc in files:
+                pairs.append((rel, pyc))
+    return pairs
+
+
+def bytecode_fits(pyc: Path, source: os.stat_result) -> bool:
+    """Is the `.pyc` valid for a source of this stat, as the import system checks it (PEP 552)? A
+    timestamp one records the source's mtime and size; a hash-based one holds the source's hash,
+    the same for the same bytes. Its magic must be this Python's (the header layout is)."""
+    with open(pyc, "rb") as fh:
+        head = fh.read(16)
+    if len(head) < 16 or head[:4] != importlib.util.MAGIC_NUMBER:
+        return False
+    if int.from_bytes(head[4:8], "little") & 1:
+        return True
+    mtime, size = int.from_bytes(head[8:12], "little"), int.from_bytes(head[12:16], "little")
+    return mtime == int(source.st_mtime) & 0xFFFFFFFF and size == source.st_size & 0xFFFFFFFF
 
 
 def _ident(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -137,7 +180,61 @@ def link_into(target: Path, sources: Sequence[Path], *, hashes: Hashes | None = 
         if other is not None:
             others.remove(other)  # another filesystem after all (a bind mount): its copies stay
             result.cross_device += 1
+    for source, bytecode in source_pairs(site):
+        other = link_pair(site, source, bytecode, others, hashes, result)
+        if other is not None:
+            others.remove(other)
+            result.cross_device += 1
     return result
+
+
+def link_pair(site: Path, source: str, bytecode: str, others: list[Path], hashes: Hashes,
+              result: Shared) -> Path | None:
+    """Link a source and its bytecode under `site` to an identical source in one of `others` and the
+    bytecode there that is valid for it, both or neither (the module's docstring); the source
+    site-packages when it turned out to be on another filesystem, for the caller to drop."""
+    try:
+        st, bst = os.lstat(site / source), os.lstat(site / bytecode)
+    except FileNotFoundError:
+        return None
+    found = []
+    for other in others:
+        try:
+            cst, cbst = os.lstat(other / source), os.lstat(other / bytecode)
+        except FileNotFoundError:
+            continue
+        if _ident(cst) == _ident(st) and _ident(cbst) == _ident(bst):
+            return None  # already one pair
+        # the bytecodes differ in the path they hold (their sizes too): alike in kind, mode and owner
+        if _alike(st, cst) and stat.S_ISREG(bst.st_mode) and stat.S_ISREG(cbst.st_mode) \
+                and (cbst.st_mode, cbst.st_uid, cbst.st_gid) == (bst.st_mode, bst.st_uid, bst.st_gid):
+            found.append((other, cst, cbst))
+    if not found:
+        return None
+    want = hashes.of(site / source, st)
+    for other, cst, cbst in sorted(found, key=lambda c: -c[1].st_nlink):
+        try:
+            if hashes.of(other / source, cst) != want or not bytecode_fits(other / bytecode, cst):
+                continue
+            # the bytecode first: until its source follows, the import system reads it as stale and
+            # compiles this environment's own source (the same bytes); never the other way round
+            done = 0
+            for rel, mine, theirs in ((bytecode, bst, cbst), (source, st, cst)):
+                if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
+                    continue
+                if not _replace(site / rel, mine, other / rel, theirs):
+                    return None
+                done += 1
+                result.freed += mine.st_blocks * 512 if mine.st_nlink == 1 else 0
+            result.files += done
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                return other
+            raise
+        return None
+    return None
 
 
 def _link_one(path: Path, candidates: list[tuple[Path, Path]], hashes: Hashes, result: Shared) -> Path | None:
