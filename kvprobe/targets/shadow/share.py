@@ -16,7 +16,7 @@ wrote, and what pip alone removes or replaces). Never the venv's `bin/` or `pyve
 kvprobe marker (all outside site-packages), nor what a recipe step writes (kvprobe's plugin modules
 and dist-infos say INSTALLER `kvprobe`; the torchvision stand-in is in no RECORD).
 
-Python sources go with their bytecode, as a pair or not at all (`link_pairs`). A `.pyc` pip compiled
+Python sources go with their bytecode, as a pair or not at all (`link_pair`). A `.pyc` pip compiled
 records its source's mtime and size, which a link of the source alone would replace with the other
 environment's: the `.pyc` would go stale, and with PYTHONDONTWRITEBYTECODE set every import would
 compile again. Linked together, the other environment's `.pyc` is checked first to be valid for its
@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Sources and their bytecode are linked in pairs only (`link_pairs`; a .pyc records its source's mtime).
+# Sources and their bytecode are linked in pairs only (`link_pair`; a .pyc records its source's mtime).
 NEVER_LINKED = (".py", ".pyc")
 
 
@@ -216,8 +216,8 @@ def link_pair(site: Path, source: str, bytecode: str, others: list[Path], hashes
         try:
             if hashes.of(other / source, cst) != want or not bytecode_fits(other / bytecode, cst):
                 continue
-            # the bytecode first: until its source follows, the import system reads it as stale and
-            # compiles this environment's own source (the same bytes); never the other way round
+            # the bytecode first: until its source follows, the import system finds it stale and
+            # compiles this environment's own source (the same bytes)
             done = 0
             for rel, mine, theirs in ((bytecode, bst, cbst), (source, st, cst)):
                 if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
