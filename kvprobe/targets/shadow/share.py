@@ -16,7 +16,7 @@ wrote, and what pip alone removes or replaces). Never the venv's `bin/` or `pyve
 kvprobe marker (all outside site-packages), nor what a recipe step writes (kvprobe's plugin modules
 and dist-infos say INSTALLER `kvprobe`; the torchvision stand-in is in no RECORD).
 
-Python sources go with their bytecode, as a pair or not at all (`link_pair`). A `.pyc` pip compiled
+Python sources go with their bytecode, as a pair or not at all (`source_pairs`). A `.pyc` pip compiled
 records its source's mtime and size, which a link of the source alone would replace with the other
 environment's: the `.pyc` would go stale, and with PYTHONDONTWRITEBYTECODE set every import would
 compile again. Linked together, the other environment's `.pyc` is checked first to be valid for its
@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Sources and their bytecode are linked in pairs only (`link_pair`; a .pyc records its source's mtime).
+# Sources and their bytecode are linked in pairs only (`source_pairs`; a .pyc records its source's mtime).
 NEVER_LINKED = (".py", ".pyc")
 
 
@@ -175,96 +175,55 @@ def link_into(target: Path, sources: Sequence[Path], *, hashes: Hashes | None = 
             others.append(other)
         else:
             result.cross_device += 1
-    for rel in pip_files(site):
-        other = _link_one(site / rel, [(o, o / rel) for o in others], hashes, result)
+    for rel, bytecode in [(rel, None) for rel in pip_files(site)] + source_pairs(site):
+        other = _link_one(site, rel, others, hashes, result, bytecode=bytecode)
         if other is not None:
             others.remove(other)  # another filesystem after all (a bind mount): its copies stay
-            result.cross_device += 1
-    for source, bytecode in source_pairs(site):
-        other = link_pair(site, source, bytecode, others, hashes, result)
-        if other is not None:
-            others.remove(other)
             result.cross_device += 1
     return result
 
 
-def link_pair(site: Path, source: str, bytecode: str, others: list[Path], hashes: Hashes,
-              result: Shared) -> Path | None:
-    """Link a source and its bytecode under `site` to an identical source in one of `others` and the
-    bytecode there that is valid for it, both or neither (the module's docstring); the source
-    site-packages when it turned out to be on another filesystem, for the caller to drop."""
+def _link_one(site: Path, rel: str, others: list[Path], hashes: Hashes, result: Shared, *,
+              bytecode: str | None = None) -> Path | None:
+    """Link `rel` under `site` to the identical file at the same path under the one of `others` whose
+    copy has the most links; given a source's `bytecode` (`source_pairs`), the two go together or
+    not at all, the other's bytecode only when it is valid for its source (the module's docstring).
+    Returns the other site-packages when it turned out to be on another filesystem, for the caller
+    to drop."""
+    # the bytecode first: until its source follows, the import system finds it stale and compiles
+    # this environment's own source (the same bytes)
+    rels = (rel,) if bytecode is None else (bytecode, rel)
     try:
-        st, bst = os.lstat(site / source), os.lstat(site / bytecode)
+        mine = {r: os.lstat(site / r) for r in rels}
     except FileNotFoundError:
         return None
     found = []
     for other in others:
         try:
-            cst, cbst = os.lstat(other / source), os.lstat(other / bytecode)
+            theirs = {r: os.lstat(other / r) for r in rels}
         except FileNotFoundError:
             continue
-        if _ident(cst) == _ident(st) and _ident(cbst) == _ident(bst):
-            return None  # already one pair
-        # the bytecodes differ in the path they hold (their sizes too): alike in kind, mode and owner
-        if _alike(st, cst) and stat.S_ISREG(bst.st_mode) and stat.S_ISREG(cbst.st_mode) \
-                and (cbst.st_mode, cbst.st_uid, cbst.st_gid) == (bst.st_mode, bst.st_uid, bst.st_gid):
-            found.append((other, cst, cbst))
+        if all(_one_inode(mine[r], theirs[r]) for r in rels):
+            return None  # already one file (one pair)
+        if _alike(mine[rel], theirs[rel]) and (bytecode is None or _alike_bytecode(mine[bytecode], theirs[bytecode])):
+            found.append((other, theirs))
     if not found:
         return None
-    want = hashes.of(site / source, st)
-    for other, cst, cbst in sorted(found, key=lambda c: -c[1].st_nlink):
-        try:
-            if hashes.of(other / source, cst) != want or not bytecode_fits(other / bytecode, cst):
-                continue
-            # the bytecode first: until its source follows, the import system finds it stale and
-            # compiles this environment's own source (the same bytes)
-            done = 0
-            for rel, mine, theirs in ((bytecode, bst, cbst), (source, st, cst)):
-                if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
-                    continue
-                if not _replace(site / rel, mine, other / rel, theirs):
-                    return None
-                done += 1
-                result.freed += mine.st_blocks * 512 if mine.st_nlink == 1 else 0
-            result.files += done
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                return other
-            raise
-        return None
-    return None
-
-
-def _link_one(path: Path, candidates: list[tuple[Path, Path]], hashes: Hashes, result: Shared) -> Path | None:
-    """Link `path` to the identical candidate (source site-packages, file) with the most links;
-    the source site-packages when it turned out to be on another filesystem, for the caller to drop."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    found = []
-    for other, cand in candidates:
-        try:
-            cst = os.lstat(cand)
-        except FileNotFoundError:
-            continue
-        if (cst.st_dev, cst.st_ino) == (st.st_dev, st.st_ino):
-            return None  # already one file
-        if _alike(st, cst):
-            found.append((other, cand, cst))
-    if not found:
-        return None
-    want = hashes.of(path, st)
+    want = hashes.of(site / rel, mine[rel])
     # the inode with the most names first: environments converge on one copy
-    for other, cand, cst in sorted(found, key=lambda c: -c[2].st_nlink):
+    for other, theirs in sorted(found, key=lambda c: -c[1][rel].st_nlink):
         try:
-            if hashes.of(cand, cst) != want:
+            if hashes.of(other / rel, theirs[rel]) != want:
                 continue
-            if _replace(path, st, cand, cst):
+            if bytecode is not None and not bytecode_fits(other / bytecode, theirs[rel]):
+                continue
+            for r in rels:
+                if _one_inode(mine[r], theirs[r]):
+                    continue
+                if not _replace(site / r, mine[r], other / r, theirs[r]):
+                    return None  # replaced since it was hashed
                 result.files += 1
-                result.freed += st.st_blocks * 512 if st.st_nlink == 1 else 0
+                result.freed += mine[r].st_blocks * 512 if mine[r].st_nlink == 1 else 0
         except FileNotFoundError:
             continue  # removed since it was listed: a source pruned or reinstalled
         except OSError as exc:
@@ -273,6 +232,17 @@ def _link_one(path: Path, candidates: list[tuple[Path, Path]], hashes: Hashes, r
             raise
         return None
     return None
+
+
+def _one_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _alike_bytecode(a: os.stat_result, b: os.stat_result) -> bool:
+    """Two bytecodes of one source differ in the path they hold (their sizes too): alike in kind,
+    mode and owner."""
+    return (stat.S_ISREG(a.st_mode) and stat.S_ISREG(b.st_mode)
+            and (a.st_mode, a.st_uid, a.st_gid) == (b.st_mode, b.st_uid, b.st_gid))
 
 
 def _replace(path: Path, st: os.stat_result, source: Path, sst: os.stat_result) -> bool:
