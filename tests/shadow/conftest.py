@@ -80,3 +80,12 @@ def alive(pid: int) -> bool:
             return fh.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def console_tmpdir(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `kvprobe shadow vllm` started by a test. That command becomes `vllm serve`
+    (exec), whose ZMQ sockets go to the temporary folder (VLLM_RPC_BASE_PATH, vLLM 0.33.0 envs.py) and
+    stay there after it stops: a test's go to a folder of its own, under its tmp_path."""
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    return {"TMPDIR": str(scratch)}

@@ -18,7 +18,7 @@ import pytest
 from kvprobe.errors import TargetError
 from kvprobe.procgroup import free_port
 from kvprobe.spec.expectation import load_expectations
-from tests.shadow.conftest import REPO, alive, engine_pids
+from tests.shadow.conftest import REPO, alive, console_tmpdir, engine_pids
 
 pytestmark = pytest.mark.slow
 EXPECTATIONS = REPO / "expectations"
@@ -175,8 +175,11 @@ def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),
             "--step-ms", "20", "--num-gpu-blocks-override", "300", "--max-model-len", "2048", "--enforce-eager"]
+    env = console_tmpdir(tmp_path)
     with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
-                       startup_timeout=300) as target:
+                       startup_timeout=300, env=env) as target:
+        # vLLM's sockets in the test's own temporary folder, not the machine's /tmp
+        assert [p for p in Path(env["TMPDIR"]).iterdir() if p.is_socket()], env
         status, body = http_get(target.url + "/v1/models")
         assert status == 200 and json.loads(body)["data"][0]["id"] == "meta-llama/Llama-3.1-8B"
         facts = target.facts()
