@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,10 +84,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def console_tmpdir(tmp_path: Path) -> dict[str, str]:
+@pytest.fixture
+def console_tmpdir():
     """The environment of a `kvprobe shadow vllm` started by a test. That command becomes `vllm serve`
     (exec), whose ZMQ sockets go to the temporary folder (VLLM_RPC_BASE_PATH, vLLM 0.33.0 envs.py) and
-    stay there after it stops: a test's go to a folder of its own, under its tmp_path."""
-    scratch = tmp_path / "tmpdir"
-    scratch.mkdir()
-    return {"TMPDIR": str(scratch)}
+    stay there after it stops: a test's go to a folder of its own, removed after it. A short one
+    under /tmp: a socket's path must fit sockaddr_un (107 bytes), which a pytest tmp_path under
+    xdist does not leave room for."""
+    scratch = tempfile.mkdtemp(prefix="kvprobe-console-")
+    yield {"TMPDIR": scratch}
+    shutil.rmtree(scratch, ignore_errors=True)

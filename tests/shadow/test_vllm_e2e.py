@@ -18,7 +18,7 @@ import pytest
 from kvprobe.errors import TargetError
 from kvprobe.procgroup import free_port
 from kvprobe.spec.expectation import load_expectations
-from tests.shadow.conftest import REPO, alive, console_tmpdir, engine_pids
+from tests.shadow.conftest import REPO, alive, engine_pids
 
 pytestmark = pytest.mark.slow
 EXPECTATIONS = REPO / "expectations"
@@ -166,7 +166,7 @@ def test_no_scheduler_reserve_full_isl_brings_back_over_admission(vllm_env, tmp_
         assert_engine_gone(tmp_path / name)
 
 
-def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
+def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path, console_tmpdir):
     """`kvprobe shadow vllm MODEL [vllm serve flags]`: the real server under the preset's name, its pool
     from the passed-through flag, stopped with its process group."""
     from kvprobe.observe.http import http_get
@@ -175,7 +175,7 @@ def test_kvprobe_shadow_vllm_serves_on_the_console(vllm_env, tmp_path):
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),
             "--step-ms", "20", "--num-gpu-blocks-override", "300", "--max-model-len", "2048", "--enforce-eager"]
-    env = console_tmpdir(tmp_path)
+    env = console_tmpdir
     with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
                        startup_timeout=300, env=env) as target:
         # vLLM's sockets in the test's own temporary folder, not the machine's /tmp

@@ -13,19 +13,18 @@ import pytest
 from kvprobe.procgroup import free_port
 from kvprobe.targets.launch import Target
 from tests.cli.console import run
-from tests.shadow.conftest import console_tmpdir
 from tests.shadow.test_vllm_e2e import assert_engine_gone
 
 
 @pytest.mark.slow
-def test_a_staging_probe_without_a_file_passes_on_real_vllm(vllm_env, tmp_path, capsys, say):
+def test_a_staging_probe_without_a_file_passes_on_real_vllm(vllm_env, tmp_path, capsys, say, console_tmpdir):
     port = free_port()
     argv = [sys.executable, "-m", "kvprobe", "shadow", "vllm", "meta-llama/Llama-3.1-8B", "--port", str(port),
             "--step-ms", "20", "--num-gpu-blocks-override", "300", "--max-model-len", "2048", "--max-num-seqs", "16",
             "--enforce-eager"]
     art = tmp_path / "art"
     with Target.launch(argv, engine="vllm", port=port, log_path=str(tmp_path / "engine.log"),
-                       startup_timeout=300, env=console_tmpdir(tmp_path)) as target:
+                       startup_timeout=300, env=console_tmpdir) as target:
         rc, out, err = run(capsys, "probe", "--url", target.url, "--engine", "vllm", "--prompt-tokens", "128",
                            "--output-tokens", "32", "--max-num-seqs", "16", "--profile", "predict",
                            "--artifacts", str(art))
