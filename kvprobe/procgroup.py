@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import random
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +34,13 @@ import psutil
 # floor sits above that band: 30000 up to the ephemeral range (32768 by default).
 PICK_FLOOR = 30000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Other kvprobe processes on the machine (the suite's other lane, a second probe) pick from the same
+# band, and an engine binds its port up to a minute after the pick (SGLang's HTTP server starts once
+# its scheduler has): long enough for another process to find the port still free and give it to its
+# own engine. A clean clone saw an SGLang shadow's health check answered, and its probe refused, by
+# the other lane's vLLM on the same port. So each pick is written to this file, under its lock, with
+# the picker's process id; a port that a live process picked is not picked again.
+PORTS_FILE = Path(tempfile.gettempdir()) / "kvprobe-ports"
 _PICK_TRIES = 200
 _issued: set[int] = set()
 _issue_lock = threading.Lock()
@@ -47,22 +56,61 @@ def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now, outside the ephemeral range when there is room below it.
+    """A port nothing listens on right now, outside the ephemeral range when there is room below it,
+    and that no live kvprobe process on the machine picked (PORTS_FILE).
 
-    A race with another process binding the same port remains; it is what `port_in_use` reports.
+    A race with a process that is not kvprobe binding the same port remains; it is what
+    `port_in_use` reports.
     """
     top = ephemeral_floor()
-    with _issue_lock:
+    with _issue_lock, _machine_picks() as picked:
         for _ in range(_PICK_TRIES if top - PICK_FLOOR >= 1000 else 0):
             port = _rng.randrange(PICK_FLOOR, top)
-            if port not in _issued and _bindable(host, port):
-                _issued.add(port)
-                return port
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below: the OS picks
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
+            if port not in _issued and port not in picked and _bindable(host, port):
+                break
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below: the OS picks
+                sock.bind((host, 0))
+                port = sock.getsockname()[1]
         _issued.add(port)
+        picked[port] = os.getpid()
         return port
+
+
+@contextlib.contextmanager
+def _machine_picks(path: Path | None = None):
+    """{port: pid} of the ports live kvprobe processes picked (PORTS_FILE), held under the file's lock
+    for the block and written back after it; the dead's picks are dropped. A file that cannot be
+    opened leaves the picks to this process alone."""
+    path = path or PORTS_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield {}
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        picks: dict[int, int] = {}
+        with os.fdopen(os.dup(fd), "r", encoding="ascii", errors="replace") as fh:
+            for line in fh.read().splitlines():
+                port, _, pid = line.partition(" ")
+                if port.isdigit() and pid.isdigit() and _lives(int(pid)):
+                    picks[int(port)] = int(pid)
+        yield picks
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, "".join(f"{port} {pid}\n" for port, pid in sorted(picks.items())).encode(), 0)
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def _lives(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def _bindable(host: str, port: int) -> bool:
