@@ -94,23 +94,13 @@ def _machine_picks(path: Path | None = None):
         with os.fdopen(os.dup(fd), "r", encoding="ascii", errors="replace") as fh:
             for line in fh.read().splitlines():
                 port, _, pid = line.partition(" ")
-                if port.isdigit() and pid.isdigit() and _lives(int(pid)):
+                if port.isdigit() and pid.isdigit() and psutil.pid_exists(int(pid)):
                     picks[int(port)] = int(pid)
         yield picks
         os.ftruncate(fd, 0)
         os.pwrite(fd, "".join(f"{port} {pid}\n" for port, pid in sorted(picks.items())).encode(), 0)
     finally:
         os.close(fd)  # the lock goes with it
-
-
-def _lives(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def _bindable(host: str, port: int) -> bool:

@@ -56,12 +56,8 @@ def starved_so_far(records, t_start: float, t_steady: float, now: float) -> bool
     such second counts as lagged here. Ending on a 1-of-2 look, the unseen third second lagged
     and the judgement read 2 of 3 (the SGLang shadow, loop lag 37 ms against 25.6)."""
     limit, by_worker = _lag_by_worker(records, t_start, t_steady, now)
-    last: dict[str, float] = {}
-    for r in records:
-        if r.kind == "lag" and r.t is not None and (worker := r.worker or "?") in by_worker:
-            last[worker] = max(last.get(worker, r.t), r.t)
-    return any(_mostly_saturated(rs, limit, unseen=max(0, int((now - last[w]) / HEALTH_PERIOD)))
-               for w, rs in by_worker.items())
+    return any(_mostly_saturated(rs, limit, unseen=int((now - max(r.t for r in rs)) / HEALTH_PERIOD))
+               for rs in by_worker.values())
 
 
 def _lag_by_worker(records, t_start: float, t_steady: float, t_end: float) -> tuple[float, dict[str, list]]:
