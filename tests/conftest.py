@@ -9,17 +9,17 @@ lower CPU priority (nice 10), so a probe's engine and client still get the cores
 them. SHARES_THE_CORES names the modules whose directory or signs would put them in the lane but
 that neither drive load nor judge time.
 
-`make test` runs two lanes side by side (KVPROBE_TEST_LANES=2, `-n 3`: SECOND_LANE_DIRS in the
-second) and they take turns at loading the machine: a probe judges its own client's lag and calls a
-level inconclusive when it lags, and two probes ramping at once on two cores starved each other's
+`make test` runs three lanes side by side (KVPROBE_TEST_LANES=3, `-n 4`: LAYOUTS says which modules
+each runs) and they take turns at loading the machine: a probe judges its own client's lag and calls
+a level inconclusive when it lags, and two probes ramping at once on two cores starved each other's
 Locust client (loop lag p99 18-28 ms against the 15 ms a probe accepts). So the lanes share one load
 turn (kvprobe.load.turns): a probe of a module in PROBES_TAKE_TURNS holds it from its calibration to
 its load's stop, and every other lane test (and one marked `holds_the_turn`: it bounds the wall
 clock around its probe, which a wait for the turn would spend) holds it throughout, but for those
-that drive no load at all (WAITS_WITHOUT_LOAD); the other lane's engine starts and drains meanwhile.
+that drive no load at all (WAITS_WITHOUT_LOAD); the other lanes' engines start and drain meanwhile.
 A test marked `needs_a_quiet_machine` (a real server streaming requests of a second or two: an
-engine starting beside it makes it burst) has its probes load while the other lane runs nothing;
-its engines start beside the other lane's loads.
+engine starting beside it makes it burst) has its probes load while the other lanes run nothing;
+its engines start beside the other lanes' loads.
 Without KVPROBE_TEST_LANES one lane holds every end-to-end test and no turn is
 taken; on one worker the suite is the same tests in the same order.
 """
@@ -42,29 +42,33 @@ from tests import suite_timeline
 pytest_plugins = ["pytester"]
 
 ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
-# With KVPROBE_TEST_LANES=2, two lanes of about half the end-to-end time each (a clean clone's lane
-# spans, waits for the turn included: the vLLM shadow's 15.3 min and the emulator's other modules 11;
-# the SGLang shadow's 11.9 and tests/probe/ 12.0): a module under SECOND_LANE_DIRS runs in the second
-# lane, every other lane module in the first. (tests/load/ in the second lane balanced the spans and
-# lengthened the wall: 28.3 min against 27.2, the first lane waiting 7.1 min for the turn, not 5.3.
-# With the quiet tests' engines starting beside the other lane, the first lane ran 4.3 min past the
-# second's end, its last engines starting on an idle turn; the vLLM release pair and tests/shadow_env/
-# in the second lane then made the second run 5.1 min past the first: 28.2 min against 27.8. The
-# pair alone, 2.0 min of the first lane's span, made the second run 4.6 min past the first: 29.7 min.
-# A lane's modules take longer the more of the turn the other lane holds, so a move shifts more than
-# its own span.)
-FIRST_LANE, SECOND_LANE = "end-to-end: vLLM shadow, emulator", "end-to-end: SGLang shadow, probes"
-SECOND_LANE_DIRS = ("tests/shadow_sglang/", "tests/probe/")
-# The lanes' engine phases apart: the second lane runs its real engines' modules first (ENGINE_DIRS), its
-# emulator probes after, and the first lane its emulator modules first: while one lane's engines start (no
-# load: the turn idle unless the other lane loads) the other lane's probes load. With both lanes running
-# their engines last, a clean clone left the turn idle 235 s (4-47 s at a time) in the 964 s both lanes
-# spent starting real engines side by side (27.6 min; 26.9 with this order, the idle turn 184 s).
-# (Tried and taken back: the first lane's engine module with quiet tests last of all. Its quiet probes then
-# waited 0.2-3.4 s for the other lane's emulator probes, not 11-36 s for its SGLang tests, but the first lane
-# ended alone, starting vLLM servers with nothing to load beside them: 2.2 and 3.5 min past the second lane in
-# two clean clones, 26.8 and 28.7 min.)
-ENGINES_FIRST = SECOND_LANE
+# The lanes of KVPROBE_TEST_LANES=N: each a name and the directories whose modules it runs, the last
+# lane every other lane module. Three (`make test`): each engine's real servers in a lane of its own
+# and the emulator's probes in the third, so that one lane's probes load while the other two start
+# their engines. (With two lanes, the vLLM shadow with the emulator's modules and the SGLang shadow
+# with tests/probe/, a clean clone spent 28.8 min: the turn held 23.7 min, and idle 4.1 min in gaps of
+# 4-35 s while both lanes started engines at once.)
+# (Two lanes' history: tests/load/ in the second lane balanced the spans and lengthened the wall: 28.3
+# min against 27.2, the first lane waiting 7.1 min for the turn, not 5.3. With the quiet tests' engines
+# starting beside the other lane, the first lane ran 4.3 min past the second's end, its last engines
+# starting on an idle turn; the vLLM release pair and tests/shadow_env/ in the second lane then made
+# the second run 5.1 min past the first. A lane's modules take longer the more of the turn the other
+# lanes hold, so a move shifts more than its own span.)
+LAYOUTS = {
+    1: (("end-to-end", ()),),
+    2: (("end-to-end: SGLang shadow, probes", ("tests/shadow_sglang/", "tests/probe/")),
+        ("end-to-end: vLLM shadow, emulator", ())),
+    3: (("end-to-end: vLLM shadow", ("tests/shadow/", "tests/shadow_env/")),
+        ("end-to-end: SGLang shadow", ("tests/shadow_sglang/",)),
+        ("end-to-end: emulator", ())),
+}
+# With two lanes, their engine phases apart: the SGLang lane runs its real engines' modules first
+# (ENGINE_DIRS), its emulator probes after, and the other lane its emulator modules first: while one
+# lane's engines start (no load: the turn idle unless the other lane loads) the other lane's probes
+# load. With both lanes running their engines last, a clean clone left the turn idle 235 s (4-47 s at a
+# time) in the 964 s both lanes spent starting real engines side by side (27.6 min; 26.9 with this
+# order, the idle turn 184 s). With three lanes each lane holds one kind and the order is as collected.
+ENGINES_FIRST = LAYOUTS[2][0][0]
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
 # took, a deadline), runs in a lane: none of its tests shares its worker with a probe
 SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait_for(", "timeout=")
@@ -133,7 +137,8 @@ def _module_lane(root: Path, path: str) -> str | None:
             return None
         if not any(sign in text for sign in SERIAL_SIGNS):
             return None
-    return SECOND_LANE if two_lanes() and path.startswith(SECOND_LANE_DIRS) else FIRST_LANE
+    layout = LAYOUTS[lane_count()]
+    return next((name for name, dirs in layout if dirs and path.startswith(dirs)), layout[-1][0])
 
 
 def lane(root: Path, nodeid: str) -> str | None:
@@ -168,10 +173,10 @@ def pytest_collection_modifyitems(config, items):
     """With two lanes, each lane's tests in the order `_run_order` gives (ENGINES_FIRST); every other
     test keeps its place. (xdist hands a lane out in collection order, which every worker computes
     alike.)"""
-    if not two_lanes():
+    if lane_count() < 2:
         return
     root = config.rootpath
-    for name in (FIRST_LANE, SECOND_LANE):
+    for name, _ in LAYOUTS[lane_count()]:
         at = [i for i, item in enumerate(items) if lane(root, item.nodeid) == name]
         # a stable sort: the files of each kind keep their order, and the lane its places in the collection
         moved = iter(sorted((items[i] for i in at), key=lambda item: _run_order(name, item.nodeid)))
@@ -186,8 +191,12 @@ def _run_order(name: str, nodeid: str) -> int:
     return int(not engine) if name == ENGINES_FIRST else int(engine)
 
 
-def two_lanes() -> bool:
-    return os.environ.get("KVPROBE_TEST_LANES", "1") == "2"
+def lane_count() -> int:
+    """KVPROBE_TEST_LANES: how many lanes run side by side (1 without it)."""
+    raw = os.environ.get("KVPROBE_TEST_LANES", "1")
+    if not raw.isdigit() or int(raw) not in LAYOUTS:
+        raise pytest.UsageError(f"KVPROBE_TEST_LANES={raw!r}: expected one of {sorted(LAYOUTS)}")
+    return int(raw)
 
 
 _STARTED = time.time()  # the controller's start: the wall clock the timeline's lines divide
@@ -201,7 +210,7 @@ def pytest_configure(config):
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # the controller names the turn's file (and the log of its holds) before its workers start; they inherit it
-    if two_lanes() and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
+    if lane_count() > 1 and not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(TURN_ENV):
         os.environ[TURN_ENV] = str(Path(tempfile.gettempdir()) / f"kvprobe-load-turn-{os.getpid()}")
         os.environ[TURN_LOG_ENV] = os.environ[TURN_ENV] + ".log"
         for suffix in ("", ".quiet", ".want", ".log"):

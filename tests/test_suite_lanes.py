@@ -34,27 +34,45 @@ def test_every_module_that_shares_the_cores_exists_and_drives_no_load(path):
     assert not found, f"{path} drives load ({found}): it belongs in a lane"
 
 
-@pytest.mark.parametrize(("nodeid", "lane"), [
-    ("tests/shadow/test_vllm_e2e.py::test_x", conftest.FIRST_LANE),
-    ("tests/shadow_sglang/test_shared_radix.py::test_x", conftest.SECOND_LANE),
-    ("tests/probe/test_probe_e2e.py::test_x[a]", conftest.SECOND_LANE),
-    ("tests/load/test_load_run.py::test_x", conftest.FIRST_LANE),
-    ("tests/fleet/test_fleet_e2e.py::test_x", conftest.FIRST_LANE),
-    ("tests/shadow_env/test_hybrid_vllm_probe.py::test_x", conftest.FIRST_LANE),  # no sign needed
-    ("tests/theory/test_real_vllm.py::test_x", None),   # named in SHARES_THE_CORES
-    ("tests/shadow/test_vllm_planner.py::test_x", None),  # under ENGINE_DIRS, but named
-    ("tests/test_spec.py::test_x", None),                # no sign
+def _lane(lanes: int, k: int) -> str:
+    return conftest.LAYOUTS[lanes][k][0]
+
+
+@pytest.mark.parametrize(("lanes", "nodeid", "k"), [
+    (2, "tests/shadow/test_vllm_e2e.py::test_x", 1),
+    (2, "tests/shadow_sglang/test_shared_radix.py::test_x", 0),
+    (2, "tests/probe/test_probe_e2e.py::test_x[a]", 0),
+    (2, "tests/load/test_load_run.py::test_x", 1),
+    (2, "tests/fleet/test_fleet_e2e.py::test_x", 1),
+    (2, "tests/shadow_env/test_hybrid_vllm_probe.py::test_x", 1),  # no sign needed
+    (3, "tests/shadow/test_vllm_e2e.py::test_x", 0),
+    (3, "tests/shadow_env/test_hybrid_vllm_probe.py::test_x", 0),
+    (3, "tests/shadow_sglang/test_shared_radix.py::test_x", 1),
+    (3, "tests/probe/test_probe_e2e.py::test_x[a]", 2),
+    (3, "tests/load/test_load_run.py::test_x", 2),
+    (3, "tests/fleet/test_fleet_e2e.py::test_x", 2),
+    *((lanes, nodeid, None) for lanes in (2, 3) for nodeid in (
+        "tests/theory/test_real_vllm.py::test_x",  # named in SHARES_THE_CORES
+        "tests/shadow/test_vllm_planner.py::test_x",  # under ENGINE_DIRS, but named
+        "tests/test_spec.py::test_x")),  # no sign
 ])
-def test_two_lanes_by_module(nodeid, lane, monkeypatch):
-    monkeypatch.setenv("KVPROBE_TEST_LANES", "2")
-    assert conftest.lane(ROOT, nodeid) == lane
-    assert conftest.serial(ROOT, nodeid) is (lane is not None)
+def test_lanes_by_module(lanes, nodeid, k, monkeypatch):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", str(lanes))
+    assert conftest.lane(ROOT, nodeid) == (None if k is None else _lane(lanes, k))
+    assert conftest.serial(ROOT, nodeid) is (k is not None)
 
 
 def test_one_lane_by_default(monkeypatch):
     monkeypatch.delenv("KVPROBE_TEST_LANES", raising=False)
-    assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == conftest.FIRST_LANE
-    assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == conftest.FIRST_LANE
+    assert conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t") == _lane(1, 0)
+    assert conftest.lane(ROOT, "tests/shadow_sglang/test_repro.py::t") == _lane(1, 0)
+
+
+@pytest.mark.parametrize("raw", ["4", "two", ""])
+def test_a_lane_count_without_a_layout_is_a_usage_error(raw, monkeypatch):
+    monkeypatch.setenv("KVPROBE_TEST_LANES", raw)
+    with pytest.raises(pytest.UsageError, match=f"KVPROBE_TEST_LANES={raw!r}: expected one of \\[1, 2, 3\\]"):
+        conftest.lane(ROOT, "tests/probe/test_probe_e2e.py::t")
 
 
 def _nodeids_in_run_order(monkeypatch, pytestconfig, lanes: str, collected: list[str]) -> list[str]:
@@ -82,6 +100,8 @@ def test_each_lane_runs_its_engines_apart_from_the_others(monkeypatch, pytestcon
         "tests/shadow/test_vllm_e2e.py::a", "tests/shadow/test_vllm_e2e.py::q",
         "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/shadow/test_vllm_release_pair.py::a",
         "tests/test_spec.py::a"]
+    # three lanes: each holds one kind, in the order collected
+    assert _nodeids_in_run_order(monkeypatch, pytestconfig, "3", COLLECTED) == COLLECTED
     one_lane = _nodeids_in_run_order(monkeypatch, pytestconfig, "1", COLLECTED)
     assert one_lane == COLLECTED  # one lane: as collected
 
