@@ -42,33 +42,30 @@ from tests import suite_timeline
 pytest_plugins = ["pytester"]
 
 ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
-# The lanes of KVPROBE_TEST_LANES=N: each a name and the directories whose modules it runs, the last
-# lane every other lane module. Three (`make test`): each engine's real servers in a lane of its own
-# and the emulator's probes in the third, so that one lane's probes load while the other two start
-# their engines. (With two lanes, the vLLM shadow with the emulator's modules and the SGLang shadow
-# with tests/probe/, a clean clone spent 28.8 min: the turn held 23.7 min, and idle 4.1 min in gaps of
-# 4-35 s while both lanes started engines at once.)
+# The lanes of KVPROBE_TEST_LANES=N: each a name, the directories whose modules it runs (the last
+# lane: every other lane module) and whether its real engines' modules (ENGINE_DIRS) run first. Three
+# (`make test`): each engine's real servers in a lane of their own, then emulator modules; the third
+# lane the emulator's alone, so that one lane's probes load while the others start their engines.
+# (With the emulator's modules all in the third lane, a clean clone's engine lanes ended 7 min before
+# it: 28.7 min, the turn held 24.3; the vLLM lane ran 917 s of tests, the SGLang lane 984 and the third
+# 1,094, and waited the longest for the turn: its many short probes each take it afresh.)
+# With two lanes, the vLLM shadow with the emulator's modules and the SGLang shadow with tests/probe/,
+# a clean clone spent 28.8 min: the turn held 23.7, idle 4.1 in gaps of 4-35 s while both lanes started
+# engines at once. The SGLang lane runs its real engines first, the other lane last: while one lane's
+# engines start (no load: the turn idle unless the other lane loads) the other lane's probes load.
+# With both lanes running their engines last, a clean clone left the turn idle 235 s in the 964 s both
+# lanes spent starting real engines side by side (27.6 min; 26.9 with this order, the idle turn 184 s).
 # (Two lanes' history: tests/load/ in the second lane balanced the spans and lengthened the wall: 28.3
-# min against 27.2, the first lane waiting 7.1 min for the turn, not 5.3. With the quiet tests' engines
-# starting beside the other lane, the first lane ran 4.3 min past the second's end, its last engines
-# starting on an idle turn; the vLLM release pair and tests/shadow_env/ in the second lane then made
-# the second run 5.1 min past the first. A lane's modules take longer the more of the turn the other
-# lanes hold, so a move shifts more than its own span.)
+# min against 27.2, the first lane waiting 7.1 min for the turn, not 5.3. A lane's modules take longer
+# the more of the turn the other lanes hold, so a move shifts more than its own span.)
 LAYOUTS = {
-    1: (("end-to-end", ()),),
-    2: (("end-to-end: SGLang shadow, probes", ("tests/shadow_sglang/", "tests/probe/")),
-        ("end-to-end: vLLM shadow, emulator", ())),
-    3: (("end-to-end: vLLM shadow", ("tests/shadow/", "tests/shadow_env/")),
-        ("end-to-end: SGLang shadow", ("tests/shadow_sglang/",)),
-        ("end-to-end: emulator", ())),
+    1: (("end-to-end", (), False),),
+    2: (("end-to-end: SGLang shadow, probes", ("tests/shadow_sglang/", "tests/probe/"), True),
+        ("end-to-end: vLLM shadow, emulator", (), False)),
+    3: (("end-to-end: vLLM shadow, plugin", ("tests/shadow/", "tests/shadow_env/", "tests/plugin/"), True),
+        ("end-to-end: SGLang shadow, fleet", ("tests/shadow_sglang/", "tests/fleet/"), True),
+        ("end-to-end: emulator", (), True)),
 }
-# With two lanes, their engine phases apart: the SGLang lane runs its real engines' modules first
-# (ENGINE_DIRS), its emulator probes after, and the other lane its emulator modules first: while one
-# lane's engines start (no load: the turn idle unless the other lane loads) the other lane's probes
-# load. With both lanes running their engines last, a clean clone left the turn idle 235 s (4-47 s at a
-# time) in the 964 s both lanes spent starting real engines side by side (27.6 min; 26.9 with this
-# order, the idle turn 184 s). With three lanes each lane holds one kind and the order is as collected.
-ENGINES_FIRST = LAYOUTS[2][0][0]
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something
 # took, a deadline), runs in a lane: none of its tests shares its worker with a probe
 SERIAL_SIGNS = ("mark.slow", "time.monotonic", "time.time(", "time.sleep", "wait_for(", "timeout=")
@@ -138,7 +135,7 @@ def _module_lane(root: Path, path: str) -> str | None:
         if not any(sign in text for sign in SERIAL_SIGNS):
             return None
     layout = LAYOUTS[lane_count()]
-    return next((name for name, dirs in layout if dirs and path.startswith(dirs)), layout[-1][0])
+    return next((name for name, dirs, _ in layout if dirs and path.startswith(dirs)), layout[-1][0])
 
 
 def lane(root: Path, nodeid: str) -> str | None:
@@ -170,25 +167,24 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """With two lanes, each lane's tests in the order `_run_order` gives (ENGINES_FIRST); every other
+    """With lanes, each lane's tests in the order `_run_order` gives (its engines first or last); every other
     test keeps its place. (xdist hands a lane out in collection order, which every worker computes
     alike.)"""
     if lane_count() < 2:
         return
     root = config.rootpath
-    for name, _ in LAYOUTS[lane_count()]:
+    for name, _, engines_first in LAYOUTS[lane_count()]:
         at = [i for i, item in enumerate(items) if lane(root, item.nodeid) == name]
         # a stable sort: the files of each kind keep their order, and the lane its places in the collection
-        moved = iter(sorted((items[i] for i in at), key=lambda item: _run_order(name, item.nodeid)))
+        moved = iter(sorted((items[i] for i in at), key=lambda item: _run_order(engines_first, item.nodeid)))
         for i in at:
             items[i] = next(moved)
 
 
-def _run_order(name: str, nodeid: str) -> int:
-    """Where the lane `name` runs the test `nodeid`: its real engines' modules first in ENGINES_FIRST,
-    last in the other lane."""
+def _run_order(engines_first: bool, nodeid: str) -> int:
+    """Where a lane runs the test `nodeid`: its real engines' modules first or last."""
     engine = nodeid.startswith(ENGINE_DIRS)
-    return int(not engine) if name == ENGINES_FIRST else int(engine)
+    return int(not engine) if engines_first else int(engine)
 
 
 def lane_count() -> int:

@@ -18,10 +18,12 @@ LOAD_SIGNS = ("run_probe", "LocustRun", '"probe"', "--kvprobe", "import ramp", "
 
 
 @pytest.fixture(autouse=True)
-def _fresh_lanes():
+def _fresh_lanes(monkeypatch):
     # the lanes are cached per module and read KVPROBE_TEST_LANES once: each test reads them afresh,
     # and leaves no entry of its own environment behind for this worker's scheduling of priorities
     conftest._module_lane.cache_clear()
+    # the holds the hooks log here are not the suite's: its timeline (tests/suite_timeline.py) would count them
+    monkeypatch.delenv(conftest.TURN_LOG_ENV, raising=False)
     yield
     conftest._module_lane.cache_clear()
 
@@ -50,7 +52,8 @@ def _lane(lanes: int, k: int) -> str:
     (3, "tests/shadow_sglang/test_shared_radix.py::test_x", 1),
     (3, "tests/probe/test_probe_e2e.py::test_x[a]", 2),
     (3, "tests/load/test_load_run.py::test_x", 2),
-    (3, "tests/fleet/test_fleet_e2e.py::test_x", 2),
+    (3, "tests/fleet/test_fleet_e2e.py::test_x", 1),
+    (3, "tests/plugin/test_plugin.py::test_x", 0),
     *((lanes, nodeid, None) for lanes in (2, 3) for nodeid in (
         "tests/theory/test_real_vllm.py::test_x",  # named in SHARES_THE_CORES
         "tests/shadow/test_vllm_planner.py::test_x",  # under ENGINE_DIRS, but named
@@ -77,6 +80,7 @@ def test_a_lane_count_without_a_layout_is_a_usage_error(raw, monkeypatch):
 
 def _nodeids_in_run_order(monkeypatch, pytestconfig, lanes: str, collected: list[str]) -> list[str]:
     monkeypatch.setenv("KVPROBE_TEST_LANES", lanes)
+    conftest._module_lane.cache_clear()  # the lanes of the count asked for
     items = [_Item(pytestconfig, nodeid, quiet=False) for nodeid in collected]
     conftest.pytest_collection_modifyitems(pytestconfig, items)
     return [item.nodeid for item in items]
@@ -100,8 +104,13 @@ def test_each_lane_runs_its_engines_apart_from_the_others(monkeypatch, pytestcon
         "tests/shadow/test_vllm_e2e.py::a", "tests/shadow/test_vllm_e2e.py::q",
         "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/shadow/test_vllm_release_pair.py::a",
         "tests/test_spec.py::a"]
-    # three lanes: each holds one kind, in the order collected
-    assert _nodeids_in_run_order(monkeypatch, pytestconfig, "3", COLLECTED) == COLLECTED
+    # three lanes: each its real engines first (the SGLang lane's fleet module after them)
+    assert _nodeids_in_run_order(monkeypatch, pytestconfig, "3", COLLECTED) == [
+        "tests/cli/test_declared_flags.py::a", "tests/shadow_sglang/test_attach_checks.py::a",
+        "tests/probe/test_diff.py::a", "tests/probe/test_diff.py::b", "tests/probe/test_bench_bar.py::a",
+        "tests/shadow/test_vllm_e2e.py::a", "tests/shadow/test_vllm_e2e.py::q",
+        "tests/shadow/test_vllm_release_pair.py::a", "tests/shadow_sglang/test_repro.py::a",
+        "tests/fleet/test_fleet_e2e.py::q", "tests/target/test_launcher.py::a", "tests/test_spec.py::a"]
     one_lane = _nodeids_in_run_order(monkeypatch, pytestconfig, "1", COLLECTED)
     assert one_lane == COLLECTED  # one lane: as collected
 

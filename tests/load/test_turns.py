@@ -28,6 +28,12 @@ from kvprobe.load.turns import (
 from tests.locks import blocked
 
 
+@pytest.fixture(autouse=True)
+def _not_the_suites_log(monkeypatch):
+    # the holds these tests take are not the suite's: its timeline (tests/suite_timeline.py) would count them
+    monkeypatch.delenv(TURN_LOG_ENV, raising=False)
+
+
 def test_without_the_variable_there_is_no_turn(monkeypatch):
     monkeypatch.delenv(TURN_ENV, raising=False)
     with load_turn() as waited:
