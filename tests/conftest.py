@@ -48,7 +48,9 @@ ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
 # lane the emulator's alone, so that one lane's probes load while the others start their engines.
 # (With the emulator's modules all in the third lane, a clean clone's engine lanes ended 7 min before
 # it: 28.7 min, the turn held 24.3; the vLLM lane ran 917 s of tests, the SGLang lane 984 and the third
-# 1,094, and waited the longest for the turn: its many short probes each take it afresh.)
+# 1,094, and waited the longest for the turn: its many short probes each take it afresh. With
+# tests/plugin/ after the vLLM engines and tests/fleet/ after SGLang's, 27.5 min: the lanes ended at
+# 23.5, 19.9 and 27.2 min; tests/load/, 4.2 min of the third lane's span, then moved to the SGLang lane.)
 # With two lanes, the vLLM shadow with the emulator's modules and the SGLang shadow with tests/probe/,
 # a clean clone spent 28.8 min: the turn held 23.7, idle 4.1 in gaps of 4-35 s while both lanes started
 # engines at once. The SGLang lane runs its real engines first, the other lane last: while one lane's
@@ -63,7 +65,7 @@ LAYOUTS = {
     2: (("end-to-end: SGLang shadow, probes", ("tests/shadow_sglang/", "tests/probe/"), True),
         ("end-to-end: vLLM shadow, emulator", (), False)),
     3: (("end-to-end: vLLM shadow, plugin", ("tests/shadow/", "tests/shadow_env/", "tests/plugin/"), True),
-        ("end-to-end: SGLang shadow, fleet", ("tests/shadow_sglang/", "tests/fleet/"), True),
+        ("end-to-end: SGLang shadow, fleet, load", ("tests/shadow_sglang/", "tests/fleet/", "tests/load/"), True),
         ("end-to-end: emulator", (), True)),
 }
 # a module that marks a test slow, or reads or waits on the clock (a bound on how long something

@@ -51,7 +51,8 @@ def _lane(lanes: int, k: int) -> str:
     (3, "tests/shadow_env/test_hybrid_vllm_probe.py::test_x", 0),
     (3, "tests/shadow_sglang/test_shared_radix.py::test_x", 1),
     (3, "tests/probe/test_probe_e2e.py::test_x[a]", 2),
-    (3, "tests/load/test_load_run.py::test_x", 2),
+    (3, "tests/load/test_load_run.py::test_x", 1),
+    (3, "tests/hardening/test_faults.py::test_x", 2),
     (3, "tests/fleet/test_fleet_e2e.py::test_x", 1),
     (3, "tests/plugin/test_plugin.py::test_x", 0),
     *((lanes, nodeid, None) for lanes in (2, 3) for nodeid in (
