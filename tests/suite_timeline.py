@@ -1,9 +1,9 @@
-"""Where a two-lane run's wall clock went: from the holds the lanes logged (kvprobe.load.turns.log_hold),
+"""Where a run of lanes' wall clock went: from the holds the lanes logged (kvprobe.load.turns.log_hold),
 the lines `make test` prints at its end.
 
 The lanes take turns at loading the machine, so the suite's wall clock is bounded below by the time
 the load turn was held plus the time one lane ran alone (`needs_a_quiet_machine`); what is left is
-engines starting and draining beside the other lane's turn. These lines say which bound the run
+engines starting and draining beside another lane's turn. These lines say which bound the run
 met, and which modules held the turn longest: where a shorter suite has to come from.
 """
 
@@ -54,7 +54,7 @@ def summary(holds: list[dict], wall_seconds: float, *, top: int = 8) -> list[str
     alone = covered([(h["start"], h["end"]) for h in quiet])
     lines = [f"wall {minutes(wall_seconds)}: the load turn held {minutes(held)} ({held / wall_seconds:.0%}), "
              f"a lane alone (needs_a_quiet_machine) {minutes(alone)}; the rest is engines starting and "
-             "draining beside the other lane's turn"]
+             "draining beside another lane's turn"]
     by_worker: dict[str, list[dict]] = defaultdict(list)
     for h in holds:
         if h["kind"] in ("lane", "quiet"):
