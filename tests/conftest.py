@@ -50,8 +50,8 @@ ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
 # it: 28.7 min, the turn held 24.3; the vLLM lane ran 917 s of tests, the SGLang lane 984 and the third
 # 1,094, and waited the longest for the turn: its many short probes each take it afresh. With
 # tests/plugin/ after the vLLM engines and tests/fleet/ after SGLang's, 27.5 min: the lanes ended at
-# 23.5, 19.9 and 27.2 min; with tests/load/ (4.2 min of the third lane's span) moved to the SGLang lane,
-# 26.6 min, the lanes ending at 27.0, 25.8 and 25.1 min.)
+# 23.8, 20.2 and 27.5 min; with tests/load/ (4.2 min of the third lane's span) moved to the SGLang lane,
+# 26.6 min, the lanes ending at 26.6, 25.4 and 24.7 min.)
 # With two lanes, the vLLM shadow with the emulator's modules and the SGLang shadow with tests/probe/,
 # a clean clone spent 28.8 min: the turn held 23.7, idle 4.1 in gaps of 4-35 s while both lanes started
 # engines at once. The SGLang lane runs its real engines first, the other lane last: while one lane's
