@@ -13,10 +13,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Three lanes of end-to-end tests and one worker of unit tests (tests/conftest.py): the lanes' probes
-# take turns at loading the cores, their engines start while another lane ramps.
+# Two lanes of end-to-end tests and one worker of unit tests (tests/conftest.py): the lanes' probes
+# take turns at loading the cores, their engines start while the other lane ramps.
 test: $(STAMP)
-	KVPROBE_TEST_LANES=3 $(BIN)/python -m pytest -q --durations=25 -n 4 --dist loadgroup
+	KVPROBE_TEST_LANES=2 $(BIN)/python -m pytest -q --durations=25 -n 3 --dist loadgroup
 
 probe: $(STAMP)
 	$(BIN)/kvprobe probe expectations/emulated-vllm.yaml --artifacts artifacts/probe

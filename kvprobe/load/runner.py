@@ -173,11 +173,10 @@ class LocustRun:
         # A rate of at least the change makes Locust apply the whole step at once (its dispatcher
         # moves `spawn_rate` users per second, ramping down too).
         rate = spawn_rate or max(default_spawn_rate(n), float(abs(n - self._last_users)))
-        # the jitter in force always written out: the run's may be set after the start (a probe times a
-        # request once Locust is up and idle)
-        self.level_jitter = self.start_jitter if start_jitter is None else float(start_jitter)
-        write_control(self.control_path, users=int(n), spawn_rate=float(rate), start_jitter=self.level_jitter)
+        jitter = {} if start_jitter is None else {"start_jitter": float(start_jitter)}
+        write_control(self.control_path, users=int(n), spawn_rate=float(rate), **jitter)
         self._last_users = int(n)
+        self.level_jitter = self.start_jitter if start_jitter is None else float(start_jitter)
 
     def level_records(self) -> list[Record]:
         out: list[Record] = []
@@ -286,17 +285,6 @@ class LocustRun:
     @property
     def pgid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
-
-    def renice(self, nice: int) -> bool:
-        """Every process of the run at `nice` (a load started before its probe's load turn takes the
-        turn's priority with it: kvprobe.load.turns); whether the machine allowed it."""
-        if not self.alive():
-            return False
-        try:
-            os.setpriority(os.PRIO_PGRP, self.proc.pid, nice)
-        except (PermissionError, ProcessLookupError):
-            return False
-        return True
 
     def group_alive(self) -> bool:
         """Any live process left in the run's process group (the forked workers included)."""

@@ -6,11 +6,9 @@ KVPROBE_LOAD_TURN naming a lock file, a probe holds that file's lock from its ca
 moment its load stops: its engine starts and its drain is watched outside the turn, so another
 probe's engine can start while this one ramps. Unset (the default), a probe never waits.
 
-While it holds the turn a probe runs its load generator TURN_BOOST nice levels above the rest of
+While it holds the turn a probe starts its load generator TURN_BOOST nice levels above the rest of
 the machine, where it may (root or CAP_SYS_NICE): an engine starting for the next turn takes up to
 two cores for its imports, and a client that loses them lags and makes its own levels inconclusive.
-(The holder's thread is raised, and what it starts inherits it; a Locust started idle before the
-turn is raised to it: `LocustRun.renice`.)
 The lock is an advisory `flock` on the file, released by the kernel if its holder dies; a turn
 waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the holder.
 
@@ -46,12 +44,6 @@ TURN_WAIT_SECONDS = 1200.0
 TURN_BOOST = 5  # nice levels: a weight of about 3:1 over a process at the machine's own priority
 _POLL_SECONDS = 0.1
 _shared: list[int] = []  # the machine lock's descriptor a quiet probe holds shared (machine_share)
-
-
-def turn_wait_bound() -> float:
-    """The most a probe here may wait for the load turn: TURN_WAIT_SECONDS when one is shared, else 0
-    (what a load started before the turn adds to its own time limit)."""
-    return TURN_WAIT_SECONDS if os.environ.get(TURN_ENV) else 0.0
 
 
 @contextmanager

@@ -3,20 +3,19 @@ drain watched. Each reads and fills a `kvprobe.probe.state.ProbeRun`."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from kvprobe.analysis import levels as analysis
-from kvprobe.load.turns import turn_wait_bound
 from kvprobe.probe.state import ProbeRun
 
 
-def start_locust(pr: ProbeRun) -> None:
-    """Locust at zero users, before the probe takes its load turn (`kvprobe.probe.run.drive`): its
-    start (its imports: a second of a core) costs no other probe's ramp its turn."""
+def start_load(pr: ProbeRun) -> None:
+    """The /metrics sampler, then Locust at zero users."""
     from kvprobe.load.runner import LocustRun
 
     exp, shape = pr.exp, pr.exp.profile.request
+    pr.sampler = pr.target.sampler(interval=exp.profile.sample_interval)
+    pr.sampler.start()
     workers = exp.profile.workers
     remote = ({"expect_workers": workers.expect, "bind_host": workers.host, "bind_port": workers.port,
                "workers_wait": workers.wait_seconds} if workers else {})
@@ -24,8 +23,7 @@ def start_locust(pr: ProbeRun) -> None:
                         output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
                         api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
                         engine=exp.engine, shared_prefix_tokens=shape.shared_prefix_tokens,
-                        # started before the load turn (kvprobe.probe.run.drive): its wait is not the budget's
-                        time_limit=exp.profile.budget_seconds + 60 + turn_wait_bound(),
+                        time_limit=exp.profile.budget_seconds + 60,
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
                         seed=int(time.time() * 1000) % 1_000_003,
@@ -36,19 +34,11 @@ def start_locust(pr: ProbeRun) -> None:
                         # one point of its cycle (the emulated SGLang's 0.42-0.45 at N=11 where spread
                         # phases read 0.48, as the ledger assumes). Real clients' phases spread: each new
                         # user waits up to one request lifetime before its first request.
-                        # (the lifetime is set once a request is timed: `time_a_request`)
                         start_jitter=pr.lifetime or 0.0, **remote)
     if workers:
         pr.log(f"kvprobe: {exp.name}: waiting up to {workers.wait_seconds:g} s for {workers.expect} Locust worker(s); "
                f"start each on a load host with: {pr.load.worker_command()}  (they send to {pr.target.url})")
     pr.load.start()
-
-
-def start_sampling(pr: ProbeRun) -> None:
-    """Inside the turn: the /metrics sampler (its thread at the turn's priority), and Locust raised to it."""
-    pr.sampler = pr.target.sampler(interval=pr.exp.profile.sample_interval)
-    pr.sampler.start()
-    pr.load.renice(os.getpriority(os.PRIO_PROCESS, 0))
 
 
 # Checks that read the series after the load stops: the sampler watches the drain for them.

@@ -1,17 +1,16 @@
 """One probe, from an Expectation to a ProbeResult: predict, reach the engine, ramp, observe, judge.
 
 A probe is one `ProbeRun` (kvprobe.probe.state: expectation, prediction, target, load, sampler,
-windows, records) moved through named steps — begin, reach_engine, start_locust, time_a_request,
-start_sampling, run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs
-from it; the console, the pytest plugin and the tests all enter through `run_probe(exp, options) ->
-ProbeResult`. Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops
-Locust, the sampler and the engine it started, and writes what it has. From the request timed alone
-to the load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns; a
-quiet probe also the machine to itself, and the machine shared from its launch to its close); its
-Locust starts idle before. The target is whatever kind the expectation names, through one interface
-(kvprobe.targets.interface); the steps do not ask which. The result and options live in
-`probe.result`, the calibration in `probe.calibrate`, the load steps in `probe.load_steps` and
-`probe.ramp`, the analysis and the checks in `probe.judge`.
+windows, records) moved through named steps — begin, reach_engine, time_a_request, start_load,
+run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs from it; the
+console, the pytest plugin and the tests all enter through `run_probe(exp, options) -> ProbeResult`.
+Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the
+sampler and the engine it started, and writes what it has. From the request timed alone to the
+load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns; a quiet
+probe also the machine to itself, and the machine shared from its launch to its close). The
+target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
+the steps do not ask which. The result and options live in `probe.result`, the calibration in
+`probe.calibrate`, the load steps in `probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from kvprobe.load.turns import load_turn, machine_share
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
-from kvprobe.probe.load_steps import start_locust, start_sampling, stop_load, watch_drain
+from kvprobe.probe.load_steps import start_load, stop_load, watch_drain
 from kvprobe.probe.ramp import run_ramp
 from kvprobe.probe.result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
 from kvprobe.probe.state import ProbeRun
@@ -86,8 +85,6 @@ def time_a_request(pr: ProbeRun) -> None:
     lifetimes = pr.exp.profile.hold.lifetimes
     lifetime, times = calibrate(pr.target, pr.exp, pr.model, requests=CALIBRATION_REQUESTS if lifetimes else 1)
     pr.lifetime = lifetime
-    if pr.load is not None:  # each new user's first request spread over one lifetime (`start_locust`)
-        pr.load.start_jitter = lifetime
     levels = planned_levels(pr.exp, pr.prediction.limit) if lifetimes else None
     pr.hold, capped = hold_seconds(pr.exp, lifetime, levels=levels, remaining=pr.deadline - time.monotonic())
     alone = f"median of {', '.join(f'{t:.2f}' for t in times)}s" if len(times) > 1 else "alone"
@@ -178,16 +175,16 @@ def drive(pr, *, adjust=None) -> None:
     reach_engine(pr)
     if adjust is not None:
         adjust(pr)
-    start_locust(pr)
     with load_turn(log=pr.log) as waited:
         pr.deadline += waited  # the budget counts the probe's own time, not another's turn
         try:
             time_a_request(pr)
-            start_sampling(pr)
+            start_load(pr)
             run_ramp(pr)
             stop_load(pr)
         except BaseException:
-            pr.load.stop()  # before the turn passes on: no other probe ramps beside this load
+            if pr.load is not None:
+                pr.load.stop()  # before the turn passes on: no other probe ramps beside this load
             raise
     watch_drain(pr)
     analyse(pr)

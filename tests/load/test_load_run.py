@@ -177,26 +177,6 @@ def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
     assert len(firsts) >= len(done) and len(set(firsts)) == len(firsts)
 
 
-def test_a_run_started_before_its_turn_is_raised_to_it_workers_and_all(sse_server, tmp_path):
-    """A probe starts Locust idle before its load turn and raises it to the turn's priority once it
-    holds it (kvprobe.probe.load_steps.start_sampling): every process of the run, the forked ones too."""
-    from kvprobe.procgroup import group_members
-
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
-                    processes=2, time_limit=60)
-    with run:
-        run.start()
-        members = group_members(run.pgid, run.proc)
-        assert len(members) >= 3  # the master and its two workers
-        before = {os.getpriority(os.PRIO_PROCESS, pid) for pid in members}
-        assert before == {os.getpriority(os.PRIO_PROCESS, 0)}
-        raised = run.renice(min(before) - 2)
-        after = {os.getpriority(os.PRIO_PROCESS, pid) for pid in members}
-        assert after == ({min(before) - 2} if raised else before)  # raised where the machine allows it
-        run.stop()
-    assert run.renice(0) is False  # a stopped run has nothing to raise
-
-
 def test_api_key_is_sent_but_never_written(sse_server, tmp_path, monkeypatch):
     secret = "kvp-test-secret-4711"
     monkeypatch.setenv("KVPROBE_TEST_KEY", secret)

@@ -15,7 +15,7 @@ on the probe's history reads 18-22 per 1k steps, the shadow run's 18.7 and 26.2 
 steps; 6, 6 and 16 a level in three runs). The plateau is the same either way.
 
 Since then the probe spreads each level's new users over one request lifetime (kvprobe/probe/load_steps.py
-`start_locust`, docs/probe.md), as the ledger's evenly ramped users are: the same shadow diff read 115
+`start_load`, docs/probe.md), as the ledger's evenly ramped users are: the same shadow diff read 115
 and 96 per 1k steps in two clean clones on 2026-12-05, where the last in-phase run read 31. The
 simulations below keep the in-phase history: the cause of the old reading.
 """
