@@ -326,6 +326,13 @@ def pytest_runtest_setup(item):
         yield
 
 
+@pytest.fixture
+def outside_the_suites_timeline(monkeypatch):
+    """For tests that take the turn or run the lane hooks on files of their own: their holds are not the
+    suite's, and its timeline (tests/suite_timeline.py) would count them."""
+    monkeypatch.delenv(TURN_LOG_ENV, raising=False)
+
+
 def add_figure(node: pytest.Item, line: str) -> None:
     """A figure line of `node`'s test: in the run's summary (from any worker), as well as wherever
     the test printed it."""

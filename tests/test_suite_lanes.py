@@ -17,13 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 LOAD_SIGNS = ("run_probe", "LocustRun", '"probe"', "--kvprobe", "import ramp", "kvprobe.load.runner")
 
 
+pytestmark = pytest.mark.usefixtures("outside_the_suites_timeline")  # the hooks below log holds
+
+
 @pytest.fixture(autouse=True)
-def _fresh_lanes(monkeypatch):
+def _fresh_lanes():
     # the lanes are cached per module and read KVPROBE_TEST_LANES once: each test reads them afresh,
     # and leaves no entry of its own environment behind for this worker's scheduling of priorities
     conftest._module_lane.cache_clear()
-    # the holds the hooks log here are not the suite's: its timeline (tests/suite_timeline.py) would count them
-    monkeypatch.delenv(conftest.TURN_LOG_ENV, raising=False)
     yield
     conftest._module_lane.cache_clear()
 

@@ -19,7 +19,6 @@ from kvprobe.load.turns import (
     QUIET_ENV,
     TURN_BOOST,
     TURN_ENV,
-    TURN_LOG_ENV,
     holder,
     load_turn,
     machine_lock,
@@ -27,11 +26,7 @@ from kvprobe.load.turns import (
 )
 from tests.locks import blocked
 
-
-@pytest.fixture(autouse=True)
-def _not_the_suites_log(monkeypatch):
-    # the holds these tests take are not the suite's: its timeline (tests/suite_timeline.py) would count them
-    monkeypatch.delenv(TURN_LOG_ENV, raising=False)
+pytestmark = pytest.mark.usefixtures("outside_the_suites_timeline")
 
 
 def test_without_the_variable_there_is_no_turn(monkeypatch):
@@ -164,7 +159,6 @@ def test_a_quiet_probe_shares_the_machine_and_has_it_to_itself_while_it_loads(tm
     quiet = base + ".quiet"
     monkeypatch.setenv(TURN_ENV, base)
     monkeypatch.delenv(QUIET_ENV, raising=False)
-    monkeypatch.delenv(TURN_LOG_ENV, raising=False)  # its holds are not the suite's
     with machine_share() as held:  # not a quiet probe: nothing held, the turn alone
         assert held is False and not blocked(quiet, fcntl.LOCK_EX)
         with load_turn():
@@ -209,7 +203,6 @@ def test_two_quiet_probes_and_a_lane_test_finish_and_never_load_beside_each_othe
     no quiet probe loads while another holds the machine."""
     log = tmp_path / "log"
     env = {**os.environ, TURN_ENV: str(tmp_path / "turn"), QUIET_ENV: "1"}
-    env.pop(TURN_LOG_ENV, None)  # their holds are not the suite's
     procs = [subprocess.Popen([sys.executable, "-c", _QUIET_PROBE, name, str(log)], env=env)
              for name in ("quiet-a", "quiet-b", "lane")]
     try:
