@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from kvprobe.analysis.levels import LevelWindow, level_stats
-from kvprobe.analysis.live import streams_levels, written_until
-from kvprobe.load.records import FLUSH_SECONDS, Record
+from kvprobe.analysis.live import streams_levels, with_in_flight, written_until
+from kvprobe.load.records import FLUSH_SECONDS, IN_FLIGHT, Record
 
 USERS, SERVICE, FIRST, TOKENS = 8, 1.0, 0.05, 20  # a closed loop of 8 users, each request 1 s, no queue
 RUNNING = USERS * (SERVICE - FIRST) / SERVICE  # as the client sees it: from the first token to the end
@@ -52,6 +52,62 @@ def test_a_level_still_held_is_read_only_as_far_as_its_streams_are_written():
     assert read_to_now < RUNNING - 0.15
     assert level.running_source == "client" and level.running_mean == pytest.approx(RUNNING, abs=0.02)
     assert level.t_end == pytest.approx(now - SERVICE - FLUSH_SECONDS)
+
+
+def snapshot(t: float, users: int = USERS, t0: float = 0.0, worker: str = "w0") -> Record:
+    """What the load process writes at `t` of the closed loop: each user's request in flight then."""
+    ids, sends, firsts = [], [], []
+    for user in range(users):
+        send = t0 + user * SERVICE / USERS
+        send += np.floor((t - send) / SERVICE) * SERVICE
+        ids.append(f"u{user}-{send:.3f}"), sends.append(send)
+        firsts.append(send + FIRST if t >= send + FIRST else None)
+    return Record(kind=IN_FLIGHT, t=t, worker=worker, ids=ids, sends=sends, firsts=firsts)
+
+
+def with_ids(records: list[Record], worker: str = "w0") -> list[Record]:
+    for r in records:
+        r.request_id, r.worker = f"u{round(r.t_send * USERS) % USERS}-{r.t_send:.3f}", worker
+    return records
+
+
+def test_with_the_snapshot_of_the_requests_in_flight_a_level_is_read_to_the_snapshot():
+    now = 20.0
+    window = LevelWindow(users=USERS, t_start=0.0, t_end=now, t_steady=2.0)
+    arrays = sampled_gauge(0.0, now)
+    records = with_ids(closed_loop(0.0, 60.0, now)) + [snapshot(now - 1.3), snapshot(now - 0.3)]
+    (level,) = streams_levels(arrays, [window], records, now=now, warmup_fraction=0.3, lead_steps=0.0,
+                              counter_lazy=False)
+    assert level.t_end == pytest.approx(now - 0.3)  # not a latency and a flush before now
+    assert level.running_source == "client" and level.running_mean == pytest.approx(RUNNING, abs=0.02)
+
+
+def test_the_view_is_whole_to_the_earliest_process_and_counts_each_request_once():
+    now = 20.0
+    ended = with_ids(closed_loop(0.0, 60.0, now))
+    late = ended[-1]
+    # the older snapshot still holds a request that has since ended: it is not counted twice
+    stale = snapshot(late.t_end - 0.2)
+    assert late.request_id in stale.ids
+    other = Record(kind=IN_FLIGHT, t=now - 0.7, worker="w1", ids=["x"], sends=[now - 0.9], firsts=[None])
+    view, whole = with_in_flight(ended + [stale, other, Record(kind="lag", t=now)])
+    assert whole == pytest.approx(min(stale.t, other.t))
+    assert sum(r.request_id == late.request_id for r in view) == 1
+    waiting = [r for r in view if r.request_id == "x"]
+    assert len(waiting) == 1 and waiting[0].t_first is None and waiting[0].t_end is None
+    still = [i for i in stale.ids if i not in {r.request_id for r in ended}]
+    assert 0 < len(still) < USERS  # some of the snapshot's requests have ended since, the rest run on
+    assert len(view) == len(ended) + len(still) + 1
+    assert {r.request_id for r in view if r.t_end is None} == set(still) | {"x"}
+
+
+def test_a_process_that_wrote_requests_and_no_snapshot_leaves_the_written_until_rule():
+    ended = with_ids(closed_loop(0.0, 60.0, 20.0))
+    ended[0].worker = "w1"
+    records = ended + [snapshot(19.7)]
+    view, whole = with_in_flight(records)
+    assert whole is None and view == records
+    assert with_in_flight(ended) == (ended, None)
 
 
 def test_a_level_whose_steady_part_is_not_written_yet_is_left_out():
@@ -117,7 +173,7 @@ def test_a_sampled_gauge_held_to_an_uncertainty_settles_on_the_streams():
                          dialect=SimpleNamespace(RUNNING_GAUGE_EXACT=False, FIRST_TOKEN_LEAD_STEPS=0.0,
                                                  PREEMPTION_COUNTER_LAZY=False),
                          sampler=SimpleNamespace(series=SimpleNamespace(arrays=lambda: arrays)),
-                         load=SimpleNamespace(records=lambda: records))
+                         load=SimpleNamespace(records=lambda **_: records))
     gauge_plan = find_rejection_point(level_stats(arrays, windows))
     plan = ramp._settle_plan(pr, gauge_plan)
     streams = cap * (SERVICE - FIRST) / SERVICE  # 9.5: running from the first token to the end

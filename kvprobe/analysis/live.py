@@ -2,10 +2,12 @@
 
 A sampled running gauge (SGLang publishes its count at prefill batches and every 40 decode steps)
 reads low except at full steps, so the verdict counts running from the client's streams
-(`levels.reconcile`). Live, a stream is written only once it has ended (and the load process has
-flushed it), so a request still running or waiting is missing from the records and an instant
-read too late counts it out. Each window is read up to `written_until`: the last instant at which
-every request in the engine then has since ended and been written.
+(`levels.reconcile`). Live, a stream's own record is written only once it has ended, so a request
+still running or waiting is missing from those and an instant read too late counts it out. Each
+load process also writes, at every flush, the requests it has in flight (`records.IN_FLIGHT`):
+merged with them (`with_in_flight`) the streams are whole up to that snapshot, half a second ago.
+Without snapshots (a load process that writes none) a window is read up to `written_until`: the
+last instant at which every request in the engine then has since ended and been written.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis.steady import window_start
-from kvprobe.load.records import FLUSH_SECONDS
+from kvprobe.load.records import FLUSH_SECONDS, IN_FLIGHT, Record
 
 
 def written_until(records, now: float, since: float) -> float:
@@ -30,14 +32,37 @@ def written_until(records, now: float, since: float) -> float:
     return now - longest - FLUSH_SECONDS
 
 
+def with_in_flight(records) -> tuple[list, float | None]:
+    """The request records with every request in flight at its process's latest snapshot added (no
+    end: running, or waiting before its first token), and the instant up to which that view is whole:
+    the earliest of the processes' latest snapshots. None (and `records` as they are) when a process
+    that wrote requests wrote no snapshot."""
+    latest: dict = {}
+    for r in records:
+        if r.kind == IN_FLIGHT and (r.worker not in latest or r.t > latest[r.worker].t):
+            latest[r.worker] = r
+    requests = [r for r in records if r.kind == "request"]
+    if not latest or any(r.worker not in latest for r in requests):
+        return list(records), None
+    ended = {r.request_id for r in requests}
+    view = list(requests)
+    for snap in latest.values():
+        for rid, sent, first in zip(snap.ids or (), snap.sends or (), snap.firsts or (), strict=True):
+            if rid not in ended:
+                view.append(Record(t_send=sent, t_first=first, request_id=rid, worker=snap.worker))
+    return view, min(snap.t for snap in latest.values())
+
+
 def streams_levels(arrays: dict, windows: list[analysis.LevelWindow], records, *, now: float, warmup_fraction: float,
                    lead_steps: float, counter_lazy: bool) -> list[analysis.LevelStats]:
-    """Each level of `windows` read up to `written_until` (one whose steady part is not written yet is
-    left out), with running and waiting from the streams, reconciled with the gauge as the judgement
-    does (`levels.reconcile`, a sampled gauge)."""
+    """Each level of `windows` read as far as the streams are whole (`with_in_flight`, or else
+    `written_until`; a level whose steady part is not written yet is left out), with running and
+    waiting from the streams, reconciled with the gauge as the judgement does (`levels.reconcile`, a
+    sampled gauge)."""
     if not windows:
         return []
-    cut = written_until(records, now, since=windows[-1].t_start)
+    records, whole_until = with_in_flight(records)
+    cut = whole_until if whole_until is not None else written_until(records, now, since=windows[-1].t_start)
     clipped = []
     for w in windows:
         end = min(w.t_end, cut)

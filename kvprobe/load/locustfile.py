@@ -43,6 +43,7 @@ from kvprobe.load.records import (
     CONNECTION,
     EXCEPTION,
     FLUSH_SECONDS,
+    IN_FLIGHT,
     NO_USAGE,
     READ_ERROR,
     USAGE_MISMATCH,
@@ -245,7 +246,19 @@ def _write(rec: Record) -> None:
 def _flusher() -> None:
     while True:
         gevent.sleep(FLUSH_SECONDS)
+        _snapshot()
         _flush()
+
+
+def _snapshot() -> None:
+    """The requests in flight now, written after those that ended since the last flush: a live reader
+    then sees every request up to now, not only those that ended a latency ago (`analysis.live`). A
+    master runs no users and writes none."""
+    if S.writer is None or S.role == "master":
+        return
+    sent = [rec for rec in S.inflight.values() if rec.t_send is not None]
+    S.writer.write(Record(kind=IN_FLIGHT, t=time.time(), worker=_label(), ids=[rec.request_id for rec in sent],
+                          sends=[rec.t_send for rec in sent], firsts=[rec.t_first for rec in sent]))
 
 
 def _label() -> str:

@@ -9,6 +9,11 @@ Three kinds share one dataclass so the parent reads every file the same way:
   second), ``lag_max_ms``, ``cpu`` (process CPU in cores over that second).
 - ``kind="level"``: written by the process running the shape when Locust has actually reached a new
   user count — ``t`` (spawning complete), ``t_set`` (the tick that asked for it), ``users``.
+- ``kind="inflight"``: written by each load process at every flush, after the requests that ended
+  since the last one — ``t`` and, for every request sent and not yet ended then, its ``request_id``
+  (``ids``), ``t_send`` (``sends``) and ``t_first`` (``firsts``, null before its first token). A reader
+  that merges a process's latest one with its request records sees every request up to ``t``, not only
+  those that have ended (`kvprobe.analysis.live`).
 - ``kind="worker"``: written by a master that waits for workers (`kvprobe worker`) — ``t``, ``worker``
   (its label, ``w<index>``), ``host``, ``status`` (``connected``, ``final``: every record sent,
   ``lost``: no heartbeat or quit before the end), ``error`` (detail), and on ``final``
@@ -64,6 +69,10 @@ class Record:
     t_set: float | None = None
     host: str | None = None  # the load host (lag and worker records)
     clock_offset: float | None = None  # worker records: how far the worker's clock runs ahead (s, about)
+    # inflight records: the requests in flight at `t`, as parallel lists
+    ids: list[str] | None = None
+    sends: list[float] | None = None
+    firsts: list[float | None] | None = None
 
     @property
     def ok(self) -> bool:
@@ -94,7 +103,9 @@ class Record:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Record))
-# How often a load process writes its finished requests: a reader sees a request at most this long after it ends.
+IN_FLIGHT = "inflight"  # the kind of a load process's snapshot of its requests in flight
+# How often a load process writes its finished requests and a snapshot of those in flight: a reader sees a
+# request at most this long after it ends, and one in flight at most this long after it was sent.
 FLUSH_SECONDS = 0.5
 
 
@@ -148,8 +159,10 @@ def read_record_file(path: str | os.PathLike) -> list[Record]:
     return out
 
 
-def read_records(directory: str | os.PathLike, *, kind: str | None = None) -> list[Record]:
-    """All records of every process file in `directory`, ordered by time."""
+def read_records(directory: str | os.PathLike, *, kind: str | None = None, in_flight: bool = False) -> list[Record]:
+    """The records of every process file in `directory`, ordered by time: those of `kind`, or all of them
+    but the in-flight snapshots unless `in_flight` (a live reader's; once the load has stopped every
+    request has its own record)."""
     d = Path(directory)
     if not d.is_dir():
         return []
@@ -158,6 +171,8 @@ def read_records(directory: str | os.PathLike, *, kind: str | None = None) -> li
         recs.extend(read_record_file(p))
     if kind is not None:
         recs = [r for r in recs if r.kind == kind]
+    elif not in_flight:
+        recs = [r for r in recs if r.kind != IN_FLIGHT]
     recs.sort(key=lambda r: r.time)
     return recs
 

@@ -327,8 +327,10 @@ class LocustRun:
 
     # --- results ----------------------------------------------------------------------------
 
-    def records(self, kind: str | None = None) -> list[Record]:
-        return read_records(self.records_dir, kind=kind)
+    def records(self, kind: str | None = None, *, in_flight: bool = False) -> list[Record]:
+        """The load's records (`records.read_records`): those of `kind`, or all but the in-flight
+        snapshots unless `in_flight`."""
+        return read_records(self.records_dir, kind=kind, in_flight=in_flight)
 
     def client_health(self, t0: float | None = None, t1: float | None = None) -> ClientHealth:
         return client_health(self.records(), t0, t1)

@@ -114,7 +114,8 @@ def _settle_plan(pr: ProbeRun, plan, window=None):
 def _streams_view(pr: ProbeRun, window=None):
     """The levels held so far (and `window`) as the streams written so far show them (`analysis.live`)."""
     windows = pr.windows + ([window] if window is not None else [])
-    return live.streams_levels(pr.sampler.series.arrays(), windows, pr.load.records(), now=time.time(),
+    records = pr.load.records(in_flight=True)
+    return live.streams_levels(pr.sampler.series.arrays(), windows, records, now=time.time(),
                                warmup_fraction=pr.exp.profile.hold.warmup, lead_steps=pr.dialect.FIRST_TOKEN_LEAD_STEPS,
                                counter_lazy=pr.dialect.PREEMPTION_COUNTER_LAZY)
 

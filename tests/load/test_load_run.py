@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 from conftest import group_gone
 
+from kvprobe.analysis.live import with_in_flight
 from kvprobe.errors import ProbeError
-from kvprobe.load.records import level_windows
+from kvprobe.load.records import IN_FLIGHT, level_windows
 from kvprobe.load.runner import LocustRun
 
 pytestmark = pytest.mark.slow
@@ -175,6 +176,30 @@ def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
     assert all(r.worker == "master" for r in recs if r.kind == "level")
     firsts = [t["first_id"] for t in sse_server.trace_rows() if t["request_id"].startswith(run.run_id)]
     assert len(firsts) >= len(done) and len(set(firsts)) == len(firsts)
+
+
+def test_each_process_writes_its_requests_in_flight_and_the_final_records_leave_them_out(sse_server, tmp_path):
+    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
+                    processes=2, time_limit=60, seed=3)
+    with run:
+        run.start()
+        run.set_users(6)
+        run.wait_level(6, timeout=20)
+        wait_for(lambda: n_requests(run, 6) >= 12, 30, "requests from both workers")
+        view, whole = with_in_flight(run.records(in_flight=True))
+        read_at = time.time()
+        rc = run.stop()
+    assert rc == 0
+    # whole up to the processes' latest snapshots (written every half second), not a latency ago
+    assert whole is not None and read_at - 5.0 < whole <= read_at
+    in_flight = [r for r in view if r.t_end is None]
+    assert 1 <= len(in_flight) <= 6 and all(r.t_send <= read_at for r in in_flight)
+    assert not {r.request_id for r in in_flight} & {r.request_id for r in view if r.t_end is not None}
+    final = run.records()
+    assert final and all(r.kind != IN_FLIGHT for r in final)
+    # each request the snapshots held in flight ended with a record of its own
+    assert {r.request_id for r in in_flight} <= {r.request_id for r in final if r.kind == "request"}
+    assert {snap.worker for snap in run.records(IN_FLIGHT)} == {"w0", "w1"}
 
 
 def test_api_key_is_sent_but_never_written(sse_server, tmp_path, monkeypatch):
