@@ -104,6 +104,7 @@ class Record:
 
 _FIELD_NAMES = frozenset(f.name for f in fields(Record))
 IN_FLIGHT = "inflight"  # the kind of a load process's snapshot of its requests in flight
+_SNAPSHOT_MARK = f'"kind":"{IN_FLIGHT}"'  # as every writer here spells it (compact JSON)
 # How often a load process writes its finished requests and a snapshot of those in flight: a reader sees a
 # request at most this long after it ends, and one in flight at most this long after it was sent.
 FLUSH_SECONDS = 0.5
@@ -144,35 +145,47 @@ class RecordWriter:
             self._fh = None
 
 
-def read_record_file(path: str | os.PathLike) -> list[Record]:
+def read_record_file(path: str | os.PathLike, *, in_flight: bool = False) -> list[Record]:
+    """The records of one process's file; of its in-flight snapshots only the latest whole one, and only
+    with `in_flight` (each supersedes the one before, and a long run writes thousands: they are told
+    apart by their text, not parsed)."""
     out: list[Record] = []
+    snapshots: list[str] = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             line = line.strip()
             if not line:
+                continue
+            if _SNAPSHOT_MARK in line:
+                if in_flight:
+                    snapshots.append(line)
                 continue
             try:
                 out.append(Record.from_dict(json.loads(line)))
             except (ValueError, TypeError):
                 # A process killed mid-write leaves at most one torn line; skip it.
                 continue
+    for line in reversed(snapshots[-2:]):  # the last one may be torn
+        try:
+            out.append(Record.from_dict(json.loads(line)))
+            break
+        except (ValueError, TypeError):
+            continue
     return out
 
 
 def read_records(directory: str | os.PathLike, *, kind: str | None = None, in_flight: bool = False) -> list[Record]:
     """The records of every process file in `directory`, ordered by time: those of `kind`, or all of them
-    but the in-flight snapshots unless `in_flight` (a live reader's; once the load has stopped every
-    request has its own record)."""
+    but the in-flight snapshots unless `in_flight` (a live reader's: each process's latest; once the load
+    has stopped every request has its own record)."""
     d = Path(directory)
     if not d.is_dir():
         return []
     recs: list[Record] = []
     for p in sorted(d.glob("*" + RECORD_SUFFIX)):
-        recs.extend(read_record_file(p))
+        recs.extend(read_record_file(p, in_flight=in_flight or kind == IN_FLIGHT))
     if kind is not None:
         recs = [r for r in recs if r.kind == kind]
-    elif not in_flight:
-        recs = [r for r in recs if r.kind != IN_FLIGHT]
     recs.sort(key=lambda r: r.time)
     return recs
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvprobe.load.records import Record, RecordWriter, level_windows, read_records
+from kvprobe.load.records import IN_FLIGHT, Record, RecordWriter, level_windows, read_records
 from kvprobe.load.runner import client_health
 from kvprobe.load.shape import ShapeControl, write_control
 
@@ -113,6 +113,24 @@ def test_records_round_trip_and_torn_line(tmp_path):
     assert recs[1].status == "usage_mismatch" and not recs[1].ok
     assert len(read_records(tmp_path, kind="request")) == 4
     assert read_records(tmp_path / "missing") == []
+
+
+def test_of_the_snapshots_in_flight_only_each_files_latest_whole_one_is_read_and_only_when_asked(tmp_path):
+    def snap(t: float, worker: str) -> Record:
+        return Record(kind=IN_FLIGHT, t=t, worker=worker, ids=[f"{worker}-{t}"], sends=[t - 0.3], firsts=[None])
+
+    w = RecordWriter(tmp_path / "local-1.jsonl")
+    for t in (1.0, 1.5, 2.0):
+        w.write(Record(t_send=t - 0.9, t_first=t - 0.8, t_end=t - 0.1, status=200, worker="w0", request_id=f"r{t}"))
+        w.write(snap(t, "w0"))
+    w.close()
+    with open(tmp_path / "worker-2.jsonl", "w") as fh:  # a second process, killed in the middle of its snapshot
+        fh.write(snap(1.0, "w1").to_json() + "\n" + snap(1.5, "w1").to_json() + "\n" + snap(2.0, "w1").to_json()[:30])
+    assert [r.kind for r in read_records(tmp_path)] == ["request"] * 3
+    live = read_records(tmp_path, in_flight=True)
+    assert sorted((r.worker, r.t) for r in live if r.kind == IN_FLIGHT) == [("w0", 2.0), ("w1", 1.5)]
+    assert live[-1].ids == ["w0-2.0"] and live[-1].firsts == [None]
+    assert [r.t for r in read_records(tmp_path, kind=IN_FLIGHT)] == [1.5, 2.0]
 
 
 def test_level_windows_chain_levels():
