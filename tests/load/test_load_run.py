@@ -156,7 +156,7 @@ def test_time_limit_stops_locust_by_itself(sse_server, tmp_path):
     assert n_requests(run) >= 1
 
 
-def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
+def test_two_processes_both_record_their_requests_and_those_in_flight_and_leave_nothing(sse_server, tmp_path):
     run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
                     processes=2, time_limit=60, seed=3)
     with run:
@@ -164,10 +164,21 @@ def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
         run.set_users(6)
         run.wait_level(6, timeout=20)
         wait_for(lambda: n_requests(run, 6) >= 24, 30, "requests from both workers")
+        view, whole = with_in_flight(run.records(in_flight=True))
+        read_at = time.time()
         rc = run.stop()
     assert rc == 0
     assert group_gone(run.pgid)
+    # live, the streams are whole up to the processes' latest snapshots (every half second), not a latency ago
+    assert whole is not None and read_at - 5.0 < whole <= read_at
+    assert {snap.worker for snap in run.records(IN_FLIGHT)} == {"w0", "w1"}
+    in_flight = [r for r in view if r.t_end is None]
+    assert 1 <= len(in_flight) <= 6 and all(r.t_send <= read_at for r in in_flight)
+    assert not {r.request_id for r in in_flight} & {r.request_id for r in view if r.t_end is not None}
     recs = run.records()
+    assert all(r.kind != IN_FLIGHT for r in recs)
+    # each request the snapshots held in flight ended with a record of its own
+    assert {r.request_id for r in in_flight} <= {r.request_id for r in recs if r.kind == "request"}
     done = [r for r in recs if r.kind == "request" and r.status == 200]
     per_worker = Counter(r.worker for r in done)
     assert set(per_worker) == {"w0", "w1"} and min(per_worker.values()) >= 5
@@ -176,30 +187,6 @@ def test_two_processes_both_record_and_leave_nothing(sse_server, tmp_path):
     assert all(r.worker == "master" for r in recs if r.kind == "level")
     firsts = [t["first_id"] for t in sse_server.trace_rows() if t["request_id"].startswith(run.run_id)]
     assert len(firsts) >= len(done) and len(set(firsts)) == len(firsts)
-
-
-def test_each_process_writes_its_requests_in_flight_and_the_final_records_leave_them_out(sse_server, tmp_path):
-    run = LocustRun(sse_server.url, model="m", prompt_tokens=PROMPT, output_tokens=OUT, workdir=tmp_path,
-                    processes=2, time_limit=60, seed=3)
-    with run:
-        run.start()
-        run.set_users(6)
-        run.wait_level(6, timeout=20)
-        wait_for(lambda: n_requests(run, 6) >= 12, 30, "requests from both workers")
-        view, whole = with_in_flight(run.records(in_flight=True))
-        read_at = time.time()
-        rc = run.stop()
-    assert rc == 0
-    # whole up to the processes' latest snapshots (written every half second), not a latency ago
-    assert whole is not None and read_at - 5.0 < whole <= read_at
-    in_flight = [r for r in view if r.t_end is None]
-    assert 1 <= len(in_flight) <= 6 and all(r.t_send <= read_at for r in in_flight)
-    assert not {r.request_id for r in in_flight} & {r.request_id for r in view if r.t_end is not None}
-    final = run.records()
-    assert final and all(r.kind != IN_FLIGHT for r in final)
-    # each request the snapshots held in flight ended with a record of its own
-    assert {r.request_id for r in in_flight} <= {r.request_id for r in final if r.kind == "request"}
-    assert {snap.worker for snap in run.records(IN_FLIGHT)} == {"w0", "w1"}
 
 
 def test_api_key_is_sent_but_never_written(sse_server, tmp_path, monkeypatch):
