@@ -1,6 +1,6 @@
-"""Request, loop-lag and level records: one JSON object per line, one file per Locust process.
+"""Request, loop-lag, level, in-flight and worker records: one JSON object per line, one file per Locust process.
 
-Three kinds share one dataclass so the parent reads every file the same way:
+The kinds share one dataclass so the parent reads every file the same way:
 
 - ``kind="request"``: one per request — t_send, t_first (first content chunk), t_end (epoch seconds),
   status (HTTP code, or an error kind such as ``"usage_mismatch"``), error text, the usage counts,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def read_record_file(path: str | os.PathLike, *, in_flight: bool = False) -> lis
     with `in_flight` (each supersedes the one before, and a long run writes thousands: they are told
     apart by their text, not parsed)."""
     out: list[Record] = []
-    snapshots: list[str] = []
+    snapshots: deque[str] = deque(maxlen=2)  # the last one may be torn
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             line = line.strip()
@@ -165,7 +166,7 @@ def read_record_file(path: str | os.PathLike, *, in_flight: bool = False) -> lis
             except (ValueError, TypeError):
                 # A process killed mid-write leaves at most one torn line; skip it.
                 continue
-    for line in reversed(snapshots[-2:]):  # the last one may be torn
+    for line in reversed(snapshots):
         try:
             out.append(Record.from_dict(json.loads(line)))
             break
