@@ -125,7 +125,9 @@ def test_of_the_snapshots_in_flight_only_each_files_latest_whole_one_is_read_and
         w.write(snap(t, "w0"))
     w.close()
     with open(tmp_path / "worker-2.jsonl", "w") as fh:  # a second process, killed in the middle of its snapshot
-        fh.write(snap(1.0, "w1").to_json() + "\n" + snap(1.5, "w1").to_json() + "\n" + snap(2.0, "w1").to_json()[:30])
+        torn = snap(2.0, "w1").to_json()[:60]
+        assert '"kind":"inflight"' in torn  # cut after its kind: read as a snapshot, and found torn
+        fh.write(snap(1.0, "w1").to_json() + "\n" + snap(1.5, "w1").to_json() + "\n" + torn)
     assert [r.kind for r in read_records(tmp_path)] == ["request"] * 3
     live = read_records(tmp_path, in_flight=True)
     assert sorted((r.worker, r.t) for r in live if r.kind == IN_FLIGHT) == [("w0", 2.0), ("w1", 1.5)]
