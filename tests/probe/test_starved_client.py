@@ -137,6 +137,30 @@ def test_a_run_whose_client_saturated_as_a_whole_names_the_run(tmp_path):
     assert starvation(levels, client_health(lag_records())) is None
 
 
+def test_healthy_judged_levels_are_not_overruled_by_the_runs_median(tmp_path):
+    # every second lagged except the deep levels' steady windows: the run's median says saturated,
+    # but no figure a check is judged on came from a lagged second
+    pr = probe_run(tmp_path)
+    levels = pr.result.levels
+    deep = set(pr.result.rejection.saturated_levels)
+    assert deep and deep < set(LEVELS)
+    records = [replace(r, lag_ms=40.0) for r in lag_records()
+               if not any(lv.users in deep and lv.t_start + 0.3 * HOLD <= r.t <= lv.t_end for lv in levels)]
+    records += [r for r in lag_records()
+                if any(lv.users in deep and lv.t_start + 0.3 * HOLD <= r.t <= lv.t_end for lv in levels)]
+    whole = client_health(records)
+    assert whole.saturated
+    mark_levels(levels, records, warmup_fraction=0.3)
+    assert {lv.users for lv in levels if lv.client_saturated} == set(LEVELS) - deep
+    assert starvation(levels, whole, judged=deep) is None
+    # a judged level without a lag figure of its own leaves the run's median to speak for it
+    for lv in levels:
+        if lv.users == max(deep):
+            lv.client_lag_p99_ms = None
+    starved = starvation(levels, whole, judged=deep)
+    assert starved is not None and starved.levels == sorted(set(LEVELS) - deep), starved
+
+
 def test_several_load_processes_name_the_one_that_saturated():
     records = lag_records() + [replace(r, worker="w1", host="loadB", lag_ms=30.0) for r in lag_records()]
     level = LevelStats(users=36, running_mean=0, running_max=0, waiting_mean=0, waiting_max=0, usage_mean=0,
