@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import group_gone
 
+from kvprobe.analysis.live import with_in_flight
 from kvprobe.load.runner import LocustRun, free_port
 from kvprobe.procgroup import signal_own_group
 
@@ -76,6 +77,17 @@ def first_sends(records, users: int) -> list[float]:
     return sends[:users]
 
 
+def wait_sent(run: LocustRun, n: int, *, since: float, timeout: float) -> None:
+    """Until `n` requests sent since `since` are in the records or the processes' in-flight snapshots."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view, _ = with_in_flight(run.records(in_flight=True))
+        if len([r for r in view if r.kind == "request" and r.t_send and r.t_send >= since]) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{n} requests not sent within {timeout} s")
+
+
 JITTER = 2.0  # seconds: the spread a jittered level's first requests are judged against
 
 
@@ -114,6 +126,9 @@ def test_a_level_may_name_its_own_start_jitter(emulator, tmp_path, processes):
         run.set_users(8, start_jitter=0.0)
         assert run.level_jitter == 0.0
         t8 = run.wait_level(8, timeout=20)
+        # a request's record takes the level in force when its user starts it: on a busy machine a
+        # worker's users may not have started theirs when the next level's message arrives
+        wait_sent(run, 8, since=t8 - 0.5, timeout=20)
         run.set_users(16)
         assert run.level_jitter == JITTER
         t16 = run.wait_level(16, timeout=20)
