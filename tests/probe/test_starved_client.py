@@ -144,10 +144,11 @@ def test_healthy_judged_levels_are_not_overruled_by_the_runs_median(tmp_path):
     levels = pr.result.levels
     deep = set(pr.result.rejection.saturated_levels)
     assert deep and deep < set(LEVELS)
-    records = [replace(r, lag_ms=40.0) for r in lag_records()
-               if not any(lv.users in deep and lv.t_start + 0.3 * HOLD <= r.t <= lv.t_end for lv in levels)]
-    records += [r for r in lag_records()
-                if any(lv.users in deep and lv.t_start + 0.3 * HOLD <= r.t <= lv.t_end for lv in levels)]
+
+    def in_a_deep_steady_window(r) -> bool:
+        return any(lv.users in deep and lv.t_start + 0.3 * HOLD <= r.t <= lv.t_end for lv in levels)
+
+    records = [r if in_a_deep_steady_window(r) else replace(r, lag_ms=40.0) for r in lag_records()]
     whole = client_health(records)
     assert whole.saturated
     mark_levels(levels, records, warmup_fraction=0.3)
