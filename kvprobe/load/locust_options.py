@@ -12,6 +12,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--kv-control", default="", help="control file written by the parent")
     g.add_argument("--kv-records-dir", default="", help="directory for the per-process JSONL records")
     g.add_argument("--kv-time-limit", type=float, default=600.0, help="hard limit (s): the shape ends the test")
+    g.add_argument("--kv-idle-limit", type=float, default=0.0,
+                   help="with it (s): the longest wait for a first level with users; the time limit counts from it")
     g.add_argument("--kv-model", default="", help="model name sent in the request body")
     g.add_argument("--kv-engine", default="vllm", help="request dialect (kvprobe.engines.<name>)")
     # The dialect's COMPLETIONS_PATH, from the runner; a `kvprobe worker` gets it from the master.

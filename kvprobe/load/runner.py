@@ -52,7 +52,8 @@ class LocustRun:
                  startup_timeout: float = 60.0, path: str | None = None, token_base: int = TOKEN_BASE,
                  token_range: int = TOKEN_RANGE, network_timeout: float = 600.0, start_jitter: float = 0.0,
                  shared_prefix_tokens: int = 0, prompt_format: str = "ids", expect_workers: int = 0,
-                 bind_host: str = "127.0.0.1", bind_port: int | None = None, workers_wait: float = 60.0):
+                 bind_host: str = "127.0.0.1", bind_port: int | None = None, workers_wait: float = 60.0,
+                 idle_limit: float = 0.0):
         if prompt_tokens < 1 or output_tokens < 1:
             raise ConfigError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}/{output_tokens}")
         if processes < 1:
@@ -70,6 +71,9 @@ class LocustRun:
         self.stream = bool(stream)
         self.engine = engine
         self.time_limit = float(time_limit)
+        # > 0: started idle ahead of its load, the run waits at most this long for its first level
+        # with users, and its time limit counts from that level (kvprobe.load.shape)
+        self.idle_limit = float(idle_limit)
         self.startup_timeout = float(startup_timeout)
         self.path = path or get_dialect(self.engine).COMPLETIONS_PATH
         self.token_base, self.token_range = int(token_base), int(token_range)
@@ -105,7 +109,8 @@ class LocustRun:
         cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "--loglevel", "WARNING", "--host", self.url, "--exit-code-on-error", "0",
                "--kv-control", str(self.control_path), "--kv-records-dir", str(self.records_dir),
-               "--kv-time-limit", str(self.time_limit), "--kv-model", self.model or "",
+               "--kv-time-limit", str(self.time_limit), "--kv-idle-limit", str(self.idle_limit),
+               "--kv-model", self.model or "",
                "--kv-engine", self.engine, "--kv-path", self.path,
                "--kv-prompt-tokens", str(self.prompt_tokens), "--kv-output-tokens", str(self.output_tokens),
                "--kv-stream", "1" if self.stream else "0", "--kv-seed", str(self.seed), "--kv-run-id", self.run_id,
@@ -173,8 +178,10 @@ class LocustRun:
         # A rate of at least the change makes Locust apply the whole step at once (its dispatcher
         # moves `spawn_rate` users per second, ramping down too).
         rate = spawn_rate or max(default_spawn_rate(n), float(abs(n - self._last_users)))
-        jitter = {} if start_jitter is None else {"start_jitter": float(start_jitter)}
-        write_control(self.control_path, users=int(n), spawn_rate=float(rate), **jitter)
+        # the jitter in force travels with every level: `start_jitter` may have been set after the
+        # process started with its own (a probe's client starts before its request is timed)
+        jitter = self.start_jitter if start_jitter is None else float(start_jitter)
+        write_control(self.control_path, users=int(n), spawn_rate=float(rate), start_jitter=jitter)
         self._last_users = int(n)
         self.level_jitter = self.start_jitter if start_jitter is None else float(start_jitter)
 

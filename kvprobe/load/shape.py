@@ -5,7 +5,9 @@ the first-request spread of this level's new users) or `{"stop": true}` atomical
 Locust calls tick() once a second on the process that runs the shape (the master in distributed
 mode), and each tick watches the file for most of that second; the shape returns (users,
 spawn_rate), or None to end the test. A hard time limit makes
-Locust stop by itself even if the parent vanished.
+Locust stop by itself even if the parent vanished. A run started idle, ahead of its load (a probe
+starts its client before it waits for the machine's load turn: kvprobe.load.turns), has an idle
+limit for the wait and its time limit from its first level with users.
 
 `ShapeControl` is the pure logic (tested without Locust); `make_shape_class()` imports Locust and
 is only called inside the Locust process, so importing this module never monkey-patches anything.
@@ -45,13 +47,18 @@ class ShapeControl:
 
     A missing or unreadable control file keeps the last good value (initially 0 users): a torn
     write cannot happen (atomic rename), but a stray edit must not crash the load generator.
+    With an `idle_limit` the run may wait that long for its first level with users, and its
+    `time_limit` counts from that level; without one, the time limit counts from the start.
     """
 
-    def __init__(self, path: str | os.PathLike, time_limit: float, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, path: str | os.PathLike, time_limit: float, *, idle_limit: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.path = Path(path)
         self.time_limit = float(time_limit)
+        self.idle_limit = float(idle_limit) if idle_limit else None
         self.clock = clock
         self.t0 = clock()
+        self.loaded_at: float | None = None  # when a level first asked for users (with an idle limit)
         self.current: tuple[int, float] = (0, 1.0)
         self.stopped_reason: str | None = None
         self.bad_reads = 0
@@ -77,7 +84,12 @@ class ShapeControl:
     def tick(self) -> tuple[int, float] | None:
         if self.stopped_reason is not None:
             return None
-        if self.clock() - self.t0 >= self.time_limit:
+        now = self.clock()
+        if self.idle_limit is not None and self.loaded_at is None:
+            if now - self.t0 >= self.idle_limit:
+                self.stopped_reason = "idle_limit"
+                return None
+        elif now - (self.loaded_at if self.idle_limit is not None else self.t0) >= self.time_limit:
             self.stopped_reason = "time_limit"
             return None
         data = self._read()
@@ -90,6 +102,8 @@ class ShapeControl:
                 rate = data.get("spawn_rate")
                 rate = float(rate) if isinstance(rate, (int, float)) and rate > 0 else default_spawn_rate(users)
                 self.current = (users, rate)
+                if users and self.loaded_at is None:
+                    self.loaded_at = now
                 jitter = data.get("start_jitter")
                 self.start_jitter = float(jitter) if isinstance(jitter, (int, float)) and jitter >= 0 else None
             else:
@@ -124,7 +138,7 @@ def make_shape_class(on_new_level: Callable[[int, float, float | None], None] | 
         def tick(self):
             opts = self.runner.environment.parsed_options
             if self._control is None:
-                self._control = ShapeControl(opts.kv_control, opts.kv_time_limit)
+                self._control = ShapeControl(opts.kv_control, opts.kv_time_limit, idle_limit=opts.kv_idle_limit)
             out = self._control.tick()
             if self._last_out is None and out is not None and out[0] == 0:
                 self._last_out, self._last_users = out, 0

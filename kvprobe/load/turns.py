@@ -6,9 +6,11 @@ KVPROBE_LOAD_TURN naming a lock file, a probe holds that file's lock from its ca
 moment its load stops: its engine starts and its drain is watched outside the turn, so another
 probe's engine can start while this one ramps. Unset (the default), a probe never waits.
 
-While it holds the turn a probe starts its load generator TURN_BOOST nice levels above the rest of
+While it holds the turn a probe runs its load generator TURN_BOOST nice levels above the rest of
 the machine, where it may (root or CAP_SYS_NICE): an engine starting for the next turn takes up to
 two cores for its imports, and a client that loses them lags and makes its own levels inconclusive.
+A probe starts that client idle before it waits for the turn (a second or two of imports the turn
+need not wait for) and gives it the turn's priority when the turn is had (`share_priority`).
 The lock is an advisory `flock` on the file, released by the kernel if its holder dies; a turn
 waited for is bounded (TURN_WAIT_SECONDS) and the error names the file and the holder.
 
@@ -189,6 +191,19 @@ def _boost() -> int | None:
     except PermissionError:
         return None
     return before
+
+
+def share_priority(pgid: int | None) -> bool:
+    """Give the process group `pgid` this thread's priority: a load generator started before its
+    turn (kvprobe.probe.run) takes the turn's boost when the turn is had. False where the machine
+    does not allow it (no privilege) or the group is gone."""
+    if pgid is None:
+        return False
+    try:
+        os.setpriority(os.PRIO_PGRP, pgid, os.getpriority(os.PRIO_PROCESS, 0))
+    except (PermissionError, ProcessLookupError):
+        return False
+    return True
 
 
 def holder(path: str) -> str:

@@ -6,16 +6,20 @@ from __future__ import annotations
 import time
 
 from kvprobe.analysis import levels as analysis
+from kvprobe.load.turns import TURN_WAIT_SECONDS
 from kvprobe.probe.state import ProbeRun
 
+# How long a client started idle may wait for its first level: the probe's waits for the machine to
+# itself and for the load turn (each bounded by TURN_WAIT_SECONDS), and its request timed alone.
+IDLE_LIMIT_SECONDS = 2 * TURN_WAIT_SECONDS + 300.0
 
-def start_load(pr: ProbeRun) -> None:
-    """The /metrics sampler, then Locust at zero users."""
+
+def start_client(pr: ProbeRun) -> None:
+    """Locust at zero users, before the probe waits for its load turn: its start (a second or two of
+    imports, more on a busy machine) is then no part of the turn, which the next probe waits for."""
     from kvprobe.load.runner import LocustRun
 
     exp, shape = pr.exp, pr.exp.profile.request
-    pr.sampler = pr.target.sampler(interval=exp.profile.sample_interval)
-    pr.sampler.start()
     workers = exp.profile.workers
     remote = ({"expect_workers": workers.expect, "bind_host": workers.host, "bind_port": workers.port,
                "workers_wait": workers.wait_seconds} if workers else {})
@@ -23,7 +27,7 @@ def start_load(pr: ProbeRun) -> None:
                         output_tokens=shape.output_tokens, workdir=pr.artifacts / "locust",
                         api_key_env=exp.target.api_key_env, processes=exp.profile.processes, stream=shape.stream,
                         engine=exp.engine, shared_prefix_tokens=shape.shared_prefix_tokens,
-                        time_limit=exp.profile.budget_seconds + 60,
+                        time_limit=exp.profile.budget_seconds + 60, idle_limit=IDLE_LIMIT_SECONDS,
                         # a new seed per probe: a long-lived engine must not serve a second probe's
                         # prompts from the first probe's prefix cache
                         seed=int(time.time() * 1000) % 1_000_003,
@@ -33,12 +37,20 @@ def start_load(pr: ProbeRun) -> None:
                         # stay in phase: one cohort, which a report-held gauge (SGLang's usage) reads at
                         # one point of its cycle (the emulated SGLang's 0.42-0.45 at N=11 where spread
                         # phases read 0.48, as the ledger assumes). Real clients' phases spread: each new
-                        # user waits up to one request lifetime before its first request.
-                        start_jitter=pr.lifetime or 0.0, **remote)
+                        # user waits up to one request lifetime before its first request (set in
+                        # start_load, once a request has been timed).
+                        **remote)
     if workers:
         pr.log(f"kvprobe: {exp.name}: waiting up to {workers.wait_seconds:g} s for {workers.expect} Locust worker(s); "
                f"start each on a load host with: {pr.load.worker_command()}  (they send to {pr.target.url})")
     pr.load.start()
+
+
+def start_load(pr: ProbeRun) -> None:
+    """The /metrics sampler, and the idle client's new users spread over a request lifetime."""
+    pr.sampler = pr.target.sampler(interval=pr.exp.profile.sample_interval)
+    pr.sampler.start()
+    pr.load.start_jitter = pr.lifetime or 0.0
 
 
 # Checks that read the series after the load stops: the sampler watches the drain for them.

@@ -1,13 +1,14 @@
 """One probe, from an Expectation to a ProbeResult: predict, reach the engine, ramp, observe, judge.
 
 A probe is one `ProbeRun` (kvprobe.probe.state: expectation, prediction, target, load, sampler,
-windows, records) moved through named steps — begin, reach_engine, time_a_request, start_load,
-run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs from it; the
+windows, records) moved through named steps — begin, reach_engine, start_client, time_a_request,
+start_load, run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs from it; the
 console, the pytest plugin and the tests all enter through `run_probe(exp, options) -> ProbeResult`.
 Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the
 sampler and the engine it started, and writes what it has. From the request timed alone to the
-load's stop a probe holds the machine's load turn when it shares one (kvprobe.load.turns; a quiet
-probe also the machine to itself, and the machine shared from its launch to its close). The
+load's stop (its client started idle before) a probe holds the machine's load turn when it shares
+one (kvprobe.load.turns; a quiet probe also the machine to itself, and the machine shared from its
+launch to its close). The
 target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
 the steps do not ask which. The result and options live in `probe.result`, the calibration in
 `probe.calibrate`, the load steps in `probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
@@ -22,11 +23,11 @@ from pathlib import Path
 
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError, TargetError
-from kvprobe.load.turns import load_turn, machine_share
+from kvprobe.load.turns import load_turn, machine_share, share_priority
 from kvprobe.probe import repro
 from kvprobe.probe.calibrate import CALIBRATION_REQUESTS, calibrate, hold_seconds, planned_levels
 from kvprobe.probe.judge import analyse, judge
-from kvprobe.probe.load_steps import start_load, stop_load, watch_drain
+from kvprobe.probe.load_steps import start_client, start_load, stop_load, watch_drain
 from kvprobe.probe.ramp import run_ramp
 from kvprobe.probe.result import ERROR, FAILED, PASSED, SCHEMA_VERSION, ProbeOptions, ProbeResult
 from kvprobe.probe.state import ProbeRun
@@ -175,8 +176,10 @@ def drive(pr, *, adjust=None) -> None:
     reach_engine(pr)
     if adjust is not None:
         adjust(pr)
+    start_client(pr)  # idle until the turn: its start is not the turn's (close() stops it on failure)
     with load_turn(log=pr.log) as waited:
         pr.deadline += waited  # the budget counts the probe's own time, not another's turn
+        share_priority(pr.load.pgid)  # the client takes the turn's boost (kvprobe.load.turns)
         try:
             time_a_request(pr)
             start_load(pr)

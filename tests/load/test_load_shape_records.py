@@ -38,6 +38,27 @@ def test_shape_follows_the_control_file(tmp_path):
     assert shape.tick() is None  # a stopped shape stays stopped
 
 
+def test_the_time_limit_counts_from_the_start_or_from_the_first_level_after_an_idle_wait(tmp_path):
+    ctl = tmp_path / "control.json"
+    clock = Clock()
+    plain = ShapeControl(ctl, time_limit=60, clock=clock)
+    idle = ShapeControl(ctl, time_limit=60, idle_limit=300, clock=clock)
+    clock.t += 200  # waiting at zero users (a probe waiting for its load turn)
+    assert plain.tick() is None and plain.stopped_reason == "time_limit"
+    assert idle.tick() == (0, 1.0)
+    write_control(ctl, users=5)
+    assert idle.tick() == (5, 5.0)
+    clock.t += 59
+    assert idle.tick() == (5, 5.0)  # the load's 60 s count from its first level, not the idle start
+    clock.t += 1
+    assert idle.tick() is None and idle.stopped_reason == "time_limit"
+    never = ShapeControl(tmp_path / "none.json", time_limit=60, idle_limit=300, clock=clock)
+    clock.t += 299
+    assert never.tick() == (0, 1.0)
+    clock.t += 1
+    assert never.tick() is None and never.stopped_reason == "idle_limit"  # a parent gone before its load
+
+
 def test_a_level_may_name_its_start_jitter(tmp_path):
     """The level's own jitter when the control file names one, else None (the run's applies)."""
     ctl = tmp_path / "control.json"
@@ -61,8 +82,11 @@ def test_the_runner_writes_a_levels_start_jitter(tmp_path):
     assert run.level_jitter == 2.0
     run.set_users(5, start_jitter=0.0)
     assert json.loads(run.control_path.read_text())["start_jitter"] == 0.0 and run.level_jitter == 0.0
-    run.set_users(8)
-    assert "start_jitter" not in json.loads(run.control_path.read_text()) and run.level_jitter == 2.0
+    run.set_users(8)  # the run's jitter, named: the process may have started with another
+    assert json.loads(run.control_path.read_text())["start_jitter"] == 2.0 and run.level_jitter == 2.0
+    run.start_jitter = 1.25  # a probe sets it once its request is timed, its client already started
+    run.set_users(10)
+    assert json.loads(run.control_path.read_text())["start_jitter"] == 1.25 and run.level_jitter == 1.25
     with pytest.raises(ConfigError, match="start jitter must be >= 0 seconds, got -0.5"):
         run.set_users(9, start_jitter=-0.5)
 

@@ -23,6 +23,7 @@ from kvprobe.load.turns import (
     load_turn,
     machine_lock,
     machine_share,
+    share_priority,
 )
 from tests.locks import blocked
 
@@ -100,6 +101,39 @@ def test_the_holder_starts_its_load_above_the_machine_where_it_may_and_gives_it_
     assert inside == (before - TURN_BOOST if allowed else before)
     assert int(child.stdout) == inside  # the load generator it starts runs at its priority
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_client_started_before_the_turn_takes_the_turns_priority(tmp_path):
+    """A probe starts its Locust idle, then waits for the turn: had, the client's whole process group
+    runs at the holder's priority (boosted where the machine allows it)."""
+    client = subprocess.Popen([sys.executable, "-c", "import os, time; os.fork(); time.sleep(60)"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_group(client.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members = _group(client.pid)
+        assert len(members) == 2, members  # the client and its fork (Locust's --processes)
+        with load_turn(path=str(tmp_path / "turn")):
+            inside = os.getpriority(os.PRIO_PROCESS, 0)
+            assert share_priority(client.pid)
+            assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in members] == [inside, inside]
+        assert not share_priority(None)
+    finally:
+        os.killpg(client.pid, 9)
+        client.wait(timeout=30)
+
+
+def _group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except ProcessLookupError:
+                pass
+    return sorted(pids)
 
 
 def test_an_exclusive_holder_waits_for_the_work_beside_it_and_keeps_new_work_out(tmp_path):
