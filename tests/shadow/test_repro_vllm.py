@@ -4,6 +4,7 @@ staging measured within the expectation's rejection-point tolerance (tests/repro
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,15 @@ def test_a_staging_run_reproduces_on_the_vllm_shadow(vllm_env, tmp_path, say):
     # 1000 blocks of 16, P=512 O=256: vLLM admits on 32 blocks and preempts, plateau ~24.2; two deep levels
     # (the plateau is read from them alone: a level below the knee weighs nothing in it)
     (exp,) = load_expectations(REPO / "expectations" / "shadow-vllm.yaml")
-    exp = with_levels(exp, (33, 38), lifetimes=2.5)
+    # staging served with --stream-interval 8 (the emulator streams every token regardless): the replay keeps
+    # staging's 10 ms step, where a shadow streaming every token would take twice that for its client to keep up
+    exp = with_levels(replace(exp, flags={**exp.flags, "stream-interval": 8}), (33, 38), lifetimes=2.5)
     chain = run_chain(exp, tmp_path, step_ms=10, start_shadow=start_shadow, stop_shadow=stop_shadow,
                       log=print)
     say(figures(chain))
     for repro in (chain.repro_a, chain.repro_b):
         assert repro.target.mode == "shadow" and repro.flags["num-gpu-blocks-override"] == 1000
+        assert repro.flags["stream-interval"] == 8 and repro.target.time_model["step_ms"] < 12
         assert repro.profile.ramp.levels == (33, 38) and repro.staging.preemptions > 0
     for replay in (chain.shadow, chain.replay):
         assert replay.error is None, replay.error
