@@ -90,7 +90,7 @@ def starvation(levels, client, *, judged=None) -> Starvation | None:
     counted = [lv for lv in levels if judged is None or lv.users in judged]
     whole = client is not None and client.saturated and \
         (not counted or any(lv.client_lag_p99_ms is None for lv in counted))
-    starved = [lv for lv in levels if lv.client_saturated and (whole or judged is None or lv.users in judged)]
+    starved = [lv for lv in (levels if whole else counted) if lv.client_saturated]
     if starved:
         lag = max((lv.client_lag_p99_ms or 0.0) for lv in starved)
         cpu = max((lv.client_cpu or 0.0) for lv in starved)
