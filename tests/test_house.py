@@ -9,6 +9,7 @@ import ast
 import importlib
 import json
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -214,3 +215,18 @@ def test_nothing_shipped_cites_a_path_outside_the_repository(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "x.md").write_text("as measured (shared/reference/vllm.md)\n")
     assert outside_citations(tmp_path) == ["docs/x.md:1: as measured (shared/reference/vllm.md)"]
+
+
+# The README is the front door (what kvprobe is, the two commands, staging, pytest, the ledger, shadows,
+# releases, fleets): the rest lives in docs/, and every page it links to is there.
+README_LINES = 200
+
+
+def test_the_readme_is_a_front_door_whose_links_resolve():
+    readme = PACKAGE.parent / "README.md"
+    text = readme.read_text("utf-8")
+    assert len(text.splitlines()) <= README_LINES, f"README.md: {len(text.splitlines())} lines > {README_LINES}"
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert "docs/architecture.md" in links and "docs/development.md" in links
+    missing = [link for link in links if not link.startswith("http") and not (readme.parent / link).is_file()]
+    assert missing == [], f"README.md links to pages that do not exist: {missing}"
