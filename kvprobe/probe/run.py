@@ -2,16 +2,16 @@
 
 A probe is one `ProbeRun` (kvprobe.probe.state: expectation, prediction, target, load, sampler,
 windows, records) moved through named steps — begin, reach_engine, start_client, time_a_request,
-start_load, run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs from it; the
-console, the pytest plugin and the tests all enter through `run_probe(exp, options) -> ProbeResult`.
-Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe` stops Locust, the
-sampler and the engine it started, and writes what it has. From the request timed alone to the
-load's stop (its client started idle before) a probe holds the machine's load turn when it shares
-one (kvprobe.load.turns; a quiet probe also the machine to itself, and the machine shared from its
-launch to its close). The
-target is whatever kind the expectation names, through one interface (kvprobe.targets.interface);
-the steps do not ask which. The result and options live in `probe.result`, the calibration in
-`probe.calibrate`, the load steps in `probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
+start_load, run_ramp, stop_load, watch_drain, analyse, judge, close — each taking what it needs
+from it; the console, the pytest plugin and the tests all enter through `run_probe(exp, options)
+-> ProbeResult`. Whatever happens (a failed check, a dead engine, Ctrl-C, SIGTERM), `run_probe`
+stops Locust, the sampler and the engine it started, and writes what it has. From the request
+timed alone to the load's stop (its client started idle before) a probe holds the machine's load
+turn when it shares one (kvprobe.load.turns; a quiet probe also the machine to itself, and the
+machine shared from its launch to its close). The target is whatever kind the expectation names,
+through one interface (kvprobe.targets.interface); the steps do not ask which. The result and
+options live in `probe.result`, the calibration in `probe.calibrate`, the load steps in
+`probe.load_steps` and `probe.ramp`, the analysis and the checks in `probe.judge`.
 """
 
 from __future__ import annotations
