@@ -67,6 +67,7 @@ ENGINE_DIRS = ("tests/shadow/", "tests/shadow_sglang/", "tests/shadow_env/")
 # the more of the turn the other lanes hold, so a move shifts more than its own span.) On 2026-12-06, with
 # shorter shadow probes, the vLLM lane ended 1.9 min after the SGLang lane (24.8 min), starting its last
 # engines with nothing to load beside them: tests/workers/ (0.5 min) moved to the end of the SGLang lane.
+# The lanes then ended at 24.5 and 24.1 min and the wall stayed at 24.8: both are bound by the turn.
 LAYOUTS = {
     1: (("end-to-end", (), False),),
     2: (("end-to-end: SGLang shadow, probes, workers",
