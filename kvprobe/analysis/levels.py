@@ -31,6 +31,7 @@ class LevelWindow:
     t_start: float
     t_end: float
     t_steady: float | None = None  # detected steady start (analysis.steady); None: the profile's warm-up share
+    held_for_lag: bool = False  # held on while its load generator lagged (kvprobe.probe.hold.PastBurst)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 from kvprobe.analysis import levels as analysis
 from kvprobe.analysis.client import starved_so_far
@@ -28,6 +29,7 @@ class PastBurst:
         budget = time.time() + (pr.deadline - time.monotonic())
         self.cap = max(longest, min(longest + STARVED_EXTRA * (longest - t_start), budget))
         self._checked, self._healthy = -math.inf, True
+        self.held = False  # did the level's lagging client keep it from ending?
 
     def ends(self, window) -> bool:
         """May the level end with `window`? Yes unless its client is starved so far and the cap allows more."""
@@ -41,12 +43,18 @@ class PastBurst:
         self._healthy = not starved_so_far(self.pr.load.records(), window.t_start, steady, now)
         if self._healthy:
             return True
+        self.held = True
         if self.longest < self.cap:
             self.pr.log(f"  users {self.users:>4}: the load generator lagged for most of this level so far "
                         "(a burst beside the probe?): holding it on, up to "
                         f"{self.cap - self.t_start:.0f} s, until most of its seconds are healthy")
             self.longest = self.cap
         return False
+
+
+    def mark(self, window):
+        """`window` as the level ended, saying whether its lagging client held it on."""
+        return replace(window, held_for_lag=self.held)
 
 
 STARVED_EXTRA = 1.0
@@ -58,7 +66,7 @@ def held_past_burst(pr: ProbeRun, users: int, t_start: float):
     while True:
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=time.time())
         if past_burst.ends(window):
-            return window
+            return past_burst.mark(window)
         hold_level(pr.target, pr.load, until=min(past_burst.longest, time.time() + HEALTH_PERIOD))
 
 

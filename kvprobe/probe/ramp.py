@@ -219,7 +219,7 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         window = analysis.LevelWindow(users=users, t_start=t_start, t_end=now, t_steady=steady)
         if now >= past_burst.longest:
             if past_burst.ends(window):
-                return window
+                return past_burst.mark(window)
             continue
         if fed is None or now - steady < least:
             continue
@@ -229,27 +229,27 @@ def _hold_adaptive(pr: ProbeRun, users: int, t_start: float, allowance: float):
         if not level_result(stats).saturated:
             if (not clean_read or _clean_decided(stats, exact_gauge=pr.dialect.RUNNING_GAUGE_EXACT)) \
                     and past_burst.ends(window):
-                return window
+                return past_burst.mark(window)
             continue
         if pr.dialect.RUNNING_GAUGE_EXACT:
             # the plateau with this level as held so far: hold while the verdict is unsettled and
             # this level still narrows it; an unconfirmed plateau needs another deep level instead
             rejection = _plan_rejection(pr, extra=stats)
             if _plateau_served(pr, rejection, allowance, halves, now, least) and past_burst.ends(window):
-                return window
+                return past_burst.mark(window)
             continue
         if _reads_streams(pr):
             if now - streams_read >= HEALTH_PERIOD:  # a read of every record so far: once a health period
                 streams_read = now
                 if _streams_settle(pr, window, allowance, halves, least) and past_burst.ends(window):
-                    return window
+                    return past_burst.mark(window)
             continue
         # a sampled gauge's live mean is not the verdict's figure (the streams are, after the
         # ramp): the level's own precision decides
         se = max(stats.running_se or 0.0, plateau.SE_FLOOR) if stats.running_se is not None else None
         precise = LEVEL_PRECISION_SHARE / SAFE_SHARE * widest(allowance, pr.exp.profile.ramp.uncertainty)
         if se is not None and plateau.Z95 * se <= precise and past_burst.ends(window):
-            return window
+            return past_burst.mark(window)
 
 
 def _streams_settle(pr: ProbeRun, window, allowance: float, halves: list, least: float) -> bool:
@@ -317,7 +317,7 @@ def _sum_ramp(pr: ProbeRun, note: str | None) -> None:
         held = w.t_end - w.t_start
         warm = (w.t_steady - w.t_start) if w.t_steady is not None else pr.exp.profile.hold.warmup * held
         ramp["levels"].append({"users": w.users, "seconds": round(held, 2), "warmup_s": round(warm, 2),
-                               "start_jitter_s": round(jitter, 2),
+                               "start_jitter_s": round(jitter, 2), "held_for_lag": w.held_for_lag,
                                "lifetimes": round(held / lifetime, 2) if lifetime else None})
     total = sum(x["seconds"] for x in ramp["levels"])
     ramp["seconds"] = round(total, 2)

@@ -76,8 +76,10 @@ def ramp_line(ramp: dict) -> str:
     """What the ramp cost: seconds and request lifetimes in all and per level, and why it left the
     prediction if it did."""
     levels = ramp["levels"]
-    per = ", ".join(f"N={x['users']} {x['lifetimes']:.1f}" if x.get("lifetimes") is not None
-                    else f"N={x['users']} {x['seconds']:.1f}s" for x in levels)
+    per = ", ".join((f"N={x['users']} {x['lifetimes']:.1f}" if x.get("lifetimes") is not None
+                     else f"N={x['users']} {x['seconds']:.1f}s") + (" (held on: the client lagged)"
+                                                                     if x.get("held_for_lag") else "")
+                    for x in levels)
     cost = f"{ramp['seconds']:.1f}s"
     if ramp.get("lifetimes"):
         cost += f" = {ramp['lifetimes']:.1f} request lifetimes"

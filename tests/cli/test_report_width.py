@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvprobe.probe.run import ProbeResult
-from kvprobe.report.console import REPORT_WIDTH, verdict_table, wrap_last_column
+from kvprobe.report.console import REPORT_WIDTH, ramp_line, verdict_table, wrap_last_column
 from kvprobe.spec.expectation import load_expectations
 from kvprobe.tables import render_table
 from kvprobe.verdict.checks import CheckResult
@@ -69,3 +69,12 @@ def test_wide_leading_columns_keep_a_readable_last_column():
     start = wrapped[0].index("why")
     assert all(len(line) <= start + 40 for line in wrapped)  # 40 columns kept for the reason
     assert " ".join(line[start:].strip() for line in wrapped[2:]) == ("word " * 40).strip()
+
+
+def test_the_ramp_line_says_which_level_a_lagging_client_held_on():
+    ramp = {"strategy": "predict", "seconds": 10.0, "lifetimes": 15.2, "note": None,
+            "levels": [{"users": 2, "seconds": 2.66, "lifetimes": 4.05, "held_for_lag": False},
+                       {"users": 10, "seconds": 4.67, "lifetimes": 7.11, "held_for_lag": True}]}
+    line = ramp_line(ramp)
+    assert "N=2 4.0, N=10 7.1 (held on: the client lagged)" in line, line
+    assert line.count("held on") == 1

@@ -72,6 +72,7 @@ def test_a_level_starved_so_far_is_held_on_until_most_of_its_seconds_are_healthy
     assert not held.ends(at(13.0))  # 6 of 11 seconds still lagged
     assert held.ends(at(15.0))  # 6 of 13: most seconds healthy, the level may end
     assert len(pr.lines) == 1
+    assert held.mark(at(15.0)).held_for_lag and held.mark(at(15.0)).t_end == t0 + 15.0
 
 
 def test_a_level_does_not_end_on_a_look_its_last_unwritten_second_could_overturn():
@@ -107,6 +108,7 @@ def test_a_healthy_level_ends_when_its_own_rules_say_so():
     held = PastBurst(FakeProbe(requests(t0, t0 + 10) + lags(t0, 10, bad={4})), 26, t0, longest=t0 + 8.0)
     assert held.ends(LevelWindow(users=26, t_start=t0, t_end=t0 + 6.0, t_steady=t0 + 2.0))
     assert held.longest == t0 + 8.0  # never lengthened
+    assert not held.mark(LevelWindow(users=26, t_start=t0, t_end=t0 + 6.0)).held_for_lag
 
 
 def test_the_hold_on_never_passes_the_probes_time_budget():
@@ -123,7 +125,7 @@ def test_a_level_of_fixed_hold_reads_its_steady_part_by_the_warmup_share():
     t0 = time.time() - 19.5
     pr = FakeProbe(requests(t0, t0 + 19) + lags(t0, 19, bad=set(range(10))), hold=10.0)
     window = held_past_burst(pr, 26, t0)
-    assert window.t_end - t0 < 20.0 and not pr.lines
+    assert window.t_end - t0 < 20.0 and not pr.lines and not window.held_for_lag
 
 
 def test_a_level_of_fixed_hold_starved_throughout_is_held_to_the_cap():
@@ -132,3 +134,4 @@ def test_a_level_of_fixed_hold_starved_throughout_is_held_to_the_cap():
     window = held_past_burst(pr, 26, t0)  # holds on the last half second to its cap, 2 x 10 s
     assert window.t_end >= t0 + 10.0 + STARVED_EXTRA * 10.0
     assert len(pr.lines) == 1 and "holding it on" in pr.lines[0]
+    assert window.held_for_lag  # the ramp's record of the level says why it took so long
