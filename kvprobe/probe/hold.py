@@ -51,7 +51,6 @@ class PastBurst:
             self.longest = self.cap
         return False
 
-
     def mark(self, window):
         """`window` as the level ended, saying whether its lagging client held it on."""
         return replace(window, held_for_lag=self.held)

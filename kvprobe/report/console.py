@@ -76,16 +76,20 @@ def ramp_line(ramp: dict) -> str:
     """What the ramp cost: seconds and request lifetimes in all and per level, and why it left the
     prediction if it did."""
     levels = ramp["levels"]
-    per = ", ".join((f"N={x['users']} {x['lifetimes']:.1f}" if x.get("lifetimes") is not None
-                     else f"N={x['users']} {x['seconds']:.1f}s") + (" (held on: the client lagged)"
-                                                                     if x.get("held_for_lag") else "")
-                    for x in levels)
+    per = ", ".join(_level_cost(x) for x in levels)
     cost = f"{ramp['seconds']:.1f}s"
     if ramp.get("lifetimes"):
         cost += f" = {ramp['lifetimes']:.1f} request lifetimes"
     unit = " (lifetimes)" if ramp.get("lifetimes") else ""
     line = f"ramp: {ramp['strategy']}, {len(levels)} levels in {cost}; per level{unit}: {per}"
     return line + (f"; {ramp['note']}" if ramp.get("note") else "")
+
+
+def _level_cost(level: dict) -> str:
+    """One level's cost on the ramp line: in request lifetimes (seconds without a timed lifetime), and
+    whether a lagging load generator held it on (kvprobe.probe.hold.PastBurst)."""
+    cost = (f"{level['lifetimes']:.1f}" if level.get("lifetimes") is not None else f"{level['seconds']:.1f}s")
+    return f"N={level['users']} {cost}" + (" (held on: the client lagged)" if level.get("held_for_lag") else "")
 
 
 def staging_line(result) -> str:
