@@ -132,3 +132,24 @@ def test_the_streams_waiting_counts_only_where_the_queue_gauge_saw_a_queue(gauge
     rp = find_rejection_point(levels)
     assert rp.last_clean_users == clean
     assert check_no_preemption(SGLANG_PRED, rp, Tolerances()).passed is (clean == 20)
+
+
+# tests/hardening/test_faults.py's three-level ramp on the vLLM emulator without /metrics (the streams
+# count running and waiting), as a quiet machine measures it: 10, 20 below the limit of 20.24, 28 past it.
+QUIET_SHORT_RAMP = [(10, 9.41, 0.59), (20, 18.72, 1.28), (28, 20.93, 7.07)]
+
+
+@pytest.mark.parametrize("running_10, waiting_10", [
+    (9.41, 0.59),  # as measured on a quiet machine
+    (7.5, 0.6),    # the first level read low (a busy machine lengthened the client's turn between requests)
+    (9.0, 2.5),    # its requests waited long for a first token (the engine's cores were busy)
+], ids=["quiet", "first-level-low", "first-token-slow"])
+def test_one_busy_first_level_does_not_hide_the_plateau(running_10, waiting_10):
+    """Both busy readings once read as "no level saturated" (CI, stop 43): the hinge fit bent its line
+    to the low level, or the step queueing read off level 10 (×28) took all of N=28's queue."""
+    levels = [level(10, running_10, waiting_10, top=float("nan"))] + [
+        level(u, r, w, top=float("nan")) for u, r, w in QUIET_SHORT_RAMP[1:]]
+    rp = find_rejection_point(levels)
+    assert rp.saturated_levels == [28] and rp.onset_users == 28
+    assert rp.rejection_point == pytest.approx(20.93)
+    assert 0.85 < rp.follow < 0.95  # the line through the two levels that wait for nobody

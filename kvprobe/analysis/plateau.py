@@ -9,8 +9,11 @@ while only a request or two wait, and every time it does a slot stands idle, so 
 edge of saturation sits below the plateau the engine holds once requests always wait (measured
 on real vLLM: 23.79 averaged over every waiting level, 24.1–24.2 deep in saturation). So:
 
-1. A hinge fit (running = min(follow × N, plateau)) gives the closed-loop duty cycle `follow`.
-2. Waiting that is mere queueing for the next step grows in proportion to N; its rate per user is
+1. A hinge fit (running = min(follow × N, plateau)) gives the closed-loop duty cycle `follow`;
+   when levels it put on the plateau wait for nobody, the line is refitted on every level below
+   the first that waits.
+2. Waiting that is mere queueing for the next step grows in proportion to N up to the knee and
+   no further (Little's law: it follows the arrivals, which the plateau caps); its rate per user is
    read from levels well below the knee and taken off every level ("excess waiting").
 3. The saturated levels are every level from the lowest N from which every higher level waits
    (excess ≥ 0.5) — none is left out as "clean" or "transient" while a higher one waits.
@@ -87,12 +90,12 @@ def fit_hinge(users: np.ndarray, running: np.ndarray) -> tuple[float, float, int
     requests, and a request waits a step before it is scheduled), so `follow` is fitted, not 1.
     """
     n = users.size
-    line = float(np.dot(users, running) / np.dot(users, users))
+    line = line_through_origin(users, running)
     sse_line = float(np.sum((running - line * users) ** 2))
     best = (line, float("inf"), n, sse_line)
     for k in range(1, n):
         lo_n, lo_r = users[:k], running[:k]
-        follow = float(np.dot(lo_n, lo_r) / np.dot(lo_n, lo_n))
+        follow = line_through_origin(lo_n, lo_r)
         plateau = float(running[k:].mean())
         sse = float(np.sum((lo_r - follow * lo_n) ** 2) + np.sum((running[k:] - plateau) ** 2))
         if sse < best[3]:
@@ -111,6 +114,20 @@ def step_waiting_per_user(levels, follow: float, plateau: float) -> float:
     low = [lv.waiting_mean / lv.users for lv in levels
            if lv.users > 0 and lv.users <= STEP_QUEUE_SHARE * knee_users and np.isfinite(lv.waiting_mean)]
     return max(0.0, float(np.median(low))) if low else 0.0
+
+
+def step_waiting(users: np.ndarray, base: float, follow: float, plateau: float) -> np.ndarray:
+    """Waiting that is only queueing for the next step at each level: `base` per user up to the knee
+    and no more past it. By Little's law that queue is the arrival rate times the wait for a step, and
+    a closed loop's arrivals grow with N only until the plateau caps its throughput (an earlier
+    `base × N` took a queue that grew with N's arrivals past the knee off every deep level: on a busy
+    machine, where the wait for a first token is long at every level, it took the whole queue)."""
+    knee_users = plateau / follow if follow > 0 else plateau
+    return base * np.minimum(users, max(knee_users, 0.0))
+
+
+def line_through_origin(users: np.ndarray, running: np.ndarray) -> float:
+    return float(np.dot(users, running) / np.dot(users, users))
 
 
 def queue_depth(users: np.ndarray, excess: np.ndarray, follow: float, plateau: float) -> np.ndarray:
@@ -159,13 +176,23 @@ def find_rejection_point(levels, *, waiting_threshold: float = CLEAN_WAITING, mi
                               skipped_levels=skipped, levels_seen=seen)
     users = np.array([lv.users for lv in usable], dtype=float)
     running = np.array([lv.running_mean for lv in usable], dtype=float)
-    follow, plateau0, _knee, _sse, _sse_line = fit_hinge(users, running)
-    base = step_waiting_per_user(usable, follow, plateau0)
-    excess = np.array([lv.waiting_mean - base * lv.users for lv in usable], dtype=float)
-    waits = np.isfinite(excess) & (excess >= waiting_threshold) & np.array([queue_seen(lv) for lv in usable])
-    onset = len(usable)
-    while onset > 0 and waits[onset - 1]:
-        onset -= 1
+    follow, plateau0, knee, _sse, _sse_line = fit_hinge(users, running)
+    waiting = np.array([lv.waiting_mean for lv in usable], dtype=float)
+    seen_queue = np.array([queue_seen(lv) for lv in usable])
+    for _ in range(2):
+        base = step_waiting_per_user(usable, follow, plateau0)
+        excess = waiting - step_waiting(users, base, follow, plateau0)
+        waits = np.isfinite(excess) & (excess >= waiting_threshold) & seen_queue
+        onset = len(usable)
+        while onset > 0 and waits[onset - 1]:
+            onset -= 1
+        if onset <= knee:
+            break
+        # Levels the fit put on the plateau wait for nobody, so running there still follows N: one
+        # low level (a first level read while the machine was busy) must not bend the line that
+        # decides how far the waiting levels fall below it. Refit the line on every level below the onset.
+        follow, knee = line_through_origin(users[:onset], running[:onset]), onset
+        plateau0 = float(running[onset:].mean()) if onset < len(usable) else plateau0
     saturated = usable[onset:]
     shortfall = follow * users[onset:] - running[onset:]
     transient = [lv.users for lv, w in zip(usable[:onset], waits[:onset], strict=True) if w]

@@ -174,7 +174,8 @@ def test_metrics_that_cannot_be_read_fall_back_to_the_streams(expectation, tmp_p
     assert all(lv.running_mean == lv.running_mean for lv in result.levels)  # no NaN level enters the fit
     rp = result.check("rejection_point")
     # The streams estimate running to within ~2 (as tests/probe's no-/metrics case allows).
-    assert rp.measured is not None and abs(rp.measured - rp.predicted) <= 2.0, rp.reason
+    seen = [(lv.users, round(lv.running_mean, 2), round(lv.waiting_mean, 2)) for lv in result.levels]
+    assert rp.measured is not None and abs(rp.measured - rp.predicted) <= 2.0, (rp.reason, seen, result.client)
     # What only /metrics can show is never claimed: the drain is inconclusive, not a pass.
     leak = result.check("leak")
     assert leak.inconclusive and "metrics" in leak.reason, leak.reason
