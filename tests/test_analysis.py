@@ -9,13 +9,13 @@ import pytest
 
 from kvprobe.analysis.levels import (
     IDLE_REPORT_SLACK,
+    ClientCounts,
     LevelWindow,
-    client_side_running,
+    client_side_means,
     counter_increase,
     drain_check,
     drain_window,
     level_stats,
-    time_grid,
 )
 from kvprobe.analysis.plateau import find_rejection_point
 
@@ -254,7 +254,7 @@ def test_drain_without_any_sample():
     assert not res.drained and res.samples == 0 and res.residual_usage is None
 
 
-def test_client_side_running_counts_streams_between_first_token_and_end():
+def test_the_streams_count_running_from_first_token_to_end_and_waiting_before_it():
     records = [
         {"kind": "request", "t_send": 0.0, "t_first": 0.5, "t_end": 2.0},
         SimpleNamespace(kind="request", t_send=0.0, t_first=1.0, t_end=None),  # still streaming
@@ -262,10 +262,10 @@ def test_client_side_running_counts_streams_between_first_token_and_end():
         {"kind": "lag", "t": 1.0, "lag_ms": 3.0},
         {"t_send": 1.0, "t_first": 1.5, "t_end": 1.7},  # kind defaults to request
     ]
-    grid = time_grid(0.0, 3.0, 0.5)
-    assert grid.tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
-    assert client_side_running(records, 0.0, 3.0, 0.5).tolist() == [0, 1, 2, 3, 1, 1, 1]
-    assert client_side_running([], 0.0, 1.0, 0.5).tolist() == [0, 0, 0]
+    counts = client_side_means(records, 0.0, 3.0)
+    assert counts.running == pytest.approx((1.5 + 2.0 + 0.2) / 3)  # the failed one never ran
+    assert counts.waiting == pytest.approx((0.5 + 1.0 + 3.0 + 0.5) / 3)  # ... but waited until it failed
+    assert client_side_means([], 0.0, 1.0) == ClientCounts(0.0, 0.0, None)
 
 
 def test_level_stats_adds_the_client_side_estimate():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvprobe.analysis.levels import LevelStats, LevelWindow, client_side_counts, level_stats, reconcile
+from kvprobe.analysis.levels import LevelStats, LevelWindow, client_side_means, level_stats, reconcile
 
 
 def closed_loop(slots: int, occupancy: float, lifetime: float, t_stop: float, *, cut_keeps_first: bool):
@@ -31,8 +31,7 @@ def closed_loop(slots: int, occupancy: float, lifetime: float, t_stop: float, *,
 
 
 def mean_running(records, t1):
-    running, _ = client_side_counts(records, 0.0, t1, 0.05)
-    return float(running.mean())
+    return client_side_means(records, 0.0, t1).running
 
 
 # (engine gauge, client figure the issue saw, slots, request lifetime s, steady window s): the
@@ -48,7 +47,8 @@ ISSUE = [
 def test_finding_1_streams_cut_at_the_stop_count_as_running_until_cut(engine, seen, slots, lifetime, window):
     old = closed_loop(slots, engine / slots, lifetime, window, cut_keeps_first=False)
     new = closed_loop(slots, engine / slots, lifetime, window, cut_keeps_first=True)
-    assert mean_running(old, window) == pytest.approx(seen, abs=0.01)  # the issue's figure, reproduced
+    # the issue's figure, reproduced (it was counted every 50 ms, the mean here is exact: within 0.05)
+    assert mean_running(old, window) == pytest.approx(seen, abs=0.05)
     assert mean_running(new, window) == pytest.approx(engine, abs=0.01)  # what the engine's gauge said
 
 
@@ -109,9 +109,9 @@ def test_a_cut_stream_without_usage_takes_the_typical_inter_token_time_for_its_l
     usage chunk has no token count, so it borrows the median step of the finished ones."""
     done = [{"t_send": 0.0, "t_first": 1.0, "t_end": 1.0 + 31 * 0.01, "completion_tokens": 32} for _ in range(3)]
     cut = {"t_send": 0.0, "t_first": 2.0, "t_end": 2.5, "status": "aborted"}
-    running, waiting = client_side_counts(done + [cut], 1.97, 1.99, 0.01, lead_steps=2)
-    assert running.tolist() == [0.0, 1.0, 1.0]  # admitted at 2.0 - 2 x 0.01 = 1.98
-    assert waiting.tolist() == [1.0, 0.0, 0.0]
+    counts = client_side_means(done + [cut], 1.97, 1.99, lead_steps=2)
+    # admitted at 2.0 - 2 x 0.01 = 1.98: waiting the first half of the window, running the second
+    assert counts.running == pytest.approx(0.5) and counts.waiting == pytest.approx(0.5)
 
 
 def test_absent_preemption_counter_is_none_not_zero_and_a_lazy_one_counts_from_its_first_value():
@@ -146,3 +146,14 @@ def test_a_disagreement_on_a_plateau_level_is_named_in_the_verdict():
     pred = SimpleNamespace(limit=20, no_preemption_limit=20, binding="kv", usage_at_limit=0.83)
     res = check_rejection_point(pred, rejection, Tolerances(), disagreeing=[lv])
     assert "disagree at N=25 (16.69 vs 20.18)" in res.reason
+
+
+def test_the_streams_are_averaged_exactly_not_at_instants_in_step_with_the_engine():
+    """An engine at a token cap runs in lock-step with its step clock. Here a request runs the first
+    10 ms of every 50: counted every 50 ms (as before) it read 1 running, always; it is 0.2."""
+    records = [{"t_send": k * 0.05, "t_first": k * 0.05, "t_end": k * 0.05 + 0.01, "completion_tokens": 2}
+               for k in range(16)]
+    counts = client_side_means(records, 0.0, 0.8)
+    assert counts.running == pytest.approx(0.2) and counts.waiting == pytest.approx(0.0)
+    assert counts.running_se == pytest.approx(0.0, abs=1e-9)  # every eighth of the window alike
+    assert client_side_means(records, 0.8, 0.8) is None

@@ -22,7 +22,6 @@ MIN_SAMPLES = 3  # a level with fewer steady-state samples is flagged, not avera
 BATCHES = 8  # batch means per window for the standard error of a steady mean
 RECONCILE_ABS, RECONCILE_REL = 1.0, 0.05  # client count below a sampled gauge's mean: max(1 request, 5%)
 RECONCILE_OVER_ABS, RECONCILE_OVER_REL = 2.0, 0.10  # ... above its highest reading: max(2 requests, 10%)
-GRID = 0.05  # seconds between the instants at which the client's streams are counted
 
 
 @dataclass
@@ -159,29 +158,6 @@ def _rec(record, name: str):
     return None if value is None else value
 
 
-def _request_spans(records) -> tuple[np.ndarray, np.ndarray]:
-    """(t_first, t_end) of requests that received a first token; unfinished end at +inf."""
-    firsts, ends = [], []
-    for r in records or ():
-        if (_rec(r, "kind") or "request") != "request":
-            continue
-        t_first = _rec(r, "t_first")
-        if t_first is None or not np.isfinite(t_first):
-            continue
-        t_end = _rec(r, "t_end")
-        firsts.append(float(t_first))
-        ends.append(float(t_end) if t_end is not None and np.isfinite(t_end) else np.inf)
-    return np.asarray(firsts, dtype=float), np.asarray(ends, dtype=float)
-
-
-def time_grid(t0: float, t1: float, step: float) -> np.ndarray:
-    """The times at which `client_side_running` counts: t0, t0+step, ... up to t1 inclusive."""
-    if step <= 0 or t1 < t0:
-        return np.empty(0)
-    n = int(np.floor((t1 - t0) / step + 1e-9)) + 1
-    return t0 + step * np.arange(n)
-
-
 def _spans(records, lead_steps: float):
     """(send, admitted, end) per request. The client cannot see admission; it happens
     `lead_steps` engine steps before the first token arrives, a step estimated from the request's
@@ -224,29 +200,40 @@ def step_seconds(records, t0: float, t1: float) -> float | None:
     return itl if itl > 0 else None
 
 
-def client_side_counts(records, t0: float, t1: float, step: float, *, lead_steps: float = 0.0):
-    """(running, waiting) as the client sees them on `time_grid(t0, t1, step)`: running = admitted
-    (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet admitted."""
-    grid = time_grid(t0, t1, step)
+@dataclass(frozen=True)
+class ClientCounts:
+    running: float  # time average of admitted (first token less the lead) and not finished
+    waiting: float  # time average of sent and not yet admitted
+    running_se: float | None  # batch means over BATCHES equal parts of the window
+
+
+def _integral(starts: np.ndarray, stops: np.ndarray, t0: float, t1: float) -> float:
+    """∫ over [t0, t1] of #(starts ≤ t) − #(stops ≤ t): the time the spans [start, stop) spend in
+    the window, for spans that start before they stop (an unfinished one stops at +inf)."""
+    return float(np.sum(t1 - np.clip(starts, t0, t1)) - np.sum(t1 - np.clip(stops, t0, t1)))
+
+
+def client_side_means(records, t0: float, t1: float, *, lead_steps: float = 0.0,
+                      batches: int = BATCHES) -> ClientCounts | None:
+    """Running and waiting as the client sees them, averaged exactly over [t0, t1]: running =
+    admitted (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet
+    admitted. None for an empty window.
+
+    Exact, not counted at instants: an engine at a token cap runs in lock-step with its step
+    clock, and counting on a fixed grid (it was every 50 ms, about nine steps) aliases with it — on
+    the emulated SGLang the same run read 20.93-21.52 on the grid and 20.25-20.27 exactly (a clean clone's
+    failed check in stop 43: 21.44 against 20)."""
+    if not t1 > t0:
+        return None
     sends, admitted, ends = _spans(records, lead_steps)
-    if grid.size == 0 or sends.size == 0:
-        return np.zeros(grid.size), np.zeros(grid.size)
-    n_sent = np.searchsorted(sends, grid, side="right")
-    n_admitted = np.searchsorted(admitted, grid, side="right")
-    n_done = np.searchsorted(ends, grid, side="right")
-    return (n_admitted - n_done).astype(float), (n_sent - n_admitted).astype(float)
-
-
-def client_side_running(records, t0: float, t1: float, step: float) -> np.ndarray:
-    """Requests running as the client sees them, on `time_grid(t0, t1, step)`: first token
-    received and not yet finished. Used when the engine exposes no /metrics."""
-    grid = time_grid(t0, t1, step)
-    firsts, ends = _request_spans(records)
-    if grid.size == 0 or firsts.size == 0:
-        return np.zeros(grid.size)
-    started = np.searchsorted(np.sort(firsts), grid, side="right")
-    finished = np.searchsorted(np.sort(ends), grid, side="right")
-    return (started - finished).astype(float)
+    if sends.size == 0:
+        return ClientCounts(0.0, 0.0, None)
+    span = t1 - t0
+    edges = t0 + span * np.arange(batches + 1) / batches
+    parts = np.array([_integral(admitted, ends, a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)])
+    means = parts / (span / batches)
+    se = float(means.std(ddof=1) / np.sqrt(batches)) if batches >= 2 else None
+    return ClientCounts(float(parts.sum() / span), _integral(sends, admitted, t0, t1) / span, se)
 
 
 # -- per level --------------------------------------------------------------------------------
@@ -277,10 +264,9 @@ def level_stats(series_arrays: dict, windows: list[LevelWindow], *, warmup_fract
         if records is not None:
             step = step_seconds(records, start, w.t_end)
             steps = span / step if step and span > 0 and preempt is not None else None
-            run, wait = client_side_counts(records, start, w.t_end, GRID, lead_steps=lead_steps)
-            client = float(run.mean()) if run.size else None
-            client_waiting = float(wait.mean()) if wait.size else None
-            client_se = batch_se(run)
+            counts = client_side_means(records, start, w.t_end, lead_steps=lead_steps)
+            if counts is not None:
+                client, client_waiting, client_se = counts.running, counts.waiting, counts.running_se
         wcap = _stat(cols["waiting_capacity"][sel], np.mean)
         engine = _stat(running, np.mean)
         out.append(LevelStats(

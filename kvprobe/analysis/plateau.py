@@ -152,7 +152,7 @@ def queue_seen(lv) -> bool:
     """Did the engine's queue gauge read a request waiting at any sample of the level? One that read
     zero throughout kept nobody waiting through a moment it publishes at (SGLang's: after a prefill's
     admissions and every 40 decode steps): the streams' waiting there (sent, not yet admitted by the
-    first token less the lead, `levels.client_side_counts`) is the way from the client to the
+    first token less the lead, `levels.client_side_means`) is the way from the client to the
     scheduler and back, which grows with the arrivals — on the SGLang shadow 0.14 at N=10 and
     0.31-0.51 at N=20, below a knee of 21, each from one cohort of requests — not a queue. No gauge: the
     streams decide."""

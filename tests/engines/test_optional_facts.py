@@ -24,4 +24,3 @@ def test_a_dialect_that_leaves_a_fact_out_gets_the_default():
 
 def test_a_fact_the_dialect_writes_wins():
     assert get_dialect("sglang").RUNNING_GAUGE_EXACT is False
-    assert get_dialect("sglang").FIRST_TOKEN_LEAD_STEPS == 2
