@@ -42,6 +42,20 @@ def test_rejection_point_within_and_outside_with_a_diagnosis():
     assert not sized.passed and "sized its pool differently" in sized.reason
 
 
+def test_a_reservation_engines_plateau_is_judged_against_what_it_holds_on_average():
+    """SGLang 0.5.22 on admits up to its reservation bound (20) and refills a finished request's
+    slot at the next admission: its running averages 19.52 at O=32 (the simulated time average), and
+    the plateau, a time average, is judged against that — not against the bound it never holds."""
+    sglang = SimpleNamespace(limit=20, limit_mean=19.52, no_preemption_limit=20, binding="kv", usage_at_limit=0.87)
+    tight = Tolerances(rejection_point=0.3, rejection_point_relative=0.0)
+    res = check_rejection_point(sglang, rejection(19.6, uncertainty=0.03), tight, reported_agrees=True)
+    assert res.passed and res.predicted == 20, res.reason
+    assert "predicts 20 at once, 19.52 on average" in res.reason
+    held_to_the_bound = SimpleNamespace(limit=20, no_preemption_limit=20, binding="kv", usage_at_limit=0.87)
+    assert not check_rejection_point(held_to_the_bound, rejection(19.6, uncertainty=0.03), tight,
+                                     reported_agrees=True).passed
+
+
 def test_with_a_differently_sized_pool_admission_is_judged_against_the_engines_own_pool():
     """A real GPU profiles its memory: the ledger's pool can be off while admission is right."""
     implied = SimpleNamespace(limit=25.2, no_preemption_limit=24, binding="kv", usage_at_limit=0.95)

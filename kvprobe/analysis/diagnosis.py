@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvprobe.theory.prediction import judged_plateau
+
 PINNED = 0.15  # running within this of an integer on every weighted level: pinned by a count
 KV_MARGIN = 0.10  # usage at least predicted-saturation minus this (or 2 x usage_gap): KV is full
 
@@ -103,7 +105,7 @@ def _signature(*, prediction, rejection, levels, allowance, usage_tol, reported,
         top = max(rejection.levels_seen, default=None) if rejection is not None else None
         return Diagnosis("none", "no level saturated the engine (waiting never persisted)"
                          + (f"; highest level {top}" if top else ""))
-    measured, predicted = rejection.rejection_point, float(prediction.limit)
+    measured, predicted = rejection.rejection_point, judged_plateau(prediction)
     saturated = [lv for lv in levels if lv.users in set(rejection.saturated_levels)]
     stuck = _stuck(levels, rejection, predicted)
     if stuck is not None:

@@ -16,6 +16,7 @@ from kvprobe.load.ramps import LevelResult
 from kvprobe.probe.hold import PastBurst, held_past_burst, hold_level
 from kvprobe.probe.state import ProbeRun
 from kvprobe.probe.strategy import FED_SHARE, SAFE_SHARE, make_ramp, settled, usage_agrees, widest
+from kvprobe.theory.prediction import judged_plateau
 
 
 def level_result(stats, *, gauge_exact: bool = True):
@@ -95,7 +96,7 @@ def _short_of_target(pr: ProbeRun, strategy) -> None:
 
 
 def _settled(pr: ProbeRun, rejection, allowance: float) -> bool:
-    return settled(rejection, float(pr.prediction.limit), allowance, pr.exp.profile.ramp.uncertainty)
+    return settled(rejection, judged_plateau(pr.prediction), allowance, pr.exp.profile.ramp.uncertainty)
 
 
 def _reads_streams(pr: ProbeRun) -> bool:

@@ -50,6 +50,17 @@ class Prediction:
     clean_in_closed_loop_how: str = ""
 
 
+
+def judged_plateau(prediction) -> float:
+    """The running a saturated engine holds on average: what a measured plateau, itself a time
+    average, is judged against. It is the limit but where a reservation engine's limit is the most it
+    runs at once (SGLang from 0.5.22): each finish there leaves a slot empty until the next
+    admission, 0.48 of 20 below it at O=32 (the simulated 19.52, the emulator's own count 19.4-19.5),
+    a few hundredths at O=256. Any object with `limit` (and `limit_mean`) will do."""
+    mean = getattr(prediction, "limit_mean", None)
+    return float(prediction.limit if mean is None else mean)
+
+
 class NotModelled(ConfigError):
     """The simulation left what is modelled (and checked against the engine): no prediction."""
 

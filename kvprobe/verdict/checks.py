@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from kvprobe.theory.prediction import judged_plateau
+
 
 @dataclass
 class CheckResult:
@@ -117,7 +119,8 @@ def _judged_against(prediction, implied, reported_agrees):
 @check("rejection_point", reads_load=True)
 def check_rejection_point(prediction, rejection, tol, *, reported_agrees: bool | None = None, implied=None,
                           diagnosis=None, disagreeing=()) -> CheckResult:
-    """The measured running plateau where waiting starts versus the predicted admission limit.
+    """The measured running plateau where waiting starts versus the predicted admission limit —
+    the running it holds on average (`theory.prediction.judged_plateau`), as the plateau is a time average.
 
     The plateau comes with an uncertainty (a ~95% half-width, `rejection.uncertainty`); the check
     uses it both ways, so a tight tolerance is honest: it FAILS when the prediction lies outside
@@ -143,11 +146,12 @@ def check_rejection_point(prediction, rejection, tol, *, reported_agrees: bool |
     res.measured = round(float(rejection.rejection_point), 2)
     half = rejection.uncertainty
     res.uncertainty = None if half is None else round(float(half), 2)
-    expected = round(float(target.limit), 2)
+    expected, most = round(judged_plateau(target), 2), round(float(target.limit), 2)
     allowance = max(tol.rejection_point, tol.rejection_point_relative * abs(expected))
     diff = abs(res.measured - expected)
     shown = f"{res.measured:g}" + ("" if half is None else f" ± {half:.2f}")
-    head = f"running plateaus at {shown} while requests wait; {source} predicts {expected:g} ({target.binding} binds)"
+    predicts = f"{expected:g}" if expected == most else f"{most:g} at once, {expected:g} on average"
+    head = f"running plateaus at {shown} while requests wait; {source} predicts {predicts} ({target.binding} binds)"
     stuck = diagnosis is not None and diagnosis.limit == "stuck"
     if not stuck and not rejection.confirmed:
         # One level that looks saturated may be a measurement artefact (a last level read low):

@@ -226,7 +226,8 @@ def scale(prediction, replicas: int):
     """One replica's Prediction as the fleet's (limits x R), e.g. the engine-implied one."""
     if prediction is None or replicas == 1:
         return prediction
-    return dataclasses.replace(prediction, limit=replicas * prediction.limit,
+    mean = None if prediction.limit_mean is None else replicas * prediction.limit_mean
+    return dataclasses.replace(prediction, limit=replicas * prediction.limit, limit_mean=mean,
                                no_preemption_limit=replicas * prediction.no_preemption_limit)
 
 
