@@ -50,7 +50,6 @@ class Prediction:
     clean_in_closed_loop_how: str = ""
 
 
-
 def judged_plateau(prediction) -> float:
     """The running a saturated engine holds on average: what a measured plateau, itself a time
     average, is judged against. It is the limit but where a reservation engine's limit is the most it
