@@ -180,8 +180,7 @@ def _spans(records, lead_steps: float):
     for send, first, end, itl in rows:
         admit = end if first is None else max(send, first - lead_steps * (typical if itl is None else itl))
         sends.append(send), admitted.append(admit), ends.append(end)
-    return (np.sort(np.asarray(sends, dtype=float)), np.sort(np.asarray(admitted, dtype=float)),
-            np.sort(np.asarray(ends, dtype=float)))
+    return np.asarray(sends, dtype=float), np.asarray(admitted, dtype=float), np.asarray(ends, dtype=float)
 
 
 def step_seconds(records, t0: float, t1: float) -> float | None:
@@ -213,26 +212,24 @@ def _integral(starts: np.ndarray, stops: np.ndarray, t0: float, t1: float) -> fl
     return float(np.sum(t1 - np.clip(starts, t0, t1)) - np.sum(t1 - np.clip(stops, t0, t1)))
 
 
-def client_side_means(records, t0: float, t1: float, *, lead_steps: float = 0.0,
-                      batches: int = BATCHES) -> ClientCounts | None:
+def client_side_means(records, t0: float, t1: float, *, lead_steps: float = 0.0) -> ClientCounts | None:
     """Running and waiting as the client sees them, averaged exactly over [t0, t1]: running =
     admitted (first token minus `lead_steps` steps) and not finished; waiting = sent and not yet
     admitted. None for an empty window.
 
     Exact, not counted at instants: an engine at a token cap runs in lock-step with its step
     clock, and counting on a fixed grid (it was every 50 ms, about nine steps) aliases with it — on
-    the emulated SGLang the same run read 20.93-21.52 on the grid and 20.25-20.27 exactly (a clean clone's
-    failed check in stop 43: 21.44 against 20)."""
+    the emulated SGLang the same run read 20.93-21.52 on the grid and 20.25-20.27 exactly (its
+    rejection point 21.44 against a limit of 20)."""
     if not t1 > t0:
         return None
     sends, admitted, ends = _spans(records, lead_steps)
     if sends.size == 0:
         return ClientCounts(0.0, 0.0, None)
     span = t1 - t0
-    edges = t0 + span * np.arange(batches + 1) / batches
+    edges = t0 + span * np.arange(BATCHES + 1) / BATCHES
     parts = np.array([_integral(admitted, ends, a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)])
-    means = parts / (span / batches)
-    se = float(means.std(ddof=1) / np.sqrt(batches)) if batches >= 2 else None
+    se = float((parts / (span / BATCHES)).std(ddof=1) / np.sqrt(BATCHES))
     return ClientCounts(float(parts.sum() / span), _integral(sends, admitted, t0, t1) / span, se)
 
 
