@@ -169,7 +169,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
             "policy": policy, "rule": policy_rule(policy), "scheduler_loop": None, "async_scheduling": None,
             "pool_unit": "blocks" if exp.engine == "vllm" else "tokens", "pool": None, "ledger_pool": None,
             "engine_claim": None,
-            "predicted": None, "predicted_binding": None, "predicted_usage": None,
+            "predicted": None, "predicted_mean": None, "predicted_binding": None, "predicted_usage": None,
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
             "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None,
             "ledger_preemption_rate": None, "ledger_preemption_users": None,
@@ -195,7 +195,7 @@ def release_figures(result, artifacts: Path) -> dict:
     out["scheduler_loop"] = loop[0] if loop else None
     out["memory"] = memory_figures((result.ledger or {}).get("budget"))
     out.update(async_scheduling=adm.get("async_scheduling"), ledger_pool=cap.get(unit),
-               predicted=adm.get("limit"), predicted_binding=adm.get("binding"),
+               predicted=adm.get("limit"), predicted_mean=adm.get("limit_mean"), predicted_binding=adm.get("binding"),
                predicted_usage=adm.get("usage_at_limit"), status=result.status, reason=result.status_reason)
     if result.facts is None:
         out["startup"] = "did not start" if result.error else None

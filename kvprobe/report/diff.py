@@ -33,6 +33,15 @@ def _measured(r: dict) -> str:
     return f"{r['rejection_point']:.2f}" + ("" if r["uncertainty"] is None else f" ± {r['uncertainty']:.2f}")
 
 
+def _predicted(r: dict) -> str:
+    """The most the release runs at once and, where a reservation engine's finishes leave slots empty
+    until the next admission, the time average the measured plateau is judged against
+    (theory.prediction.judged_plateau)."""
+    mean = r.get("predicted_mean")
+    average = "" if mean is None or r["predicted"] is None or mean == r["predicted"] else f", {mean:.2f} on average"
+    return f"{_num(r['predicted'], '{:.2f}')}{average} ({r['predicted_binding'] or '—'} binds)"
+
+
 def _preemptions(r: dict) -> str:
     return _num(r["preemptions_per_deep_level"], "{:.1f}")
 
@@ -64,7 +73,7 @@ ROWS = (
     ("admission rule (ledger)", _rule),
     ("pool (engine's report)", _pool),
     ("engine's capacity line", _claim),
-    ("ledger: admission limit", lambda r: f"{_num(r['predicted'], '{:.2f}')} ({r['predicted_binding'] or '—'} binds)"),
+    ("ledger: admission limit", _predicted),
     ("measured rejection point", _measured),
     ("deep levels", lambda r: ", ".join(map(str, r["deep_levels"])) or "—"),
     ("preemptions per deep level", _preemptions),

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels, memory_figures
-from kvprobe.report.diff import change_line
+from kvprobe.report.diff import change_line, diff_table
 from kvprobe.spec.schema import Tolerances
 from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
 from kvprobe.theory.sglang.releases import scheduler_rule_text
@@ -40,6 +40,17 @@ def figures(**changes) -> dict:
 
 def changes_between(a: dict, b: dict) -> dict[str, dict]:
     return {c["quantity"]: c for c in find_changes(["A", "B"], {"A": a, "B": b}, TOL)}
+
+
+def test_the_table_shows_a_reservation_engines_time_average_beside_its_limit():
+    # SGLang from 0.5.22 runs at most 21 at once; the measured plateau is judged against its 20.93 average
+    old = figures(version="0.5.21", predicted=22.0, predicted_mean=22.0)
+    new = figures(version="0.5.23", predicted=21.0, predicted_mean=20.93)
+    table = diff_table(SimpleNamespace(versions=["0.5.21", "0.5.23"], results={"0.5.21": old, "0.5.23": new}),
+                       title="t")
+    row = next(line for line in table.splitlines() if "ledger: admission limit" in line)
+    assert "21.00, 20.93 on average (kv binds)" in row
+    assert "22.00 (kv binds)" in row and "22.00," not in row  # no average where it is the limit
 
 
 def test_a_move_the_ledgers_rule_makes_too_is_explained_by_that_rule():
