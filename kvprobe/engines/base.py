@@ -168,6 +168,9 @@ class OptionalFacts:
     # the theory's scheduler config has a field of the same name with '_' for '-'.
     REQUEST_CAP_FLAG: str | None = None  # the cap on requests running at once
     TOKEN_BUDGET_FLAG: str | None = None  # the per-step token budget
+    # The flag that streams every N tokens instead of every token (the first at once), or None: a replay
+    # paces its steps so that the client still reads every stream (kvprobe.probe.repro.shadow_step_ms).
+    STREAM_INTERVAL_FLAG: str | None = None
     # (max length, HTTP status of a fixed-length request one token past it), or None when unknown.
     length_limit = staticmethod(_no_length_limit)
     # What the engine says about itself: start-up log text, /metrics families, an info endpoint.

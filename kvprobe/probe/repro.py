@@ -165,7 +165,7 @@ def shadow_step_ms(pr, flags: dict) -> float:
     out = pr.exp.profile.request.output_tokens
     staging = (pr.lifetime or 0.0) * 1000 / (out + 1)
     streams = max((lv.running_mean for lv in pr.result.levels if _finite(lv.running_mean)), default=1.0)
-    interval = flags.get("stream-interval") or 1
+    interval = flags.get(pr.dialect.STREAM_INTERVAL_FLAG) or 1
     floor = streams * 1000 / (interval * CHUNKS_PER_SECOND)
     return round(min(max(staging, floor, MIN_STEP_MS), MAX_STEP_MS), 2)
 

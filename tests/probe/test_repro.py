@@ -14,6 +14,7 @@ import yaml
 
 from kvprobe.analysis.levels import LevelStats
 from kvprobe.analysis.plateau import RejectionPoint
+from kvprobe.engines import get_dialect
 from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import ConfigError
 from kvprobe.probe import repro
@@ -40,7 +41,7 @@ def attached_run(tmp_path, exp, reported: ReportedCapacity, levels, rejection: R
     result = ProbeResult(expectation=exp, facts=SimpleNamespace(reported=reported), levels=levels,
                          rejection=rejection)
     return ProbeRun(exp=exp, options=ProbeOptions(artifacts_dir=tmp_path), artifacts=tmp_path, result=result,
-                    ledger=None, dialect=None, deadline=0.0, target=object(), lifetime=2.6)
+                    ledger=None, dialect=get_dialect(exp.engine), deadline=0.0, target=object(), lifetime=2.6)
 
 
 def plateau(rp: float | None, half: float | None, saturated: list[int]) -> RejectionPoint:
@@ -90,6 +91,8 @@ def test_an_sglang_pool_is_the_token_cap_and_a_private_model_travels_with_the_fi
     repro.after_probe(pr)
     (loaded,) = load_expectations(art / "repro.yaml")
     assert loaded.flags["max-total-tokens"] == 20480 and loaded.flags["stream-interval"] == 8
+    # 26 streams at once: read every step they would outrun the client, every 8 tokens they do not
+    assert repro.shadow_step_ms(pr, {"stream-interval": 1}) > repro.shadow_step_ms(pr, loaded.flags)
     assert loaded.model == "acme/Private-8B"
     assert Path(loaded.model_base_dir, loaded.model_config).resolve() == (art / repro.MODEL_CONFIG_FILE).resolve()
     assert json.loads((art / repro.MODEL_CONFIG_FILE).read_text()) == json.loads(config.read_text())

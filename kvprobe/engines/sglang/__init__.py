@@ -26,6 +26,7 @@ from kvprobe.engines.sglang.flags import (
     REQUEST_CAP_FLAG,
     SHADOW_ENV,
     SHADOW_FLAGS,
+    STREAM_INTERVAL_FLAG,
     TOKEN_BUDGET_FLAG,
     emulator_command,
     launch_command,
@@ -112,6 +113,7 @@ from kvprobe.engines.sglang.versions import (
 __all__ = [
     "NAME", "DEFAULT_VERSION", "KNOWN_VERSIONS", "policy", "scheduler_rules", "SHADOW_ENV", "SHADOW_FLAGS", "FLAGS",
     "CPU_UNREGISTERED_QUANTIZATION", "OTHER_FLAGS", "FLAG_ALIASES", "REQUEST_CAP_FLAG", "TOKEN_BUDGET_FLAG",
+    "STREAM_INTERVAL_FLAG",
     "LAUNCH_MODULE", "launch_command", "emulator_command", "DEFAULT_PORT", "HEALTH_PATH", "ALIVE_PATH",
     "MODELS_PATH", "METRICS_PATH", "SERVER_INFO_PATHS", "MODEL_INFO_PATHS", "GENERATE_PATH",
     "HEALTH_GENERATE_PATH", "INFO_PATHS", "COMPLETIONS_PATH", "API_KEY_ENV", "AUTH_EXEMPT_PREFIXES",

@@ -106,6 +106,9 @@ FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp
 
 REQUEST_CAP_FLAG = "max-running-requests"  # reported as effective_max_running_requests_per_dp (/server_info)
 TOKEN_BUDGET_FLAG = "chunked-prefill-size"
+# 0.5.23 managers/scheduler_components/output_streamer.py L455-469: a stream gets its first token at once,
+# then whenever `--stream-interval` tokens are unsent (the default 1: every step)
+STREAM_INTERVAL_FLAG = "stream-interval"
 
 
 # --- commands

@@ -23,6 +23,7 @@ from kvprobe.engines.vllm.flags import (
     OTHER_FLAGS,
     REQUEST_CAP_FLAG,
     SHADOW_ENV,
+    STREAM_INTERVAL_FLAG,
     TOKEN_BUDGET_FLAG,
     emulator_command,
     launch_command,
@@ -110,6 +111,7 @@ from kvprobe.engines.vllm.versions import (
 __all__ = [
     "NAME", "DEFAULT_VERSION", "KNOWN_VERSIONS", "is_legacy", "policy", "async_scheduling_default", "FLAGS",
     "OTHER_FLAGS", "FLAG_ALIASES", "SHADOW_ENV", "CPU_POOL_ENV", "REQUEST_CAP_FLAG", "TOKEN_BUDGET_FLAG",
+    "STREAM_INTERVAL_FLAG",
     "launch_command", "emulator_command", "DEFAULT_PORT", "HEALTH_PATH", "MODELS_PATH", "VERSION_PATH",
     "LOAD_PATH", "METRICS_PATH", "SERVER_INFO_PATH", "INFO_PATHS", "OPTIONAL_INFO_PATHS", "COMPLETIONS_PATH",
     "API_KEY_ENV", "AUTH_GUARDED_PREFIXES", "UNAUTHORIZED_STATUS", "UNAUTHORIZED_BODY", "auth_required",

@@ -73,8 +73,10 @@ OTHER_FLAGS = (
     "max-num-queued-tokens", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
-    "stream-interval",  # arg_utils.py L1814: the API server streams every N tokens (the first at once)
+    "stream-interval",
 )
+# 0.33.0 arg_utils.py L1814: the API server streams every N tokens (the first at once)
+STREAM_INTERVAL_FLAG = "stream-interval"
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
 
