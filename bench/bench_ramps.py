@@ -88,15 +88,22 @@ def expectation(shape: Shape, strategy: str, step_ms: float | None = None, uncer
     return replace(exp, flags={**exp.flags, **shape.flags}, profile=profile, checks=CHECKS, target=target)
 
 
+def wrong_prediction(ledger, factor: float):
+    """The ledger with its admission prediction scaled by `factor`: the limit, the time average the
+    check judges the plateau against (theory.prediction.judged_plateau), and the no-preemption limit."""
+    adm = ledger.admission
+    return replace(ledger, admission=replace(
+        adm, limit=adm.limit * factor,
+        limit_mean=None if adm.limit_mean is None else adm.limit_mean * factor,
+        no_preemption_limit=max(1, round(adm.no_preemption_limit * factor))))
+
+
 def one(shape: Shape, strategy: str, workdir: Path, step_ms: float | None = None,
         uncertainty: float | None = None) -> dict:
     """One probe, its steps as `run_probe` runs them, with the prediction scaled by `shape.wrong`
     (and `predict` held to an `uncertainty`, when given)."""
     def wrong(pr) -> None:
-        adm = pr.ledger.admission
-        pr.ledger = replace(pr.ledger, admission=replace(
-            adm, limit=adm.limit * shape.wrong,
-            no_preemption_limit=max(1, round(adm.no_preemption_limit * shape.wrong))))
+        pr.ledger = wrong_prediction(pr.ledger, shape.wrong)
 
     options = ProbeOptions(artifacts_dir=workdir / f"{shape.name}-{strategy}")
     pr = begin(expectation(shape, strategy, step_ms, uncertainty), options)

@@ -4,7 +4,7 @@ certain than the prediction-free ramp, is no speed-up."""
 
 from __future__ import annotations
 
-from bench.bench_ramps import SHAPES, bar_lines
+from bench.bench_ramps import SHAPES, bar_lines, wrong_prediction
 
 
 def row(shape: str, strategy: str, lifetimes: float, verdict: str, uncertainty: float) -> dict:
@@ -46,3 +46,18 @@ def test_a_wrong_prediction_may_be_slower_but_must_be_conclusive():
     assert "misses the bar" in bar_lines(runs, shapes(name))[0]
     runs[0].update(lifetimes=16.0, verdict="INCONCLUSIVE")
     assert bar_lines(runs, shapes(name))[-1].startswith("the bar: not met")
+
+
+def test_a_wrong_prediction_is_wrong_in_the_figure_the_check_judges():
+    # a reservation engine's check reads the time average beside the limit: scaling the limit alone
+    # left the x2 and x0.5 shapes judged against the right prediction (both PASSED on 2026-12-07)
+    from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
+    from kvprobe.theory.prediction import judged_plateau
+
+    ledger = build_ledger(LedgerInputs(engine="sglang", model="meta-llama/Llama-3.1-8B", max_total_tokens=3300,
+                                       context_length=2048, prompt_tokens=32, output_tokens=256))
+    adm = ledger.admission
+    assert adm.limit_mean is not None and adm.limit_mean != adm.limit
+    doubled = wrong_prediction(ledger, 2.0).admission
+    assert judged_plateau(doubled) == 2 * judged_plateau(adm) and doubled.limit == 2 * adm.limit
+    assert doubled.no_preemption_limit == 2 * adm.no_preemption_limit
