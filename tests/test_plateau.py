@@ -4,10 +4,20 @@ with an uncertainty the check uses."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from kvprobe.analysis.levels import LevelStats
-from kvprobe.analysis.plateau import deep_levels_to_add, deep_waiting, find_rejection_point, weighted_plateau
+from kvprobe.analysis.plateau import (
+    SE_FLOOR,
+    chi2_lower_5,
+    deep_levels_to_add,
+    deep_waiting,
+    find_rejection_point,
+    weighted_plateau,
+)
 from kvprobe.spec.expectation import Tolerances
 from kvprobe.verdict.checks import check_no_preemption, check_rejection_point
 
@@ -97,6 +107,41 @@ def test_weighted_plateau_scales_its_error_when_levels_disagree():
     # no per-level errors: the scatter alone
     est, half, scale = weighted_plateau([20.0, 21.0], [1, 1], [None, None])
     assert est == pytest.approx(20.5) and scale is None and half == pytest.approx(1.96 * 0.5, rel=0.01)
+
+
+# Eight deep levels of the emulated vLLM 0.33.0 at knee~24 (bench_ramps, predict held to ± 0.29, 2026-12-07):
+# each level's batch means claimed 0.40-0.96, the levels agreed to 0.1
+BENCH_DEEP = [24.25, 24.302, 24.081, 24.349, 24.21, 24.136, 24.074, 24.113]
+BENCH_SE = [0.403, 0.553, 0.771, 0.657, 0.65, 0.782, 0.964, 0.919]
+
+
+def test_levels_that_agree_better_than_their_errors_shrink_them_to_what_the_agreement_bounds():
+    running, se = np.array(BENCH_DEEP), np.array(BENCH_SE)
+    w = 1 / se**2
+    propagated = 1.96 / np.sqrt(w.sum())
+    chi2 = float(np.sum(w * (running - np.dot(w, running) / w.sum()) ** 2))
+    est, half, scale = weighted_plateau(BENCH_DEEP, [1] * 8, BENCH_SE)
+    assert scale == pytest.approx((chi2 / 7) ** 0.5) and scale < 0.25
+    # the 95% upper bound of the true/claimed ratio, χ² over its 5% quantile at 7 degrees of freedom (2.1673)
+    assert half == pytest.approx(propagated * (chi2 / 2.1673) ** 0.5, rel=1e-3) and half < propagated / 2
+    # two levels as close are one degree of freedom: no evidence, the errors stand
+    est, half, scale = weighted_plateau(BENCH_DEEP[:2], [1, 1], [0.553, 0.553])
+    assert scale < 0.1 and half == pytest.approx(1.96 * 0.553 / 2**0.5, rel=1e-3)
+    # identical levels shrink their errors only to the floor of a constant gauge
+    est, half, scale = weighted_plateau([24.0] * 8, [1] * 8, [0.5] * 8)
+    assert scale == 0 and half == pytest.approx(1.96 * SE_FLOOR / 8**0.5)
+
+
+def test_the_chi2_quantile_is_the_distributions():
+    # the regularized lower incomplete gamma function at the quantile is 5%, by its series
+    for dof in (1, 2, 3, 7, 10, 11, 30):
+        q, a = chi2_lower_5(dof), dof / 2
+        term = total = 1 / a
+        for n in range(1, 400):
+            term *= (q / 2) / (a + n)
+            total += term
+        cdf = total * math.exp(-q / 2 + a * math.log(q / 2) - math.lgamma(a))
+        assert cdf == pytest.approx(0.05, abs=0.002), dof
 
 
 def test_deep_levels_are_planned_past_the_knee_and_the_deepest_level():

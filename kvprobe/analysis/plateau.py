@@ -227,6 +227,34 @@ def find_rejection_point(levels, *, waiting_threshold: float = CLEAN_WAITING, mi
     )
 
 
+# The 5% quantile of χ² with 1 to 10 degrees of freedom (the regularized incomplete gamma function's
+# root, to four places); beyond, the Wilson-Hilferty approximation, within 0.3% there (`chi2_lower_5`).
+_CHI2_LOWER_5 = {1: 0.00393, 2: 0.1026, 3: 0.3518, 4: 0.7107, 5: 1.1455, 6: 1.6354, 7: 2.1673, 8: 2.7326,
+                 9: 3.3251, 10: 3.9403}
+Z05 = -1.645
+
+
+def chi2_lower_5(dof: int) -> float:
+    """The 5% quantile of the χ² distribution with `dof` degrees of freedom."""
+    if dof in _CHI2_LOWER_5:
+        return _CHI2_LOWER_5[dof]
+    k = 2.0 / (9.0 * dof)
+    return dof * (1.0 - k + Z05 * math.sqrt(k)) ** 3
+
+
+def agreement_scale(chi2: float, dof: int) -> float:
+    """The factor the levels' own errors may shrink by when the levels agree better than those errors
+    allow: the 95% upper bound of √(true variance / claimed variance) their χ² gives, √(χ² / χ²₅%(dof)),
+    at most 1. A level's error is its batch means over ~8 parts of two or three lifetimes, and a preempting
+    engine's running swings in a sawtooth about a lifetime long, which makes those parts' means scatter far
+    more than the whole window's mean does: eight deep levels of the emulated vLLM at knee~24 read 0.4-1.0
+    each and agreed to 0.1 (S = 0.14-0.22, 2026-12-07). Two levels (one degree of freedom) shrink only when
+    they agree to within 6% of their errors; three, within 22%; eight, within 55%."""
+    if dof < 1:
+        return 1.0
+    return min(1.0, math.sqrt(chi2 / chi2_lower_5(dof)))
+
+
 def weighted_plateau(running, weights, errors: list[float | None]):
     """(estimate, ~95% half-width, scale factor) of the level means, each weighted by its depth
     and, where the levels have standard errors, by their inverse variance — a level disturbed
@@ -234,8 +262,9 @@ def weighted_plateau(running, weights, errors: list[float | None]):
 
     The variance is propagated from the levels' errors and multiplied by the scale factor
     S = √(χ² / (n − 1)) over the levels weighing at least ½ by depth, when S > 1 — i.e. when they
-    scatter more than their errors allow (PDG, "Introduction: averaging measurements"); without
-    per-level errors the weighted scatter alone is used."""
+    scatter more than their errors allow (PDG, "Introduction: averaging measurements"); when they
+    agree better than their errors allow, the errors shrink to what the agreement bounds at 95%
+    confidence (`agreement_scale`); without per-level errors the weighted scatter alone is used."""
     depth = np.asarray(weights, dtype=float)
     running = np.asarray(running, dtype=float)
     if not (depth > 0).any():  # every saturated level sits at the edge: an unweighted mean, flagged unconfirmed
@@ -251,8 +280,12 @@ def weighted_plateau(running, weights, errors: list[float | None]):
         estimate = float(np.dot(w, running) / total)
         resid = running - estimate
         chi2 = float(np.sum((resid[near] / se[near]) ** 2))
-        scale = math.sqrt(chi2 / (near.sum() - 1)) if near.sum() >= 2 else None
-        half = Z95 * math.sqrt(float(np.dot(w * w, se * se))) / total * max(1.0, scale or 1.0)
+        dof = int(near.sum()) - 1
+        scale = math.sqrt(chi2 / dof) if dof >= 1 else None
+        # the errors as the levels' scatter bounds them, never below the floor of a constant gauge
+        scaled = np.maximum(se * (max(scale, 1.0) if scale is not None and scale >= 1.0
+                                  else agreement_scale(chi2, dof)), SE_FLOOR)
+        half = Z95 * math.sqrt(float(np.dot(w * w, scaled * scaled))) / total
         return estimate, half, scale
     total = float(depth.sum())
     estimate = float(np.dot(depth, running) / total)
