@@ -26,7 +26,8 @@ on real vLLM: 23.79 averaged over every waiting level, 24.1–24.2 deep in satur
    estimate is iterated to a fixed point.
 5. Its uncertainty combines each level's own standard error (batch means over its window) with
    the level-to-level scatter, scaled up when the levels disagree beyond their errors (the
-   Particle Data Group's scale factor); `uncertainty` is the half-width of a ~95% interval.
+   Particle Data Group's scale factor) and down when they agree better than those errors allow
+   (`agreement_scale`); `uncertainty` is the half-width of a ~95% interval.
 6. It is `confirmed` when at least MIN_DEEP_LEVELS levels are deep; the probe's ramp adds deep
    levels until it is (`deep_levels_to_add`).
 """
