@@ -284,8 +284,8 @@ def weighted_plateau(running, weights, errors: list[float | None]):
         dof = int(near.sum()) - 1
         scale = math.sqrt(chi2 / dof) if dof >= 1 else None
         # the errors as the levels' scatter bounds them, never below the floor of a constant gauge
-        scaled = np.maximum(se * (max(scale, 1.0) if scale is not None and scale >= 1.0
-                                  else agreement_scale(chi2, dof)), SE_FLOOR)
+        factor = scale if scale is not None and scale > 1.0 else agreement_scale(chi2, dof)
+        scaled = np.maximum(se * factor, SE_FLOOR)
         half = Z95 * math.sqrt(float(np.dot(w * w, scaled * scaled))) / total
         return estimate, half, scale
     total = float(depth.sum())
