@@ -93,22 +93,22 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
 # format does not touch the KV pools, so the shadow's model folder leaves the config's
 # quantization_config out for these.
 CPU_UNREGISTERED_QUANTIZATION = ("mxfp4",)
+# 0.5.23 managers/scheduler_components/output_streamer.py L455-469: a stream gets its first token at once,
+# then whenever `--stream-interval` tokens are unsent (the default 1: every step)
+STREAM_INTERVAL_FLAG = "stream-interval"
 # Real SGLang flags kvprobe does not model: passed through as written; listed for the typo check.
 OTHER_FLAGS = (
     "max-queued-requests", "schedule-policy", "retraction-policy", "enable-mixed-chunk",
     "allow-auto-truncate", "enable-priority-scheduling", "radix-eviction-policy",
     "extra-metric-labels", "trust-remote-code", "random-seed",
     "attention-backend", "tokenizer-path", "revision", "load-format", "cuda-graph-max-bs-decode",
-    "stream-interval", "sleep-on-idle", "device", "sampling-backend",
+    STREAM_INTERVAL_FLAG, "sleep-on-idle", "device", "sampling-backend",
 )
 FLAG_ALIASES = {"tensor-parallel-size": "tp-size", "pipeline-parallel-size": "pp-size",
                 "data-parallel-size": "dp-size"}
 
 REQUEST_CAP_FLAG = "max-running-requests"  # reported as effective_max_running_requests_per_dp (/server_info)
 TOKEN_BUDGET_FLAG = "chunked-prefill-size"
-# 0.5.23 managers/scheduler_components/output_streamer.py L455-469: a stream gets its first token at once,
-# then whenever `--stream-interval` tokens are unsent (the default 1: every step)
-STREAM_INTERVAL_FLAG = "stream-interval"
 
 
 # --- commands

@@ -65,6 +65,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enforce-eager", None, False, "no CUDA graphs: none profiled or captured, no graph memory "
          "(and less non-torch memory) before the KV pool", emulated=False, ledger="enforce_eager"),
 )}
+# 0.33.0 arg_utils.py L1814: the API server streams every N tokens (the first at once)
+STREAM_INTERVAL_FLAG = "stream-interval"
 # Real vLLM flags kvprobe does not model: passed through to `vllm serve` as written, and listed so
 # that an expectation's near-miss typo check does not refuse them.
 OTHER_FLAGS = (
@@ -73,10 +75,8 @@ OTHER_FLAGS = (
     "max-num-queued-tokens", "disable-hybrid-kv-cache-manager",
     "performance-mode", "trust-remote-code", "seed", "swap-space", "cpu-offload-gb",
     "disable-log-requests", "enable-log-requests", "tokenizer", "revision", "load-format",
-    "stream-interval",
+    STREAM_INTERVAL_FLAG,
 )
-# 0.33.0 arg_utils.py L1814: the API server streams every N tokens (the first at once)
-STREAM_INTERVAL_FLAG = "stream-interval"
 FLAG_ALIASES = {"device-memory-utilization": "gpu-memory-utilization", "tp": "tensor-parallel-size"}
 
 
