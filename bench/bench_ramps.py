@@ -18,12 +18,17 @@ shadow expectations (their own shapes; the engine environments must be installed
 (`ramp.uncertainty`), so it is compared at equal uncertainty rather than at its default, which stops
 once the verdict is safe (`strategy.SAFE_SHARE`).
 
+`--repeat R` runs every ramp R times and compares medians (time, ±), and holds `predict` to the
+prediction-free ramp's median ±: one run's ± on a preempting engine is a draw (doubling's ranged
+0.29-0.51 on one shape in one day), and a comparison with one draw says more of the draw than of
+the ramp.
+
 Reported per run: the ramp's time to verdict in seconds and in request lifetimes (the levels held,
 calibration excluded), levels, the measured plateau ± its uncertainty, and the verdict of the
 rejection point. Then, per shape, the speed-up of `predict` over the faster prediction-free ramp.
 
 Run: `python -m bench.bench_ramps [--quick] [--shadows] [--engines vllm,sglang] [--strategies predict,doubling]
-[--shapes 'knee~24,x2'] [--step-ms MS] [--equal-uncertainty] [--keep DIR]`
+[--shapes 'knee~24,x2'] [--step-ms MS] [--equal-uncertainty] [--repeat R] [--keep DIR]`
 (about 15 minutes; `--quick`: one vLLM shape and one wrong prediction, about 3 minutes).
 """
 
@@ -166,6 +171,32 @@ def bar_lines(runs: list[dict], shapes: list[Shape]) -> list[str]:
     return lines
 
 
+def medians(runs: list[dict]) -> list[dict]:
+    """Per shape and ramp, in the order first run: the median time and ± of its runs, and the verdict
+    most of them reached (`verdicts` keeps every run's)."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in runs:
+        out.setdefault((r["shape"], r["strategy"]), []).append(r)
+    summary = []
+    for (shape, strategy), same in out.items():
+        verdicts = [r["verdict"] for r in same]
+        timed = [r["lifetimes"] for r in same if r["lifetimes"]]
+        spread = [r["uncertainty"] for r in same if r["uncertainty"] is not None]
+        summary.append({"shape": shape, "strategy": strategy, "runs": len(same), "verdicts": verdicts,
+                        "verdict": max(verdicts, key=verdicts.count),
+                        "lifetimes": median(timed) if timed else None,
+                        "uncertainty": median(spread) if spread else None})
+    return summary
+
+
+def pick(shapes: list[Shape], wanted: str) -> list[Shape]:
+    """The shapes named in `wanted` (a comma list): a part that is a shape's whole name picks that
+    shape alone, any other part every shape whose name contains it."""
+    names = {s.name for s in shapes}
+    parts = [p.strip() for p in wanted.split(",") if p.strip()]
+    return [s for s in shapes if any(s.name == p if p in names else p in s.name for p in parts)]
+
+
 def best_free(runs: list[dict], shape: str) -> dict | None:
     """The fastest prediction-free run on `shape` that reached a verdict: what predict is measured against."""
     free = [r for r in runs if r["shape"] == shape and r["strategy"] != "predict"
@@ -199,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--equal-uncertainty", action="store_true",
                     help="with a right prediction, run predict last, held to the ± of the fastest conclusive "
                          "prediction-free ramp on the same shape (ramp.uncertainty)")
+    ap.add_argument("--repeat", type=int, default=1, help="run each ramp this many times and compare medians")
     args = ap.parse_args(argv or [])
     strategies = [s for s in STRATEGIES if s in args.strategies.split(",")]
     if args.equal_uncertainty:  # predict last: it needs the prediction-free ramps' ±
@@ -208,25 +240,33 @@ def main(argv: list[str] | None = None) -> None:
     if args.shadows:
         shapes += SHADOWS
     if args.shapes:
-        shapes = [s for s in shapes if any(part in s.name for part in args.shapes.split(","))]
+        shapes = pick(shapes, args.shapes)
     runs = []
     with tempfile.TemporaryDirectory(prefix="kvprobe-bench-ramps-") as tmp:
         for shape in shapes:
             for strategy in strategies:
                 held_to = None
                 if args.equal_uncertainty and strategy == "predict" and shape.wrong == 1.0:
-                    best = best_free(runs, shape.name)
+                    best = best_free(medians(runs), shape.name)
                     held_to = None if best is None else best["uncertainty"]
-                run = one(shape, strategy, Path(args.keep or tmp), args.step_ms, held_to)
-                runs.append(run)
-                print("   " + " | ".join(str(v) for v in run.values()), flush=True)
+                for k in range(max(1, args.repeat)):
+                    workdir = Path(args.keep or tmp) / (f"run{k + 1}" if args.repeat > 1 else "")
+                    run = one(shape, strategy, workdir, args.step_ms, held_to)
+                    runs.append(run)
+                    print("   " + " | ".join(str(v) for v in run.values()), flush=True)
     rows = [[r["shape"], r["strategy"] + ("" if r["target"] is None else f" to ± {r['target']:.2f}"),
              _f(r["seconds"]), _f(r["lifetimes"]), r["levels"],
              f"{_f(r['measured'], '{:.2f}')} ± {_f(r['uncertainty'], '{:.2f}')}", _f(r["predicted"], "{:.2f}"),
              r["verdict"]] for r in runs]
     print(render_table(["shape", "ramp", "ramp s", "lifetimes", "levels", "measured", "predicted", "verdict"], rows,
                        title="time to verdict per ramp (hold 3 request lifetimes; calibration excluded)"))
-    for line in bar_lines(runs, shapes):
+    summary = medians(runs)
+    if args.repeat > 1:
+        rows = [[m["shape"], m["strategy"], _f(m["lifetimes"]), f"± {_f(m['uncertainty'], '{:.2f}')}",
+                 " ".join(m["verdicts"])] for m in summary]
+        print(render_table(["shape", "ramp", "lifetimes", "uncertainty", "verdicts"], rows,
+                           title=f"medians over {args.repeat} runs (what the bar compares)"))
+    for line in bar_lines(summary, shapes):
         print("   " + line)
 
 

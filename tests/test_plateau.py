@@ -127,9 +127,11 @@ def test_levels_that_agree_better_than_their_errors_shrink_them_to_what_the_agre
     # two levels as close are one degree of freedom: no evidence, the errors stand
     est, half, scale = weighted_plateau(BENCH_DEEP[:2], [1, 1], [0.553, 0.553])
     assert scale < 0.1 and half == pytest.approx(1.96 * 0.553 / 2**0.5, rel=1e-3)
-    # identical levels shrink their errors only to the floor of a constant gauge
+    # identical levels shrink their errors only to the floor of a constant gauge, which more levels of the
+    # same gauge do not narrow: the plateau's half-width stops there too
     est, half, scale = weighted_plateau([24.0] * 8, [1] * 8, [0.5] * 8)
-    assert scale == 0 and half == pytest.approx(1.96 * SE_FLOOR / 8**0.5)
+    assert scale == 0 and half == pytest.approx(1.96 * SE_FLOOR)
+    assert weighted_plateau([24.0] * 2, [1] * 2, [0.001] * 2)[1] == pytest.approx(1.96 * SE_FLOOR)
 
 
 def test_the_chi2_quantile_is_the_distributions():

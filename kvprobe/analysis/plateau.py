@@ -42,7 +42,9 @@ import numpy as np
 Z95 = 1.96
 MIN_DEEP_LEVELS = 2  # deep levels needed before a plateau counts as confirmed
 TARGET_DEEP_LEVELS = 3  # what the probe's ramp aims for when it adds levels
-SE_FLOOR = 0.01  # a constant gauge (a request cap) still has some uncertainty
+# A constant gauge (a request cap) still has some uncertainty: a level's error, and the plateau's. Every
+# level reads the same gauge of the same engine, so this part does not average away over levels.
+SE_FLOOR = 0.01
 
 
 @dataclass
@@ -265,7 +267,8 @@ def weighted_plateau(running, weights, errors: list[float | None]):
     S = √(χ² / (n − 1)) over the levels weighing at least ½ by depth, when S > 1 — i.e. when they
     scatter more than their errors allow (PDG, "Introduction: averaging measurements"); when they
     agree better than their errors allow, the errors shrink to what the agreement bounds at 95%
-    confidence (`agreement_scale`); without per-level errors the weighted scatter alone is used."""
+    confidence (`agreement_scale`); the half-width never goes below a constant gauge's (SE_FLOOR);
+    without per-level errors the weighted scatter alone is used."""
     depth = np.asarray(weights, dtype=float)
     running = np.asarray(running, dtype=float)
     if not (depth > 0).any():  # every saturated level sits at the edge: an unweighted mean, flagged unconfirmed
@@ -287,7 +290,7 @@ def weighted_plateau(running, weights, errors: list[float | None]):
         factor = scale if scale is not None and scale > 1.0 else agreement_scale(chi2, dof)
         scaled = np.maximum(se * factor, SE_FLOOR)
         half = Z95 * math.sqrt(float(np.dot(w * w, scaled * scaled))) / total
-        return estimate, half, scale
+        return estimate, max(half, Z95 * SE_FLOOR), scale
     total = float(depth.sum())
     estimate = float(np.dot(depth, running) / total)
     dof = total - float(np.dot(depth, depth)) / total  # n - 1 for equal weights

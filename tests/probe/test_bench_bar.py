@@ -4,7 +4,7 @@ certain than the prediction-free ramp, is no speed-up."""
 
 from __future__ import annotations
 
-from bench.bench_ramps import SHAPES, bar_lines, wrong_prediction
+from bench.bench_ramps import SHAPES, bar_lines, medians, pick, wrong_prediction
 
 
 def row(shape: str, strategy: str, lifetimes: float, verdict: str, uncertainty: float) -> dict:
@@ -61,3 +61,26 @@ def test_a_wrong_prediction_is_wrong_in_the_figure_the_check_judges():
     doubled = wrong_prediction(ledger, 2.0).admission
     assert judged_plateau(doubled) == 2 * judged_plateau(adm) and doubled.limit == 2 * adm.limit
     assert doubled.no_preemption_limit == 2 * adm.no_preemption_limit
+
+
+def test_repeated_runs_are_compared_by_their_medians():
+    # three draws of doubling's ± at knee~24 on one day (0.29, 0.42, 0.51): the bar reads the median one
+    runs = [row("vllm knee~24", "doubling", 18.0, "PASS", u) for u in (0.51, 0.29, 0.42)]
+    runs += [row("vllm knee~24", "predict", t, v, u) for t, v, u in ((7.1, "PASS", 0.44), (8.3, "PASS", 0.40),
+                                                                     (13.9, "INCONCLUSIVE", 0.25))]
+    summary = medians(runs)
+    assert [(m["strategy"], m["runs"]) for m in summary] == [("doubling", 3), ("predict", 3)]
+    free, mine = summary
+    assert free["uncertainty"] == 0.42 and free["lifetimes"] == 18.0 and free["verdict"] == "PASS"
+    assert mine["lifetimes"] == 8.3 and mine["uncertainty"] == 0.40
+    assert mine["verdict"] == "PASS" and mine["verdicts"] == ["PASS", "PASS", "INCONCLUSIVE"]
+    line = bar_lines(summary, shapes("vllm knee~24"))[0]
+    assert "predict 8.3 lifetimes (PASS)" in line and "2.17x" in line and "misses" not in line
+    # one draw alone would have compared predict's 0.44 with doubling's luckiest 0.29
+    assert "wider than ± 0.29" in bar_lines([runs[1], runs[3]], shapes("vllm knee~24"))[0]
+
+
+def test_a_shape_named_whole_is_picked_alone():
+    assert [s.name for s in pick(SHAPES, "vllm knee~24")] == ["vllm knee~24"]
+    assert len(pick(SHAPES, "knee~24")) == 3 and [s.name for s in pick(SHAPES, "x2, sglang knee~12")] == [
+        "sglang knee~12", "vllm knee~24, predicted x2"]
