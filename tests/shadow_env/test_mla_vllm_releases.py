@@ -7,7 +7,10 @@ Releases: 0.18.1 (a suite environment, installed when missing); with KVPROBE_REL
 matrix`) also every other release before 0.33.0 built on this machine (`recipes.installed`, about half a
 minute each): `make test` installs and runs nothing beyond its pair. A DSA indexer is refused
 through 0.29.0, naming the release and the kind; from 0.30.0 (the indexer cache's SparseCacheRole) it is
-described, and that release's planner plans the ledger's pool for it too.
+described, and that release's planner plans the ledger's pool for it too. Window layers (gpt-oss-20b's sliding
+and full groups) are described on every release, with the value-head field each one's SlidingWindowSpec has
+(`compat.attention_fields`), and planned as the ledger plans them under that release's window rules
+(theory/vllm/releases.py: one batch in flight before 0.26.0, the size line of groups x blocks before 0.20.1).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def planned(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"mla-{version}")
     config = json.loads((REPO / "kvprobe/theory/model/configs/deepseek-v3.json").read_text())
     (tmp / "dsa.json").write_text(json.dumps({**config, **DSA_KEYS}))
-    cases = {**CASES, "dsa": DSA}
+    cases = {**CASES, "dsa": DSA, WINDOW_CASE: WINDOW}
     if version_tuple(version) >= DSA_FROM:  # glm_moe_dsa: older releases' transformers refuse the model type
         cases["glm-5.3 fp8_ds_mla"] = DSA_CASES["glm-5.3 fp8_ds_mla"]
     exps = {n: load_expectations(_write(tmp, version, n, m, k))[0] for n, (m, k) in cases.items()}
@@ -105,6 +108,26 @@ def test_the_page_is_the_latent_cache_per_layer(planned):
 
 
 DSA_FROM = (0, 30, 0)  # compat.NO_INDEXER_ROLE_THROUGH: the indexer cache's SparseCacheRole
+# expectations/diff/vllm-hybrid-window-shadow.yaml's pool and budget: on 0.18.1 the engine logs 3,200 tokens and
+# 1.35x (400 / (256 + 41 window blocks)), on 0.33.0 4,979 and 1.22x (400 / (256 + 73))
+WINDOW_CASE = "gpt-oss-20b, 400 blocks"
+WINDOW = ("openai/gpt-oss-20b", {"flags": {"num-gpu-blocks-override": 400, "max-model-len": 4096, "block-size": 16,
+                                          "max-num-seqs": 16, "max-num-batched-tokens": 512}})
+
+
+def test_window_layers_plan_the_ledgers_pool_under_the_releases_rules(planned, say):  # noqa: F811
+    version, by_name = planned
+    exp, plan = by_name[WINDOW_CASE]
+    assert "error" not in plan, (version, plan["error"])
+    ledger = predict(exp).to_dict()["capacity"]
+    say(f"\nvLLM {version} {WINDOW_CASE}: planned {plan['groups']}, {plan['kv_tokens']} tokens, "
+        f"{plan['max_concurrency']:.4f}x; ledger {ledger['kv_tokens']} tokens, "
+        f"{ledger['max_concurrency_at_max_model_len']:.4f}x")
+    assert sorted(plan["groups"]) == ["FullAttentionSpec", "SlidingWindowSpec"], (version, plan)
+    assert (plan["num_blocks"], plan["kv_tokens"]) == (ledger["num_blocks"], ledger["kv_tokens"]), version
+    assert plan["max_concurrency"] == pytest.approx(ledger["max_concurrency_at_max_model_len"], rel=1e-9), version
+    if version == SUITE_RELEASE:
+        assert (plan["kv_tokens"], round(plan["max_concurrency"], 2)) == (3200, 1.35)
 
 
 def test_a_dsa_indexer_is_refused_before_0_30_naming_the_release_and_the_kind(planned):

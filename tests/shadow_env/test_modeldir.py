@@ -14,7 +14,8 @@ from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
 
-MODELS = ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"]
+MODELS = ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3", "openai/gpt-oss-20b"]
+HARMONY = ["<|end|>", "<|channel|>", "<|message|>", "<|return|>"]
 # one process loads every folder given (one import of transformers): one JSON line per folder
 _LOAD = r"""
 import json, sys
@@ -24,7 +25,8 @@ for folder in sys.argv[1:]:
     cfg = AutoConfig.from_pretrained(folder)
     print(json.dumps({"len": len(tok), "eos": tok.eos_token_id, "bos": tok.bos_token_id,
                       "text": tok.decode([5, 6, 7]), "ids": tok("t5 t9", add_special_tokens=False)["input_ids"],
-                      "model_type": cfg.model_type}))
+                      "model_type": cfg.model_type, "harmony": tok.convert_tokens_to_ids(
+                          ["<|end|>", "<|channel|>", "<|message|>", "<|return|>"])}))
 """
 
 
@@ -54,6 +56,11 @@ def test_engine_transformers_loads_the_folder(vllm_env, loaded, model):
     assert got["eos"] == (eos[0] if isinstance(eos, list) else eos)
     assert got["text"] == "t5 t6 t7" and got["ids"] == [5, 9]
     assert got["model_type"] == config["model_type"]
+    # gpt-oss keeps the harmony tokens an engine looks up by name (vLLM 0.18.1's reasoning parser), at the
+    # model's own ids: eos 200002 is "<|return|>"; other models have no such words (the unknown token, 0)
+    named = modeldir.named_tokens(config, config["vocab_size"])
+    assert got["harmony"] == [named.get(name, 0) for name in HARMONY]
+    assert (got["harmony"] == [200007, 200005, 200008, 200002]) is (model == "openai/gpt-oss-20b")
     # cached: the second call returns the same folder without rebuilding it
     stamp = (folder / "tokenizer.json").stat().st_mtime_ns
     assert modeldir.model_folder(model, config, vllm_env) == folder

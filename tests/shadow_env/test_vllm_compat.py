@@ -90,15 +90,27 @@ def test_the_mla_spec_takes_the_fields_its_releases_mla_layer_passes(compat_of, 
     assert got.get("max_tp_shards", 1) == 1
 
 
-@pytest.mark.parametrize(("version", "dsa", "hybrid"), [("0.18.1", True, True), ("0.29.0", True, True),
-                                                        ("0.30.0", False, True), ("0.32.0", False, True),
-                                                        ("0.33.0", False, False)])
-def test_dsa_is_refused_through_0_29_and_hybrid_through_0_32_naming_the_release(compat_of, version, dsa, hybrid):
+@pytest.mark.parametrize(("version", "dsa", "mamba"), [("0.18.1", True, True), ("0.29.0", True, True),
+                                                       ("0.30.0", False, True), ("0.32.0", False, True),
+                                                       ("0.33.0", False, False)])
+def test_dsa_is_refused_through_0_29_and_mamba_through_0_32_naming_the_release(compat_of, version, dsa, mamba):
     compat = compat_of(version)
-    for kind, refused in ((compat.DSA_KIND, dsa), (compat.HYBRID_KIND, hybrid)):
+    for kind, refused in ((compat.DSA_KIND, dsa), (compat.MAMBA_KIND, mamba)):
         reason = compat.refusal(kind)
         assert (reason is not None) is refused, (kind, reason)
         if refused:
             assert f"on vLLM {version}; this model has {kind}" in reason
     assert compat.dsa_leader_fields(2048, True) == ({"is_index_group_leader": True, "topk_buffer_width": 2048}
                                                     if version == "0.33.0" else {"is_index_group_leader": True})
+
+
+@pytest.mark.parametrize(("version", "sliding_head_v"), [("0.18.1", False), ("0.19.1", False), ("0.20.2", True),
+                                                        ("0.27.1", True), ("0.33.0", True)])
+def test_window_specs_take_the_value_head_field_their_release_has(compat_of, version, sliding_head_v):
+    """SlidingWindowSpec has no head_size_v through 0.19.1 (kv_cache_interface.py L248-249), its own from
+    0.20.2; FullAttentionSpec always; ChunkedLocalAttentionSpec never. Window models are not refused."""
+    compat = compat_of(version)
+    assert compat.attention_fields("SlidingWindowSpec", 64) == ({"head_size_v": 64} if sliding_head_v else {})
+    assert compat.attention_fields("FullAttentionSpec", 64) == {"head_size_v": 64}
+    assert compat.attention_fields("ChunkedLocalAttentionSpec", 64) == {}
+    assert not hasattr(compat, "HYBRID_KIND") and set(compat.REFUSED_THROUGH) == {compat.DSA_KIND, compat.MAMBA_KIND}

@@ -45,15 +45,6 @@ def sglang_entries(**kw) -> list[str]:
 VLLM_CASES = {
     "V3@0.20.0": ("0.19.1", "0.20.0", dict(kinds=MAMBA, max_num_seqs=1024, num_blocks=856, prefix_caching=False),
                   dict(kinds=MAMBA, max_num_seqs=256, num_blocks=856, prefix_caching=False)),
-    "V4@0.20.0": ("0.20.0", "0.19.1", dict(kinds=WINDOW, sliding_window=128, prompt_tokens=4096,
-                                           max_num_batched_tokens=2048, async_scheduling=False),
-                  dict(kinds=WINDOW, sliding_window=128, prompt_tokens=1000, max_num_batched_tokens=2048,
-                       async_scheduling=False)),
-    "V5@0.26.0": ("0.26.0", "0.25.1", dict(kinds=WINDOW, sliding_window=128, max_model_len=8192,
-                                           max_num_batched_tokens=2048, async_scheduling=True),
-                  dict(kinds=WINDOW, sliding_window=128, max_model_len=8192, max_num_batched_tokens=2048,
-                       async_scheduling=False)),
-    "V7@0.20.1/figure": ("0.20.1", "0.20.0", dict(max_model_len=8190), dict(max_model_len=8192)),
     "V7@0.20.1/startup": ("0.20.1", "0.20.0", dict(num_gpu_blocks_override=400, refused=True),
                           dict(num_gpu_blocks_override=400)),
     "V10@0.28.0": ("0.28.0", "0.27.1", dict(gpu_memory_bytes=180 * GIB),
@@ -141,13 +132,17 @@ def test_the_ledger_says_not_modelled_and_predicts_nothing_on_the_changed_side()
     assert given.not_modelled == [] and given.admission is not None
 
 
-def test_a_reported_figure_not_modelled_keeps_the_prediction():
-    """V7: before 0.20.1 the KV cache size line was num_blocks x B; with max_model_len 8190 (not a
-    multiple of 16) the ledger's 0.20.1 figure differs, the blocks and the admission do not."""
-    led = vllm_ledger("0.20.0", gpu_memory_bytes=24 * GIB, max_model_len=8190)
-    assert [n.split(":")[0] for n in led.not_modelled] == ["not modelled before vLLM 0.20.1"]
-    assert led.admission is not None and led.not_predicted is None
-    assert vllm_ledger("0.20.1", gpu_memory_bytes=24 * GIB, max_model_len=8190).not_modelled == []
+def test_the_kv_cache_size_line_is_the_releases():
+    """V7: before 0.20.1 "GPU KV cache size" is num_blocks // groups x the smallest block size
+    (kv_cache_utils.py L1299-1303 in 0.18.1), from it int(max_concurrency x max_model_len); with
+    max_model_len 8190 (not a multiple of 16) the two differ, the blocks do not."""
+    old = vllm_ledger("0.20.0", gpu_memory_bytes=24 * GIB, max_model_len=8190)
+    new = vllm_ledger("0.20.1", gpu_memory_bytes=24 * GIB, max_model_len=8190)
+    assert old.not_modelled == [] == new.not_modelled and old.admission is not None
+    blocks = old.budget.num_blocks
+    assert blocks == new.budget.num_blocks and old.capacity.kv_tokens == blocks * 16
+    assert new.capacity.kv_tokens == int(blocks / 512 * 8190) != old.capacity.kv_tokens
+    assert dict(old.release_rules)["KV cache size figure"].startswith("num_blocks // groups")
 
 
 def test_sglang_ledger_says_the_running_cap_is_not_modelled_before_0_5_14():
@@ -209,6 +204,8 @@ def kvprobe_releases() -> dict[str, str]:
     """The release at which kvprobe's own rules (and its unmodelled rows) put each entry."""
     out = {f"{r.entry}": r.release for r in (*VLLM_ROWS, *SGLANG_ROWS)}
     out["V1"] = ".".join(map(str, vllm_releases.FULL_PROMPT_FROM)) + ".0"
+    out["V4"] = next(v for v in ("0.19.1", "0.20.0") if vllm_releases.window_rules(v).admission_cap)
+    out["V5"] = next(v for v in ("0.25.1", "0.26.0") if vllm_releases.window_rules(v).in_flight)
     out["V2"] = _first(vllm_memory.RULES, lambda r: r.cudagraph == "subtracted" and r.gpu_memory_utilization == 0.92)
     out["V6"] = next(v for v in ("0.13.0", "0.14.0") if async_scheduling_default(v))
     out["S1"] = next(v for v in ("0.5.21", "0.5.22") if sglang_releases.policy(v) == "sglang-0.5.22")

@@ -65,6 +65,41 @@ def test_admission_is_capped_per_window_group():
     assert smaller.stats.running == 0 and smaller.stats.waiting == 1
 
 
+def test_before_0_20_the_full_sequence_check_charges_a_window_group_the_whole_prompt():
+    """V4 (theory/vllm/releases.py WINDOW_CAP_FROM): 0.19.1's full-sequence gate calls the window
+    manager's get_num_blocks_to_allocate as is, cdiv(P, B) (single_type_kv_cache_manager.py L105 in
+    0.18.1, no cap): the pool that admits the 2,000-token prompt above on 0.20.0 (125 + 21 blocks)
+    admits nothing on 0.19.1, which needs 125 + 125."""
+    cfg = VllmConfig(num_gpu_blocks=1 + 125 + 21, block_size=16, max_num_seqs=4, max_num_batched_tokens=256,
+                     max_model_len=4096, groups=(KVGroup("sliding", window=64), FULL))
+    old = decode_alone(dataclasses.replace(cfg, window_admission_cap=False), 2000, 10)
+    old.step()
+    assert old.stats.running == 0 and old.stats.waiting == 1
+    whole = decode_alone(dataclasses.replace(cfg, window_admission_cap=False, num_gpu_blocks=1 + 125 + 125), 2000, 10)
+    whole.step()
+    assert whole.stats.running == 1
+
+
+def test_before_0_26_one_batch_counts_in_flight_and_the_window_frees_on_scheduled_tokens():
+    """V5 (WINDOW_IN_FLIGHT_FROM): with async scheduling 0.26.0 frees what left the window on the
+    processed tokens, num_computed - num_in_flight (kv_cache_manager.py L443-445), so a prefilling request
+    keeps the previous chunk's window blocks one step longer; 0.25.1 frees on num_computed (L404-407), and
+    its cap and a request's most blocks count one batch: cdiv(127 + 512, 16) + 1 = 41, not 73."""
+    cfg = VllmConfig(num_gpu_blocks=400, block_size=16, max_num_seqs=4, max_num_batched_tokens=512,
+                     max_model_len=4096, async_scheduling=True, groups=(KVGroup("sliding", window=128), FULL))
+    new, old = (decode_alone(dataclasses.replace(cfg, window_in_flight=f), 1000, 50) for f in (True, False))
+    assert [m.max_blocks for m in new.kvm.managers] == [73, 256]
+    assert [m.max_blocks for m in old.kvm.managers] == [41, 256]
+    for sched in (new, old):
+        sched.step()
+        sched.step()  # the second chunk: tokens 512..1023 scheduled, the first chunk still in flight
+    # 0.25.1 freed the first chunk's window blocks at the second allocation ((512 - 127) // 16 = 24 of 32);
+    # 0.26.0 had processed none of it then (512 in flight)
+    assert held(old, "r") == [63 - 24, 63] and held(new, "r") == [63, 63]
+    new.check_pool()
+    old.check_pool()
+
+
 def test_a_chunk_group_frees_a_whole_chunk_at_its_boundary():
     cfg = VllmConfig(num_gpu_blocks=200, block_size=16, max_model_len=4096,
                      groups=(KVGroup("chunked", window=256), FULL))

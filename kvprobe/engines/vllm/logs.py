@@ -8,9 +8,10 @@ import re
 import time
 
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy, two_line_capacity_log
+from kvprobe.engines.vllm.versions import DEFAULT_VERSION, two_line_capacity_log
 from kvprobe.errors import ConfigError
 from kvprobe.theory.vllm.budget import vllm_capacity_numbers, vllm_check_fits
+from kvprobe.theory.vllm.releases import legacy_kv_size_line
 
 # The capacity line's own name for the pool (kv_cache_utils.py `update_kv_cache_capacity`, 0.33.0).
 POOL_LINE = "GPU KV cache size"
@@ -35,8 +36,9 @@ def capacity_lines(num_blocks: int, block_size: int, max_model_len: int, version
 
     0.28.0 and later: one line, kv_cache_utils.py:1147 `update_kv_cache_capacity` (`capacity`: a hybrid
     model's figures, summed over its groups, L1061-1128).
-    0.27.x and older: two lines (`versions.two_line_capacity_log`); 0.11.0 / 0.9.2 count the tokens as
-    num_blocks * block_size (0.11.0 kv_cache_utils.py L1087 and L1091).
+    0.27.x and older: two lines (`versions.two_line_capacity_log`); through 0.20.0 the tokens are
+    num_blocks // groups x the smallest block size (0.11.0 kv_cache_utils.py L1087 and L1091; 0.18.1
+    L1299-1303; theory/vllm/releases.py KV_SIZE_LINE_FROM), the ledger's `capacity` when given.
     """
     messages = capacity_messages(num_blocks, block_size, max_model_len, version, capacity=capacity)
     if not two_line_capacity_log(version):
@@ -53,7 +55,7 @@ def capacity_messages(num_blocks: int, block_size: int, max_model_len: int, vers
     if not two_line_capacity_log(version):
         return [f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
                 f"{max_model_len:,} tokens per request: {conc:.2f}x"]
-    if is_legacy(version):  # 0.11: num_blocks // len(groups) * min_block_size, one group
+    if capacity is None and legacy_kv_size_line(version):  # num_blocks // groups x min block size, one group
         tokens = num_blocks * block_size
     return [f"GPU KV cache size: {tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: {conc:.2f}x"]

@@ -131,10 +131,13 @@ def reported_from_metrics(families: dict) -> ReportedCapacity:
     blocks, bsize = _label_int(labels.get("num_gpu_blocks")), _label_int(labels.get("block_size"))
     tokens = _label_int(labels.get("kv_cache_size_tokens"))
     conc = labels.get("kv_cache_max_concurrency")
+    # Before 0.28.0 the labels carry no token figure, and none follows from them: the release's
+    # "GPU KV cache size" is num_blocks // groups x the smallest block size through 0.20.0 and
+    # int(max_concurrency x max_model_len) after (theory/vllm/releases.py KV_SIZE_LINE_FROM), and the
+    # labels give neither the groups nor the concurrency (gpt-oss on 0.18.1: 400 blocks of 16 log 3,200
+    # tokens, not 6,400). The start-up log's line, where it is read, is the figure.
     out = {"num_blocks": blocks, "block_size": bsize, "kv_tokens": tokens,
            "max_concurrency": None if conc in (None, "None") else float(conc)}
-    if tokens is None and blocks is not None and bsize is not None:
-        out["kv_tokens"] = blocks * bsize  # pre-0.33 labels: the legacy log's definition
     flags = {flag: read(labels[label]) for label, (flag, read) in CACHE_CONFIG_FLAGS.items() if label in labels}
     sources = {k: src for k, v in out.items() if v is not None}
     sources.update({f"flags.{k}": src for k in flags})

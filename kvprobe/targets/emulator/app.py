@@ -28,6 +28,7 @@ from kvprobe.targets.emulator.runtime import Runtime
 from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
 from kvprobe.theory.sglang.pools import SglangPools, sglang_layout, sglang_pools
 from kvprobe.theory.sim.steptime import TimeModel
+from kvprobe.theory.vllm.budget import plan_kv_tokens
 from kvprobe.theory.vllm.hybrid.groups import sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
@@ -36,6 +37,7 @@ from kvprobe.theory.vllm.releases import (
     running_cap,
     vllm_default_gpu_memory_utilization,
     watermark_refusal,
+    window_rules,
 )
 
 
@@ -79,7 +81,8 @@ class Settings:
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
-def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) -> VllmKVPlan | None:
+def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
+                version: str | None = None) -> VllmKVPlan | None:
     """vLLM's plan of a hybrid model's pool (theory/vllm/hybrid) when `model` is one kvprobe has a
     config.json for (a preset id or a path) and its layers are not all full attention; None otherwise:
     the uniform pool the flags describe, as before. Unknown layer kinds are an error naming the key."""
@@ -92,7 +95,8 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool) ->
         return None
     opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
-                       enable_prefix_caching=bool(flags["enable-prefix-caching"]))
+                       enable_prefix_caching=bool(flags["enable-prefix-caching"]),
+                       window_in_flight=window_rules(version).in_flight if version else True)
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 
@@ -153,11 +157,13 @@ class Emulator:
             self.argument_refusal = (watermark_refusal(self.version, f["watermark"])
                                      or active_seqs_refusal(self.version, f["max-num-seqs"], f["max-num-active-seqs"]))
             self.kv_plan = plan = hybrid_plan(s.model, f, blocks, d.async_scheduling_default(self.version)
-                                              if f["async-scheduling"] is None else f["async-scheduling"])
+                                              if f["async-scheduling"] is None else f["async-scheduling"],
+                                              self.version)
+            window = window_rules(self.version)
             groups = ()
             if plan is not None:  # a hybrid model: its groups share the pool, as vLLM plans them
                 self.block_size, self.refusal, groups = plan.block_size, plan.refusal, sched_groups(plan)
-            self.capacity = None if plan is None else (plan.kv_tokens, plan.max_concurrency)
+            self.capacity = None if plan is None else (plan_kv_tokens(plan, self.version), plan.max_concurrency)
             config = VllmConfig(num_gpu_blocks=real_pool(blocks, self.faults), block_size=self.block_size,
                                 max_num_seqs=running_cap(f["max-num-seqs"], f["max-num-active-seqs"]),
                                 max_num_batched_tokens=f["max-num-batched-tokens"],
@@ -166,7 +172,8 @@ class Emulator:
                                 policy=d.policy(self.version, reserve_full_isl=f["scheduler-reserve-full-isl"]),
                                 watermark=f["watermark"],
                                 async_scheduling=d.async_scheduling_default(self.version)
-                                if f["async-scheduling"] is None else f["async-scheduling"], groups=groups)
+                                if f["async-scheduling"] is None else f["async-scheduling"], groups=groups,
+                                window_admission_cap=window.admission_cap, window_in_flight=window.in_flight)
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
             self.stats_enabled = not f["disable-log-stats"]

@@ -28,8 +28,12 @@ TRANSFORMERS_VERSION_KEY = "transformers_version"  # absent -> transformers 5.20
 _BUILD_TOKENIZER = r"""
 import json, sys
 from tokenizers import Tokenizer, models, pre_tokenizers
-folder, size = sys.argv[1], int(sys.argv[2])
-tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(size)}, unk_token="t0"))
+folder, size, named = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+vocab = {f"t{i}": i for i in range(size)}
+for name, i in named.items():  # the model's own special tokens, where an engine looks them up by name
+    del vocab[f"t{i}"]
+    vocab[name] = i
+tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
 tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
 tok.save(f"{folder}/tokenizer.json")
 """
@@ -57,8 +61,29 @@ def _special_ids(config: dict, size: int) -> tuple[int, int]:
     return bos, eos
 
 
+# Special tokens an engine looks up by name at start-up, with the model's own ids: vLLM 0.18.1's gpt-oss
+# reasoning parser reads vocab["<|end|>"] and encodes "<|channel|>final" and "<|message|>"
+# (reasoning/gptoss_reasoning_parser.py L73-83; `openai_gptoss` is set for every GptOssForCausalLM,
+# model_executor/models/config.py L60-65). The harmony encoding's ids: openai/gpt-oss gpt_oss/tokenizer.py
+# (o200k_harmony, commit 037102b9).
+NAMED_TOKENS = {
+    "gpt_oss": {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002, "<|constrain|>": 200003,
+                "<|channel|>": 200005, "<|start|>": 200006, "<|end|>": 200007, "<|message|>": 200008,
+                "<|call|>": 200012},
+}
+
+
+def named_tokens(config: dict, size: int) -> dict[str, int]:
+    """The special tokens of this model kept by name in the shadow's tokenizer (those inside its vocabulary)."""
+    named = NAMED_TOKENS.get(config.get("model_type"), {})
+    return {name: i for name, i in named.items() if 0 < i < size}
+
+
 def _digest(config: dict) -> str:
     text = json.dumps(config, sort_keys=True) + TOKENIZER_REVISION
+    named = NAMED_TOKENS.get(config.get("model_type"))
+    if named:  # a folder built before the names were kept is rebuilt; other models' folders stay
+        text += json.dumps(named, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -78,7 +103,8 @@ def model_folder(model: str, config: dict, env: EngineEnv) -> Path:
     cfg.setdefault(TRANSFORMERS_VERSION_KEY, "4.57.0")
     (partial / "config.json").write_text(json.dumps(cfg, indent=1))
     try:
-        out = subprocess.run([str(env.python), "-c", _BUILD_TOKENIZER, str(partial), str(size)],
+        out = subprocess.run([str(env.python), "-c", _BUILD_TOKENIZER, str(partial), str(size),
+                              json.dumps(named_tokens(config, size))],
                              capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         raise EnvError(f"building the tokenizer for {model} took more than 300 s") from None
@@ -86,8 +112,10 @@ def model_folder(model: str, config: dict, env: EngineEnv) -> Path:
         raise EnvError(f"building the tokenizer for {model} in {env.root} failed: "
                        + (out.stderr.strip().splitlines() or ["no output"])[-1])
     bos, eos = _special_ids(config, size)
+    word = {i: name for name, i in named_tokens(config, size).items()}
     (partial / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": f"t{bos}", "eos_token": f"t{eos}",
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": word.get(bos, f"t{bos}"),
+        "eos_token": word.get(eos, f"t{eos}"),
         "unk_token": "t0", "model_max_length": 1 << 30, "clean_up_tokenization_spaces": False}, indent=1))
     try:
         partial.rename(folder)  # atomic: a reader sees a whole folder or none

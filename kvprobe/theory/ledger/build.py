@@ -33,7 +33,7 @@ from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap, watermark_refusal
+from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap, watermark_refusal, window_rules
 
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
@@ -129,11 +129,12 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         raise ConfigError(active_refusal, key="max_num_active_seqs")
     running = seqs if active_refusal else running_cap(seqs, inputs.max_num_active_seqs)
     caching = True if inputs.enable_prefix_caching is None else inputs.enable_prefix_caching
-    plan_opts = None
+    plan_opts, window = None, window_rules(version)
     if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
                                 VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
-                                async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching)
+                                async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching,
+                                window_in_flight=window.in_flight)
     bud = vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,
@@ -162,7 +163,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         # sampled, not run through the model: vllm/v1/core/sched/scheduler.py)
         request = RequestSection(p, o, cdiv(p, blk), cdiv(p + o - 1, blk), "blocks", bud.max_model_len)
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
-    rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, tokens=tokens, caching=caching,
+    rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, caching=caching,
                                policy=policy if request is not None else None)
     refusal = flag_refusal or active_refusal or startup or bud.refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
@@ -179,7 +180,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         enable_prefix_caching=caching,
         enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,
         policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
-        groups=groups)
+        groups=groups, window_admission_cap=window.admission_cap, window_in_flight=window.in_flight)
     layers = tuple(group_layers(bud.plan)) if groups else ()
     pred = _predict(sched, inputs, policy, request, layers)
     return _with_rules(Ledger(inputs, model, bud, cap, request, pred, sched, version), rules)

@@ -14,7 +14,15 @@ from kvprobe.theory.sglang.releases import scheduler_rule_text
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
-from kvprobe.theory.vllm.releases import ACTIVE_SEQS_FROM, ACTIVE_SEQS_RULE, ASYNC_DEFAULT_FROM, WATERMARK_FROM
+from kvprobe.theory.vllm.releases import (
+    ACTIVE_SEQS_FROM,
+    ACTIVE_SEQS_RULE,
+    ASYNC_DEFAULT_FROM,
+    KV_SIZE_LINE_FROM,
+    WATERMARK_FROM,
+    legacy_kv_size_line,
+    window_rules,
+)
 from kvprobe.theory.vllm.unmodelled import VllmFacts, first_release
 from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
 
@@ -45,21 +53,15 @@ class ReleaseRules:
         return "; ".join(r.line() for r in self.unmodelled if r.effect != "figure")
 
 
-def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: int, caching: bool,
+def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: bool,
                        policy: str | None) -> ReleaseRules:
     """The vLLM rules the ledger applied for `version`, and the rows of its unmodelled table these
     inputs reach (`inputs`: LedgerInputs; `bud`: the VllmBudget)."""
-    lay = geom.layers
     facts = VllmFacts(
-        version=version, kinds=lay.kinds, sliding_window=lay.sliding_window,
-        attention_chunk_size=lay.attention_chunk_size, block_size=bud.block_size, max_model_len=bud.max_model_len,
-        max_model_len_auto=inputs.max_model_len == -1, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+        version=version, kinds=geom.layers.kinds, max_model_len_auto=inputs.max_model_len == -1, max_num_seqs=seqs,
         max_num_batched_tokens_given=inputs.max_num_batched_tokens is not None,
-        gpu_memory_bytes=inputs.gpu_memory_bytes, async_scheduling=bool(inputs.async_scheduling),
-        prefix_caching=caching, num_blocks=bud.num_blocks,
-        num_groups=len(bud.plan.groups) if bud.plan is not None else 1,
-        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None,
-        prompt_tokens=inputs.prompt_tokens)
+        gpu_memory_bytes=inputs.gpu_memory_bytes, prefix_caching=caching, num_blocks=bud.num_blocks,
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None)
     applied = []
     if bud.rules:
         applied.append(("memory profile", bud.rules))
@@ -75,11 +77,14 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, tokens: in
     since = ".".join(map(str, ASYNC_DEFAULT_FROM))
     applied.append(("scheduling", f"{'async' if inputs.async_scheduling else 'sync'} (the default of this release: "
                                   f"{async_default}; on by default from {since}.0, config/scheduler.py)"))
-    applied.append(("KV cache size figure", f"max_concurrency x max_model_len (vLLM {first_release('V7')} on, "
-                                            "v1/core/kv_cache_utils.py get_kv_cache_capacity)"))
+    since = ".".join(map(str, KV_SIZE_LINE_FROM))
+    applied.append(("KV cache size figure", f"num_blocks // groups x the smallest block size (before vLLM {since}, "
+                                            "v1/core/kv_cache_utils.py _report_kv_cache_config)"
+                    if legacy_kv_size_line(version) else
+                    f"max_concurrency x max_model_len (vLLM {since} on, v1/core/kv_cache_utils.py "
+                    "get_kv_cache_capacity)"))
     if bud.plan is not None:
-        applied.append(("KV cache groups", f"vLLM 0.33.0's hybrid rules (window cap from {first_release('V4')}, "
-                                           f"in-flight W-1+2T with async scheduling from {first_release('V5')})"))
+        applied.append(("KV cache groups", f"vLLM {version}: {window_rules(version).text()}"))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "

@@ -30,6 +30,11 @@ class VllmConfig:
     # the model's KV cache groups (vllm/hybrid/block_pool.KVGroup), in the planner's order; () = one full-attention
     # group. A hybrid model (window, chunked-local or Mamba groups) runs vllm/hybrid/scheduler.py.
     groups: tuple = ()
+    # window groups under older releases' rules (theory/vllm/releases.py WindowRules; 0.33.0's by default):
+    # the full-sequence check caps their charge (0.20.0 on); async's second batch counts in the cap and
+    # what left the window is freed on processed tokens (0.26.0 on)
+    window_admission_cap: bool = True
+    window_in_flight: bool = True
 
 
 @dataclass

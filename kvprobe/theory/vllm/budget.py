@@ -37,7 +37,7 @@ from kvprobe.theory.vllm.memory_profile import (
     profile_rules,
     sampler_warmup_bytes,
 )
-from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
+from kvprobe.theory.vllm.releases import legacy_kv_size_line, vllm_default_gpu_memory_utilization
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
 # MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
@@ -331,13 +331,12 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
     described = rules.describe() + ("; --enforce-eager: no CUDA graphs profiled or captured" if enforce_eager else "")
     if geom.layers.hybrid:
+        split_only = VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
+                                weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks, upper_blocks,
+                                block, 0, upper_tokens, max_model_len, 0.0, True, source, used, rules=described,
+                                cudagraph_subtracted=rules.cudagraph == "subtracted")
         return _hybrid_budget(geom, plan_opts, max_model_len, auto_fit, refuse, num_gpu_blocks_override,
-                              kv_pool, VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None
-                                                  else None, requested, weights, other, act, graph, kv_pool,
-                                                  upper, bytes_per_block, num_blocks, upper_blocks, block, 0,
-                                                  upper_tokens, max_model_len, 0.0, True, source, used,
-                                                  rules=described,
-                                                  cudagraph_subtracted=rules.cudagraph == "subtracted"))
+                              kv_pool, version or VLLM_DEFAULT_VERSION, split_only)
     refusal = None
     try:
         if auto_fit:
@@ -352,6 +351,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
         refusal = str(err)
     fits = num_blocks - 1 >= cdiv(max_model_len, block)
     tokens, concurrency = vllm_capacity_numbers(max(num_blocks, 0), block, max_model_len)
+    if legacy_kv_size_line(version or VLLM_DEFAULT_VERSION):  # num_blocks // 1 group x block size
+        tokens = max(num_blocks, 0) * block
     return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
@@ -359,14 +360,23 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                       cudagraph_subtracted=rules.cudagraph == "subtracted")
 
 
+def plan_kv_tokens(plan: VllmKVPlan, version: str) -> int:
+    """"GPU KV cache size: N tokens" of a hybrid plan as `version` prints it: int(max_concurrency x
+    max_model_len) from 0.20.1, num_blocks // groups x the smallest block size before
+    (theory/vllm/releases.py KV_SIZE_LINE_FROM)."""
+    if not legacy_kv_size_line(version):
+        return plan.kv_tokens
+    return plan.num_blocks // len(plan.groups) * min(g.block_size for g in plan.groups)
+
+
 def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,
-                   override: int | None, kv_pool: int | None, split: VllmBudget) -> VllmBudget:
+                   override: int | None, kv_pool: int | None, version: str, split: VllmBudget) -> VllmBudget:
     """The memory split's pool planned as vLLM plans a hybrid model (vllm/hybrid/kv_cache_planning.vllm_kv_plan)."""
     plan = vllm_kv_plan(geom, max_model_len=max_model_len, available_bytes=None if override is not None
                         else kv_pool, num_gpu_blocks_override=override, opts=opts, auto_fit=auto_fit,
                         refuse=refuse)
     return dataclasses.replace(
-        split, num_blocks=plan.num_blocks, block_size=plan.block_size, kv_tokens=plan.kv_tokens,
+        split, num_blocks=plan.num_blocks, block_size=plan.block_size, kv_tokens=plan_kv_tokens(plan, version),
         max_model_len=plan.max_model_len, max_concurrency_at_max_model_len=plan.max_concurrency,
         fits_max_model_len=plan.refusal is None, refusal=plan.refusal,
         largest_max_model_len=plan.largest_max_model_len, plan=plan)

@@ -5,6 +5,8 @@ here, so a version runs the same policy in the emulator and in the ledger."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvprobe.releases import VLLM_DEFAULT_VERSION, version_tuple
 from kvprobe.theory.vllm.memory_profile import profile_rules
 
@@ -31,6 +33,55 @@ ASYNC_DEFAULT_FROM = (0, 14)
 # and L892-894 stops admitting at it). 0.30.0 has neither the field nor the flag (its scheduler.py L864
 # stops at `max_num_running_reqs` = max_num_seqs), so its argument parser refuses the flag.
 ACTIVE_SEQS_FROM = (0, 31)
+# Window and chunked-local KV cache groups (a hybrid model's; release-changes.md V4, V5, V7):
+# - the admission cap, 0.20.0 on: the full-sequence check charges a window group at most
+#   `max_admission_blocks_per_request` (kv_cache_interface.py, 0.33.0 L918-944); through 0.19.1 it charges
+#   cdiv(P, B), the whole prompt (single_type_kv_cache_manager.py L105 `get_num_blocks_to_allocate` in
+#   0.18.1, no cap; 0.19.1's full-sequence gate calls it as is).
+WINDOW_CAP_FROM = (0, 20)
+# - the in-flight rule, 0.26.0 on: the cap and a request's most blocks count every batch in flight,
+#   max_in_flight_tokens = 2T with async scheduling (config/vllm.py L524-533), and what left the window is
+#   freed on the processed tokens, num_computed - num_in_flight (kv_cache_manager.py L443-445); through 0.25.1
+#   both count T alone (kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request(T), 0.25.1;
+#   max_memory_usage_bytes min(W - 1 + T, max_model_len), L262-270 in 0.18.1) and skipped blocks are freed
+#   on num_computed (kv_cache_manager.py L404-407 in 0.25.1, L334-336 in 0.18.1).
+WINDOW_IN_FLIGHT_FROM = (0, 26)
+# - the capacity line, 0.20.1 on: int(max_concurrency x max_model_len); through 0.20.0 "GPU KV cache size"
+#   is num_blocks // groups x the smallest block size (kv_cache_utils.py L1299-1303 in 0.18.1, L1694-1698 in
+#   0.20.0; 0.20.1 L1699-1706).
+KV_SIZE_LINE_FROM = (0, 20, 1)
+
+
+@dataclass(frozen=True)
+class WindowRules:
+    """How a release treats window / chunked-local groups (see WINDOW_CAP_FROM, WINDOW_IN_FLIGHT_FROM)."""
+
+    admission_cap: bool = True  # the full-sequence check caps a window group's charge
+    in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
+
+    def text(self) -> str:
+        cap = (f"window cap at admission (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap else
+               f"no window cap at admission: the whole prompt (before {_v(WINDOW_CAP_FROM)})")
+        fly = (f"in flight W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
+               if self.in_flight else
+               f"in flight W-1+T, freed on scheduled tokens (before {_v(WINDOW_IN_FLIGHT_FROM)})")
+        return f"{cap}; {fly}"
+
+
+def window_rules(version: str) -> WindowRules:
+    v = version_tuple(version)
+    return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM)
+
+
+def legacy_kv_size_line(version: str) -> bool:
+    """Does this release print "GPU KV cache size" as num_blocks // groups x the smallest block size?"""
+    return version_tuple(version) < KV_SIZE_LINE_FROM
+
+
+def _v(release: tuple) -> str:
+    return ".".join(map(str, release)) + (".0" if len(release) == 2 else "")
+
+
 ACTIVE_SEQS_RULE = (f"--max-num-active-seqs caps RUNNING below max_num_seqs from vLLM "
                     f"{'.'.join(map(str, ACTIVE_SEQS_FROM))}.0 (v1/core/sched/scheduler.py max_num_active_reqs)")
 

@@ -1,6 +1,8 @@
 """vLLM's release changes kvprobe has no model for: one row each, with the release, the side of it
 kvprobe does not model, the engine file and line, and when a configuration reaches the change
-(`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries).
+(`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries). The
+window groups' rules of V4 and V5 and the capacity line of V7 are modelled (theory/vllm/releases.py
+WindowRules, KV_SIZE_LINE_FROM).
 
 Read in the released wheels (`vllm/...`): a row's first release was found by reading the same
 function in every release from 0.18.1 to 0.33.0 (and 0.12.0-0.14.0 for V14), and its sources cite the
@@ -13,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvprobe.releases import version_tuple
-from kvprobe.theory.model.layers import CHUNKED, LINEAR, SLIDING
-from kvprobe.theory.model.sizes import GIB, cdiv
+from kvprobe.theory.model.layers import LINEAR
+from kvprobe.theory.model.sizes import GIB
 from kvprobe.theory.unmodelled import Unmodelled, applying
 
 ENGINE = "vLLM"
@@ -26,63 +28,21 @@ class VllmFacts:
 
     version: str
     kinds: tuple[str, ...] = ()  # one layer kind per decoder layer (kvprobe.theory.model.layers)
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-    block_size: int = 16
-    max_model_len: int = 8192
     max_model_len_auto: bool = False  # --max-model-len auto / -1
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
     max_num_batched_tokens_given: bool = False
     gpu_memory_bytes: int | None = None
-    async_scheduling: bool = True
     prefix_caching: bool = True
     num_blocks: int = 0  # the pool as logged (null block included)
-    num_groups: int = 1  # KV cache groups of the plan
     num_gpu_blocks_override: int | None = None
     refused: bool = False  # the ledger's startup check refuses this configuration
-    prompt_tokens: int | None = None
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds
 
-    def window(self) -> tuple[str, int] | None:
-        """(kind, tokens) of the recycling layers' window or chunk, if the model has one."""
-        if self.has(SLIDING) and self.sliding_window:
-            return SLIDING, self.sliding_window
-        if self.has(CHUNKED) and self.attention_chunk_size:
-            return CHUNKED, self.attention_chunk_size
-        return None
-
-
-def _window_cap_blocks(f: VllmFacts, in_flight: int) -> int | None:
-    """max_admission_blocks_per_request of the window/chunk groups (0.33.0 v1/kv_cache_interface.py
-    L918-944 sliding, L864-881 chunked) with `in_flight` tokens."""
-    w = f.window()
-    if w is None:
-        return None
-    kind, size = w
-    if kind == SLIDING:
-        return cdiv(min(size - 1 + in_flight, f.max_model_len), f.block_size) + 1
-    return cdiv(min(size + in_flight, f.max_model_len), f.block_size)
-
 
 def _mamba_seqs_over_blocks(f: VllmFacts) -> bool:
     return f.has(LINEAR) and f.num_blocks > 0 and f.max_num_seqs > f.num_blocks
-
-
-def _long_prompt_on_window(f: VllmFacts) -> bool:
-    cap = _window_cap_blocks(f, f.max_num_batched_tokens)
-    return cap is not None and f.prompt_tokens is not None and cdiv(f.prompt_tokens, f.block_size) > cap
-
-
-def _async_window_long_len(f: VllmFacts) -> bool:
-    w = f.window()
-    return f.async_scheduling and w is not None and f.max_model_len > w[1] + f.max_num_batched_tokens
-
-
-def _capacity_figure_differs(f: VllmFacts) -> bool:
-    return f.num_groups > 1 or f.max_model_len % f.block_size != 0
 
 
 def _override_decides_start(f: VllmFacts) -> bool:
@@ -114,36 +74,6 @@ ROWS: tuple[Unmodelled, ...] = (
          "0.19.1 config/compilation.py L1285 adjust_cudagraph_sizes_for_mamba_cache: capped instead, no such "
          "raise (0.18.1 L1198 the same); first in 0.20.0, as release-changes.md V3 says"),
         _mamba_seqs_over_blocks),
-    Unmodelled(
-        "V4", ENGINE, "0.20.0", "before", "admission",
-        "a sliding-window / chunked-local group charged the whole prompt at admission (cdiv(P, B) blocks), "
-        "not the startup cap kvprobe applies; this prompt is longer than that cap",
-        ("0.18.1 v1/core/single_type_kv_cache_manager.py L105 get_num_blocks_to_allocate: cdiv(num_tokens, "
-         "block_size), no cap",
-         "0.33.0 v1/kv_cache_interface.py L918-944 max_admission_blocks_per_request (first in 0.20.0: "
-         "release-changes.md V4, PR #40946)"),
-        _long_prompt_on_window),
-    Unmodelled(
-        "V5", ENGINE, "0.26.0", "before", "admission",
-        "the window/chunk cap was W-1+T (async scheduling's second batch in flight not reserved, blocks freed "
-        "on the scheduled count); kvprobe applies 0.26.0's W-1+2T with async scheduling",
-        ("0.26.0 config/vllm.py L524-533 max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens; "
-         "v1/kv_cache_interface.py L567-598 SlidingWindowSpec.max_admission_blocks_per_request(max_in_flight_tokens) "
-         "(0.33.0 config/vllm.py L601-610, v1/kv_cache_interface.py L918-944)",
-         "0.25.1 v1/kv_cache_interface.py L546-575: max_admission_blocks_per_request(max_num_batched_tokens), "
-         "W-1+T; config/vllm.py has no max_in_flight_tokens; first in 0.26.0, as release-changes.md V5 "
-         "says (PR #47728)"),
-        _async_window_long_len),
-    Unmodelled(
-        "V7", ENGINE, "0.20.1", "before", "figure",
-        "\"GPU KV cache size\" was num_blocks // groups x min block size; the pool (tokens) line is 0.20.1's "
-        "max_concurrency x max_model_len (the blocks and the prediction are the same)",
-        ("0.20.0 v1/core/kv_cache_utils.py L1694-1698 _report_kv_cache_config: num_blocks // groups x "
-         "min_block_size (0.18.1 L1299-1303 the same)",
-         "0.20.1 v1/core/kv_cache_utils.py L1699-1706 _report_kv_cache_config: int(max_concurrency x "
-         "max_model_len) (0.33.0 L1124-1128 get_kv_cache_capacity)",
-         "first in 0.20.1, not 0.21.0 as release-changes.md V7 says"),
-        _capacity_figure_differs),
     Unmodelled(
         "V7", ENGINE, "0.20.1", "before", "startup",
         "--num-gpu-blocks-override did not feed the one-request check and auto-fit (they used the profiled "

@@ -45,9 +45,14 @@ Each interface, new form first, then old (files under vllm/):
   by the hisparse layout only (v1/hisparse/layout.py L139), not by the planner. Which layers own an
   indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
   -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
-- Hybrid layers (MambaSpec has `num_speculative_blocks` and no prefill checkpoints through 0.31.0: 0.20.2
-  L521-527, 0.25.1 L669-675; `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them with 0.33.0's
-  fields. Old through 0.32.0; new in 0.33.0. -> `refusal`
+- Mamba / linear-attention layers (MambaSpec has `num_speculative_blocks` and no prefill checkpoints through
+  0.31.0: 0.20.2 L521-527, 0.25.1 L669-675; `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them
+  with 0.33.0's fields. Old through 0.32.0; new in 0.33.0. -> `refusal`
+- Window layers (sliding-window, chunked-local): SlidingWindowSpec takes no `head_size_v` through 0.19.1 (its
+  fields are AttentionSpec's and `sliding_window`, kv_cache_interface.py L248-249 in 0.18.1 and 0.19.1; only
+  FullAttentionSpec has one, L101), its own from 0.20.2 (L404-406), AttentionSpec's from 0.28.0 (L218-222);
+  ChunkedLocalAttentionSpec never takes one (L229-230 in 0.18.1). -> `attention_fields`. Nothing else differs
+  in what the layers pass, so window models are described on every release read here.
 - `--num-gpu-blocks-override` with no profiled bytes: override x bytes per block takes the profiled
   bytes' place before they are checked / the profiled bytes are checked first (v1/core/kv_cache_utils.py
   L1571-1578 in 0.18.1; `_check_enough_kv_cache_memory` L616-627 refuses 0 bytes: "No available memory
@@ -69,8 +74,9 @@ Each interface, new form first, then old (files under vllm/):
   and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
   interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
 
-So on 0.18.1-0.32.0 the worker describes full-attention and MLA models, and DSA indexers from 0.30.0; hybrid
-layers (and DSA through 0.29.0) are refused at start-up there, naming the release and the kind.
+So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, and
+DSA indexers from 0.30.0; Mamba layers (and DSA through 0.29.0) are refused at start-up there, naming the
+release and the kind.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ MLA_NO_STATE_BYTES_THROUGH = (0, 27, 1)  # 0.27.1 cache_dtype_str (L409-416) / 0
 NO_INDEXER_ROLE_THROUGH = (0, 29, 0)  # 0.29.0 deepseek_v2.py L653-659 plain spec / 0.30.0 L657-664 INDEXER
 NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_interface.py L489, mla_attention L1353
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
+SLIDING_NO_HEAD_SIZE_V_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L248-249 / 0.20.2 L404-406
 
 
 def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
@@ -109,9 +116,10 @@ MLA_NO_QUANT_MODE = through(MLA_NO_QUANT_MODE_THROUGH)
 MLA_NO_STATE_BYTES = through(MLA_NO_STATE_BYTES_THROUGH)
 NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
 NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
+SLIDING_NO_HEAD_SIZE_V = through(SLIDING_NO_HEAD_SIZE_V_THROUGH)
 # the layer kinds kvprobe writes with fields some releases lack: the newest release that is refused
-DSA_KIND, HYBRID_KIND = "a DSA indexer", "hybrid layers"
-REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, HYBRID_KIND: OLD_SPEC_FIELDS_THROUGH}
+DSA_KIND, MAMBA_KIND = "a DSA indexer", "Mamba / linear-attention layers"
+REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, MAMBA_KIND: OLD_SPEC_FIELDS_THROUGH}
 
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
 # L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
@@ -194,13 +202,21 @@ def override_pool_bytes(num_blocks: int, specs: dict) -> int:
     return num_blocks * sum(spec.page_size_bytes for spec in specs.values())
 
 
+def attention_fields(spec: str, head_size_v: int) -> dict:
+    """The value-head field a window or full attention spec takes on this release (the table above:
+    SlidingWindowSpec from 0.20.2, ChunkedLocalAttentionSpec never)."""
+    if spec == "ChunkedLocalAttentionSpec" or (spec == "SlidingWindowSpec" and SLIDING_NO_HEAD_SIZE_V):
+        return {}
+    return {"head_size_v": head_size_v}
+
+
 def refusal(kind: str, version: str = VLLM_VERSION) -> str | None:
-    """The reason a model with `kind` (DSA_KIND, HYBRID_KIND) is refused on this release (kvspec raises it at
+    """The reason a model with `kind` (DSA_KIND, MAMBA_KIND) is refused on this release (kvspec raises it at
     start-up), or None where kvprobe writes that kind's specs."""
     if not through(REFUSED_THROUGH[kind], version):
         return None
-    described = "full-attention (MHA/GQA) and MLA" if through(NO_INDEXER_ROLE_THROUGH, version) \
-        else "full-attention (MHA/GQA), MLA and DSA-indexer"
+    described = "full-attention (MHA/GQA), window and MLA" if through(NO_INDEXER_ROLE_THROUGH, version) \
+        else "full-attention (MHA/GQA), window, MLA and DSA-indexer"
     return (f"kvprobe's shadow worker describes only {described} models on vLLM {version}; this model has "
             f"{kind}, whose KV specs are written with the fields of later vLLM releases")
 

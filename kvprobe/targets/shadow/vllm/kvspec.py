@@ -47,6 +47,7 @@ from vllm.v1.kv_cache_interface import (
 from kvprobe.errors import ConfigError
 from kvprobe.targets.shadow.vllm import compat
 from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, weight_bytes
+from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.vllm import budget
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
 
@@ -85,8 +86,7 @@ def to_vllm_spec(d: dict) -> KVCacheSpec:
     cls = _ATTENTION[d["spec"]]
     kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
               dtype=getattr(torch, d["dtype"]), **compat.quant_fields(d["cache_dtype"]))
-    if cls is not ChunkedLocalAttentionSpec:  # chunked_local_attention.py L119-128 passes no head_size_v
-        kw["head_size_v"] = d["head_size_v"]
+    kw.update(compat.attention_fields(d["spec"], d["head_size_v"]))  # the release's value-head field
     if cls is SlidingWindowSpec:
         kw["sliding_window"] = d["sliding_window"]
     if cls is ChunkedLocalAttentionSpec:
@@ -162,7 +162,8 @@ def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
 def layout(vllm_config: VllmConfig) -> Layout:
     lay = _layout(vllm_config)
     # MLA alone is written per release (compat.mla_fields); these two with 0.33's fields only
-    kind = compat.HYBRID_KIND if lay.hybrid is not None else compat.DSA_KIND if lay.indexer_layers else None
+    mamba = lay.hybrid is not None and lay.hybrid.layers.count(LINEAR) > 0
+    kind = compat.MAMBA_KIND if mamba else compat.DSA_KIND if lay.indexer_layers else None
     reason = compat.refusal(kind) if kind else None  # a release whose spec fields kvprobe has not written
     if reason:
         raise UnsupportedModelError(reason)

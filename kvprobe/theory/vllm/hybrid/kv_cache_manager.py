@@ -57,8 +57,12 @@ class HybridKVManager:
     """`KVCacheManager` + its coordinator for these groups: one pool, a manager per group copy."""
 
     def __init__(self, groups: tuple[KVGroup, ...], num_gpu_blocks: int, *, block_size: int, caching: bool,
-                 max_model_len: int, in_flight: int, watermark_blocks: int = 0, retention: int | None = 0):
+                 max_model_len: int, in_flight: int, watermark_blocks: int = 0, retention: int | None = 0,
+                 admission_cap: bool = True, free_processed: bool = True):
         self.pool = BlockPool(num_gpu_blocks, caching)
+        # older releases (theory/vllm/releases.py WindowRules): no cap in the full-sequence check before
+        # 0.20.0; skipped blocks freed on num_computed, not num_computed - num_in_flight, before 0.26.0
+        self.free_processed = free_processed
         self.caching, self.mml, self.watermark = caching, max_model_len, watermark_blocks
         self.managers: list[Manager] = []
         self.spec_groups: list[tuple[Manager, list[int]]] = []  # (first manager, group ids), full first
@@ -69,6 +73,8 @@ class HybridKVManager:
                 self.managers.append(make_manager(gid, group, self.pool, block_size=block_size, caching=caching,
                                                   max_model_len=max_model_len, in_flight=in_flight))
                 gids.append(gid)
+                if not admission_cap:  # the whole prompt is charged; the cap still bounds max_blocks
+                    self.managers[-1].cap = None
             self.spec_groups.append((self.managers[gids[0]], gids))
         self.spec_groups.sort(key=lambda sg: sg[0].kind != FULL)  # verify_and_split_kv_cache_groups L718-775
         self.hybrid = len(self.managers) > 1
@@ -136,7 +142,7 @@ class HybridKVManager:
             if need + wm > pool.num_free:
                 return False
         slots = min(total + num_new_tokens, self.mml)
-        processed = max(0, total - req.num_in_flight_tokens)
+        processed = max(0, total - req.num_in_flight_tokens) if self.free_processed else total
         for m in managers:
             m.remove_skipped(req, processed)
         need = sum(m.blocks_to_allocate(req, slots, h, local, prefill_end=end)

@@ -115,10 +115,15 @@ class VllmOptions:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     gdn_prefill_backend: str = "flashinfer"  # Hopper; "triton" elsewhere (no checkpoint blocks)
+    # the release's in-flight rule (theory/vllm/releases.py WINDOW_IN_FLIGHT_FROM): through 0.25.1 a window
+    # group's most blocks count one batch, max_num_batched_tokens, whatever the scheduling
+    window_in_flight: bool = True
 
     @property
     def in_flight_tokens(self) -> int:
-        """VllmConfig.max_in_flight_tokens (config/vllm.py L586-608)."""
+        """VllmConfig.max_in_flight_tokens (config/vllm.py L586-608); T before the release that has it."""
+        if not self.window_in_flight:
+            return self.max_num_batched_tokens
         batches = (2 if self.pp <= 1 else self.pp + 1) if self.async_scheduling else self.pp
         return batches * self.max_num_batched_tokens
 

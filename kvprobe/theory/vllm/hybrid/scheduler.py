@@ -37,8 +37,10 @@ def kv_groups(config: VllmConfig) -> tuple[KVGroup, ...]:
 
 
 def in_flight_tokens(config: VllmConfig) -> int:
-    """VllmConfig.max_in_flight_tokens (config/vllm.py L586-608), pipeline parallelism 1."""
-    return (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+    """VllmConfig.max_in_flight_tokens (config/vllm.py L586-608), pipeline parallelism 1; before the
+    release that has it (`window_in_flight` off) one batch, max_num_batched_tokens."""
+    async_ = config.async_scheduling and config.window_in_flight
+    return (2 if async_ else 1) * config.max_num_batched_tokens
 
 
 class HybridVllmScheduler(VllmScheduler):
@@ -56,7 +58,9 @@ class HybridVllmScheduler(VllmScheduler):
         self.groups = groups
         self.kvm = HybridKVManager(groups, config.num_gpu_blocks, block_size=config.block_size,
                                    caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
-                                   in_flight=in_flight_tokens(config), watermark_blocks=self.watermark)
+                                   in_flight=in_flight_tokens(config), watermark_blocks=self.watermark,
+                                   admission_cap=config.window_admission_cap,
+                                   free_processed=config.window_in_flight)
         # "align" mode: prefill chunks end on block boundaries (scheduler.py L430-434); with prefill
         # checkpoint blocks in every Mamba group, the first group's alignment (L435-449)
         self.align_split = bool(mamba) and config.enable_prefix_caching
