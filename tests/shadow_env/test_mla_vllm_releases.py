@@ -81,19 +81,28 @@ def planned(request, tmp_path_factory):
     return version, {n: (exps[n], p) for n, p in zip(cases, plans, strict=True)}
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_each_releases_planner_on_the_workers_mla_specs_is_the_ledgers_pool(planned, name, say):  # noqa: F811
+def plan_and_ledger(planned, name: str) -> tuple[str, dict, dict]:
+    """(release, what its planner planned for case `name`, the ledger's capacity for it)."""
     version, by_name = planned
     exp, plan = by_name[name]
     assert "error" not in plan, (version, plan["error"])
-    ledger = predict(exp).to_dict()["capacity"]
+    return version, plan, predict(exp).to_dict()["capacity"]
+
+
+def assert_the_ledgers_pool(version: str, plan: dict, ledger: dict) -> None:
+    assert plan["num_blocks"] == ledger["num_blocks"], version
+    assert plan["kv_tokens"] == ledger["kv_tokens"], version
+    assert plan["max_concurrency"] == pytest.approx(ledger["max_concurrency_at_max_model_len"], rel=1e-9), version
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_each_releases_planner_on_the_workers_mla_specs_is_the_ledgers_pool(planned, name, say):  # noqa: F811
+    version, plan, ledger = plan_and_ledger(planned, name)
     say(f"\nvLLM {version} {name}: planned {plan['num_blocks']} blocks of {plan['block_size']} "
         f"({plan['group_detail']}), {plan['kv_tokens']} tokens; ledger {ledger['num_blocks']} blocks of "
         f"{ledger['block_size']}, {ledger['kv_tokens']} tokens")
     assert plan["groups"] == ["MLAAttentionSpec"] and plan["block_size"] == 64, (version, plan)
-    assert plan["num_blocks"] == ledger["num_blocks"], version
-    assert plan["kv_tokens"] == ledger["kv_tokens"], version
-    assert plan["max_concurrency"] == pytest.approx(ledger["max_concurrency_at_max_model_len"], rel=1e-9), version
+    assert_the_ledgers_pool(version, plan, ledger)
     # what a GPU runs with, not the CPU platform's MLA settings (chunked prefill and prefix caching off)
     assert plan["chunked_prefill"] and plan["prefix_caching"], (version, plan)
 
@@ -116,16 +125,12 @@ WINDOW = ("openai/gpt-oss-20b", {"flags": {"num-gpu-blocks-override": 400, "max-
 
 
 def test_window_layers_plan_the_ledgers_pool_under_the_releases_rules(planned, say):  # noqa: F811
-    version, by_name = planned
-    exp, plan = by_name[WINDOW_CASE]
-    assert "error" not in plan, (version, plan["error"])
-    ledger = predict(exp).to_dict()["capacity"]
+    version, plan, ledger = plan_and_ledger(planned, WINDOW_CASE)
     say(f"\nvLLM {version} {WINDOW_CASE}: planned {plan['groups']}, {plan['kv_tokens']} tokens, "
         f"{plan['max_concurrency']:.4f}x; ledger {ledger['kv_tokens']} tokens, "
         f"{ledger['max_concurrency_at_max_model_len']:.4f}x")
     assert sorted(plan["groups"]) == ["FullAttentionSpec", "SlidingWindowSpec"], (version, plan)
-    assert (plan["num_blocks"], plan["kv_tokens"]) == (ledger["num_blocks"], ledger["kv_tokens"]), version
-    assert plan["max_concurrency"] == pytest.approx(ledger["max_concurrency_at_max_model_len"], rel=1e-9), version
+    assert_the_ledgers_pool(version, plan, ledger)
     if version == SUITE_RELEASE:
         assert (plan["kv_tokens"], round(plan["max_concurrency"], 2)) == (3200, 1.35)
 
@@ -141,12 +146,9 @@ def test_a_dsa_indexer_is_refused_before_0_30_naming_the_release_and_the_kind(pl
 
 @pytest.mark.parametrize("name", list(DSA_CASES))
 def test_from_0_30_the_dsa_indexer_plans_the_ledgers_pool(planned, name, say):  # noqa: F811
-    version, by_name = planned
-    if version_tuple(version) < DSA_FROM:
-        pytest.skip(f"vLLM {version}: DSA indexers are refused (the test above)")
-    exp, plan = by_name[name]
-    assert "error" not in plan, (version, plan["error"])
-    ledger = predict(exp).to_dict()["capacity"]
+    if version_tuple(planned[0]) < DSA_FROM:
+        pytest.skip(f"vLLM {planned[0]}: DSA indexers are refused (the test above)")
+    version, plan, ledger = plan_and_ledger(planned, name)
     say(f"\nvLLM {version} {name}: planned {plan['num_blocks']} blocks ({plan['group_detail']}), {plan['kv_tokens']} "
         f"tokens; ledger {ledger['num_blocks']} blocks of {ledger['block_size']}, {ledger['kv_tokens']} tokens")
     assert (plan["num_blocks"], plan["kv_tokens"]) == (ledger["num_blocks"], ledger["kv_tokens"]), version
