@@ -125,13 +125,12 @@ TOKEN_ONLY_MISSES["vllm-0.27.1-rtx4090-wsl2-qwen25-1.5b-gmu030-shared"] = (
     "leaves 1.26 GiB for the rest, the ledger 0.38 (0.25 non-torch, 0.13 activation, no CUDA graphs). The second "
     "server of the shared card above (its Qwen2.5-0.5B beside it): the same unknown term, larger here, as it "
     "would be if this one's profile ran while the other allocated (utils/mem_utils.py L313-326)")
-# The token line, where a release prints it with other semantics than the ledger's (which follows 0.33.0).
-TOKEN_LINE_DIFFERS = {
-    "vllm-0.10.1.1-a100-80gb-gpt-oss-120b-tp4-ray": "0.10.1.1 prints a hybrid (sliding + full) model's tokens as "
-                                                    "the pool over all 36 layers' bytes per token (45.32 GiB / "
-                                                    "(36 x 512 B) = 2,640,144); the ledger counts full-attention "
-                                                    "tokens, the sliding layers holding only their window",
-}
+# The token line, where a release prints it with other semantics than the ledger's. Empty since the ledger
+# prints each release's own line: 0.10.1.1's gpt-oss-120b line, 45.32 GiB / (36 x 512 B) = 2,640,144 tokens, is
+# num_blocks // 2 groups x 16 (kv_cache_utils.py _report_kv_cache_config through 0.20.0; theory/vllm/releases.py
+# KV_SIZE_LINE_FROM), and the ledger's 2,666,928 follows its pool (+1.0%), where the 0.33.0 line it printed
+# before did not.
+TOKEN_LINE_DIFFERS: dict[str, str] = {}
 # Cases whose logged torch peak the ledger's forward/sampler terms miss by more than 5%, and why.
 ACTIVATION_NOT_MODELLED = {
     "gemma3": "the vision encoder's profile run (multimodal dummy batch) is not modelled",
