@@ -60,8 +60,8 @@ class WindowRules:
     in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
 
     def text(self) -> str:
-        cap = (f"window cap at admission (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap else
-               f"no window cap at admission: the whole prompt (before {_v(WINDOW_CAP_FROM)})")
+        cap = (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
+               else f"the full-sequence check charges window groups the whole prompt (before {_v(WINDOW_CAP_FROM)})")
         fly = (f"in flight W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
                if self.in_flight else
                f"in flight W-1+T, freed on scheduled tokens (before {_v(WINDOW_IN_FLIGHT_FROM)})")
