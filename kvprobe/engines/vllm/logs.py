@@ -11,15 +11,15 @@ from kvprobe.engines.base import ReportedCapacity
 from kvprobe.engines.vllm.versions import DEFAULT_VERSION, two_line_capacity_log
 from kvprobe.errors import ConfigError
 from kvprobe.theory.vllm.budget import vllm_capacity_numbers, vllm_check_fits
-from kvprobe.theory.vllm.releases import legacy_kv_size_line
 
 # The capacity line's own name for the pool (kv_cache_utils.py `update_kv_cache_capacity`, 0.33.0).
 POOL_LINE = "GPU KV cache size"
 
 
-def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
-    """(kv tokens, max concurrency) as 0.33.0 logs them; theory owns the arithmetic."""
-    return vllm_capacity_numbers(num_blocks, block_size, max_model_len)
+def capacity_numbers(num_blocks: int, block_size: int, max_model_len: int,
+                     version: str = DEFAULT_VERSION) -> tuple[int, float]:
+    """(kv tokens, max concurrency) as `version` logs them; theory owns the arithmetic."""
+    return vllm_capacity_numbers(num_blocks, block_size, max_model_len, version)
 
 
 def log_prefix(process: str, fileinfo: str, *, t: float | None = None, pid: int | None = None) -> str:
@@ -51,12 +51,10 @@ def capacity_messages(num_blocks: int, block_size: int, max_model_len: int, vers
                       *, capacity: tuple[int, float] | None = None) -> list[str]:
     """The capacity line(s) without their log prefix: what `capacity_lines` prints, and what the
     ledger shows as the engine's own figures."""
-    tokens, conc = capacity or capacity_numbers(num_blocks, block_size, max_model_len)
+    tokens, conc = capacity or capacity_numbers(num_blocks, block_size, max_model_len, version)
     if not two_line_capacity_log(version):
         return [f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
                 f"{max_model_len:,} tokens per request: {conc:.2f}x"]
-    if capacity is None and legacy_kv_size_line(version):  # num_blocks // groups x min block size, one group
-        tokens = num_blocks * block_size
     return [f"GPU KV cache size: {tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: {conc:.2f}x"]
 

@@ -145,16 +145,26 @@ def estimate_vllm_cudagraph_bytes(geom: ModelGeometry, *, max_num_seqs: int) -> 
     return 256 * MIB + largest * geom.hidden_size * geom.dtype_bytes * 16
 
 
-def vllm_capacity_numbers(num_blocks: int, block_size: int, max_model_len: int) -> tuple[int, float]:
+def vllm_capacity_numbers(num_blocks: int, block_size: int, max_model_len: int,
+                          version: str = VLLM_DEFAULT_VERSION) -> tuple[int, float]:
     """(num_tokens, max_concurrency) of `GPU KV cache size: N tokens, Maximum concurrency ...`.
 
     vLLM 0.33.0 `kv_cache_utils.py::get_max_concurrency_for_kv_cache_config` /
     `get_kv_cache_capacity` for one full-attention group: concurrency = num_blocks (null block
-    included) / cdiv(max_model_len, block_size); tokens = int(concurrency * max_model_len).
+    included) / cdiv(max_model_len, block_size); tokens = int(concurrency * max_model_len), or before
+    0.20.1 the size line of one group (`legacy_size_line_tokens`).
     """
     per_request = cdiv(max_model_len, block_size)
     concurrency = num_blocks / per_request
+    if legacy_kv_size_line(version):
+        return legacy_size_line_tokens(num_blocks, [block_size]), concurrency
     return int(concurrency * max_model_len), concurrency
+
+
+def legacy_size_line_tokens(num_blocks: int, block_sizes: list[int]) -> int:
+    """"GPU KV cache size" before 0.20.1: num_blocks // groups x the smallest block size
+    (kv_cache_utils.py `_report_kv_cache_config`, L1299-1303 in 0.18.1; releases.KV_SIZE_LINE_FROM)."""
+    return num_blocks // len(block_sizes) * min(block_sizes)
 
 
 def vllm_check_fits(num_blocks: int, bytes_per_block: int, block_size: int, max_model_len: int,
@@ -350,9 +360,8 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
             raise
         refusal = str(err)
     fits = num_blocks - 1 >= cdiv(max_model_len, block)
-    tokens, concurrency = vllm_capacity_numbers(max(num_blocks, 0), block, max_model_len)
-    if legacy_kv_size_line(version or VLLM_DEFAULT_VERSION):  # num_blocks // 1 group x block size
-        tokens = max(num_blocks, 0) * block
+    tokens, concurrency = vllm_capacity_numbers(max(num_blocks, 0), block, max_model_len,
+                                                version or VLLM_DEFAULT_VERSION)
     return VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                       weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks,
                       upper_blocks, block, tokens, upper_tokens, max_model_len, concurrency, fits,
@@ -366,7 +375,7 @@ def plan_kv_tokens(plan: VllmKVPlan, version: str) -> int:
     (theory/vllm/releases.py KV_SIZE_LINE_FROM)."""
     if not legacy_kv_size_line(version):
         return plan.kv_tokens
-    return plan.num_blocks // len(plan.groups) * min(g.block_size for g in plan.groups)
+    return legacy_size_line_tokens(plan.num_blocks, [g.block_size for g in plan.groups])
 
 
 def _hybrid_budget(geom: ModelGeometry, opts: VllmOptions, max_model_len: int, auto_fit: bool, refuse: bool,

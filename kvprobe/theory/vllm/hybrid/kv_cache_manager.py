@@ -71,10 +71,9 @@ class HybridKVManager:
             for _ in range(group.copies):
                 gid = len(self.managers)
                 self.managers.append(make_manager(gid, group, self.pool, block_size=block_size, caching=caching,
-                                                  max_model_len=max_model_len, in_flight=in_flight))
+                                                  max_model_len=max_model_len, in_flight=in_flight,
+                                                  admission_cap=admission_cap))
                 gids.append(gid)
-                if not admission_cap:  # the whole prompt is charged; the cap still bounds max_blocks
-                    self.managers[-1].cap = None
             self.spec_groups.append((self.managers[gids[0]], gids))
         self.spec_groups.sort(key=lambda sg: sg[0].kind != FULL)  # verify_and_split_kv_cache_groups L718-775
         self.hybrid = len(self.managers) > 1

@@ -400,20 +400,23 @@ class MambaAlignManager(Manager):
 
 
 def make_manager(gid: int, group: KVGroup, pool: BlockPool, *, block_size: int, caching: bool,
-                 max_model_len: int, in_flight: int) -> Manager:
+                 max_model_len: int, in_flight: int, admission_cap: bool = True) -> Manager:
     """`get_manager_for_kv_cache_spec` (single_type_kv_cache_manager.py L2608-2653). Each manager
     also knows `max_blocks`, what one request can hold in the group at most (the spec's
-    max_memory_usage_bytes / page, as kv_cache_spec.VllmLayerSpec.blocks_per_request computes it)."""
+    max_memory_usage_bytes / page, as kv_cache_spec.VllmLayerSpec.blocks_per_request computes it);
+    without `admission_cap` (before 0.20.0: releases.WINDOW_CAP_FROM) a window group's admission is uncapped."""
     B = group.block_size or block_size
     if group.kind == FULL:
         m = Manager(gid, group, pool, B, None)
         m.max_blocks = cdiv(max_model_len, B)
     elif group.kind == SLIDING:  # SlidingWindowSpec.max_admission_blocks_per_request (kv_cache_interface.py L917-944)
-        m = SlidingManager(gid, group, pool, B, cdiv(min(group.window - 1 + in_flight, max_model_len), B) + 1)
-        m.max_blocks = m.cap
+        most = cdiv(min(group.window - 1 + in_flight, max_model_len), B) + 1
+        m = SlidingManager(gid, group, pool, B, most if admission_cap else None)  # no cap: the whole prompt
+        m.max_blocks = most
     elif group.kind == CHUNKED:  # ChunkedLocalAttentionSpec (L864-881)
-        m = ChunkedManager(gid, group, pool, B, cdiv(min(group.window + in_flight, max_model_len), B))
-        m.max_blocks = m.cap
+        most = cdiv(min(group.window + in_flight, max_model_len), B)
+        m = ChunkedManager(gid, group, pool, B, most if admission_cap else None)
+        m.max_blocks = most
     elif group.kind == MAMBA:  # MambaSpec.max_memory_usage_bytes (L1135-1141)
         m = (MambaAlignManager if caching else MambaNoneManager)(gid, group, pool, B, None)
         m.max_blocks = 2 + bool(group.checkpoint) if caching else 1
