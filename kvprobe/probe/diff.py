@@ -168,7 +168,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
     return {"version": exp.version, "startup": None, "refusal": None, "ledger_startup": "starts",
             "policy": policy, "rule": policy_rule(policy), "scheduler_loop": None, "async_scheduling": None,
             "pool_unit": "blocks" if exp.engine == "vllm" else "tokens", "pool": None, "ledger_pool": None,
-            "engine_claim": None,
+            "engine_claim": None, "claim_tokens": None, "ledger_claim_tokens": None, "release_rules": {},
             "predicted": None, "predicted_mean": None, "predicted_binding": None, "predicted_usage": None,
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
             "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None,
@@ -193,6 +193,9 @@ def release_figures(result, artifacts: Path) -> dict:
     rules = (result.ledger or {}).get("release_rules") or []
     loop = [r.get("rule") for r in rules if r.get("aspect") == "scheduler loop"]
     out["scheduler_loop"] = loop[0] if loop else None
+    out["release_rules"] = {r["aspect"]: r["rule"] for r in rules if r.get("aspect") and r.get("rule")}
+    # what the ledger says the engine will log (vLLM: "GPU KV cache size", each release's semantics)
+    out["ledger_claim_tokens"] = cap.get("kv_tokens")
     out["memory"] = memory_figures((result.ledger or {}).get("budget"))
     out.update(async_scheduling=adm.get("async_scheduling"), ledger_pool=cap.get(unit),
                predicted=adm.get("limit"), predicted_mean=adm.get("limit_mean"), predicted_binding=adm.get("binding"),
@@ -207,6 +210,7 @@ def release_figures(result, artifacts: Path) -> dict:
     if fig is not None and fig.claim is not None:  # the engine's own capacity line, read for this shape
         out["engine_claim"] = {"tokens": fig.claim.tokens, "requests": _round(fig.claim.requests, 2),
                                "source": fig.claim.source}
+        out["claim_tokens"] = fig.claim.tokens
     rej = result.rejection
     if rej is not None and rej.rejection_point is not None:
         out.update(rejection_point=_round(rej.rejection_point), uncertainty=_round(rej.uncertainty),
@@ -305,15 +309,18 @@ class Quantity:
     # a "state" read from another field than the one shown (the preemptions' presence: from the
     # count, known even where the streams could not time a step for the rate)
     state_field: str | None = None
+    # the factor by which the figure moves when only other figures do (the capacity line follows its
+    # pool), measured (False) or the ledger's (True); None: it does not
+    follows: Callable[[dict, dict, bool], float] | None = None
 
     def measured(self, r: dict):
-        return r[self.field]
+        return r.get(self.field)
 
     def _state_source(self, r: dict):
         return r.get(self.state_field) if self.state_field else self.measured(r)
 
     def ledger(self, r: dict):
-        return r[self.ledger_field]
+        return r.get(self.ledger_field)
 
     def moved(self, ra: dict, rb: dict, tol) -> bool | None:
         if self.kind == "state":
@@ -322,7 +329,8 @@ class Quantity:
         a, b = self.measured(ra), self.measured(rb)
         if a is None or b is None:
             return None
-        return abs(b - a) - self.spread(ra, rb) > self.allowance(tol, a, b) + 1e-9
+        base = a if self.follows is None else a * self.follows(ra, rb, False)
+        return abs(b - base) - self.spread(ra, rb) > self.allowance(tol, base, b) + 1e-9
 
     def ledger_moved(self, ra: dict, rb: dict, tol) -> bool:
         """The ledger's figure moved as the measurement did: to the same new state, or the same
@@ -333,6 +341,8 @@ class Quantity:
         if self.kind == "state":
             return self.state(la) != self.state(lb) and self.state(lb) == self.state(self._state_source(rb))
         a, b = self.measured(ra), self.measured(rb)
+        if self.follows is not None:  # the moves beyond what the pools' moves make of each
+            a, la = a * self.follows(ra, rb, False), la * self.follows(ra, rb, True)
         return (lb - la) * (b - a) > 0 and abs(lb - la) > self.allowance(tol, la, lb) + 1e-9
 
 
@@ -344,6 +354,14 @@ def _binding(limit: str | None) -> str | None:
     """The limit that stops admission, as the ledger names it: the diagnosis's `pool` (KV fills below
     what the reported pool allows) is still the KV pool binding; `unknown` says nothing."""
     return {"pool": "kv", "unknown": None}.get(limit, limit) if limit is not None else None
+
+
+def _pool_ratio(ra: dict, rb: dict, ledger: bool) -> float:
+    """How the pool moved (measured, or the ledger's): the capacity line moves with it (vLLM's line is
+    the pool over each request's blocks, times the length) without a change of its own."""
+    key = "ledger_pool" if ledger else "pool"
+    pa, pb = ra.get(key), rb.get(key)
+    return pb / pa if pa and pb else 1.0
 
 
 QUANTITIES = (
@@ -362,6 +380,10 @@ QUANTITIES = (
     Quantity("usage", "usage at saturation", "usage_at_saturation", "predicted_usage",
              allowance=lambda tol, a, b: tol.usage_gap),
     Quantity("binding", "binding limit", "binding", "predicted_binding", "state", state=_binding),
+    # the engine's own "GPU KV cache size" beyond what its pool's move makes of it: what a release
+    # changed in the line's semantics (vLLM's blocks a request of each KV cache group is counted for)
+    Quantity("capacity_line", "engine's capacity line (tokens)", "claim_tokens", "ledger_claim_tokens",
+             allowance=lambda tol, a, b: tol.reported_capacity * max(abs(a), abs(b)), follows=_pool_ratio),
 )
 
 assert tuple(q.key for q in QUANTITIES) == CHANGE_KEYS, "expect_change: names every figure the diff compares"

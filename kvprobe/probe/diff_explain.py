@@ -7,6 +7,8 @@ ledger's pool names those rules beside the policy, where that changed too.
 
 from __future__ import annotations
 
+from kvprobe.theory.ledger.rules import CAPACITY_LINE_ASPECTS
+
 
 def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> str:
     """The rules that explain a change: the memory rules for the pool (an admission policy moves no
@@ -17,6 +19,8 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
     parts = []
     if key == "pool" or _ledger_pool_moved(ra, rb, tol):
         parts.append(memory_explanation(ra, rb))
+    if key == "capacity_line":
+        parts += line_rules(ra, rb)
     if key != "pool" and ra["policy"] != rb["policy"]:
         parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
     if key != "pool" and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
@@ -27,6 +31,14 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
         return "explained: " + "; and ".join(parts)
     return (f"explained: the ledger predicts it from each release's own figures (admission rule {ra['policy']} on "
             "both)")
+
+
+def line_rules(ra: dict, rb: dict) -> list[str]:
+    """The release rules behind the engine's capacity line that differ between the two releases, as
+    the ledger applied them on the second (theory/ledger/rules.py CAPACITY_LINE_ASPECTS)."""
+    a, b = ra.get("release_rules") or {}, rb.get("release_rules") or {}
+    return [f"{aspect}: {b[aspect]}" for aspect in CAPACITY_LINE_ASPECTS
+            if b.get(aspect) is not None and a.get(aspect) != b[aspect]]
 
 
 def startup_explanation(ra: dict, rb: dict) -> str | None:

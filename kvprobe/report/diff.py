@@ -63,9 +63,11 @@ def _pool(r: dict) -> str:
 
 
 def _claim(r: dict) -> str:
-    """The pool the engine logged, and the requests of this shape it suggests (kvprobe.verdict.claim)."""
-    c = r.get("engine_claim")
-    return "—" if not c else f"{c['tokens']:,} tokens = {c['requests']:g} requests of P+O"
+    """The pool the engine logged, the requests of this shape it suggests (kvprobe.verdict.claim), and
+    the line the ledger says this release logs."""
+    c, ledger = r.get("engine_claim"), r.get("ledger_claim_tokens")
+    mine = "" if ledger is None else f" (ledger {ledger:,})"
+    return "—" if not c else f"{c['tokens']:,} tokens = {c['requests']:g} requests of P+O{mine}"
 
 
 ROWS = (

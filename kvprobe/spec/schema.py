@@ -119,7 +119,7 @@ class StagingRecord:
 
 
 # What `kvprobe diff` compares between releases (kvprobe.probe.diff.QUANTITIES), as `expect_change:` names it.
-CHANGE_KEYS = ("startup", "pool", "rejection_point", "preemptions", "usage", "binding")
+CHANGE_KEYS = ("startup", "pool", "rejection_point", "preemptions", "usage", "binding", "capacity_line")
 
 
 @dataclass(frozen=True)

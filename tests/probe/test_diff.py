@@ -138,6 +138,44 @@ def test_a_pool_change_at_a_policy_boundary_is_not_put_down_to_the_policy():
         f"{pool}; and sglang-0.5.21 -> sglang-0.5.22, in full from 0.5.22")
 
 
+def _window_line_figures(version: str, logged: int) -> dict:
+    """vLLM `version` on expectations/diff/vllm-hybrid-window-shadow.yaml's shape (gpt-oss-20b, 400 blocks
+    of 16, 512-token steps): what the diff keeps of the ledger's capacity line and release rules, and the
+    line the release's own shadow logged (`logged`, read off the 2026-12-07 run of 0.25.1 and 0.26.0), both
+    with async scheduling (their default)."""
+    ledger = build_ledger(LedgerInputs(engine="vllm", engine_version=version, model="openai/gpt-oss-20b",
+                                       num_gpu_blocks_override=400, block_size=16, max_model_len=4096,
+                                       max_num_seqs=16, max_num_batched_tokens=512, prompt_tokens=1000,
+                                       output_tokens=200, async_scheduling=True)).to_dict()
+    return figures(version=version, pool=400, ledger_pool=400, claim_tokens=logged,
+                   ledger_claim_tokens=ledger["capacity"]["kv_tokens"],
+                   release_rules={r["aspect"]: r["rule"] for r in ledger["release_rules"]})
+
+
+def test_a_capacity_line_that_moved_without_its_pool_is_named_with_the_window_rule():
+    # vLLM 0.26.0 counts async scheduling's second batch in flight for a window group (W - 1 + 2T, 73
+    # blocks a request, against 0.25.1's 41): the same 400 blocks log 4,979 tokens where 0.25.1 logged 5,516
+    old, new = _window_line_figures("0.25.1", 5516), _window_line_figures("0.26.0", 4979)
+    assert (old["ledger_claim_tokens"], new["ledger_claim_tokens"]) == (5516, 4979)
+    found = changes_between(old, new)
+    assert set(found) == {"engine's capacity line (tokens)"}
+    line = found["engine's capacity line (tokens)"]
+    assert line["explained"] and line["measured"] == [5516, 4979] and line["ledger"] == [5516, 4979]
+    assert "KV cache groups: " in line["explanation"] and "W-1+2T" in line["explanation"]
+    assert "KV cache size figure" not in line["explanation"]  # the same line semantics on both (0.20.1 on)
+
+
+def test_a_capacity_line_that_follows_its_pool_is_no_change_of_its_own():
+    # the pool grew by a fifth and the line with it: one change, the pool's
+    found = changes_between(figures(claim_tokens=3216, ledger_claim_tokens=3216),
+                            figures(pool=241, ledger_pool=241, claim_tokens=3856, ledger_claim_tokens=3856))
+    assert set(found) == {"pool"}
+    # a line that moved where the ledger's did not: unexplained
+    found = changes_between(figures(claim_tokens=3216, ledger_claim_tokens=3216),
+                            figures(claim_tokens=2800, ledger_claim_tokens=3216))
+    assert found["engine's capacity line (tokens)"]["explanation"] == UNEXPLAINED
+
+
 def test_a_release_that_refuses_is_a_change_of_startup():
     refused = figures(startup="refused", ledger_startup="refused", refusal="To serve at least one request ...",
                       pool=None, rejection_point=None, usage_at_saturation=None, binding=None,

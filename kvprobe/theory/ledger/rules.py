@@ -53,6 +53,13 @@ class ReleaseRules:
         return "; ".join(r.line() for r in self.unmodelled if r.effect != "figure")
 
 
+# The aspects of the release rules that set what vLLM's "GPU KV cache size" line says of a pool (its
+# semantics, and the blocks each KV cache group's request is counted for): `kvprobe diff` names them
+# where that line moved beyond its pool.
+KV_SIZE_LINE, KV_CACHE_GROUPS = "KV cache size figure", "KV cache groups"
+CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, KV_CACHE_GROUPS)
+
+
 def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: bool,
                        policy: str | None) -> ReleaseRules:
     """The vLLM rules the ledger applied for `version`, and the rows of its unmodelled table these
@@ -78,13 +85,13 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
     applied.append(("scheduling", f"{'async' if inputs.async_scheduling else 'sync'} (the default of this release: "
                                   f"{async_default}; on by default from {since}.0, config/scheduler.py)"))
     since = ".".join(map(str, KV_SIZE_LINE_FROM))
-    applied.append(("KV cache size figure", f"num_blocks // groups x the smallest block size (before vLLM {since}, "
+    applied.append((KV_SIZE_LINE, f"num_blocks // groups x the smallest block size (before vLLM {since}, "
                                             "v1/core/kv_cache_utils.py _report_kv_cache_config)"
                     if legacy_kv_size_line(version) else
                     f"max_concurrency x max_model_len (vLLM {since} on, v1/core/kv_cache_utils.py "
                     "get_kv_cache_capacity)"))
     if bud.plan is not None:
-        applied.append(("KV cache groups", f"vLLM {version}: {window_rules(version).text()}"))
+        applied.append((KV_CACHE_GROUPS, window_rules(version).text()))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "
