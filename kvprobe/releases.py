@@ -22,17 +22,18 @@ SGLANG_DEFAULT_VERSION = DEFAULT_VERSIONS[SGLANG]
 
 # Releases whose facts kvprobe holds: vLLM 0.33.0 throughout, 0.11.0 and 0.9.2 where they differ
 # (two-line capacity log, first-chunk admission, error bodies, gauge names); the memory profile and the
-# admission gate of 0.10.1.1 and of every release from 0.11.0 to 0.32.0 with its patch releases (each
-# wheel's config/cache.py, envs.py, v1/worker/gpu_worker.py, v1/sample/ops/topk_topp_sampler.py and
-# v1/core read: kvprobe/theory/vllm/memory_profile.py, kvprobe/theory/vllm/releases.py; their other
-# facts are those of the nearest release above); SGLang 0.5.23, and 0.5.21/0.5.22 where the
-# ignore_eos reservation differs; the memory budget of SGLang 0.4.1.post7 to 0.4.10 and 0.5.0rc2 to 0.5.22
-# (kvprobe/theory/sglang/memory_profile.py; their other facts are those of 0.5.21).
-KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.1.1", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1",
-                         "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1",
-                         "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
-                         "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
-                         "0.33.0"),
+# admission gate of 0.10.0-0.10.2 (0.10.1.1's, read in each wheel) and of every release from 0.11.0 to
+# 0.32.0 with its patch releases (each wheel's config/cache.py, envs.py, v1/worker/gpu_worker.py,
+# v1/sample/ops/topk_topp_sampler.py and v1/core read: kvprobe/theory/vllm/memory_profile.py,
+# kvprobe/theory/vllm/releases.py; their other facts are those of the nearest release above); SGLang
+# 0.5.23, and 0.5.21/0.5.22 where the ignore_eos reservation differs; the memory budget of SGLang
+# 0.4.1.post7 to 0.4.10 and 0.5.0rc2 to 0.5.22 (kvprobe/theory/sglang/memory_profile.py; their other
+# facts are those of 0.5.21).
+KNOWN_VERSIONS = {VLLM: ("0.9.2", "0.10.0", "0.10.1", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0",
+                         "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1", "0.16.0", "0.17.0", "0.17.1", "0.18.0",
+                         "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
+                         "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0",
+                         "0.30.0", "0.31.0", "0.32.0", "0.33.0"),
                   SGLANG: ("0.4.1.post7", "0.4.2", "0.4.2.post1", "0.4.2.post2", "0.4.2.post3", "0.4.2.post4",
                            "0.4.3", "0.4.3.post2", "0.4.3.post4", "0.4.4", "0.4.5", "0.4.6", "0.4.7",
                            "0.4.8", "0.4.9", "0.4.10", "0.5.0rc2", "0.5.1", "0.5.1.post1", "0.5.1.post2",

@@ -77,6 +77,9 @@ def test_vllm_length_checks_and_versions():
     _, err = vllm.check_lengths(8000, 512, 0, 8192, version="0.11.0")
     assert err["error"]["message"].startswith("This model's maximum context length is 7680 tokens.")
     assert vllm.error_body("x", version="0.9.2")["object"] == "error"
+    # entrypoints/openai/protocol.py ErrorResponse: flat in 0.10.0 (L80-85), nested from 0.10.1 (L90-98)
+    assert vllm.error_body("x", version="0.10.0")["object"] == "error"
+    assert vllm.error_body("x", version="0.10.1")["error"]["message"] == "x"
     assert (vllm.policy("0.33.0"), vllm.policy("0.11.0"), vllm.policy("0.33.0", reserve_full_isl=False)) == (
         "vllm-0.33", "vllm-0.11", "vllm-0.11")
 

@@ -53,7 +53,8 @@ def test_the_release_rules():
 # estimate (gpu_worker.py + envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default); the dummy sampler's
 # top-k/top-p path (topk_topp_sampler.py + envs.py VLLM_USE_FLASHINFER_SAMPLER default, on an H100).
 READ = {  # release: (policy, util, ceil, graph, sampler)
-    "0.10.1.1": ("vllm-0.11", 0.9, False, "none", "flashinfer"),
+    # 0.10.0-0.10.2: 0.10.1.1's budget, read in each wheel (determine_available_memory, memory_profiling)
+    **{v: ("vllm-0.11", 0.9, False, "none", "flashinfer") for v in ("0.10.0", "0.10.1", "0.10.1.1", "0.10.2")},
     "0.11.0": ("vllm-0.11", 0.9, False, "none", "flashinfer"),
     "0.11.1": ("vllm-0.11", 0.9, False, "none", "torch"), "0.11.2": ("vllm-0.11", 0.9, False, "none", "torch"),
     "0.12.0": ("vllm-0.11", 0.9, False, "none", "torch"), "0.13.0": ("vllm-0.11", 0.9, False, "none", "torch"),
@@ -77,7 +78,7 @@ def test_each_vllm_release_runs_the_rules_its_source_has(version):
     rules = profile_rules(version)
     assert (vllm_releases.policy(version), rules.gpu_memory_utilization, rules.requested_ceil, rules.cudagraph,
             rules.sampler) == READ[version]
-    assert not rules.legacy and rules.snapshot_after_distributed == (version != "0.10.1.1")
+    assert not rules.legacy and rules.snapshot_after_distributed == (version_tuple(version) >= (0, 11))
 
 
 def test_every_vllm_release_read_is_known_and_every_known_one_was_read():
@@ -91,7 +92,7 @@ def test_a_rule_is_keyed_by_the_release_that_changed_it():
                r.warms_native, r.v2_runner_no_graph_estimate, r.v2_sampler, r.counts_consumed)
               for r in RULES if not r.legacy]
     assert all(a != b for a, b in zip(fields, fields[1:], strict=False)), "two consecutive rules say the same"
-    assert [r.release for r in RULES] == ["0.9.2", "0.10.1.1", "0.11.0", "0.11.1", "0.14.0", "0.17.0", "0.18.0",
+    assert [r.release for r in RULES] == ["0.9.2", "0.10.0", "0.11.0", "0.11.1", "0.14.0", "0.17.0", "0.18.0",
                                           "0.20.0", "0.21.0", "0.25.0", "0.26.0", "0.27.0", "0.29.0",
                                           "0.33.0"]
     assert all(r.sources for r in RULES)
@@ -161,3 +162,31 @@ def test_the_watermark_is_read_from_0_24_0_and_refused_before():
     with pytest.raises(ConfigError, match="vLLM 0.23.0 has no --watermark"):
         _watermark_ledger("0.23.0", 0.3)
     assert _watermark_ledger("0.23.0", 0.0).admission.limit == pytest.approx(24.13, abs=0.3)
+
+
+def _llama_24gib(version: str, **flags):
+    return build_ledger(LedgerInputs(engine="vllm", engine_version=version, model="meta-llama/Llama-3.1-8B",
+                                     gpu_memory_bytes=24 * 2**30, max_model_len=8192, prompt_tokens=512,
+                                     output_tokens=256, **flags))
+
+
+def test_a_defaulted_max_num_seqs_is_lowered_to_a_smaller_token_budget_from_0101():
+    # 0.10.1's engine/arg_utils.py L1709-1712 and 0.33.0's L3232-3234: min(default, max_num_batched_tokens)
+    # when max_num_seqs was not given; 0.10.0 (L1652-1654) and 0.9.2 take the default (256 on 24 GiB), and
+    # config.py L2474-2478 refuses a budget below it
+    for version in ("0.10.1", "0.11.0", "0.33.0"):
+        assert _llama_24gib(version, max_num_batched_tokens=128).capacity.max_running == 128
+    for version in ("0.9.2", "0.10.0"):
+        with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(128\) must be greater than or equal to "
+                                              r"max_num_seqs \(256\)"):
+            _llama_24gib(version, max_num_batched_tokens=128)
+    # both given: refused by every release
+    with pytest.raises(ConfigError, match="must be greater than or equal to max_num_seqs"):
+        _llama_24gib("0.33.0", max_num_batched_tokens=128, max_num_seqs=256)
+
+
+def test_kv_cache_memory_bytes_is_a_flag_from_0102():
+    # config/cache.py L116 (0.10.2); 0.10.1.1 has no such field, and its argument parser refuses the flag
+    with pytest.raises(ConfigError, match="vLLM 0.10.1 has no --kv-cache-memory-bytes"):
+        _llama_24gib("0.10.1", kv_cache_memory_bytes=4 * 2**30)
+    assert _llama_24gib("0.10.2", kv_cache_memory_bytes=4 * 2**30).capacity.num_blocks == 4 * 2**30 // (16 * 131072)

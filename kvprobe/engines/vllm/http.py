@@ -60,9 +60,10 @@ def completion_body(prompt_ids: list[int], output_tokens: int, *, model: str | N
 # --- error bodies and length checks (entrypoints/serve/exception_handling/error_response.py L14-108)
 def error_body(message: str, *, type: str = "BadRequestError", param: str | None = None, code: int = 400,
                version: str = DEFAULT_VERSION) -> dict:
-    """Nested `{"error": {...}}` (0.11.0 and 0.33.0); flat `{"object": "error", ...}` in 0.9.2."""
+    """Nested `{"error": {...}}` from 0.10.1 (0.11.0 and 0.33.0 read); flat `{"object": "error", ...}` through
+    0.10.0 (entrypoints/openai/protocol.py ErrorResponse: 0.10.0 L80-85 flat, 0.10.1 L90-98 nested)."""
     info = {"message": message, "type": type, "param": param, "code": code}
-    if version_tuple(version) < (0, 10):
+    if version_tuple(version) < (0, 10, 1):
         return {"object": "error", **info}
     return {"error": info}
 

@@ -30,10 +30,16 @@ from kvprobe.theory.sglang.pools import (
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS, scheduler_rules
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
-from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_defaults, vllm_budget
+from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_sizes, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
-from kvprobe.theory.vllm.releases import active_seqs_refusal, running_cap, watermark_refusal, window_rules
+from kvprobe.theory.vllm.releases import (
+    active_seqs_refusal,
+    kv_cache_memory_refusal,
+    running_cap,
+    watermark_refusal,
+    window_rules,
+)
 
 __all__ = ["Ledger", "LedgerInputs", "build_ledger"]
 
@@ -110,19 +116,19 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
-    flag_refusal = watermark_refusal(version, inputs.watermark)  # a flag this release's `vllm serve` lacks
-    if flag_refusal is not None and refuse:  # the command line is parsed before anything else
-        raise ConfigError(flag_refusal, key="watermark")
+    # a flag this release's `vllm serve` lacks: the command line is parsed before anything else
+    absent = [(key, text) for key, text in (("watermark", watermark_refusal(version, inputs.watermark)),
+              ("kv_cache_memory_bytes", kv_cache_memory_refusal(version, inputs.kv_cache_memory_bytes))) if text]
+    flag_refusal = absent[0][1] if absent else None
+    if absent and refuse:
+        raise ConfigError(flag_refusal, key=absent[0][0])
     startup = _vllm_free_memory_refusal(inputs, version)  # vLLM checks it first, at worker init
     if startup is not None and refuse:
         raise ConfigError(startup, key="gpu_free_memory")
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
-    seqs, tokens = vllm_batch_defaults(inputs.gpu_memory_bytes, max_len, gpu_name=inputs.gpu_name)
-    seqs = inputs.max_num_seqs or seqs
-    tokens = inputs.max_num_batched_tokens or min(tokens, seqs * max_len)
-    if tokens < seqs:  # config/scheduler.py L317-336
-        raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
-                          f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
+    seqs, tokens = vllm_batch_sizes(inputs.gpu_memory_bytes, max_len, max_num_seqs=inputs.max_num_seqs,
+                                    max_num_batched_tokens=inputs.max_num_batched_tokens,
+                                    gpu_name=inputs.gpu_name, version=version)
     # --max-num-active-seqs: refused before the release that has it, else a cap on RUNNING (releases.py)
     active_refusal = active_seqs_refusal(version, seqs, inputs.max_num_active_seqs)
     if active_refusal is not None and refuse:

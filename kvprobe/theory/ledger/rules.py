@@ -19,8 +19,10 @@ from kvprobe.theory.vllm.releases import (
     ACTIVE_SEQS_RULE,
     ASYNC_DEFAULT_FROM,
     KV_SIZE_LINE_FROM,
+    SEQS_TO_TOKEN_BUDGET_FROM,
     WATERMARK_FROM,
     legacy_kv_size_line,
+    seqs_lowered_to_token_budget,
     window_rules,
 )
 from kvprobe.theory.vllm.unmodelled import VllmFacts, first_release
@@ -75,6 +77,12 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
     batch = "given" if inputs.max_num_seqs and inputs.max_num_batched_tokens else (
         f"the GPU-tier defaults of vLLM {VLLM_BATCH_TIERS_FROM}-0.33.0 (engine/arg_utils.py get_batch_defaults) "
         "for what was not given")
+    if not inputs.max_num_seqs:
+        since = ".".join(map(str, SEQS_TO_TOKEN_BUDGET_FROM))
+        batch += (f"; max_num_seqs lowered to the token budget where that is smaller (vLLM {since} on, "
+                  "engine/arg_utils.py)" if seqs_lowered_to_token_budget(version) else
+                  f"; max_num_seqs not lowered to the token budget (before vLLM {since}: a smaller budget is "
+                  "refused)")
     applied.append(("max_num_seqs / max_num_batched_tokens", batch))
     if inputs.max_num_active_seqs is not None:
         effect = (f"refused: vLLM {version} has no such flag" if version_tuple(version) < ACTIVE_SEQS_FROM

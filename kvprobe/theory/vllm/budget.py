@@ -37,7 +37,11 @@ from kvprobe.theory.vllm.memory_profile import (
     profile_rules,
     sampler_warmup_bytes,
 )
-from kvprobe.theory.vllm.releases import legacy_kv_size_line, vllm_default_gpu_memory_utilization
+from kvprobe.theory.vllm.releases import (
+    legacy_kv_size_line,
+    seqs_lowered_to_token_budget,
+    vllm_default_gpu_memory_utilization,
+)
 
 VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
 # MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
@@ -69,6 +73,25 @@ def vllm_batch_defaults(gpu_memory_bytes: int | None, max_model_len: int, *,
         seqs, tokens = 256, 2048
     tokens = min(tokens, seqs * max_model_len)
     return min(seqs, tokens), tokens
+
+
+def vllm_batch_sizes(gpu_memory_bytes: int | None, max_model_len: int, *, max_num_seqs: int | None = None,
+                     max_num_batched_tokens: int | None = None, gpu_name: str | None = None,
+                     version: str = VLLM_DEFAULT_VERSION) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as `vllm serve` `version` settles them from what was given
+    (None: not given): the GPU tier's defaults for the rest, a defaulted token budget capped at
+    max_num_seqs x max_model_len, and a defaulted max_num_seqs lowered to the token budget from 0.10.1
+    (`releases.SEQS_TO_TOKEN_BUDGET_FROM`). A token budget below max_num_seqs is then refused, as the
+    engine's config/scheduler.py L329-334 (0.33.0) does."""
+    seqs, tokens = vllm_batch_defaults(gpu_memory_bytes, max_model_len, gpu_name=gpu_name)
+    seqs = max_num_seqs or seqs
+    tokens = max_num_batched_tokens or min(tokens, seqs * max_model_len)
+    if max_num_seqs is None and seqs_lowered_to_token_budget(version):
+        seqs = min(seqs, tokens)
+    if tokens < seqs:
+        raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
+                          f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
+    return seqs, tokens
 
 
 def estimate_vllm_other_bytes(*, tp: int = 1, pp: int = 1) -> int:

@@ -137,8 +137,10 @@ RULES: tuple[ProfileRules, ...] = (
     ProfileRules(  # known for its logs and admission; its memory profile not read: kvprobe's estimates
         "0.9.2", 0.9, requested_ceil=True, cudagraph="subtracted", sampler="flashinfer",
         snapshot_after_distributed=False, legacy=True, sources=("config/cache.py: gpu_memory_utilization = 0.9",)),
-    ProfileRules(
-        "0.10.1.1", 0.9, requested_ceil=False, cudagraph="none", sampler="flashinfer",
+    ProfileRules(  # read in 0.10.1.1; 0.10.0, 0.10.1 and 0.10.2 compute the same (the lines below are 0.10.1.1's:
+        # determine_available_memory 0.10.0 L229-247, 0.10.2 L259-280 with its new --kv-cache-memory-bytes
+        # branch; memory_profiling textually the same 0.9.2-0.10.2; 0.11.0 first snapshots after NCCL)
+        "0.10.0", 0.9, requested_ceil=False, cudagraph="none", sampler="flashinfer",
         snapshot_after_distributed=False,
         sources=("config/cache.py L43: gpu_memory_utilization = 0.9",
                  "v1/worker/gpu_worker.py L174-176: init snapshot, requested = total x util, then "

@@ -33,6 +33,18 @@ ASYNC_DEFAULT_FROM = (0, 14)
 # and L892-894 stops admitting at it). 0.30.0 has neither the field nor the flag (its scheduler.py L864
 # stops at `max_num_running_reqs` = max_num_seqs), so its argument parser refuses the flag.
 ACTIVE_SEQS_FROM = (0, 31)
+# The first release that lowers a max_num_seqs left to its default to the token budget given:
+# 0.10.1's engine/arg_utils.py L1709-1712 `min(default_max_num_seqs[usage_context],
+# self.max_num_batched_tokens)` (0.33.0: L3232-3234, only when max_num_seqs was not given). Through
+# 0.10.0 the default is taken as is (arg_utils.py L1652-1654; 0.9.2 L1696-1698), and config.py L2474-2478
+# then refuses a token budget below it, as every release does when both are given.
+SEQS_TO_TOKEN_BUDGET_FROM = (0, 10, 1)
+
+
+def seqs_lowered_to_token_budget(version: str) -> bool:
+    return version_tuple(version) >= SEQS_TO_TOKEN_BUDGET_FROM
+
+
 # Window and chunked-local KV cache groups (a hybrid model's; release-changes.md V4, V5, V7):
 # - the admission cap, 0.20.0 on: the full-sequence check charges a window group at most
 #   `max_admission_blocks_per_request` (kv_cache_interface.py, 0.33.0 L918-944); through 0.19.1 it charges
@@ -93,12 +105,26 @@ def policy(version: str, *, reserve_full_isl: bool = True) -> str:
     return "vllm-0.11" if version_tuple(version) < FULL_PROMPT_FROM or not reserve_full_isl else "vllm-0.33"
 
 
+# The first release with `--kv-cache-memory-bytes` (a KV pool of that many bytes, no profile): 0.10.2
+# (config/cache.py L116, engine/arg_utils.py L344 and L744-745; v1/worker/gpu_worker.py L235-253 takes
+# it before profiling). 0.10.1.1 and older have neither the field nor the flag.
+KV_CACHE_MEMORY_BYTES_FROM = (0, 10, 2)
+
+
 def watermark_refusal(version: str, watermark: float) -> str | None:
     """What `vllm serve` of a release before 0.24.0 says when given `--watermark`, or None."""
     if not watermark or version_tuple(version) >= WATERMARK_FROM:
         return None
     return (f"vLLM {version} has no --watermark (it came in 0.24.0): vllm: error: unrecognized "
             f"arguments: --watermark {watermark:g}")
+
+
+def kv_cache_memory_refusal(version: str, kv_cache_memory_bytes: int | None) -> str | None:
+    """What `vllm serve` of a release before 0.10.2 says when given `--kv-cache-memory-bytes`, or None."""
+    if kv_cache_memory_bytes is None or version_tuple(version) >= KV_CACHE_MEMORY_BYTES_FROM:
+        return None
+    return (f"vLLM {version} has no --kv-cache-memory-bytes (it came in 0.10.2): vllm: error: unrecognized "
+            f"arguments: --kv-cache-memory-bytes {kv_cache_memory_bytes}")
 
 
 def active_seqs_refusal(version: str, max_num_seqs: int, max_num_active_seqs: int | None) -> str | None:

@@ -71,14 +71,15 @@ def _int(value) -> int | None:
         return None
 
 
-def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None) -> dict[str, int]:
+def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None,
+                    version: str = dialect.DEFAULT_VERSION) -> dict[str, int]:
     """max-num-seqs / max-num-batched-tokens as `vllm serve` picks them on the declared GPU, for the
     ones the flags leave out (the ledger's `_build_vllm` does the same)."""
     mml = _int(flags.get("max-model-len"))
     max_len = mml if mml and mml > 0 else geometry_from_config(config).max_position_embeddings
-    seqs, tokens = budget.vllm_batch_defaults(gpu_memory_bytes, max_len)
-    seqs = _int(flags.get("max-num-seqs")) or seqs
-    tokens = _int(flags.get("max-num-batched-tokens")) or min(tokens, seqs * max_len)
+    seqs, tokens = budget.vllm_batch_sizes(gpu_memory_bytes, max_len, max_num_seqs=_int(flags.get("max-num-seqs")),
+                                           max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
+                                           version=version)
     out = {}
     if flags.get("max-num-seqs") is None:
         out["max-num-seqs"] = seqs
@@ -127,7 +128,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     flags = dict(req.flags)
     check_request(flags, req.gpu_memory_bytes, {**os.environ, **req.extra_env})
     folder = modeldir.model_folder(req.model, req.config, env)
-    flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes))
+    flags.update(gpu_batch_flags(req.config, flags, req.gpu_memory_bytes, req.version))
     flags.update(published_block_flags(req.config, flags, req.version))
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
