@@ -68,7 +68,7 @@ def test_an_unknown_version_lists_the_known_ones_and_the_policy_key(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_expectations(path)
     known = ", ".join(KNOWN_VERSIONS["vllm"])
-    assert known.startswith("0.9.2, 0.10.1.1, 0.11.0, 0.11.1, ") and known.endswith(", 0.32.0, 0.33.0")
+    assert known.startswith("0.9.2, 0.10.0, 0.10.1, 0.10.1.1, 0.10.2, 0.11.0, ") and known.endswith(", 0.33.0, 0.34.0")
     assert str(err.value) == (f"{path}: version: expected a vllm version kvprobe has facts for ({known}), "
                               "or name the admission policy "
                               "with `policy:` (vllm-0.33, vllm-0.11, "

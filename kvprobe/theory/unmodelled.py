@@ -5,8 +5,8 @@ kvprobe does not model *and* the inputs reach the changed behaviour; the ledger 
 modelled since vLLM 0.20.0: ...") instead of predicting with the other side's rule.
 
 The entries are those of the engines' release notes kept beside the project
-(`release-changes.md`: V1-V15 vLLM, S1-S10 SGLang); docs/ledger.md has the table of all 25 with
-where kvprobe models each one.
+(`release-changes.md`: V1-V15 vLLM, S1-S10 SGLang; V16 read in vLLM 0.34.0's wheel); docs/ledger.md
+has the table of all 26 with where kvprobe models each one.
 """
 
 from __future__ import annotations

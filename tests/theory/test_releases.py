@@ -82,7 +82,7 @@ def test_each_vllm_release_runs_the_rules_its_source_has(version):
 
 
 def test_every_vllm_release_read_is_known_and_every_known_one_was_read():
-    assert set(READ) | {"0.9.2", "0.33.0"} == set(KNOWN_VERSIONS["vllm"])
+    assert set(READ) | {"0.9.2", "0.33.0", "0.34.0"} == set(KNOWN_VERSIONS["vllm"])
 
 
 def test_a_rule_is_keyed_by_the_release_that_changed_it():
@@ -165,9 +165,9 @@ def test_the_watermark_is_read_from_0_24_0_and_refused_before():
 
 
 def _llama_24gib(version: str, **flags):
+    flags.setdefault("gpu_memory_bytes", 24 * 2**30)
     return build_ledger(LedgerInputs(engine="vllm", engine_version=version, model="meta-llama/Llama-3.1-8B",
-                                     gpu_memory_bytes=24 * 2**30, max_model_len=8192, prompt_tokens=512,
-                                     output_tokens=256, **flags))
+                                     max_model_len=8192, prompt_tokens=512, output_tokens=256, **flags))
 
 
 def test_a_defaulted_max_num_seqs_is_lowered_to_a_smaller_token_budget_from_0101():
@@ -190,3 +190,26 @@ def test_kv_cache_memory_bytes_is_a_flag_from_0102():
     with pytest.raises(ConfigError, match="vLLM 0.10.1 has no --kv-cache-memory-bytes"):
         _llama_24gib("0.10.1", kv_cache_memory_bytes=4 * 2**30)
     assert _llama_24gib("0.10.2", kv_cache_memory_bytes=4 * 2**30).capacity.num_blocks == 4 * 2**30 // (16 * 131072)
+
+
+def test_0340_reserves_at_full_utilisation_and_leaves_its_measured_pool_unmodelled():
+    """0.34.0's extensible KV cache (config/cache.py L395, config/vllm.py L3180-3268): on by default on a CUDA
+    GPU, off when the pool is given; utilisation 1.0 unless given (config/cache.py L494-501); the pool it
+    measures after warm-up is not predicted (V16). Off, 0.33.0's rules at 0.92 size it, in 64-token blocks
+    (config/cache.py L185)."""
+    h100 = dict(gpu_memory_bytes=int(79.19 * 2**30))
+    on = _llama_24gib("0.34.0", **h100)
+    assert on.budget.fraction == 1.0 and on.budget.source == "reservation" and on.admission is None
+    assert len(on.not_modelled) == 1 and on.not_modelled[0].startswith("not modelled since vLLM 0.34.0: the extensible")
+    assert on.capacity.block_size == 64
+    off = _llama_24gib("0.34.0", enable_extensible_kv_cache=False, **h100)
+    old = _llama_24gib("0.33.0", **h100)
+    assert off.budget.fraction == old.budget.fraction == 0.92 and off.admission is not None
+    assert off.budget.kv_pool_bytes == old.budget.kv_pool_bytes  # the same bytes, in blocks four times larger
+    assert (off.capacity.block_size, old.capacity.block_size) == (64, 16)
+    assert off.capacity.num_blocks == old.budget.kv_pool_bytes // (64 * 131072)
+    # a pool given turns it off (L3203, L3208): predicted as before
+    given = _llama_24gib("0.34.0", num_gpu_blocks_override=2000, **h100)
+    assert given.admission is not None and not given.not_modelled and given.budget.fraction == 0.92
+    with pytest.raises(ConfigError, match="vLLM 0.33.0 has no --enable-extensible-kv-cache"):
+        _llama_24gib("0.33.0", enable_extensible_kv_cache=True)

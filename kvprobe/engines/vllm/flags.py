@@ -49,6 +49,10 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("kv-cache-memory-bytes", str, None, "the KV pool in bytes (10G = 10 GiB, 10g = 10^10), instead of profiling "
          "memory", emulated=False,
          kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
+    # 0.34.0 on (kvprobe/theory/vllm/releases.py EXTENSIBLE_KV_CACHE_FROM): the pool sized after warm-up
+    Flag("enable-extensible-kv-cache", None, None, "size the KV pool after warm-up and CUDA-graph capture (vLLM "
+         "0.34.0 on; default: on a CUDA GPU unless the pool is given)", negatable=True, emulated=False,
+         ledger="enable_extensible_kv_cache"),
     Flag("kv-cache-dtype", str, "auto", "the KV cache dtype (auto: the model's)", emulated=False,
          ledger="kv_cache_dtype"),
     Flag("quantization", str, None, "the weights' quantisation method (fp8: online FP8 of a 16-bit checkpoint)",

@@ -34,6 +34,7 @@ from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_pla
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.theory.vllm.releases import (
     active_seqs_refusal,
+    default_block_size,
     running_cap,
     vllm_default_gpu_memory_utilization,
     watermark_refusal,
@@ -146,6 +147,8 @@ class Emulator:
         self.served_model_name = f.get("served-model-name") or s.model
         self.created = int(time.time())
         if self.engine == "vllm":
+            if s.flags.get("block-size") is None:  # the release's own default (16; 64 from 0.34.0)
+                f["block-size"] = default_block_size(self.version)
             blocks = f["num-gpu-blocks-override"]
             if not blocks or blocks < 2:
                 raise ConfigError("--num-gpu-blocks-override is required (the pool in blocks, >= 2)",

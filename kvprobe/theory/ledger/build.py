@@ -30,11 +30,14 @@ from kvprobe.theory.sglang.pools import (
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS, scheduler_rules
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
-from kvprobe.theory.vllm.budget import VLLM_DEFAULT_BLOCK_SIZE, vllm_batch_sizes, vllm_budget
+from kvprobe.theory.vllm.budget import vllm_batch_sizes, vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.theory.vllm.releases import (
     active_seqs_refusal,
+    default_block_size,
+    extensible_kv_cache,
+    extensible_kv_cache_refusal,
     kv_cache_memory_refusal,
     running_cap,
     watermark_refusal,
@@ -117,12 +120,19 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
     # a flag this release's `vllm serve` lacks: the command line is parsed before anything else
-    absent = [(key, text) for key, text in (("watermark", watermark_refusal(version, inputs.watermark)),
-              ("kv_cache_memory_bytes", kv_cache_memory_refusal(version, inputs.kv_cache_memory_bytes))) if text]
+    absent = [(key, text) for key, text in (
+        ("watermark", watermark_refusal(version, inputs.watermark)),
+        ("kv_cache_memory_bytes", kv_cache_memory_refusal(version, inputs.kv_cache_memory_bytes)),
+        ("enable_extensible_kv_cache", extensible_kv_cache_refusal(version, inputs.enable_extensible_kv_cache)),
+    ) if text]
     flag_refusal = absent[0][1] if absent else None
     if absent and refuse:
         raise ConfigError(flag_refusal, key=absent[0][0])
-    startup = _vllm_free_memory_refusal(inputs, version)  # vLLM checks it first, at worker init
+    extensible = extensible_kv_cache(version, inputs.enable_extensible_kv_cache,
+                                     kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
+                                     num_gpu_blocks_override=inputs.num_gpu_blocks_override)
+    # vLLM checks it first, at worker init; not with the extensible KV cache (0.34.0 v1/worker/utils.py L759-762)
+    startup = None if extensible else _vllm_free_memory_refusal(inputs, version)
     if startup is not None and refuse:
         raise ConfigError(startup, key="gpu_free_memory")
     max_len = _derived_len(inputs, geom, inputs.max_model_len, "max_model_len")
@@ -138,7 +148,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     plan_opts, window = None, window_rules(version)
     if geom.layers.hybrid:  # the engine settings a hybrid layout depends on (vllm/hybrid/kv_cache_spec.VllmOptions)
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
-                                VLLM_DEFAULT_BLOCK_SIZE, tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
+                                default_block_size(version), tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching,
                                 window_in_flight=window.in_flight)
     bud = vllm_budget(
@@ -148,7 +158,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         pp=inputs.pp, kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, estimates=inputs.estimates,
         auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts,
-        gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH, gpu_sms=inputs.gpu_sms, enforce_eager=inputs.enforce_eager)
+        gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH, gpu_sms=inputs.gpu_sms, enforce_eager=inputs.enforce_eager,
+        extensible=extensible)
     groups, not_modelled = (), None
     if bud.plan is not None:
         try:

@@ -44,6 +44,8 @@ class LedgerInputs:
     num_gpu_blocks_override: int | None = None
     max_total_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
+    # vLLM 0.34.0 --[no-]enable-extensible-kv-cache; None: the engine resolves it (theory/vllm/releases.py)
+    enable_extensible_kv_cache: bool | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     users: int | None = None

@@ -21,6 +21,7 @@ from kvprobe.theory.vllm.releases import (
     KV_SIZE_LINE_FROM,
     SEQS_TO_TOKEN_BUDGET_FROM,
     WATERMARK_FROM,
+    extensible_kv_cache,
     legacy_kv_size_line,
     seqs_lowered_to_token_budget,
     window_rules,
@@ -70,7 +71,10 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
         version=version, kinds=geom.layers.kinds, max_model_len_auto=inputs.max_model_len == -1, max_num_seqs=seqs,
         max_num_batched_tokens_given=inputs.max_num_batched_tokens is not None,
         gpu_memory_bytes=inputs.gpu_memory_bytes, prefix_caching=caching, num_blocks=bud.num_blocks,
-        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None)
+        num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None,
+        extensible_kv_cache=extensible_kv_cache(version, inputs.enable_extensible_kv_cache,
+                                                kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
+                                                num_gpu_blocks_override=inputs.num_gpu_blocks_override))
     applied = []
     if bud.rules:
         applied.append(("memory profile", bud.rules))

@@ -60,7 +60,7 @@ def _render_sections(led: Ledger) -> list[str]:
     out.append(render_table(["budget", "value", "how"], _budget_rows(led), align="lrl"))
     unit = "blocks" if vllm else "pages"
     cap_rows = [
-        [f"pool ({unit})", c.num_blocks, "num_gpu_blocks as logged (null block included)" if vllm
+        [f"pool ({unit})", c.num_blocks, _logged_blocks(led) if vllm
          else f"max_total_num_tokens / page_size {c.block_size}"],
         [f"usable {unit}", c.usable_blocks, "minus the null block" if vllm else "-"],
         ["block size (tokens)", c.block_size, f"{format_bytes(c.bytes_per_block)} per block"],
@@ -148,6 +148,12 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
     ]
 
 
+def _logged_blocks(led: Ledger) -> str:
+    if getattr(led.budget, "source", None) == "reservation":  # 0.34.0 logs the pool measured after warm-up
+        return "the reservation's blocks (the engine logs the pool it measures after warm-up)"
+    return "num_gpu_blocks as logged (null block included)"
+
+
 def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
     """The memory split, then the pool labelled by what really sized it: the profiled split, the
     bytes given by --kv-cache-memory-bytes, or the blocks given by --num-gpu-blocks-override."""
@@ -179,6 +185,9 @@ def _vllm_budget_rows(b: VllmBudget, how) -> list[list[object]]:
                      if profiled else "no GPU memory given: not profiled"])
         rows.append(["= KV pool", format_bytes(b.num_blocks * b.bytes_per_block),
                      f"num-gpu-blocks-override: {b.num_blocks} blocks x {format_bytes(b.bytes_per_block)}"])
+    elif b.source == "reservation":
+        rows.append(["= KV pool", profiled, "the reservation the profile run gives (the engine's 'Available KV "
+                     "cache memory'); the pool is measured after warm-up: not modelled"])
     else:
         rows.append(["= KV pool", profiled, "profiled: requested - weights - other - activation - graphs"])
     rows.append(["KV pool upper bound", None if b.kv_pool_bytes_upper is None else format_bytes(b.kv_pool_bytes_upper),

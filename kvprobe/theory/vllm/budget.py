@@ -38,20 +38,22 @@ from kvprobe.theory.vllm.memory_profile import (
     sampler_warmup_bytes,
 )
 from kvprobe.theory.vllm.releases import (
+    default_block_size,
     legacy_kv_size_line,
     seqs_lowered_to_token_budget,
     vllm_default_gpu_memory_utilization,
 )
 
-VLLM_DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE (config/cache.py L185)
+# CacheConfig.DEFAULT_BLOCK_SIZE through 0.33.0 (config/cache.py L185; 0.34.0: 64, releases.default_block_size)
+VLLM_DEFAULT_BLOCK_SIZE = 16
 # MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
 # update_block_size_for_backend; FlashMLA's get_supported_kernel_block_sizes is [64]); the
 # DSA indexer kernels are likewise fixed at 64 (seed 002). We assume that backend for MLA models.
 VLLM_MLA_BLOCK_SIZE = 64
 
 
-def vllm_default_block_size(geom: ModelGeometry) -> int:
-    return VLLM_MLA_BLOCK_SIZE if geom.attention == "mla" else VLLM_DEFAULT_BLOCK_SIZE
+def vllm_default_block_size(geom: ModelGeometry, version: str = VLLM_DEFAULT_VERSION) -> int:
+    return default_block_size(version, mla=geom.attention == "mla")
 
 
 def vllm_batch_defaults(gpu_memory_bytes: int | None, max_model_len: int, *,
@@ -223,7 +225,9 @@ class VllmBudget:
     max_model_len: int
     max_concurrency_at_max_model_len: float
     fits_max_model_len: bool
-    source: str  # "profiled" | "kv_cache_memory_bytes" | "num_gpu_blocks_override"
+    # "profiled" | "kv_cache_memory_bytes" | "num_gpu_blocks_override" | "reservation" (0.34.0's extensible
+    # KV cache: the profiled split only reserves, the pool is measured after warm-up)
+    source: str
     estimates: dict[str, int] = field(default_factory=dict)  # the non-KV terms that were estimated
     # vLLM's start-up refusal text when it would not start with this pool (vllm_budget(refuse=False)),
     # and the largest max_model_len the pool holds: (num_blocks - 1) x block_size, as vLLM's message says.
@@ -301,8 +305,10 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
                 kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                 estimates: dict[str, int] | None = None, auto_fit: bool = False,
                 refuse: bool = True, plan_opts: VllmOptions | None = None, gpu_arch: str = "sm90",
-                gpu_sms: int | None = None, enforce_eager: bool = False) -> VllmBudget:
-    """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit.
+                gpu_sms: int | None = None, enforce_eager: bool = False, extensible: bool = False) -> VllmBudget:
+    """Pool of one worker. `auto_fit` = `--max-model-len auto`: shrink max_model_len to fit. `extensible`:
+    0.34.0's extensible KV cache, whose profile run only reserves (utilisation 1.0 unless given); the pool it
+    measures after warm-up is not modelled (theory/vllm/unmodelled.py V16), the reservation is what is shown.
 
     Where vLLM would refuse to start (one max_model_len request does not fit the pool), this raises
     its message as a ConfigError; with `refuse=False` the budget is returned with `refusal` set, so
@@ -321,14 +327,14 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if unknown:
         raise ConfigError(f"unknown estimate(s) {sorted(unknown)}; expected activation_bytes, "
                           "cudagraph_bytes, other_bytes", key="estimates")
-    block = block_size or vllm_default_block_size(geom)
+    block = block_size or vllm_default_block_size(geom, version or VLLM_DEFAULT_VERSION)
     bytes_per_block = kv.total * block  # layers_on_rank x page bytes (MLA: one latent, no factor 2)
     if geom.layers.hybrid:
         _, layout, bytes_per_block, _, _ = plan_layout(geom, plan_opts, max_model_len)
         block = layout[0].block_size if layout[0].spec != MAMBA_SPEC else \
             next((g.block_size for g in layout if g.spec != MAMBA_SPEC), layout[0].block_size)
     fraction = gpu_memory_utilization if gpu_memory_utilization is not None else \
-        vllm_default_gpu_memory_utilization(version)
+        vllm_default_gpu_memory_utilization(version, extensible=extensible)
     if not 0 < fraction <= 1:
         raise ConfigError(f"expected 0 < gpu_memory_utilization <= 1, got {fraction}",
                           key="gpu_memory_utilization")
@@ -351,7 +357,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if kv_cache_memory_bytes is not None:
         kv_pool, source = kv_cache_memory_bytes, "kv_cache_memory_bytes"
     elif requested is not None:
-        kv_pool, source = split.kv_pool, "profiled"
+        kv_pool, source = split.kv_pool, "reservation" if extensible else "profiled"
     else:
         kv_pool, source = None, "num_gpu_blocks_override"
     if num_gpu_blocks_override is not None:
@@ -363,6 +369,9 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     else:
         num_blocks, available = max(0, kv_pool // bytes_per_block), kv_pool
     described = rules.describe() + ("; --enforce-eager: no CUDA graphs profiled or captured" if enforce_eager else "")
+    if extensible:  # 0.34.0: the profile run's pool is a reservation (gpu_worker.py L796 logs it)
+        described += ("; extensible KV cache: this is the reservation (utilisation "
+                      f"{fraction:g}), the pool is measured after warm-up (not modelled)")
     if geom.layers.hybrid:
         split_only = VllmBudget(gpu_memory_bytes, fraction if kv_cache_memory_bytes is None else None, requested,
                                 weights, other, act, graph, kv_pool, upper, bytes_per_block, num_blocks, upper_blocks,

@@ -45,6 +45,50 @@ def seqs_lowered_to_token_budget(version: str) -> bool:
     return version_tuple(version) >= SEQS_TO_TOKEN_BUDGET_FROM
 
 
+# The first release whose default block size is 64 tokens: 0.34.0's config/cache.py L185
+# `DEFAULT_BLOCK_SIZE = 64` (0.33.0 L185: 16), the start of every backend's preferred size
+# (platforms/interface.py L783 update_block_size_for_backend, v1/attention/backend.py L158-166 unchanged):
+# FlashAttention, Triton and FlashInfer take it as is, FlashInfer-MLA 64 for 32; FlashMLA stays 64 (the
+# ledger's MLA size, budget.VLLM_MLA_BLOCK_SIZE, on every release). Hybrid Mamba models align their
+# attention block to it (platforms/interface.py L1080-1086, same code as 0.33.0).
+BLOCK_SIZE_64_FROM = (0, 34)
+
+
+def default_block_size(version: str, *, mla: bool = False) -> int:
+    """The tokens per KV cache block `vllm serve` `version` takes when --block-size is not given (on a
+    CUDA GPU, with the backend kvprobe assumes: FlashAttention, or FlashMLA for MLA)."""
+    return 64 if mla or version_tuple(version) >= BLOCK_SIZE_64_FROM else 16
+
+
+# The first release with the extensible KV cache (`--enable-extensible-kv-cache`, on by default on CUDA
+# and ROCm): 0.34.0's config/cache.py L395 `enable_extensible_kv_cache: bool = Field(default=None)`,
+# resolved in config/vllm.py L3180-3268 `_resolve_extensible_kv_cache` — on unless the platform is not
+# CUDA-alike (L3201), `kv_cache_memory_bytes` (L3203) or `num_gpu_blocks_override` (L3208) is set, or a
+# KV connector or elastic EP needs the old path. The profile run then only reserves (utilisation 1.0 unless
+# given: config/cache.py L494-501 `resolved_gpu_memory_utilization`); the pool is measured after warm-up and
+# CUDA-graph capture (v1/worker/extensible_kv_cache.py L592-708, v1/core/kv_cache_planning.py L1864-1906),
+# which the ledger does not model (theory/vllm/unmodelled.py V16). 0.33.0 has neither field nor flag.
+EXTENSIBLE_KV_CACHE_FROM = (0, 34)
+
+
+def extensible_kv_cache(version: str, given: bool | None, *, kv_cache_memory_bytes: int | None,
+                        num_gpu_blocks_override: int | None) -> bool:
+    """Does `vllm serve` `version` on a CUDA GPU size its pool after warm-up (the extensible KV cache)?"""
+    if version_tuple(version) < EXTENSIBLE_KV_CACHE_FROM:
+        return False
+    if given is not None:
+        return given
+    return kv_cache_memory_bytes is None and num_gpu_blocks_override is None
+
+
+def extensible_kv_cache_refusal(version: str, given: bool | None) -> str | None:
+    """What `vllm serve` before 0.34.0 says when given --[no-]enable-extensible-kv-cache, or None."""
+    if given is None or version_tuple(version) >= EXTENSIBLE_KV_CACHE_FROM:
+        return None
+    flag = "--enable-extensible-kv-cache" if given else "--no-enable-extensible-kv-cache"
+    return f"vLLM {version} has no {flag} (it came in 0.34.0): vllm: error: unrecognized arguments: {flag}"
+
+
 # Window and chunked-local KV cache groups (a hybrid model's; release-changes.md V4, V5, V7):
 # - the admission cap, 0.20.0 on: the full-sequence check charges a window group at most
 #   `max_admission_blocks_per_request` (kv_cache_interface.py, 0.33.0 L918-944); through 0.19.1 it charges
@@ -149,9 +193,10 @@ def running_cap(max_num_seqs: int, max_num_active_seqs: int | None) -> int:
     return max_num_seqs if max_num_active_seqs is None else min(max_num_seqs, max_num_active_seqs)
 
 
-def vllm_default_gpu_memory_utilization(version: str | None = None) -> float:
-    """`config/cache.py`'s default: 0.9 up to 0.19.1, 0.92 from 0.20.0 (memory_profile.RULES names the lines)."""
-    return profile_rules(version or VLLM_DEFAULT_VERSION).gpu_memory_utilization
+def vllm_default_gpu_memory_utilization(version: str | None = None, *, extensible: bool = False) -> float:
+    """`config/cache.py`'s default: 0.9 up to 0.19.1, 0.92 from 0.20.0 (memory_profile.RULES names the lines);
+    1.0 with 0.34.0's extensible KV cache (`resolved_gpu_memory_utilization`, L494-501)."""
+    return 1.0 if extensible else profile_rules(version or VLLM_DEFAULT_VERSION).gpu_memory_utilization
 
 
 # What each policy's rule says, in the words a diff between two releases names it with (`kvprobe diff`).

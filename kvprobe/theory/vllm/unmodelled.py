@@ -1,8 +1,8 @@
 """vLLM's release changes kvprobe has no model for: one row each, with the release, the side of it
 kvprobe does not model, the engine file and line, and when a configuration reaches the change
-(`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 25 entries). The
-window groups' rules of V4 and V5 and the capacity line of V7 are modelled (theory/vllm/releases.py
-WindowRules, KV_SIZE_LINE_FROM).
+(`kvprobe.theory.unmodelled` says how the ledger uses them; docs/ledger.md has all 26 entries; V16 is not
+in release-changes.md). The window groups' rules of V4 and V5 and the capacity line of V7 are modelled
+(theory/vllm/releases.py WindowRules, KV_SIZE_LINE_FROM).
 
 Read in the released wheels (`vllm/...`): a row's first release was found by reading the same
 function in every release from 0.18.1 to 0.33.0 (and 0.12.0-0.14.0 for V14), and its sources cite the
@@ -36,6 +36,7 @@ class VllmFacts:
     num_blocks: int = 0  # the pool as logged (null block included)
     num_gpu_blocks_override: int | None = None
     refused: bool = False  # the ledger's startup check refuses this configuration
+    extensible_kv_cache: bool = False  # 0.34.0's, as the release resolves it (releases.extensible_kv_cache)
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds
@@ -56,6 +57,10 @@ def _large_gpu_default_budget(f: VllmFacts) -> bool:
 
 def _auto_len(f: VllmFacts) -> bool:
     return f.max_model_len_auto
+
+
+def _pool_after_warmup(f: VllmFacts) -> bool:
+    return f.extensible_kv_cache and f.gpu_memory_bytes is not None
 
 
 def _mamba_prefix_caching(f: VllmFacts) -> bool:
@@ -113,6 +118,23 @@ ROWS: tuple[Unmodelled, ...] = (
          "0.28.0 model_executor/models/config.py L603-604: 'align' (0.33.0 L764-765); first in 0.28.0, not "
          "0.33.0 as taken from release-changes.md V15 (which names no first release for it)"),
         _mamba_prefix_caching),
+    # Not in release-changes.md (it lists changes to 0.33.0): found in the 0.34.0 wheel against 0.33.0's.
+    Unmodelled(
+        "V16", ENGINE, "0.34.0", "since", "pool",
+        "the extensible KV cache (on by default on a CUDA GPU): the profile run only reserves (utilisation 1.0 "
+        "unless given), and the pool is measured after warm-up and CUDA-graph capture — the free memory then, "
+        "less max(1 GiB, 0.75 x the activation peak) and the larger of that peak and torch's reserve growth, "
+        "which no configuration gives; give --num-gpu-blocks-override or --kv-cache-memory-bytes, or "
+        "--no-enable-extensible-kv-cache for the profiled pool of 0.33.0's rules",
+        ("0.34.0 config/cache.py L395 enable_extensible_kv_cache, config/vllm.py L3180-3268 "
+         "_resolve_extensible_kv_cache (on unless not CUDA-alike, kv_cache_memory_bytes or "
+         "num_gpu_blocks_override set, or a KV connector needs the old path)",
+         "0.34.0 v1/worker/extensible_kv_cache.py L592-618 measure_kv_cache_bytes (margin L64-65: 1 GiB floor), "
+         "L621-708 measure_kv_cache_blocks; v1/core/kv_cache_planning.py L1864-1906 finalize_extensible_kv_cache "
+         "(num_blocks = min(measured, reserved)); v1/worker/gpu/model_runner.py L1121-1125: no graph estimate",
+         "0.33.0 has no such path (config/cache.py L215 gpu_memory_utilization = 0.92, the pool from "
+         "determine_available_memory)"),
+        _pool_after_warmup),
 )
 
 
