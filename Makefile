@@ -37,6 +37,8 @@ bench: $(STAMP)
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
+	-$(BIN)/kvprobe diff expectations/diff/vllm-block-size.yaml --versions 0.33.0,0.34.0 \
+		--artifacts artifacts/matrix/vllm-block-size
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos.yaml --versions 0.5.20,0.5.21,0.5.22,0.5.23 \
 		--artifacts artifacts/matrix/sglang
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions 0.5.21,0.5.23 --install \

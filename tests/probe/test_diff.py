@@ -176,6 +176,23 @@ def test_a_capacity_line_that_follows_its_pool_is_no_change_of_its_own():
     assert found["engine's capacity line (tokens)"]["explanation"] == UNEXPLAINED
 
 
+def test_a_pool_moved_by_the_default_block_size_names_that_rule():
+    # vLLM 0.34.0 takes 64-token blocks where 0.33.0 took 16 (config/cache.py L185): the same override of
+    # 201 blocks holds four times the tokens, and the plateau moves with it
+    def rules(version):
+        led = build_ledger(LedgerInputs(engine="vllm", engine_version=version, model="meta-llama/Llama-3.1-8B",
+                                        num_gpu_blocks_override=201, max_model_len=2048, prompt_tokens=512,
+                                        output_tokens=256, async_scheduling=True)).to_dict()
+        return {r["aspect"]: r["rule"] for r in led["release_rules"]}, led["admission"]["limit"]
+    (old_rules, old_limit), (new_rules, new_limit) = rules("0.33.0"), rules("0.34.0")
+    assert new_limit > 3 * old_limit
+    found = changes_between(figures(release_rules=old_rules, predicted=old_limit),
+                            figures(version="0.34.0", release_rules=new_rules, predicted=new_limit,
+                                    rejection_point=new_limit))
+    assert found["rejection point"]["explained"]
+    assert "block size: 64 tokens, this release's default" in found["rejection point"]["explanation"]
+
+
 def test_a_release_that_refuses_is_a_change_of_startup():
     refused = figures(startup="refused", ledger_startup="refused", refusal="To serve at least one request ...",
                       pool=None, rejection_point=None, usage_at_saturation=None, binding=None,

@@ -160,7 +160,7 @@ def test_sglang_ledger_says_the_running_cap_is_not_modelled_before_0_5_14():
 
 @pytest.mark.parametrize("engine,version,aspects", [
     ("vllm", "0.18.1", {"memory profile", "max_num_seqs / max_num_batched_tokens", "scheduling",
-                        "KV cache size figure", "admission policy"}),
+                        "KV cache size figure", "block size", "admission policy"}),
     ("sglang", "0.5.13", {"mem_fraction_static", "max_running_requests", "max_new_tokens", "scheduler loop",
                           "admission policy"}),
 ])

@@ -18,9 +18,11 @@ from kvprobe.theory.vllm.releases import (
     ACTIVE_SEQS_FROM,
     ACTIVE_SEQS_RULE,
     ASYNC_DEFAULT_FROM,
+    BLOCK_SIZE_64_FROM,
     KV_SIZE_LINE_FROM,
     SEQS_TO_TOKEN_BUDGET_FROM,
     WATERMARK_FROM,
+    default_block_size,
     extensible_kv_cache,
     legacy_kv_size_line,
     seqs_lowered_to_token_budget,
@@ -61,6 +63,9 @@ class ReleaseRules:
 # where that line moved beyond its pool.
 KV_SIZE_LINE, KV_CACHE_GROUPS = "KV cache size figure", "KV cache groups"
 CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, KV_CACHE_GROUPS)
+# The block size a release takes when none is given moves the pool's blocks and every request's: named
+# wherever a figure moved with it.
+BLOCK_SIZE = "block size"
 
 
 def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: bool,
@@ -88,6 +93,12 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
                   f"; max_num_seqs not lowered to the token budget (before vLLM {since}: a smaller budget is "
                   "refused)")
     applied.append(("max_num_seqs / max_num_batched_tokens", batch))
+    if inputs.block_size and inputs.block_size != default_block_size(version, mla=geom.attention == "mla"):
+        applied.append((BLOCK_SIZE, f"{inputs.block_size} tokens, given"))
+    else:  # not given, or given (or published by the engine) as the release's default
+        since = ".".join(map(str, BLOCK_SIZE_64_FROM))
+        applied.append((BLOCK_SIZE, f"{bud.block_size} tokens, this release's default (16 before vLLM {since}.0, "
+                                    "64 from it: config/cache.py L185; MLA 64 on every release)"))
     if inputs.max_num_active_seqs is not None:
         effect = (f"refused: vLLM {version} has no such flag" if version_tuple(version) < ACTIVE_SEQS_FROM
                   else f"RUNNING capped at {min(seqs, inputs.max_num_active_seqs)}")
