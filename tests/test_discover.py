@@ -98,15 +98,15 @@ def test_no_gpu_memory_and_no_pool_flag_takes_the_engines_pool(tmp_path):
 
 def test_versions_the_engine_reports(tmp_path):
     exp = staging(tmp_path, served_model_name="staging-llama")
-    reports = [*real_vllm_reports()[:2], ("GET /version", ReportedCapacity(version="0.34.0"))]
+    reports = [*real_vllm_reports()[:2], ("GET /version", ReportedCapacity(version="0.35.0"))]
     known = re.escape(", ".join(KNOWN_VERSIONS["vllm"]))
-    with pytest.raises(ConfigError, match=r"reports vllm 0.34.0: expected a vllm version kvprobe has facts for "
+    with pytest.raises(ConfigError, match=r"reports vllm 0.35.0: expected a vllm version kvprobe has facts for "
                                           rf"\({known}\), or name the admission policy with `policy:`"):
         discover(exp, facts(reports))
     chosen = staging(tmp_path, served_model_name="staging-llama", version="0.33.0", policy="vllm-0.33")
     disc = discover(chosen, facts(reports))
     assert [c.key for c in disc.contradictions] == ["version"]
-    assert disc.expectation(chosen).version == "0.34.0"
+    assert disc.expectation(chosen).version == "0.35.0"
     # a build label is not another version
     same = discover(exp, facts([("GET /version", ReportedCapacity(version="0.33.0+cu128"))]))
     assert same.contradictions == []

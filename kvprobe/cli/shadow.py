@@ -22,7 +22,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sub.required = True
     inst = sub.add_parser("install", help="make the engine environment for ENGINE==VERSION")
     inst.add_argument("spec", metavar="ENGINE==VERSION",
-                      help="e.g. vllm==0.33.0 or sglang==0.5.23 (an engine alone: its newest known version)")
+                      help="e.g. vllm==0.33.0 or sglang==0.5.23 (an engine alone: the release kvprobe defaults to)")
     inst.add_argument("--force", action="store_true", help="rebuild even when the environment is ready")
     inst.set_defaults(func=_install)
     lst = sub.add_parser("list", help="the versions kvprobe can install, which are installed, and the disk each takes")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from kvprobe.releases import version_tuple
+
 
 @dataclass(frozen=True)
 class MetricMap:
@@ -92,6 +94,12 @@ class Flag:
     # The `kvprobe.theory.ledger.build.LedgerInputs` field this flag sets, when the ledger reads it: the one
     # mapping used by expectations (spec/flags.py `flag_ledger_kwargs`) and `kvprobe ledger`'s options.
     ledger: str | None = None
+    # The first release with this flag (its theory's release rule); None: every release kvprobe knows. An
+    # engine that does not publish a flag its release lacks assumes nothing about it.
+    since: tuple[int, ...] | None = None
+
+    def in_release(self, version: str | None) -> bool:
+        return self.since is None or version is None or version_tuple(version) >= self.since
 
     @property
     def dest(self) -> str:

@@ -144,7 +144,8 @@ def discover(exp, facts) -> Discovery:
             flags[name] = value
     contradictions += _identity_contradictions(exp, rep)
     assumed = [Assumed(name, exp.flags.get(name), "expectation" if name in exp.flags else "default")
-               for name, flag in dialect.FLAGS.items() if flag.ledger and name not in published]
+               for name, flag in dialect.FLAGS.items()
+               if flag.ledger and name not in published and flag.in_release(rep.version or exp.version)]
     disc = Discovery(engine, rep.version, rep.served_model_name, rep.model_path, flags, published, assumed,
                      contradictions, declared_by=said_by)
     _pool_from_report(disc, exp, rep)

@@ -126,3 +126,11 @@ def test_an_mla_model_gets_the_gpus_block_size_where_the_api_server_would_publis
     flags = vllm_target.published_block_flags(config, {}, version)
     assert flags == ({"block-size": given} if given else {})
     assert vllm_target.published_block_flags(config, {"block-size": 16}, version) == {}
+
+
+@pytest.mark.parametrize(("version", "env"), [("0.18.1", {}), ("0.33.0", {}), ("0.34.0", {"CUDA_VISIBLE_DEVICES": ""})])
+def test_a_release_whose_cpu_platform_requires_triton_runs_with_no_visible_gpu(version, env):
+    # 0.34.0's platforms/cpu.py L241-243 refuses x86 without Triton; vLLM keeps its Triton with no active
+    # driver only when CUDA_VISIBLE_DEVICES is set and empty (target.TRITON_REQUIRED_FROM)
+    assert vllm_target.triton_env(version) == env
+

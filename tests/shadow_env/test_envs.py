@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kvprobe.errors import ConfigError
+from kvprobe.releases import DEFAULT_VERSIONS, version_tuple
 from kvprobe.targets.shadow import envs
 from kvprobe.targets.shadow.sglang import env as sglang_env
 from kvprobe.targets.shadow.vllm import env as vllm_env
@@ -88,7 +89,8 @@ def test_unknown_version_lists_known_ones():
         envs.recipe("vllm", "9.9.9")
 
 
-@pytest.mark.parametrize(("spec", "expected"), [("vllm==0.33.0", ("vllm", "0.33.0")), ("VLLM", ("vllm", "0.33.0"))])
+@pytest.mark.parametrize(("spec", "expected"), [("vllm==0.33.0", ("vllm", "0.33.0")),
+                                                 ("vllm==0.18.1", ("vllm", "0.18.1")), ("VLLM", ("vllm", "0.33.0"))])
 def test_parse_spec(spec, expected):
     assert envs.parse_spec(spec) == expected
 
@@ -198,7 +200,9 @@ def test_the_vllm_releases_share_the_plugin_step_and_build_apart(tmp_path, monke
     assert len({r.digest for r in recipes}) == len(vllm_env.RELEASES)
     assert envs.env_for("vllm", "0.19.1").root.name.startswith("vllm-0.19.1-")
     assert {"0.18.1", "0.19.1", "0.33.0"} <= set(envs.known_versions("vllm"))
-    assert envs.parse_spec("vllm") == ("vllm", "0.33.0")  # the newest stays the default
+    # an engine alone is the default release (releases.py), not the newest recipe (0.34.0 has one)
+    assert max(envs.known_versions("vllm"), key=version_tuple) == "0.34.0"
+    assert envs.parse_spec("vllm") == ("vllm", DEFAULT_VERSIONS["vllm"]) == ("vllm", "0.33.0")
 
 
 def test_vllm_0_19_1_pins_differ_from_0_18_1_only_where_its_wheel_does():

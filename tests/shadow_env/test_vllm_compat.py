@@ -12,15 +12,17 @@ from collections import namedtuple
 import pytest
 
 MODULE = "kvprobe.targets.shadow.vllm.compat"
-RELEASES = ["0.18.1", "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.33.0"]
+RELEASES = ["0.18.1", "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.33.0", "0.34.0"]
 
 
 def _stand_in_vllm(monkeypatch, version: str) -> None:
     """A `vllm` whose `__version__` is `version`, with 0.33's `CompilationTimes`, `get_kv_quant_mode` and
-    `_DEFAULT_LAYOUT_PREFERENCE` (the names compat imports on the new side)."""
+    `_DEFAULT_LAYOUT_PREFERENCE` (the names compat imports on the new side), and a `ModelRunnerOutput` that
+    returns its keywords."""
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.worker", "vllm.v1.worker.worker_base", "vllm.v1.kv_cache_interface",
-        "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils")}
+        "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils", "vllm.v1.outputs")}
+    modules["vllm.v1.outputs"].ModelRunnerOutput = lambda **kw: kw  # the keywords the worker passes
     modules["vllm"].__version__ = version
     modules["vllm.v1.worker.worker_base"].CompilationTimes = namedtuple("CompilationTimes", "language_model encoder")
     modules["vllm.v1.kv_cache_interface"].get_kv_quant_mode = lambda dtype: f"mode({dtype})"
@@ -114,3 +116,44 @@ def test_window_specs_take_the_value_head_field_their_release_has(compat_of, ver
     assert compat.attention_fields("FullAttentionSpec", 64) == {"head_size_v": 64}
     assert compat.attention_fields("ChunkedLocalAttentionSpec", 64) == {}
     assert not hasattr(compat, "HYBRID_KIND") and set(compat.REFUSED_THROUGH) == {compat.DSA_KIND, compat.MAMBA_KIND}
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.25.1", "0.33.0", "0.34.0"])
+def test_the_step_output_has_req_id_to_index_through_0_33(compat_of, version):
+    """0.33.0's ModelRunnerOutput requires req_id_to_index (v1/outputs.py L271); 0.34.0 has no such field."""
+    compat = compat_of(version)
+    got = compat.runner_output(["a", "b"], [[7], []])
+    expected = {"req_ids": ["a", "b"], "sampled_token_ids": [[7], []]}
+    if version != "0.34.0":
+        expected["req_id_to_index"] = {"a": 0, "b": 1}
+    assert got == expected
+
+
+def _new_request(prompt: int, prefill: int | None, embeds: int | None = None):
+    return types.SimpleNamespace(
+        prompt_token_ids=None if embeds else list(range(prompt)),
+        prompt_embeds=types.SimpleNamespace(shape=(embeds,)) if embeds else None,
+        prefill_token_ids=None if prefill is None else list(range(prefill)))
+
+
+def test_a_request_resumed_as_new_carries_its_generated_tokens(compat_of):
+    """0.34.0 re-sends a preempted request as NewRequestData with prefill_token_ids = prompt + generated
+    (scheduler.py L1714-1723): the worker's known length must count them. A fresh request (prefill = prompt)
+    and 0.33.0's V1 path (prefill_token_ids None, or no such attribute before it) have generated nothing."""
+    compat = compat_of("0.34.0")
+    assert compat.output_len(_new_request(100, 145)) == 45
+    assert compat.output_len(_new_request(100, 100)) == 0
+    assert compat.output_len(_new_request(100, None)) == 0
+    assert compat.output_len(types.SimpleNamespace(prompt_token_ids=[1, 2], prompt_embeds=None)) == 0
+    assert compat.output_len(_new_request(0, 12, embeds=10)) == 2
+
+
+def test_the_memory_fraction_is_the_engines_resolved_one(compat_of):
+    """0.34.0's gpu_memory_utilization defaults to None and the engine sizes by
+    resolved_gpu_memory_utilization (config/cache.py L494-501); earlier releases have the field alone."""
+    compat = compat_of("0.34.0")
+    assert compat.gpu_memory_utilization(types.SimpleNamespace(gpu_memory_utilization=None,
+                                                               resolved_gpu_memory_utilization=0.92)) == 0.92
+    assert compat.gpu_memory_utilization(types.SimpleNamespace(gpu_memory_utilization=0.8,
+                                                               resolved_gpu_memory_utilization=0.8)) == 0.8
+    assert compat.gpu_memory_utilization(types.SimpleNamespace(gpu_memory_utilization=0.92)) == 0.92

@@ -14,6 +14,7 @@ from kvprobe.theory.model.geometry import (
 )
 from kvprobe.theory.sglang import budget as SB
 from kvprobe.theory.vllm import budget as VB
+from kvprobe.theory.vllm.batch import vllm_batch_defaults
 from kvprobe.theory.vllm.releases import vllm_default_gpu_memory_utilization
 from tests.engine_fixtures import FIXTURES
 
@@ -120,11 +121,11 @@ def test_vllm_defaults_by_version_and_tier():
     assert vllm_default_gpu_memory_utilization("0.11.0") == 0.9
     assert vllm_default_gpu_memory_utilization("0.9.2") == 0.9
     assert vllm_default_gpu_memory_utilization("0.40.1") == 0.92
-    assert VB.vllm_batch_defaults(24 * GIB, 8192) == (256, 2048)
-    assert VB.vllm_batch_defaults(80 * GIB, 8192) == (1024, 8192)
-    assert VB.vllm_batch_defaults(80 * GIB, 8192, gpu_name="NVIDIA A100-SXM4-80GB") == (256, 2048)
-    assert VB.vllm_batch_defaults(192 * GIB, 8192) == (1024, 16384)
-    assert VB.vllm_batch_defaults(80 * GIB, 4) == (1024, 4096)  # capped at seqs x max_model_len
+    assert vllm_batch_defaults(24 * GIB, 8192) == (256, 2048)
+    assert vllm_batch_defaults(80 * GIB, 8192) == (1024, 8192)
+    assert vllm_batch_defaults(80 * GIB, 8192, gpu_name="NVIDIA A100-SXM4-80GB") == (256, 2048)
+    assert vllm_batch_defaults(192 * GIB, 8192) == (1024, 16384)
+    assert vllm_batch_defaults(80 * GIB, 4) == (1024, 4096)  # capped at seqs x max_model_len
 
 
 def test_mla_block_size_and_bytes_per_block():

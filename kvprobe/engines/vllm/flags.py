@@ -8,6 +8,12 @@ import sys
 from kvprobe.engines.base import Flag, render_flags
 from kvprobe.engines.vllm.versions import NAME
 from kvprobe.errors import ConfigError
+from kvprobe.theory.vllm.releases import (
+    ACTIVE_SEQS_FROM,
+    EXTENSIBLE_KV_CACHE_FROM,
+    KV_CACHE_MEMORY_BYTES_FROM,
+    WATERMARK_FROM,
+)
 
 # --- flags (engine/arg_utils.py::add_cli_args, 0.33.0). Defaults are the emulator's where the real one
 # depends on the GPU (max-num-seqs / max-num-batched-tokens: the <70 GiB tier, 256 / 2048).
@@ -23,7 +29,7 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("max-num-seqs", int, 256, "the most requests running at once", lo=1, ledger="max_num_seqs"),
     # 0.31.0 on (kvprobe/theory/vllm/releases.py ACTIVE_SEQS_FROM): the ledger refuses it for an older release
     Flag("max-num-active-seqs", int, None, "the most requests RUNNING at once, below max-num-seqs (vLLM 0.31.0 on)",
-         lo=1, ledger="max_num_active_seqs"),
+         lo=1, ledger="max_num_active_seqs", since=ACTIVE_SEQS_FROM),
     Flag("max-num-batched-tokens", int, 2048, "tokens scheduled per step (8k = 8000, 8K = 8192)", kind="count", lo=1,
          ledger="max_num_batched_tokens"),
     Flag("enable-prefix-caching", None, True, "reuse the cached blocks of a shared prompt prefix", negatable=True,
@@ -32,7 +38,7 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("scheduler-reserve-full-isl", None, True, "admit only if the whole prompt fits (new after 0.11.0)",
          negatable=True, ledger="reserve_full_isl"),
     Flag("watermark", float, 0.0, "fraction of blocks kept free when admitting (vLLM 0.24.0 on)", lo=0,
-         ledger="watermark"),
+         ledger="watermark", since=WATERMARK_FROM),
     # None = the engine's default for the version and platform: async_scheduling_default() below.
     Flag("async-scheduling", None, None, "schedule the next step while one runs: blocks are taken one step earlier and "
          "freed one step later (default: on where the engine supports it)", negatable=True,
@@ -48,11 +54,11 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
          kind="frac", ledger="gpu_memory_utilization"),
     Flag("kv-cache-memory-bytes", str, None, "the KV pool in bytes (10G = 10 GiB, 10g = 10^10), instead of profiling "
          "memory", emulated=False,
-         kind="bytes", lo=1, ledger="kv_cache_memory_bytes"),
+         kind="bytes", lo=1, ledger="kv_cache_memory_bytes", since=KV_CACHE_MEMORY_BYTES_FROM),
     # 0.34.0 on (kvprobe/theory/vllm/releases.py EXTENSIBLE_KV_CACHE_FROM): the pool sized after warm-up
     Flag("enable-extensible-kv-cache", None, None, "size the KV pool after warm-up and CUDA-graph capture (vLLM "
          "0.34.0 on; default: on a CUDA GPU unless the pool is given)", negatable=True, emulated=False,
-         ledger="enable_extensible_kv_cache"),
+         ledger="enable_extensible_kv_cache", since=EXTENSIBLE_KV_CACHE_FROM),
     Flag("kv-cache-dtype", str, "auto", "the KV cache dtype (auto: the model's)", emulated=False,
          ledger="kv_cache_dtype"),
     Flag("quantization", str, None, "the weights' quantisation method (fp8: online FP8 of a 16-bit checkpoint)",

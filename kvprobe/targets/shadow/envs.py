@@ -38,7 +38,7 @@ from pathlib import Path
 from kvprobe.engines import get_dialect
 from kvprobe.errors import ConfigError, KvprobeError
 from kvprobe.procgroup import stop_group
-from kvprobe.releases import ENGINES, VLLM, VLLM_DEFAULT_VERSION, version_tuple
+from kvprobe.releases import DEFAULT_VERSIONS, ENGINES, VLLM, VLLM_DEFAULT_VERSION, version_tuple
 
 CACHE_ENV = "KVPROBE_CACHE"
 MARKER = "kvprobe-env.json"
@@ -206,14 +206,14 @@ def known_versions(engine: str) -> list[str]:
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """`vllm==0.33.0` -> ("vllm", "0.33.0"); `vllm` alone -> its newest known version."""
+    """`vllm==0.33.0` -> ("vllm", "0.33.0"); `vllm` alone -> the default release, not the newest recipe."""
     engine, sep, version = spec.partition("==")
     engine = engine.strip().lower()
     if not any(e == engine for e, _ in RECIPES):
         engines = sorted({e for e, _ in RECIPES})
         raise ConfigError(f"unknown engine {engine!r} for a shadow environment: expected one of {engines}")
     if not sep:
-        return engine, known_versions(engine)[-1]
+        return engine, DEFAULT_VERSIONS[engine]
     return engine, version.strip()
 
 

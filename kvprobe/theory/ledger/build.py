@@ -30,7 +30,8 @@ from kvprobe.theory.sglang.pools import (
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS, scheduler_rules
 from kvprobe.theory.sglang.schedule_policy import CLIP_MAX_NEW_TOKENS
 from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
-from kvprobe.theory.vllm.budget import vllm_batch_sizes, vllm_budget
+from kvprobe.theory.vllm.batch import vllm_batch_sizes
+from kvprobe.theory.vllm.budget import vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.theory.vllm.releases import (

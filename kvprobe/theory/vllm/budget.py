@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from kvprobe.errors import ConfigError
 from kvprobe.releases import VLLM_DEFAULT_VERSION
 from kvprobe.theory.model.geometry import KVBytes, ModelGeometry, rope_cache_bytes
-from kvprobe.theory.model.sizes import GIB, MIB, cdiv
+from kvprobe.theory.model.sizes import MIB, cdiv
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import (
     NO_KV_MEMORY,
     VllmKVPlan,
@@ -37,12 +37,7 @@ from kvprobe.theory.vllm.memory_profile import (
     profile_rules,
     sampler_warmup_bytes,
 )
-from kvprobe.theory.vllm.releases import (
-    default_block_size,
-    legacy_kv_size_line,
-    seqs_lowered_to_token_budget,
-    vllm_default_gpu_memory_utilization,
-)
+from kvprobe.theory.vllm.releases import default_block_size, legacy_kv_size_line, vllm_default_gpu_memory_utilization
 
 # CacheConfig.DEFAULT_BLOCK_SIZE through 0.33.0 (config/cache.py L185; 0.34.0: 64, releases.default_block_size)
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -54,46 +49,6 @@ VLLM_MLA_BLOCK_SIZE = 64
 
 def vllm_default_block_size(geom: ModelGeometry, version: str = VLLM_DEFAULT_VERSION) -> int:
     return default_block_size(version, mla=geom.attention == "mla")
-
-
-def vllm_batch_defaults(gpu_memory_bytes: int | None, max_model_len: int, *,
-                        gpu_name: str | None = None) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) of `vllm serve` 0.33.0 (arg_utils.get_batch_defaults).
-
-    Tiers by device memory: >= 160 GiB -> 1024 / 16384; >= 70 GiB and not an A100 (H100/H200
-    class) -> 1024 / 8192; everything else -> 256 / 2048. Without a GPU name a >= 70 GiB card is
-    taken as H100/H200 class. Then the token budget is capped at max_num_seqs * max_model_len and
-    max_num_seqs at the token budget (chunked prefill on).
-    """
-    mem = gpu_memory_bytes or 0
-    a100 = bool(gpu_name) and "a100" in gpu_name.lower()
-    if mem >= 160 * GIB:
-        seqs, tokens = 1024, 16384
-    elif mem >= 70 * GIB and not a100:
-        seqs, tokens = 1024, 8192
-    else:
-        seqs, tokens = 256, 2048
-    tokens = min(tokens, seqs * max_model_len)
-    return min(seqs, tokens), tokens
-
-
-def vllm_batch_sizes(gpu_memory_bytes: int | None, max_model_len: int, *, max_num_seqs: int | None = None,
-                     max_num_batched_tokens: int | None = None, gpu_name: str | None = None,
-                     version: str = VLLM_DEFAULT_VERSION) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) as `vllm serve` `version` settles them from what was given
-    (None: not given): the GPU tier's defaults for the rest, a defaulted token budget capped at
-    max_num_seqs x max_model_len, and a defaulted max_num_seqs lowered to the token budget from 0.10.1
-    (`releases.SEQS_TO_TOKEN_BUDGET_FROM`). A token budget below max_num_seqs is then refused, as the
-    engine's config/scheduler.py L329-334 (0.33.0) does."""
-    seqs, tokens = vllm_batch_defaults(gpu_memory_bytes, max_model_len, gpu_name=gpu_name)
-    seqs = max_num_seqs or seqs
-    tokens = max_num_batched_tokens or min(tokens, seqs * max_model_len)
-    if max_num_seqs is None and seqs_lowered_to_token_budget(version):
-        seqs = min(seqs, tokens)
-    if tokens < seqs:
-        raise ConfigError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to "
-                          f"max_num_seqs ({seqs}).", key="max_num_batched_tokens")
-    return seqs, tokens
 
 
 def estimate_vllm_other_bytes(*, tp: int = 1, pp: int = 1) -> int:

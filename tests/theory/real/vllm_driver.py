@@ -20,6 +20,9 @@ import time
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# 0.34.0's CPU platform needs Triton, kept with no GPU driver only when this is set and empty
+# (kvprobe/targets/shadow/vllm/target.py TRITON_REQUIRED_FROM); harmless on earlier releases
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -44,7 +47,8 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 def accepted(cls, **kw):
     """The keywords `cls` takes: the driver also runs 0.18.1's scheduler, whose configs lack some of
-    0.33.0's fields (watermark, hash_block_size, prefix_cache_retention_interval)."""
+    0.33.0's fields (watermark, hash_block_size, prefix_cache_retention_interval), and 0.34.0's, whose
+    ModelRunnerOutput has no req_id_to_index."""
     params = inspect.signature(cls).parameters
     return {k: v for k, v in kw.items() if k in params}
 
@@ -135,9 +139,10 @@ def run(args: dict) -> dict:
         window_preemptions += preempted if t >= t0 else 0
         ids = list(so.num_scheduled_tokens)
         tokens = [[] if sched.requests[r].is_prefill_chunk else [7] for r in ids]
-        queue.append((so, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                            sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={},
-                                            pooler_output=[])))
+        # req_id_to_index only where the release has it (0.33.0 v1/outputs.py L271; gone in 0.34.0)
+        queue.append((so, ModelRunnerOutput(**accepted(
+            ModelRunnerOutput, req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=tokens, logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))))
         finished = 0
         if not asyn or len(queue) == 2:
             outs = sched.update_from_output(*queue.pop(0))

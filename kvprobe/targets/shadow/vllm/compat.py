@@ -5,8 +5,8 @@ builds: the one place that branches on the installed vLLM's version (the worker,
 Releases with a shadow recipe: 0.33.0 (the worker is written for it), 0.18.1 and 0.19.1 (either side of
 0.19.0's whole-prompt admission), and 0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.25.1 (the latest patch of
 each minor release of the year before), and 0.26.0, 0.27.1, 0.28.0, 0.29.0, 0.30.0, 0.31.0,
-0.32.0. Each interface has its own threshold, the newest release read with the old form:
-`through(THRESHOLD)` is True on it and before.
+0.32.0, and 0.34.0 (the release after it: the last four entries below). Each interface has its own threshold,
+the newest release read with the old form: `through(THRESHOLD)` is True on it and before.
 The files were read in each release's wheel (`pip download vllm==V --no-deps`); 0.19.1's files are
 0.18.1's for every interface below (v1/worker/worker_base.py differs only by `load_model`'s keyword
 `load_dummy_weights`, L125, which the worker already takes).
@@ -73,6 +73,28 @@ Each interface, new form first, then old (files under vllm/):
   for a CPU build of vLLM or on macOS (platforms/__init__.py L163-185 in 0.18.1-0.23.0, L162-184 in 0.24.0
   and 0.25.1, L162 in 0.26.0-0.27.1; by `VLLM_TARGET_DEVICE=cpu` from 0.28.0, L162-168). Not a worker
   interface: those recipes install `cpu_platform_plugin.py` (`env.py` TARGET_DEVICE_RULE_FROM).
+- `ModelRunnerOutput(req_ids, sampled_token_ids, ...)` / also `req_id_to_index` (v1/outputs.py L271 in
+  0.33.0, a required field; `EMPTY_MODEL_RUNNER_OUTPUT` L414 passes `{}`). Old through 0.33.0; new in 0.34.0
+  (outputs.py L267-305 have no such field, L408 `ModelRunnerOutput(req_ids=[])`; the scheduler indexes by
+  `req_ids`, v1/core/sched/scheduler.py L2356-2359). -> `runner_output`
+- `cache_config.gpu_memory_utilization` is the fraction / may be None: 0.34.0 defaults it to None
+  (config/cache.py L216) and sizes by `resolved_gpu_memory_utilization` (L494-501: the given value, else
+  1.0 with the extensible KV cache, else 0.92; v1/worker/utils.py L742-743). On the CPU platform the
+  extensible KV cache is off (config/vllm.py L3201: not CUDA-alike), so that is 0.92 unless given. No such
+  property through 0.33.0 (the field defaults to 0.92, config/cache.py L215). -> `gpu_memory_utilization`
+  (no threshold: the property where it exists)
+- A preempted request comes back to the worker as a `NewRequestData` whose `prefill_token_ids` are the prompt
+  and the tokens generated before preemption (v1/core/sched/scheduler.py L1619-1626, L1714-1723 in 0.34.0;
+  v1/request.py L320-330; a required field, v1/core/sched/output.py L51) / in
+  `CachedRequestData.resumed_req_ids` with `all_token_ids` (0.33.0 scheduler.py L1557-1562, L1970-1976)
+  and there, as on 0.18.1-0.32.0, its `NewRequestData.prefill_token_ids` is None or the prompt alone.
+  0.33.0 sends resumed requests as new ones only to its V2 model runner (L1642-1652, `req._all_token_ids`),
+  which the CPU platform does not pick (no Triton). -> `output_len` (no branch: generated = prefill - prompt,
+  0 where prefill_token_ids is None or the prompt)
+- The CPU platform refuses an x86 machine without Triton (platforms/cpu.py L241-243 in 0.34.0, in
+  `check_and_update_config`) / only warns (0.33.0 L241-244). Not a worker interface: the 0.34.0 pins install
+  Triton and the launcher sets CUDA_VISIBLE_DEVICES="" (`target.py` TRITON_REQUIRED_FROM), so that
+  vllm/triton_utils/importing.py L53-70 accepts a Triton with no active driver.
 
 So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, and
 DSA indexers from 0.30.0; Mamba layers (and DSA through 0.29.0) are refused at start-up there, naming the
@@ -97,6 +119,7 @@ NO_INDEXER_ROLE_THROUGH = (0, 29, 0)  # 0.29.0 deepseek_v2.py L653-659 plain spe
 NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_interface.py L489, mla_attention L1353
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 SLIDING_NO_HEAD_SIZE_V_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L248-249 / 0.20.2 L404-406
+REQ_ID_TO_INDEX_THROUGH = (0, 33, 0)  # 0.33.0 v1/outputs.py L271 req_id_to_index / 0.34.0 L267-305 none
 
 
 def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
@@ -117,6 +140,7 @@ MLA_NO_STATE_BYTES = through(MLA_NO_STATE_BYTES_THROUGH)
 NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
 NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
 SLIDING_NO_HEAD_SIZE_V = through(SLIDING_NO_HEAD_SIZE_V_THROUGH)
+REQ_ID_TO_INDEX = through(REQ_ID_TO_INDEX_THROUGH)
 # the layer kinds kvprobe writes with fields some releases lack: the newest release that is refused
 DSA_KIND, MAMBA_KIND = "a DSA indexer", "Mamba / linear-attention layers"
 REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, MAMBA_KIND: OLD_SPEC_FIELDS_THROUGH}
@@ -229,3 +253,33 @@ def prompt_len(new_request) -> int:
     if new_request.prompt_embeds is not None:
         return new_request.prompt_embeds.shape[0]
     return 0
+
+
+def output_len(new_request) -> int:
+    """The tokens a request scheduled as new has already generated: 0 for a new request; for one resumed
+    after preemption on 0.34.0, the generated tokens it carries after its prompt (`prefill_token_ids` =
+    prompt + generated, v1/core/sched/scheduler.py L1714-1723); 0 where `prefill_token_ids` is None
+    (0.33.0's V1 path, earlier releases)."""
+    prefill = getattr(new_request, "prefill_token_ids", None)
+    if prefill is None:
+        return 0
+    return max(len(prefill) - prompt_len(new_request), 0)
+
+
+def runner_output(req_ids: list[str], sampled: list[list[int]]):
+    """A step's `ModelRunnerOutput`: with `req_id_to_index` through 0.33.0 (outputs.py L271), without it from
+    0.34.0 (the field is gone)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if REQ_ID_TO_INDEX:
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
+
+
+def gpu_memory_utilization(cache_config) -> float:
+    """The fraction of device memory the engine sizes by: 0.34.0's `resolved_gpu_memory_utilization`
+    (config/cache.py L494-501; 0.92 on the CPU platform, whose extensible KV cache is off, unless given),
+    else the field itself (0.92 by default through 0.33.0, config/cache.py L215)."""
+    resolved = getattr(cache_config, "resolved_gpu_memory_utilization", None)
+    return cache_config.gpu_memory_utilization if resolved is None else resolved

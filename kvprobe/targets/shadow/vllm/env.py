@@ -113,6 +113,10 @@ RELEASES = {
               "below 5.18) with huggingface-hub 1.33.0, httpx 0.29.0, httpcore 1.0.9, and xgrammar 0.2.7",
     "0.32.0": "torch 2.13.0 CPU build (its own pin); 0.33.0's pins but transformers 5.19.0 (its METADATA caps it "
               "below 5.20)",
+    # the release after the default: its CPU platform refuses x86 without Triton (pins/vllm-0.34.0.txt's header)
+    "0.34.0": "torch 2.13.0 CPU build in place of vLLM's pinned 2.14.0; 0.33.0's pins and triton 3.8.0 (torch 2.14's "
+              "own pin), which its CPU platform requires on x86 (the launcher sets CUDA_VISIBLE_DEVICES=\"\" so "
+              "that vLLM accepts a Triton with no active GPU driver)",
 }
 
 

@@ -22,6 +22,9 @@ import types
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU: the planner itself is device-free
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# 0.34.0's CPU platform refuses x86 without Triton when VllmConfig is built; its environment installs Triton, which
+# vLLM keeps with no GPU driver only when this is set and empty (target.py TRITON_REQUIRED_FROM). Harmless before.
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 from kvprobe.targets.shadow.vllm import compat  # noqa: E402
 

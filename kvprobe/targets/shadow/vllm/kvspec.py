@@ -50,12 +50,8 @@ from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, w
 from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.vllm import budget
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
+from kvprobe.theory.vllm.releases import default_block_size
 
-# The block size a CUDA GPU's MLA backend takes when --block-size is not given: FlashMLA (Hopper)
-# kernels run 64-token blocks only (`get_supported_kernel_block_sizes`, v1/attention/backends/mla/;
-# platforms/interface.py `update_block_size_for_backend`). The CPU platform forces 16
-# for MLA instead (platforms/cpu.py L290-298), which a GPU never does; kvprobe's ledger assumes 64.
-GPU_MLA_BLOCK_SIZE = budget.VLLM_MLA_BLOCK_SIZE
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
 # `layer_types` spellings that keep a full KV cache: vLLM's _ATTENTION_LAYER_TYPES (config/model.py
 # L112-122; sparse attention still caches every token) plus the older "attention".
@@ -191,15 +187,21 @@ def _layout(vllm_config: VllmConfig) -> Layout:
 
 def gpu_block_size(vllm_config: VllmConfig, asked: int | None) -> int:
     """The block size the GPU backend would run: --block-size when given (the launcher passes it,
-    since the CPU platform may have overwritten it), else 64 for MLA and vLLM's default otherwise."""
+    since the CPU platform may have overwritten it), else the release's default on a CUDA GPU for MLA
+    and hybrid models (`default_block_size`: 64 for MLA; 16, or 64 from 0.34.0, otherwise) and the
+    engine's resolved default for the others (`CacheConfig.DEFAULT_BLOCK_SIZE`: 16, 64 in 0.34.0, config/cache.py
+    L185, L489; 0.33.0's and 0.34.0's CPU platform leave it, its `update_block_size_for_backend` finding no
+    attention layer here; 0.18.1's, 0.25.1's and 0.26.0's set 128 when not given, cpu.py L165-166 in 0.18.1)."""
     if asked:
         return int(asked)
-    if vllm_config.model_config.use_mla:
-        return GPU_MLA_BLOCK_SIZE
-    if vllm_config.model_config.is_hybrid:
-        # the CPU platform aligned it to its own backend's page (cpu.py L546-570); the GPU starts
-        # from FlashAttention's 16 and the hybrid specs align from there (theory/vllm/hybrid `hybrid_block_size`)
-        return budget.VLLM_DEFAULT_BLOCK_SIZE
+    mc = vllm_config.model_config
+    if mc.use_mla or mc.is_hybrid:
+        # MLA: the CPU platform forces 16 (cpu.py L290-297), a GPU never does: FlashMLA (Hopper) kernels run
+        # 64-token blocks only (`get_supported_kernel_block_sizes`, v1/attention/backends/mla/), the ledger's
+        # budget.VLLM_MLA_BLOCK_SIZE. Hybrid: the CPU platform aligned
+        # it to its own backend's page (cpu.py L546-570); the GPU starts from FlashAttention's default and the
+        # hybrid specs align from there (theory/vllm/hybrid `hybrid_block_size`)
+        return default_block_size(VLLM_VERSION, mla=bool(mc.use_mla))
     return vllm_config.cache_config.block_size
 
 
@@ -294,13 +296,14 @@ def available_kv_bytes(vllm_config: VllmConfig, *, gpu_memory_bytes: int | None,
     pc = vllm_config.parallel_config
     geom = _geometry(vllm_config)
     weights = weight_bytes(geom, tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, engine="vllm")
+    fraction = compat.gpu_memory_utilization(cc)  # 0.34.0's field may be None: the engine's resolved value
     split = budget.vllm_memory_split(  # the ledger's own split, under the rules of the release running here
-        geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=cc.gpu_memory_utilization,
+        geom, weights=weights, gpu_memory_bytes=gpu_memory_bytes, fraction=fraction,
         version=VLLM_VERSION, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
         tp=pc.tensor_parallel_size, pp=pc.pipeline_parallel_size, estimates=estimates,
         enforce_eager=bool(vllm_config.model_config.enforce_eager))
     graph = split.cudagraph if split.cudagraph_subtracted else 0
-    detail = (f"requested {split.requested} (vLLM {VLLM_VERSION}: {gpu_memory_bytes} x {cc.gpu_memory_utilization}) "
+    detail = (f"requested {split.requested} (vLLM {VLLM_VERSION}: {gpu_memory_bytes} x {fraction}) "
               f"- weights {split.weights} - other {split.other} - activation {split.activation} - cudagraph {graph}")
     return MemoryPlan(split.kv_pool, "declared GPU", detail)
 

@@ -27,7 +27,8 @@ from kvprobe.targets.shadow.envs import EngineEnv
 from kvprobe.targets.shadow.pythonpath import kvprobe_pythonpath
 from kvprobe.targets.shadow.settings import ENV_SETTINGS, WORKER_CLS, WorkerSettings, parse_worker_lines
 from kvprobe.theory.model.geometry import geometry_from_config
-from kvprobe.theory.vllm import budget
+from kvprobe.theory.vllm import batch
+from kvprobe.theory.vllm.releases import default_block_size
 
 POOL_FLAGS = ("num-gpu-blocks-override", "kv-cache-memory-bytes")
 PARALLEL_FLAGS = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
@@ -46,6 +47,14 @@ UNI_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 # publishes MLA's 64: an MLA model gets the GPU's block size as a flag there, which the CPU platform keeps
 # when the user gave it (the same lines).
 BLOCK_SIZE_SYNC_FROM = (0, 23)
+# The first release whose CPU platform refuses an x86 machine without Triton (platforms/cpu.py L241-243 in 0.34.0,
+# `check_and_update_config`, in every process that builds a VllmConfig; 0.33.0 L241-244 only warned). Its pins
+# install Triton (pins/vllm-0.34.0.txt), and vllm/triton_utils/importing.py keeps HAS_TRITON only with exactly
+# one active Triton driver (L30-34, L71-78: the CPU backend is never counted) or, with no driver, when
+# CUDA_VISIBLE_DEVICES is set and empty (L53-70, the branch for Ray's workers): a CPU has no driver, so the
+# server runs with it empty. Nothing else on the CPU platform reads it, and no Triton kernel runs.
+TRITON_REQUIRED_FROM = (0, 34)
+NO_DEVICES_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def check_request(flags: dict, gpu_memory_bytes: int | None, environ: dict) -> None:
@@ -77,7 +86,7 @@ def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None,
     ones the flags leave out (the ledger's `_build_vllm` does the same)."""
     mml = _int(flags.get("max-model-len"))
     max_len = mml if mml and mml > 0 else geometry_from_config(config).max_position_embeddings
-    seqs, tokens = budget.vllm_batch_sizes(gpu_memory_bytes, max_len, max_num_seqs=_int(flags.get("max-num-seqs")),
+    seqs, tokens = batch.vllm_batch_sizes(gpu_memory_bytes, max_len, max_num_seqs=_int(flags.get("max-num-seqs")),
                                            max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
                                            version=version)
     out = {}
@@ -110,7 +119,13 @@ def published_block_flags(config: dict, flags: dict, version: str) -> dict[str, 
     if flags.get("block-size") is not None or version_tuple(version)[:2] >= BLOCK_SIZE_SYNC_FROM:
         return {}
     geom = geometry_from_config(config)
-    return {"block-size": budget.VLLM_MLA_BLOCK_SIZE} if geom.attention == "mla" else {}
+    return {"block-size": default_block_size(version, mla=True)} if geom.attention == "mla" else {}
+
+
+def triton_env(version: str) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES="" for a release whose CPU platform requires Triton (`TRITON_REQUIRED_FROM`), else
+    nothing."""
+    return dict(NO_DEVICES_ENV) if version_tuple(version)[:2] >= TRITON_REQUIRED_FROM else {}
 
 
 def executor_flags(version: str) -> list[str]:
@@ -134,7 +149,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
                                   binary=[str(env.bin("vllm")), "serve"])
     argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS, *executor_flags(req.version)]
     settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
-    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode()}
+    environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode(), **triton_env(req.version)}
     return argv, environ
 
 

@@ -14,8 +14,8 @@ This worker answers only what the GPU worker would answer:
   async scheduling is on, as a GPU overlaps them.
 
 Runs inside the engine: imports only the standard library, vllm (and torch), `kvprobe.theory` and the
-shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where vLLM 0.18.1's and 0.19.1's interfaces differ
-from 0.33.0's, the one place that asks which release runs). Its settings come from the environment the
+shadow's own engine-side modules (`settings`, `kvspec`, `compat` — where the interfaces of vLLM 0.18.1-0.32.0 and
+0.34.0 differ from 0.33.0's, the one place that asks which release runs). Its settings come from the environment the
 launcher sets (`kvprobe.targets.shadow.vllm.target`).
 """
 
@@ -61,8 +61,10 @@ class _Sequences:
             self.prompt.pop(rid, None)
             self.outputs.pop(rid, None)
         for new in so.scheduled_new_reqs:
+            # a request resumed after preemption comes back as a new one on 0.34.0, carrying the tokens it
+            # generated before (compat.output_len): its known length is prompt + those, as the runner's is
             self.prompt[new.req_id] = compat.prompt_len(new)
-            self.outputs[new.req_id] = 0
+            self.outputs[new.req_id] = compat.output_len(new)
         cached = so.scheduled_cached_reqs
         for rid, n_out in zip(cached.req_ids, cached.num_output_tokens, strict=True):
             # The scheduler's count wins where it is lower: tokens it discarded or rewound (the GPU
@@ -201,8 +203,7 @@ class ShadowWorker(WorkerBase):
         req_ids, sampled, prefill, decode = self.seqs.sample(so)
         start = max(time.monotonic(), self._device_free_at)  # one stream: steps do not overlap
         self._device_free_at = start + self.time_model.step_seconds(prefill, decode)
-        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                   sampled_token_ids=sampled)
+        output = compat.runner_output(req_ids, sampled)  # the release's fields (compat.py)
         self._pending = (output, self._device_free_at)
         return None
 
