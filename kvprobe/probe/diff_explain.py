@@ -19,7 +19,7 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
     parts = []
     if key == "pool" or _ledger_pool_moved(ra, rb, tol):
         parts.append(memory_explanation(ra, rb))
-    parts += line_rules(ra, rb, CAPACITY_LINE_ASPECTS + (BLOCK_SIZE,) if key == "capacity_line" else (BLOCK_SIZE,))
+    parts += differing_rules(ra, rb, CAPACITY_LINE_ASPECTS + (BLOCK_SIZE,) if key == "capacity_line" else (BLOCK_SIZE,))
     if key != "pool" and ra["policy"] != rb["policy"]:
         parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
     if key != "pool" and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
@@ -32,7 +32,7 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
             "both)")
 
 
-def line_rules(ra: dict, rb: dict, aspects: tuple[str, ...]) -> list[str]:
+def differing_rules(ra: dict, rb: dict, aspects: tuple[str, ...]) -> list[str]:
     """The release rules of `aspects` that differ between the two releases, as the ledger applied them on
     the second: those behind the engine's capacity line (theory/ledger/rules.py CAPACITY_LINE_ASPECTS), and
     the block size a release defaults to, which moves every figure counted in blocks."""

@@ -52,8 +52,8 @@ VLLM_CASES = {
     "V14@0.14.0": ("0.14.0", "0.13.0", dict(max_model_len_auto=True), dict()),
     "V15@0.28.0": ("0.28.0", "0.27.1", dict(kinds=MAMBA, prefix_caching=True), dict(kinds=MAMBA, prefix_caching=False)),
     # the extensible KV cache sizes a profiled pool after warm-up; a pool given (or the flag off) turns it off
-    "V16@0.34.0": ("0.33.0", "0.34.0", dict(extensible_kv_cache=True, gpu_memory_bytes=80 * GIB),
-                   dict(extensible_kv_cache=False, gpu_memory_bytes=80 * GIB)),
+    "V16@0.34.0": ("0.33.0", "0.34.0", dict(pool_after_warmup=True, gpu_memory_bytes=80 * GIB),
+                   dict(pool_after_warmup=False, gpu_memory_bytes=80 * GIB)),
 }
 
 

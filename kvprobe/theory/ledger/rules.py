@@ -23,7 +23,6 @@ from kvprobe.theory.vllm.releases import (
     SEQS_TO_TOKEN_BUDGET_FROM,
     WATERMARK_FROM,
     default_block_size,
-    extensible_kv_cache,
     legacy_kv_size_line,
     seqs_lowered_to_token_budget,
     window_rules,
@@ -77,9 +76,7 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
         max_num_batched_tokens_given=inputs.max_num_batched_tokens is not None,
         gpu_memory_bytes=inputs.gpu_memory_bytes, prefix_caching=caching, num_blocks=bud.num_blocks,
         num_gpu_blocks_override=inputs.num_gpu_blocks_override, refused=bud.refusal is not None,
-        extensible_kv_cache=extensible_kv_cache(version, inputs.enable_extensible_kv_cache,
-                                                kv_cache_memory_bytes=inputs.kv_cache_memory_bytes,
-                                                num_gpu_blocks_override=inputs.num_gpu_blocks_override))
+        pool_after_warmup=bud.source == "reservation")
     applied = []
     if bud.rules:
         applied.append(("memory profile", bud.rules))

@@ -149,7 +149,7 @@ def _budget_rows(led: Ledger) -> list[list[object]]:
 
 
 def _logged_blocks(led: Ledger) -> str:
-    if getattr(led.budget, "source", None) == "reservation":  # 0.34.0 logs the pool measured after warm-up
+    if led.budget.source == "reservation":  # 0.34.0 logs the pool measured after warm-up
         return "the reservation's blocks (the engine logs the pool it measures after warm-up)"
     return "num_gpu_blocks as logged (null block included)"
 

@@ -39,17 +39,6 @@ from kvprobe.theory.vllm.memory_profile import (
 )
 from kvprobe.theory.vllm.releases import default_block_size, legacy_kv_size_line, vllm_default_gpu_memory_utilization
 
-# CacheConfig.DEFAULT_BLOCK_SIZE through 0.33.0 (config/cache.py L185; 0.34.0: 64, releases.default_block_size)
-VLLM_DEFAULT_BLOCK_SIZE = 16
-# MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks (platforms/interface.py
-# update_block_size_for_backend; FlashMLA's get_supported_kernel_block_sizes is [64]); the
-# DSA indexer kernels are likewise fixed at 64 (seed 002). We assume that backend for MLA models.
-VLLM_MLA_BLOCK_SIZE = 64
-
-
-def vllm_default_block_size(geom: ModelGeometry, version: str = VLLM_DEFAULT_VERSION) -> int:
-    return default_block_size(version, mla=geom.attention == "mla")
-
 
 def estimate_vllm_other_bytes(*, tp: int = 1, pp: int = 1) -> int:
     """CUDA context + cuBLAS workspaces + allocator slack vLLM counts in `total_consumed`.
@@ -282,7 +271,7 @@ def vllm_budget(geom: ModelGeometry, kv: KVBytes, *, weights: int, gpu_memory_by
     if unknown:
         raise ConfigError(f"unknown estimate(s) {sorted(unknown)}; expected activation_bytes, "
                           "cudagraph_bytes, other_bytes", key="estimates")
-    block = block_size or vllm_default_block_size(geom, version or VLLM_DEFAULT_VERSION)
+    block = block_size or default_block_size(version or VLLM_DEFAULT_VERSION, mla=geom.attention == "mla")
     bytes_per_block = kv.total * block  # layers_on_rank x page bytes (MLA: one latent, no factor 2)
     if geom.layers.hybrid:
         _, layout, bytes_per_block, _, _ = plan_layout(geom, plan_opts, max_model_len)

@@ -48,16 +48,21 @@ def seqs_lowered_to_token_budget(version: str) -> bool:
 # The first release whose default block size is 64 tokens: 0.34.0's config/cache.py L185
 # `DEFAULT_BLOCK_SIZE = 64` (0.33.0 L185: 16), the start of every backend's preferred size
 # (platforms/interface.py L783 update_block_size_for_backend, v1/attention/backend.py L158-166 unchanged):
-# FlashAttention, Triton and FlashInfer take it as is, FlashInfer-MLA 64 for 32; FlashMLA stays 64 (the
-# ledger's MLA size, budget.VLLM_MLA_BLOCK_SIZE, on every release). Hybrid Mamba models align their
-# attention block to it (platforms/interface.py L1080-1086, same code as 0.33.0).
+# FlashAttention, Triton and FlashInfer take it as is, FlashInfer-MLA 64 for 32. Hybrid Mamba models align
+# their attention block to it (platforms/interface.py L1080-1086, same code as 0.33.0).
 BLOCK_SIZE_64_FROM = (0, 34)
+# MLA on Hopper selects FLASHMLA, whose kernels take only 64-token blocks on every release
+# (platforms/interface.py update_block_size_for_backend; FlashMLA's get_supported_kernel_block_sizes is
+# [64]); the DSA indexer kernels are likewise fixed at 64 (seed 002). kvprobe assumes that backend for MLA.
+MLA_BLOCK_SIZE = 64
 
 
 def default_block_size(version: str, *, mla: bool = False) -> int:
     """The tokens per KV cache block `vllm serve` `version` takes when --block-size is not given (on a
     CUDA GPU, with the backend kvprobe assumes: FlashAttention, or FlashMLA for MLA)."""
-    return 64 if mla or version_tuple(version) >= BLOCK_SIZE_64_FROM else 16
+    if mla:
+        return MLA_BLOCK_SIZE
+    return 64 if version_tuple(version) >= BLOCK_SIZE_64_FROM else 16  # CacheConfig.DEFAULT_BLOCK_SIZE
 
 
 # The first release with the extensible KV cache (`--enable-extensible-kv-cache`, on by default on CUDA

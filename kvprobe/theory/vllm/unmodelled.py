@@ -36,7 +36,8 @@ class VllmFacts:
     num_blocks: int = 0  # the pool as logged (null block included)
     num_gpu_blocks_override: int | None = None
     refused: bool = False  # the ledger's startup check refuses this configuration
-    extensible_kv_cache: bool = False  # 0.34.0's, as the release resolves it (releases.extensible_kv_cache)
+    # 0.34.0's extensible KV cache sizes a profiled pool after warm-up (the budget's "reservation")
+    pool_after_warmup: bool = False
 
     def has(self, kind: str) -> bool:
         return kind in self.kinds
@@ -60,7 +61,7 @@ def _auto_len(f: VllmFacts) -> bool:
 
 
 def _pool_after_warmup(f: VllmFacts) -> bool:
-    return f.extensible_kv_cache and f.gpu_memory_bytes is not None
+    return f.pool_after_warmup
 
 
 def _mamba_prefix_caching(f: VllmFacts) -> bool:

@@ -198,7 +198,7 @@ def gpu_block_size(vllm_config: VllmConfig, asked: int | None) -> int:
     if mc.use_mla or mc.is_hybrid:
         # MLA: the CPU platform forces 16 (cpu.py L290-297), a GPU never does: FlashMLA (Hopper) kernels run
         # 64-token blocks only (`get_supported_kernel_block_sizes`, v1/attention/backends/mla/), the ledger's
-        # budget.VLLM_MLA_BLOCK_SIZE. Hybrid: the CPU platform aligned
+        # releases.MLA_BLOCK_SIZE. Hybrid: the CPU platform aligned
         # it to its own backend's page (cpu.py L546-570); the GPU starts from FlashAttention's default and the
         # hybrid specs align from there (theory/vllm/hybrid `hybrid_block_size`)
         return default_block_size(VLLM_VERSION, mla=bool(mc.use_mla))
