@@ -65,6 +65,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-hybrid-window-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-hybrid-window-shadow.yaml --versions 0.25.1,0.26.0 --install \
 		--artifacts artifacts/matrix/vllm-hybrid-window-inflight
+	-$(BIN)/kvprobe diff expectations/diff/vllm-window-cap-shadow.yaml --versions 0.19.1,0.20.2 --install \
+		--artifacts artifacts/matrix/vllm-window-cap-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-block-size-shadow.yaml --versions 0.33.0,0.34.0 --install \
 		--artifacts artifacts/matrix/vllm-block-size-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \

@@ -7,7 +7,7 @@ ledger's pool names those rules beside the policy, where that changed too.
 
 from __future__ import annotations
 
-from kvprobe.theory.ledger.rules import BLOCK_SIZE, CAPACITY_LINE_ASPECTS
+from kvprobe.theory.ledger.rules import ADMISSION_ASPECTS, BLOCK_SIZE, CAPACITY_LINE_ASPECTS
 
 
 def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> str:
@@ -19,7 +19,8 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
     parts = []
     if key == "pool" or _ledger_pool_moved(ra, rb, tol):
         parts.append(memory_explanation(ra, rb))
-    parts += differing_rules(ra, rb, CAPACITY_LINE_ASPECTS + (BLOCK_SIZE,) if key == "capacity_line" else (BLOCK_SIZE,))
+    parts += differing_rules(ra, rb, CAPACITY_LINE_ASPECTS + (BLOCK_SIZE,) if key == "capacity_line"
+                             else ADMISSION_ASPECTS)
     if key != "pool" and ra["policy"] != rb["policy"]:
         parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
     if key != "pool" and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
@@ -34,8 +35,9 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
 
 def differing_rules(ra: dict, rb: dict, aspects: tuple[str, ...]) -> list[str]:
     """The release rules of `aspects` that differ between the two releases, as the ledger applied them on
-    the second: those behind the engine's capacity line (theory/ledger/rules.py CAPACITY_LINE_ASPECTS), and
-    the block size a release defaults to, which moves every figure counted in blocks."""
+    the second: those behind the engine's capacity line (theory/ledger/rules.py CAPACITY_LINE_ASPECTS), or
+    those that move admission under one policy (ADMISSION_ASPECTS: a window group's charge, the block size
+    a release defaults to)."""
     a, b = ra.get("release_rules") or {}, rb.get("release_rules") or {}
     return [f"{aspect}: {b[aspect]}" for aspect in aspects if b.get(aspect) is not None and a.get(aspect) != b[aspect]]
 

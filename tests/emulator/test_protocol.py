@@ -30,6 +30,25 @@ def test_vllm_nonstream_token_ids_exact_usage(serve):
     assert len(body["choices"][0]["text"].split()) == 7
 
 
+def test_vllm_0340_publishes_an_unresolved_utilisation_and_no_prompt_tokens_details(serve):
+    # 0.34.0 keeps CacheConfig.gpu_memory_utilization None unless given (config/cache.py L216) and leaves a
+    # None prompt_tokens_details out of usage (protocol.py L139-141); 0.33.0 publishes 0.92 and null
+    def seen(version, flags):
+        s = serve("vllm", {**VLLM, **flags}, version=version)
+        label = s.families()["vllm:cache_config_info"].samples[0].labels["gpu_memory_utilization"]
+        info = s.emu.dev_server_info()  # /server_info in dev mode
+        status, text = s.post("/v1/completions", {"prompt": [5] * 10, "max_tokens": 2, "min_tokens": 2,
+                                                  "ignore_eos": True})
+        assert status == 200, text
+        return label, info["vllm_config"]["cache_config"]["gpu_memory_utilization"], json.loads(text)["usage"]
+
+    label, published, usage = seen("0.34.0", {})
+    assert (label, published) == ("None", None) and "prompt_tokens_details" not in usage
+    assert seen("0.34.0", {"gpu-memory-utilization": 0.8})[:2] == ("0.8", 0.8)
+    label, published, usage = seen("0.33.0", {})
+    assert (label, published) == ("0.92", 0.92) and usage["prompt_tokens_details"] is None
+
+
 def test_vllm_stream_shapes_and_usage(serve):
     s = serve("vllm", VLLM)
     status, events = s.sse("/v1/completions", {"prompt": "the quick brown fox", "max_tokens": 5, "min_tokens": 5,

@@ -138,17 +138,20 @@ def test_a_pool_change_at_a_policy_boundary_is_not_put_down_to_the_policy():
         f"{pool}; and sglang-0.5.21 -> sglang-0.5.22, in full from 0.5.22")
 
 
-def _window_line_figures(version: str, logged: int) -> dict:
+def _window_line_figures(version: str, logged: int, blocks: int = 400, max_num_seqs: int = 16,
+                         prompt_tokens: int = 1000) -> dict:
     """vLLM `version` on expectations/diff/vllm-hybrid-window-shadow.yaml's shape (gpt-oss-20b, 400 blocks
-    of 16, 512-token steps): what the diff keeps of the ledger's capacity line and release rules, and the
-    line the release's own shadow logged (`logged`, read off the 2026-12-07 run of 0.25.1 and 0.26.0), both
-    with async scheduling (their default)."""
+    of 16, 512-token steps; vllm-window-cap-shadow.yaml's with 700, 32, 1500): what the diff keeps of the
+    ledger's capacity line, limit and release rules, and the line the release's own shadow logged
+    (`logged`, read off the 2026-12-07 runs), with async scheduling (their default)."""
     ledger = build_ledger(LedgerInputs(engine="vllm", engine_version=version, model="openai/gpt-oss-20b",
-                                       num_gpu_blocks_override=400, block_size=16, max_model_len=4096,
-                                       max_num_seqs=16, max_num_batched_tokens=512, prompt_tokens=1000,
-                                       output_tokens=200, async_scheduling=True)).to_dict()
-    return figures(version=version, pool=400, ledger_pool=400, claim_tokens=logged,
-                   ledger_claim_tokens=ledger["capacity"]["kv_tokens"],
+                                       num_gpu_blocks_override=blocks, block_size=16, max_model_len=4096,
+                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=512,
+                                       prompt_tokens=prompt_tokens, output_tokens=200,
+                                       async_scheduling=True)).to_dict()
+    limit = ledger["admission"]["limit"]
+    return figures(version=version, pool=blocks, ledger_pool=blocks, claim_tokens=logged,
+                   ledger_claim_tokens=ledger["capacity"]["kv_tokens"], predicted=limit, rejection_point=limit,
                    release_rules={r["aspect"]: r["rule"] for r in ledger["release_rules"]})
 
 
@@ -161,8 +164,26 @@ def test_a_capacity_line_that_moved_without_its_pool_is_named_with_the_window_ru
     assert set(found) == {"engine's capacity line (tokens)"}
     line = found["engine's capacity line (tokens)"]
     assert line["explained"] and line["measured"] == [5516, 4979] and line["ledger"] == [5516, 4979]
-    assert "KV cache groups: " in line["explanation"] and "W-1+2T" in line["explanation"]
+    assert "window blocks in flight: W-1+2T" in line["explanation"]
+    assert "window admission" not in line["explanation"]  # capped on both (0.20.0 on)
     assert "KV cache size figure" not in line["explanation"]  # the same line semantics on both (0.20.1 on)
+
+
+def test_the_window_cap_pair_names_the_cap_for_the_plateau_and_the_line_rule_for_the_capacity_line():
+    # vLLM 0.19.1 charges a window group the whole prompt in its full-sequence check (94 blocks for 1,500
+    # tokens), 0.20.2 its cap (41): a fifth more running on the same 700 blocks; and the capacity line's
+    # semantics moved at 0.20.1 (groups' share of the pool -> max_concurrency x max_model_len)
+    old = _window_line_figures("0.19.1", 5600, blocks=700, max_num_seqs=32, prompt_tokens=1500)
+    new = _window_line_figures("0.20.2", 9653, blocks=700, max_num_seqs=32, prompt_tokens=1500)
+    assert (old["ledger_claim_tokens"], new["ledger_claim_tokens"]) == (5600, 9653)
+    assert 1.1 < new["predicted"] / old["predicted"] < 1.3
+    tol = Tolerances(rejection_point=0.5)  # the pair's own: a request apart is the change
+    found = {c["quantity"]: c for c in find_changes(["A", "B"], {"A": old, "B": new}, tol)}
+    assert set(found) == {"rejection point", "engine's capacity line (tokens)"}
+    assert found["rejection point"]["explanation"] == (
+        "explained: window admission: window groups capped in the full-sequence check (from 0.20.0)")
+    line = found["engine's capacity line (tokens)"]["explanation"]
+    assert "KV cache size figure" in line and "window" not in line  # the in-flight rule is 0.25.1's on both
 
 
 def test_a_capacity_line_that_follows_its_pool_is_no_change_of_its_own():

@@ -92,7 +92,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "completion_tokens": completion_tokens, "prompt_tokens_details": None}
 
 
-def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int,
+                version: str = DEFAULT_VERSION) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
             "usage": usage(prompt_tokens, completion_tokens)}
 

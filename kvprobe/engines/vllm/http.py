@@ -4,7 +4,7 @@ fixed-length request, error bodies and length checks, response shapes."""
 from __future__ import annotations
 
 from kvprobe.engines.base import ReportedCapacity
-from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy
+from kvprobe.engines.vllm.versions import DEFAULT_VERSION, is_legacy, prompt_tokens_details_written
 from kvprobe.releases import version_tuple
 
 DEFAULT_PORT = 8000  # entrypoints/common/cli_args.py L293-296
@@ -124,15 +124,19 @@ def stream_chunk(rid: str, created: int, model: str, text: str, finish_reason: s
                          "stop_reason": None}], "usage": None}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+def usage(prompt_tokens: int, completion_tokens: int, version: str = DEFAULT_VERSION) -> dict:
+    body = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens}
+    if prompt_tokens_details_written(version):
+        body["prompt_tokens_details"] = None
+    return body
 
 
-def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int,
+                version: str = DEFAULT_VERSION) -> dict:
     """The last chunk before `data: [DONE]` with include_usage: choices [] (serving.py L500-547)."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, version)}
 
 
 def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str, prompt_tokens: int,
@@ -142,7 +146,7 @@ def completion_response(rid: str, created: int, model: str, text: str, finish_re
                          "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
                          "prompt_token_ids": None, "routed_experts": None, "weight_versions": None}],
             "service_tier": None, "system_fingerprint": f"vllm-{version}-emulated",
-            "usage": {**usage(prompt_tokens, completion_tokens), "completion_tokens_details": None},
+            "usage": {**usage(prompt_tokens, completion_tokens, version), "completion_tokens_details": None},
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
 

@@ -8,6 +8,7 @@ from kvprobe.releases import VLLM, VLLM_DEFAULT_VERSION, version_tuple
 from kvprobe.theory.vllm.releases import (
     ASYNC_DEFAULT_FROM,
     policy,  # noqa: F401 — the admission policy of a release is the theory's rule
+    vllm_default_gpu_memory_utilization,
 )
 
 NAME = VLLM
@@ -43,3 +44,26 @@ def async_scheduling_default(version: str = DEFAULT_VERSION, *, platform: str = 
     if platform == "cpu":
         return False
     return version_tuple(version) >= ASYNC_DEFAULT_FROM
+
+
+# 0.34.0: CacheConfig.gpu_memory_utilization defaults to None (config/cache.py L216) and the engine resolves
+# it apart (`resolved_gpu_memory_utilization`, L494-501) without writing it back, so `vllm:cache_config_info`
+# and /server_info publish None unless the flag was given (a 0.34.0 shadow's /metrics:
+# gpu_memory_utilization="None"). Before, the field held the default (0.9, 0.92 from 0.20.0).
+UTILISATION_UNRESOLVED_FROM = (0, 34)
+# 0.34.0 leaves `usage.prompt_tokens_details` out of a body when it is None, where 0.33.0 wrote null
+# (entrypoints/serve/engine/protocol.py L139-141).
+PROMPT_TOKENS_DETAILS_OMITTED_FROM = (0, 34)
+
+
+def published_gpu_memory_utilization(version: str, given: float | None) -> float | None:
+    """The utilisation a release publishes in its config: the flag, else its default, else (0.34.0 on) None."""
+    if given is not None:
+        return given
+    if version_tuple(version) >= UTILISATION_UNRESOLVED_FROM:
+        return None
+    return vllm_default_gpu_memory_utilization(version)
+
+
+def prompt_tokens_details_written(version: str) -> bool:
+    return version_tuple(version) < PROMPT_TOKENS_DETAILS_OMITTED_FROM

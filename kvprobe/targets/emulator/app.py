@@ -21,6 +21,7 @@ from aiohttp import web
 
 from kvprobe.engines import get_dialect
 from kvprobe.engines.sglang.hybrid_options import options
+from kvprobe.engines.vllm.versions import published_gpu_memory_utilization
 from kvprobe.errors import ConfigError
 from kvprobe.targets.emulator.faults import Hooks, parse_faults, real_pool
 from kvprobe.targets.emulator.metrics import SglangMetrics, VllmMetrics
@@ -36,7 +37,6 @@ from kvprobe.theory.vllm.releases import (
     active_seqs_refusal,
     default_block_size,
     running_cap,
-    vllm_default_gpu_memory_utilization,
     watermark_refusal,
     window_rules,
 )
@@ -149,6 +149,8 @@ class Emulator:
         if self.engine == "vllm":
             if s.flags.get("block-size") is None:  # the release's own default (16; 64 from 0.34.0)
                 f["block-size"] = default_block_size(self.version)
+            self.published_utilisation = published_gpu_memory_utilization(
+                self.version, s.flags.get("gpu-memory-utilization"))
             blocks = f["num-gpu-blocks-override"]
             if not blocks or blocks < 2:
                 raise ConfigError("--num-gpu-blocks-override is required (the pool in blocks, >= 2)",
@@ -184,7 +186,7 @@ class Emulator:
                 num_gpu_blocks=blocks, block_size=self.block_size, max_model_len=self.max_model_len,
                 enable_prefix_caching=f["enable-prefix-caching"], num_gpu_blocks_override=blocks,
                 user_specified_block_size=s.flags.get("block-size") is not None,
-                gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version), capacity=self.capacity))
+                gpu_memory_utilization=self.published_utilisation, capacity=self.capacity))
         else:
             m = f["max-total-tokens"]
             if not m or m < 2:
@@ -259,7 +261,7 @@ class Emulator:
             enable_prefix_caching=f["enable-prefix-caching"], max_model_len=self.max_model_len, model=self.model,
             served_model_name=self.served_model_name,
             user_specified_block_size=self.settings.flags.get("block-size") is not None,
-            gpu_memory_utilization=vllm_default_gpu_memory_utilization(self.version))
+            gpu_memory_utilization=self.published_utilisation)
 
     def server_info(self) -> dict:
         # Every server argument, as SGLang's ServerArgs.resolved_dict (server_args.py L316-333): the

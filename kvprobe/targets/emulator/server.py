@@ -199,7 +199,7 @@ class Handlers:
             s = rid_box[0]
             data = _sse(d.stream_chunk(s.rid, created, name, token_text(token), reason))
             if include_usage:
-                data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens)))
+                data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens), version=e.version))
             rid_box.append(True)  # the final events went out
             return frame(data + DONE)
 
@@ -217,7 +217,7 @@ class Handlers:
             if len(rid_box) == 1:  # finished without a final token event
                 data = _sse(d.stream_chunk(s.rid, created, name, "", s.finish_reason))
                 if include_usage:
-                    data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens)))
+                    data += _sse(d.usage_chunk(s.rid, created, name, s.prompt_len, len(s.tokens), version=e.version))
                 frame(data + DONE)
             await resp.write_eof()
             return resp

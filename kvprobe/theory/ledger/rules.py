@@ -57,14 +57,20 @@ class ReleaseRules:
         return "; ".join(r.line() for r in self.unmodelled if r.effect != "figure")
 
 
+# A hybrid model's window groups under a release's rules (theory/vllm/releases.py WindowRules): what the
+# full-sequence check charges them, and the blocks a request holds in flight.
+WINDOW_ADMISSION, WINDOW_IN_FLIGHT = "window admission", "window blocks in flight"
 # The aspects of the release rules that set what vLLM's "GPU KV cache size" line says of a pool (its
-# semantics, and the blocks each KV cache group's request is counted for): `kvprobe diff` names them
+# semantics, and the blocks a window group's max-length request is counted for): `kvprobe diff` names them
 # where that line moved beyond its pool.
-KV_SIZE_LINE, KV_CACHE_GROUPS = "KV cache size figure", "KV cache groups"
-CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, KV_CACHE_GROUPS)
+KV_SIZE_LINE = "KV cache size figure"
+CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, WINDOW_IN_FLIGHT)
 # The block size a release takes when none is given moves the pool's blocks and every request's: named
 # wherever a figure moved with it.
 BLOCK_SIZE = "block size"
+# The aspects that move admission itself without a change of policy: a window group's charge in the
+# full-sequence check and its blocks in flight (release-changes.md V4, V5), and the block size.
+ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, BLOCK_SIZE)
 
 
 def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: bool,
@@ -111,7 +117,9 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
                     f"max_concurrency x max_model_len (vLLM {since} on, v1/core/kv_cache_utils.py "
                     "get_kv_cache_capacity)"))
     if bud.plan is not None:
-        applied.append((KV_CACHE_GROUPS, window_rules(version).text()))
+        window = window_rules(version)
+        applied.append((WINDOW_ADMISSION, window.admission_text()))
+        applied.append((WINDOW_IN_FLIGHT, window.in_flight_text()))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "

@@ -120,13 +120,13 @@ class WindowRules:
     admission_cap: bool = True  # the full-sequence check caps a window group's charge
     in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
 
-    def text(self) -> str:
-        cap = (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
-               else f"the full-sequence check charges window groups the whole prompt (before {_v(WINDOW_CAP_FROM)})")
-        fly = (f"in flight W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
-               if self.in_flight else
-               f"in flight W-1+T, freed on scheduled tokens (before {_v(WINDOW_IN_FLIGHT_FROM)})")
-        return f"{cap}; {fly}"
+    def admission_text(self) -> str:
+        return (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
+                else f"the full-sequence check charges window groups the whole prompt (before {_v(WINDOW_CAP_FROM)})")
+
+    def in_flight_text(self) -> str:
+        return (f"W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
+                if self.in_flight else f"W-1+T, freed on scheduled tokens (before {_v(WINDOW_IN_FLIGHT_FROM)})")
 
 
 def window_rules(version: str) -> WindowRules:
