@@ -12,8 +12,8 @@ from kvprobe.theory.ledger.rules import ADMISSION_ASPECTS, BLOCK_SIZE, CAPACITY_
 
 def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> str:
     """The rules that explain a change: the memory rules for the pool (an admission policy moves no
-    pool), and for the rest the admission policy and, where the ledger's pool moved too, the memory
-    rules beside it."""
+    pool), the rules behind the engine's capacity line for that line, and for the rest the admission
+    policy and, where the ledger's pool moved too, the memory rules beside it."""
     if key == "startup" and (refused := startup_explanation(ra, rb)):
         return "explained: " + refused
     parts = []
@@ -21,9 +21,9 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
         parts.append(memory_explanation(ra, rb))
     parts += differing_rules(ra, rb, CAPACITY_LINE_ASPECTS + (BLOCK_SIZE,) if key == "capacity_line"
                              else ADMISSION_ASPECTS)
-    if key != "pool" and ra["policy"] != rb["policy"]:
+    if key not in ("pool", "capacity_line") and ra["policy"] != rb["policy"]:  # admission moves neither
         parts.append(f"{ra['policy']} -> {rb['policy']}, {rb['rule']}")
-    if key != "pool" and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
+    if key not in ("pool", "capacity_line") and ra.get("scheduler_loop") and rb.get("scheduler_loop") \
             and ra["scheduler_loop"] != rb["scheduler_loop"]:  # SGLang's loop rules (theory/sglang/releases.py)
         parts.append(f"scheduler loop: {rb['scheduler_loop']}")
     parts = [p for p in parts if p]

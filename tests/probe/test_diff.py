@@ -186,6 +186,16 @@ def test_the_window_cap_pair_names_the_cap_for_the_plateau_and_the_line_rule_for
     assert "KV cache size figure" in line and "window" not in line  # the in-flight rule is 0.25.1's on both
 
 
+def test_a_capacity_line_is_not_put_down_to_the_admission_policy():
+    # 0.18.1 -> 0.33.0 on the hybrid pair: first-chunk against whole-prompt admission, which moves no line
+    old = {**_window_line_figures("0.18.1", 3200), "policy": "vllm-0.11", "rule": "first chunk"}
+    new = _window_line_figures("0.33.0", 4979)
+    found = changes_between(old, new)
+    line = found["engine's capacity line (tokens)"]["explanation"]
+    assert "KV cache size figure" in line and "window blocks in flight" in line and "vllm-0.11" not in line
+    assert "hybrid block pool" not in line  # moves admission, not the line
+
+
 def test_a_capacity_line_that_follows_its_pool_is_no_change_of_its_own():
     # the pool grew by a fifth and the line with it: one change, the pool's
     found = changes_between(figures(claim_tokens=3216, ledger_claim_tokens=3216),
@@ -212,6 +222,27 @@ def test_a_pool_moved_by_the_default_block_size_names_that_rule():
                                     rejection_point=new_limit))
     assert found["rejection point"]["explained"]
     assert "block size: 64 tokens, this release's default" in found["rejection point"]["explanation"]
+
+
+def test_a_hybrids_block_size_published_by_each_release_is_named_as_the_default_raised_for_its_state():
+    # Qwen3-Next (Gated DeltaNet + full attention): its block is the default raised until an attention page
+    # holds a Mamba state, 544 on 0.33.0 (from 16) and 576 on 0.34.0 (from 64); each engine publishes its own,
+    # which the diff's ledgers take as given: the rule still says whose default it is
+    def rules(version, published):
+        led = build_ledger(LedgerInputs(engine="vllm", engine_version=version,
+                                        model="Qwen/Qwen3-Next-80B-A3B-Instruct", num_gpu_blocks_override=30,
+                                        block_size=published, max_model_len=4096, enable_prefix_caching=False,
+                                        prompt_tokens=1000, output_tokens=200, async_scheduling=True)).to_dict()
+        return {r["aspect"]: r["rule"] for r in led["release_rules"]}
+    old, new = rules("0.33.0", 544), rules("0.34.0", 576)
+    assert old["block size"].startswith("544 tokens, this release's default 16 ")
+    assert new["block size"].startswith("576 tokens, this release's default 64 ")
+    assert "holds a Mamba state" in new["block size"]
+    found = changes_between(figures(release_rules=old, usage_at_saturation=0.934, predicted_usage=0.948),
+                            figures(version="0.34.0", release_rules=new, usage_at_saturation=0.883,
+                                    predicted_usage=0.897))
+    assert found["usage at saturation"]["explanation"] == f"explained: block size: {new['block size']}"
+    assert rules("0.34.0", 1024)["block size"] == "1024 tokens, given"
 
 
 def test_a_release_that_refuses_is_a_change_of_startup():

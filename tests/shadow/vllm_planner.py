@@ -54,16 +54,29 @@ def plan(case: dict) -> dict:
 
 def _capacity(config, kv_cache_config) -> tuple[int, float]:
     """The capacity line's tokens and concurrency: the figures 0.33.0 keeps on the cache config
-    (kv_cache_utils.py L1141), or, on releases that only log them (0.18.1: `_report_kv_cache_config`,
-    kv_cache_utils.py L1294-1320), that same computation with the release's own function."""
+    (kv_cache_utils.py L1141), or, on releases that only log them (0.18.1-0.24.x: `_report_kv_cache_config`,
+    kv_cache_utils.py L1294-1320 in 0.18.1, L1684-1713 in 0.20.2), what the release's own function logs: it
+    is called with its module's logger swapped for one that records (info_once would say it once a process)."""
     cc = config.cache_config
     if getattr(cc, "kv_cache_size_tokens", None) is not None:
         return cc.kv_cache_size_tokens, cc.kv_cache_max_concurrency
-    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+    from vllm.v1.core import kv_cache_utils
 
-    groups = kv_cache_config.kv_cache_groups
-    tokens = kv_cache_config.num_blocks // len(groups) * min(g.kv_cache_spec.block_size for g in groups)
-    return tokens, get_max_concurrency_for_kv_cache_config(config, kv_cache_config)
+    said: dict[str, tuple] = {}
+
+    class Recorder:
+        def info_once(self, msg, *args, **_):
+            said[msg] = args
+
+        info = debug = warning = info_once
+
+    logger, kv_cache_utils.logger = kv_cache_utils.logger, Recorder()
+    try:
+        kv_cache_utils._report_kv_cache_config(config, kv_cache_config)
+    finally:
+        kv_cache_utils.logger = logger
+    tokens = int(said["GPU KV cache size: %s tokens"][0].replace(",", ""))
+    return tokens, kv_cache_utils.get_max_concurrency_for_kv_cache_config(config, kv_cache_config)
 
 
 def main() -> None:

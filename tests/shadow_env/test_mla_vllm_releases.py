@@ -4,7 +4,7 @@ from it exactly as kvprobe's ledger does (`tests/shadow/vllm_planner.py`, as tes
 runs it on 0.33.0). No server, no traffic: one vLLM import per release, a few seconds per case after it.
 
 Releases: 0.18.1 (a suite environment, installed when missing); with KVPROBE_RELEASES=installed (`make
-matrix`) also every other release before 0.33.0 built on this machine (`recipes.installed`, about half a
+matrix`) also every other release but 0.33.0 built on this machine (0.34.0 included) (`recipes.installed`, about half a
 minute each): `make test` installs and runs nothing beyond its pair. A DSA indexer is refused
 through 0.29.0, naming the release and the kind; from 0.30.0 (the indexer cache's SparseCacheRole) it is
 described, and that release's planner plans the ledger's pool for it too. Window layers (gpt-oss-20b's sliding
@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 SUITE_RELEASE = "0.18.1"
 NEWEST = (0, 33, 0)  # the worker's own release: tests/shadow/test_vllm_planner.py
 ALL_INSTALLED = os.environ.get("KVPROBE_RELEASES") == "installed"  # make matrix
-OLDER = [v for v in recipes.installed("vllm") if version_tuple(v) < NEWEST] if ALL_INSTALLED else []
-RELEASES = sorted({SUITE_RELEASE, *OLDER}, key=version_tuple)
+OTHERS = [v for v in recipes.installed("vllm") if version_tuple(v) != NEWEST] if ALL_INSTALLED else []
+RELEASES = sorted({SUITE_RELEASE, *OTHERS}, key=version_tuple)
 DEEPSEEK_V3 = "deepseek-ai/DeepSeek-V3"
 CASES = {  # name -> (model, the expectation's keys)
     "deepseek-v3, 10 GiB": (DEEPSEEK_V3, {"flags": {"kv-cache-memory-bytes": "10GiB", "max-model-len": 8192}}),

@@ -182,7 +182,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         request = RequestSection(p, o, cdiv(p, blk), cdiv(p + o - 1, blk), "blocks", bud.max_model_len)
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
     rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, caching=caching,
-                               policy=policy if request is not None else None)
+                               policy=policy if request is not None else None, plan_opts=plan_opts)
     refusal = flag_refusal or active_refusal or startup or bud.refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, refusal), rules)
@@ -198,7 +198,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         enable_prefix_caching=caching,
         enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,
         policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
-        groups=groups, window_admission_cap=window.admission_cap, window_in_flight=window.in_flight)
+        groups=groups, window_admission_cap=window.admission_cap, window_in_flight=window.in_flight,
+        sparse_retention=window.sparse_retention, free_unhashed_first=window.unhashed_first)
     layers = tuple(group_layers(bud.plan)) if groups else ()
     pred = _predict(sched, inputs, policy, request, layers)
     return _with_rules(Ledger(inputs, model, bud, cap, request, pred, sched, version), rules)

@@ -6,14 +6,17 @@ or the admission, the admission is not predicted."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from kvprobe.releases import version_tuple
 from kvprobe.theory.admission import policy_rule
+from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.sglang.releases import scheduler_rule_text
 from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.unmodelled import Unmodelled, blocks_prediction
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import hybrid_block_size
 from kvprobe.theory.vllm.releases import (
     ACTIVE_SEQS_FROM,
     ACTIVE_SEQS_RULE,
@@ -59,7 +62,7 @@ class ReleaseRules:
 
 # A hybrid model's window groups under a release's rules (theory/vllm/releases.py WindowRules): what the
 # full-sequence check charges them, and the blocks a request holds in flight.
-WINDOW_ADMISSION, WINDOW_IN_FLIGHT = "window admission", "window blocks in flight"
+WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL = "window admission", "window blocks in flight", "hybrid block pool"
 # The aspects of the release rules that set what vLLM's "GPU KV cache size" line says of a pool (its
 # semantics, and the blocks a window group's max-length request is counted for): `kvprobe diff` names them
 # where that line moved beyond its pool.
@@ -69,14 +72,34 @@ CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, WINDOW_IN_FLIGHT)
 # wherever a figure moved with it.
 BLOCK_SIZE = "block size"
 # The aspects that move admission itself without a change of policy: a window group's charge in the
-# full-sequence check and its blocks in flight (release-changes.md V4, V5), and the block size.
-ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, BLOCK_SIZE)
+# full-sequence check and its blocks in flight (release-changes.md V4, V5), what a preempted request finds of
+# itself in the hybrid pool (releases.py UNHASHED_FIRST_FROM, SPARSE_RETENTION_FROM), and the block size.
+ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL, BLOCK_SIZE)
+
+
+def _block_size_rule(inputs, geom, bud, version: str, plan_opts) -> str:
+    """The block size and where it came from: given, this release's default, or (a Mamba hybrid) the
+    default raised until an attention page holds a Mamba state — so a diff of 0.33.0 against 0.34.0 names
+    the default's move behind a hybrid's 544 -> 576. A size given (or published by the engine) that is what
+    the release would take anyway is told as the release's."""
+    default = default_block_size(version, mla=geom.attention == "mla")
+    since = ".".join(map(str, BLOCK_SIZE_64_FROM))
+    why = f"16 before vLLM {since}.0, 64 from it: config/cache.py L185; MLA 64 on every release"
+    own = default
+    if plan_opts is not None and geom.layers.count(LINEAR):
+        own = hybrid_block_size(geom, dataclasses.replace(plan_opts, block_size=default))[0]
+    if inputs.block_size and inputs.block_size != own:
+        return f"{inputs.block_size} tokens, given"
+    if own != default:
+        return (f"{own} tokens, this release's default {default} ({why}) raised to the smallest multiple whose "
+                "attention page holds a Mamba state (platforms/interface.py _align_hybrid_block_size)")
+    return f"{bud.block_size} tokens, this release's default ({why})"
 
 
 def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: bool,
-                       policy: str | None) -> ReleaseRules:
+                       policy: str | None, plan_opts=None) -> ReleaseRules:
     """The vLLM rules the ledger applied for `version`, and the rows of its unmodelled table these
-    inputs reach (`inputs`: LedgerInputs; `bud`: the VllmBudget)."""
+    inputs reach (`inputs`: LedgerInputs; `bud`: the VllmBudget; `plan_opts`: a hybrid's VllmOptions)."""
     facts = VllmFacts(
         version=version, kinds=geom.layers.kinds, max_model_len_auto=inputs.max_model_len == -1, max_num_seqs=seqs,
         max_num_batched_tokens_given=inputs.max_num_batched_tokens is not None,
@@ -96,12 +119,7 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
                   f"; max_num_seqs not lowered to the token budget (before vLLM {since}: a smaller budget is "
                   "refused)")
     applied.append(("max_num_seqs / max_num_batched_tokens", batch))
-    if inputs.block_size and inputs.block_size != default_block_size(version, mla=geom.attention == "mla"):
-        applied.append((BLOCK_SIZE, f"{inputs.block_size} tokens, given"))
-    else:  # not given, or given (or published by the engine) as the release's default
-        since = ".".join(map(str, BLOCK_SIZE_64_FROM))
-        applied.append((BLOCK_SIZE, f"{bud.block_size} tokens, this release's default (16 before vLLM {since}.0, "
-                                    "64 from it: config/cache.py L185; MLA 64 on every release)"))
+    applied.append((BLOCK_SIZE, _block_size_rule(inputs, geom, bud, version, plan_opts)))
     if inputs.max_num_active_seqs is not None:
         effect = (f"refused: vLLM {version} has no such flag" if version_tuple(version) < ACTIVE_SEQS_FROM
                   else f"RUNNING capped at {min(seqs, inputs.max_num_active_seqs)}")
@@ -120,6 +138,7 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
         window = window_rules(version)
         applied.append((WINDOW_ADMISSION, window.admission_text()))
         applied.append((WINDOW_IN_FLIGHT, window.in_flight_text()))
+        applied.append((HYBRID_POOL, window.pool_text()))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "

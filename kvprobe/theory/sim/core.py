@@ -35,6 +35,12 @@ class VllmConfig:
     # what left the window is freed on processed tokens (0.26.0 on)
     window_admission_cap: bool = True
     window_in_flight: bool = True
+    # a hybrid model's block pool (theory/vllm/releases.py UNHASHED_FIRST_FROM, SPARSE_RETENTION_FROM):
+    # `sparse_retention`, a window / Mamba group caches only the blocks a later hit can use (0.29.0 on), or
+    # every full block; `free_unhashed_first`, a freed block without a hash goes to the head of the free queue
+    # (0.23.0 on), or every freed block to the tail
+    sparse_retention: bool = True
+    free_unhashed_first: bool = True
 
 
 @dataclass

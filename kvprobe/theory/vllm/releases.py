@@ -111,18 +111,42 @@ WINDOW_IN_FLIGHT_FROM = (0, 26)
 #   is num_blocks // groups x the smallest block size (kv_cache_utils.py L1299-1303 in 0.18.1, L1694-1698 in
 #   0.20.0; 0.20.1 L1699-1706).
 KV_SIZE_LINE_FROM = (0, 20, 1)
+# The block pool a hybrid model's groups share (what a preempted request finds of itself when it comes back):
+# - a freed block without a hash goes to the head of the free queue, reused first, from 0.23.0: a window
+#   group's, in remove_skipped_blocks and SlidingWindowManager.free (single_type_kv_cache_manager.py L470-501,
+#   L752-764 in 0.23.0), every group's from 0.24.0 (block_pool.py free_blocks, L615-640). Through 0.22.1
+#   every freed block goes to the tail (append_n: block_pool.py L409-423 in 0.18.1, L420 in 0.21.0, L431 in
+#   0.22.1), so a preempted request's last hashed blocks are evicted first. On 0.23.x a full group's unhashed
+#   blocks (a request's partial last block) still go to the tail: taken at 0.24.0's rule.
+UNHASHED_FIRST_FROM = (0, 23)
+# - window and Mamba groups cache sparsely, only the checkpoints a later hit can use, from 0.29.0, whose
+#   prefix_cache_retention_interval defaults to 0 (config/cache.py L60-66, L156; 0.33.0 L275); through
+#   0.28.0 VLLM_PREFIX_CACHE_RETENTION_INTERVAL defaults to None, every full block cached (envs.py L1157-1161
+#   in 0.28.0; 0.18.1's cache_blocks has no mask at all, single_type_kv_cache_manager.py L250-274). Dense, a
+#   preempted request's window blocks stay hittable, and its admission charges them with the prompt's rest.
+SPARSE_RETENTION_FROM = (0, 29)
 
 
 @dataclass(frozen=True)
 class WindowRules:
-    """How a release treats window / chunked-local groups (see WINDOW_CAP_FROM, WINDOW_IN_FLIGHT_FROM)."""
+    """How a release treats window / chunked-local groups and the block pool a hybrid model's groups
+    share (see WINDOW_CAP_FROM, WINDOW_IN_FLIGHT_FROM, UNHASHED_FIRST_FROM, SPARSE_RETENTION_FROM)."""
 
     admission_cap: bool = True  # the full-sequence check caps a window group's charge
     in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
+    unhashed_first: bool = True  # freed blocks without a hash are reused first
+    sparse_retention: bool = True  # window and Mamba groups keep only the checkpoints a hit can use
 
     def admission_text(self) -> str:
         return (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
                 else f"the full-sequence check charges window groups the whole prompt (before {_v(WINDOW_CAP_FROM)})")
+
+    def pool_text(self) -> str:
+        free = (f"freed blocks without a hash reused first (from {_v(UNHASHED_FIRST_FROM)})" if self.unhashed_first
+                else f"every freed block to the free queue's tail (before {_v(UNHASHED_FIRST_FROM)})")
+        keep = (f"window and Mamba groups cache sparsely (from {_v(SPARSE_RETENTION_FROM)})" if self.sparse_retention
+                else f"every full block of every group cached (before {_v(SPARSE_RETENTION_FROM)})")
+        return f"{free}; {keep}"
 
     def in_flight_text(self) -> str:
         return (f"W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
@@ -131,7 +155,8 @@ class WindowRules:
 
 def window_rules(version: str) -> WindowRules:
     v = version_tuple(version)
-    return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM)
+    return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM,
+                       unhashed_first=v >= UNHASHED_FIRST_FROM, sparse_retention=v >= SPARSE_RETENTION_FROM)
 
 
 def legacy_kv_size_line(version: str) -> bool:

@@ -67,9 +67,10 @@ class KVRequest:
 class BlockPool:
     """`BlockPool` with explicit block ids; see the module doc."""
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool):
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, unhashed_first: bool = True):
         self.num_gpu_blocks = num_gpu_blocks
         self.caching = enable_caching
+        self.unhashed_first = unhashed_first  # free_blocks: see there
         self.ref = [0] * num_gpu_blocks
         self.hash: list = [None] * num_gpu_blocks
         self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
@@ -104,14 +105,19 @@ class BlockPool:
             self.ref[block] += 1
 
     def free_blocks(self, ordered) -> None:
-        """Blocks in eviction order (the first is evicted first)."""
+        """Blocks in eviction order (the first is evicted first): those without a hash to the head
+        of the free queue, reused first, the hashed ones to the tail (0.33.0 L816-849). Without
+        `unhashed_first` every freed block goes to the tail in the order given, hashed or not:
+        `free_blocks` of 0.18.1 (block_pool.py L409-423, `append_n` alone; so through 0.20.2, and
+        split from 0.25.1 on)."""
         first, last = [], []
         for block in ordered:
             if block == NULL:
                 continue
             self.ref[block] -= 1
             if self.ref[block] == 0:
-                (first if self.hash[block] is None or not self.caching else last).append(block)
+                head = self.unhashed_first and (self.hash[block] is None or not self.caching)
+                (first if head else last).append(block)
         queue = self.queue
         for block in reversed(first):  # prepend_n keeps their order at the head
             queue[block] = None

@@ -56,11 +56,19 @@ class HybridVllmScheduler(VllmScheduler):
             raise ConfigError("Mamba groups with prefix caching share the attention block size "
                               "(mamba_cache_mode align)", key="groups")
         self.groups = groups
+        # retention None: dense, every full block of a window / Mamba group cached (0.18.1
+        # single_type_kv_cache_manager.py L250-274 cache_blocks, no mask; 0.28.0's default too); 0: 0.33.0's
+        # sparse retention (single_type_kv_cache_manager.py L477-543 reachable_block_mask). Dense, a preempted
+        # request's window blocks stay hittable: its hit reaches the prompt's computed blocks and its
+        # admission charges them with the rest of the prompt at once (allocate_slots, kv_cache_manager.py
+        # L334-350 in 0.18.1), so it may wait where a fresh first chunk would be admitted.
+        retention = 0 if config.sparse_retention else None
         self.kvm = HybridKVManager(groups, config.num_gpu_blocks, block_size=config.block_size,
                                    caching=config.enable_prefix_caching, max_model_len=config.max_model_len,
                                    in_flight=in_flight_tokens(config), watermark_blocks=self.watermark,
-                                   admission_cap=config.window_admission_cap,
-                                   free_processed=config.window_in_flight)
+                                   retention=retention, admission_cap=config.window_admission_cap,
+                                   free_processed=config.window_in_flight,
+                                   unhashed_first=config.free_unhashed_first)
         # "align" mode: prefill chunks end on block boundaries (scheduler.py L430-434); with prefill
         # checkpoint blocks in every Mamba group, the first group's alignment (L435-449)
         self.align_split = bool(mamba) and config.enable_prefix_caching
@@ -123,7 +131,10 @@ class HybridVllmScheduler(VllmScheduler):
         if need.sum() > budget:  # FCFS within the budget: request by request
             return self._schedule_each(budget, result)
         slots = comp + need
-        quiet = (need == 0) | ((slots <= qs) & (np.minimum(slots, ntok) < qc) & (comp - infl < qp))
+        # the tokens remove_skipped frees on: processed (comp - infl), or before 0.26.0 the computed ones
+        # (allocate_slots, kv_cache_manager.py L334-336 in 0.18.1: remove_skipped_blocks(total_computed_tokens))
+        processed = comp - infl if self.kvm.free_processed else comp
+        quiet = (need == 0) | ((slots <= qs) & (np.minimum(slots, ntok) < qc) & (processed < qp))
         for i in (~quiet).nonzero()[0].tolist():
             if i >= L.n:
                 break
