@@ -36,8 +36,8 @@ def explanation(ra: dict, rb: dict, key: str = "rejection_point", tol=None) -> s
 def differing_rules(ra: dict, rb: dict, aspects: tuple[str, ...]) -> list[str]:
     """The release rules of `aspects` that differ between the two releases, as the ledger applied them on
     the second: those behind the engine's capacity line (theory/ledger/rules.py CAPACITY_LINE_ASPECTS), or
-    those that move admission under one policy (ADMISSION_ASPECTS: a window group's charge, the block size
-    a release defaults to)."""
+    those that move admission under one policy (ADMISSION_ASPECTS: a window group's charge and blocks in
+    flight, the hybrid pool's free order and retention, the block size a release takes)."""
     a, b = ra.get("release_rules") or {}, rb.get("release_rules") or {}
     return [f"{aspect}: {b[aspect]}" for aspect in aspects if b.get(aspect) is not None and a.get(aspect) != b[aspect]]
 

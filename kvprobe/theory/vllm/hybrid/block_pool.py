@@ -108,8 +108,8 @@ class BlockPool:
         """Blocks in eviction order (the first is evicted first): those without a hash to the head
         of the free queue, reused first, the hashed ones to the tail (0.33.0 L816-849). Without
         `unhashed_first` every freed block goes to the tail in the order given, hashed or not:
-        `free_blocks` of 0.18.1 (block_pool.py L409-423, `append_n` alone; so through 0.20.2, and
-        split from 0.25.1 on)."""
+        `free_blocks` of 0.18.1 (block_pool.py L409-423, `append_n` alone; so through 0.22.1, split
+        from 0.23.0 on: theory/vllm/releases.py UNHASHED_FIRST_FROM)."""
         first, last = [], []
         for block in ordered:
             if block == NULL:
