@@ -69,6 +69,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-window-cap-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-block-size-shadow.yaml --versions 0.33.0,0.34.0 --install \
 		--artifacts artifacts/matrix/vllm-block-size-shadow
+	-$(BIN)/kvprobe diff expectations/hybrid-vllm-qwen3-next.yaml --versions 0.33.0,0.34.0 --install \
+		--artifacts artifacts/matrix/vllm-mamba-block-size-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/vllm-installed
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
