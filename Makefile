@@ -76,6 +76,7 @@ matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/sglang-installed
 	-$(BIN)/python -m pytest -q -p no:cacheprovider tests/theory/matrix_real_sglang_releases.py
+	-$(BIN)/python -m pytest -q -p no:cacheprovider tests/theory/matrix_real_vllm_hybrid_releases.py
 	-KVPROBE_RELEASES=installed $(BIN)/python -m pytest -q -p no:cacheprovider tests/shadow_env/test_mla_vllm_releases.py
 
 shadow-vllm: $(STAMP)

@@ -29,6 +29,7 @@ import pytest
 from kvprobe.theory.ledger.build import build_ledger
 from kvprobe.theory.ledger.inputs import LedgerInputs
 from kvprobe.theory.schedsim import VllmConfig, arrival_steps, closed_loop, request_lifetime
+from kvprobe.theory.vllm.hybrid.block_pool import SPLIT, TAIL
 from kvprobe.theory.vllm.hybrid.kv_cache_manager import KVGroup
 from tests.engine_envs import engine_env
 from tests.theory.test_real_vllm import _run_driver, model_dir  # noqa: F401  (the fixture)
@@ -48,7 +49,7 @@ def ledger_config(async_scheduling: bool) -> VllmConfig:
     cfg = led.scheduler_config
     assert cfg.groups == (KVGroup("sliding", window=128), KVGroup("full"))
     assert (cfg.policy, cfg.window_admission_cap, cfg.window_in_flight) == ("vllm-0.11", False, False)
-    assert (cfg.sparse_retention, cfg.free_unhashed_first) == (False, False)  # releases.py: 0.29.0, 0.23.0
+    assert (cfg.sparse_retention, cfg.free_order) == (False, TAIL)  # releases.py: 0.29.0, 0.23.0
     return cfg
 
 
@@ -85,11 +86,11 @@ def test_every_step_equals_vllm_0_18_1s_scheduler(real, async_scheduling, users)
     assert preemptions == real[("trace", async_scheduling, users)]["preemptions"]
 
 
-@pytest.mark.parametrize("rule", ["sparse_retention", "free_unhashed_first"])
+@pytest.mark.parametrize("rule", [{"sparse_retention": True}, {"free_order": SPLIT}], ids=["retention", "free order"])
 def test_each_of_0_33_0s_pool_rules_parts_from_0_18_1(real, rule):
     """With either pool rule of 0.33.0 in place of 0.18.1's, the loop parts from the scheduler: the test sees both."""
     for a, n in CASES:
-        cfg = dataclasses.replace(ledger_config(a), **{rule: True})
+        cfg = dataclasses.replace(ledger_config(a), **rule)
         sim, _ = simulated(cfg, P, O, n, arrival_steps(request_lifetime(cfg, P, O), n, "ramp", WIDTH), STEPS)
         assert sim != [tuple(x) for x in real[("trace", a, n)]["trace"]], (rule, a, n)
 

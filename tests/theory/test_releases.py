@@ -140,6 +140,18 @@ def test_async_scheduling_is_the_default_from_the_release_that_made_it_so():
         [False, False, False, True, True]
 
 
+def test_the_hybrid_pool_rules_come_in_at_the_releases_that_read_them():
+    """The free order (0.22.1 append_n alone; 0.23.0 window paths prepend; 0.24.0 BlockPool.free_blocks splits)
+    and sparse retention (0.28.0 envs.py default None; 0.29.0 config/cache.py 0), each read in the wheels."""
+    from kvprobe.theory.vllm.hybrid.block_pool import SPLIT, TAIL, WINDOW_SPLIT
+    seen = {v: vllm_releases.window_rules(v) for v in ("0.18.1", "0.22.1", "0.23.0", "0.23.1", "0.24.0", "0.28.0",
+                                                       "0.29.0", "0.33.0")}
+    assert [r.free_order for r in seen.values()] == [TAIL, TAIL, WINDOW_SPLIT, WINDOW_SPLIT, SPLIT, SPLIT, SPLIT,
+                                                     SPLIT]
+    assert [r.sparse_retention for r in seen.values()] == [False] * 6 + [True] * 2
+    assert "(0.23.x)" in seen["0.23.0"].pool_text() and "before 0.23.0" in seen["0.22.1"].pool_text()
+
+
 def _watermark_ledger(version: str, watermark: float, **kw):
     # expectations/diff/vllm-watermark-shadow.yaml's shape: 1000 blocks of 16, P=512, O=256
     return build_ledger(LedgerInputs(engine="vllm", model="meta-llama/Llama-3.1-8B", engine_version=version,

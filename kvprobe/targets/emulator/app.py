@@ -179,7 +179,7 @@ class Emulator:
                                 async_scheduling=d.async_scheduling_default(self.version)
                                 if f["async-scheduling"] is None else f["async-scheduling"], groups=groups,
                                 window_admission_cap=window.admission_cap, window_in_flight=window.in_flight,
-                                sparse_retention=window.sparse_retention, free_unhashed_first=window.unhashed_first)
+                                sparse_retention=window.sparse_retention, free_order=window.free_order)
             cap, unit = config.max_num_seqs, self.block_size
             self.metrics_enabled = True
             self.stats_enabled = not f["disable-log-stats"]

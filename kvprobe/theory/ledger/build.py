@@ -199,7 +199,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         enable_chunked_prefill=True, async_scheduling=bool(inputs.async_scheduling), watermark=inputs.watermark,
         policy=policy if policy.startswith("vllm") else admission.policy_for("vllm", version),
         groups=groups, window_admission_cap=window.admission_cap, window_in_flight=window.in_flight,
-        sparse_retention=window.sparse_retention, free_unhashed_first=window.unhashed_first)
+        sparse_retention=window.sparse_retention, free_order=window.free_order)
     layers = tuple(group_layers(bud.plan)) if groups else ()
     pred = _predict(sched, inputs, policy, request, layers)
     return _with_rules(Ledger(inputs, model, bud, cap, request, pred, sched, version), rules)

@@ -37,10 +37,10 @@ class VllmConfig:
     window_in_flight: bool = True
     # a hybrid model's block pool (theory/vllm/releases.py UNHASHED_FIRST_FROM, SPARSE_RETENTION_FROM):
     # `sparse_retention`, a window / Mamba group caches only the blocks a later hit can use (0.29.0 on), or
-    # every full block; `free_unhashed_first`, a freed block without a hash goes to the head of the free queue
-    # (0.23.0 on), or every freed block to the tail
+    # every full block; `free_order`, which frees send the blocks without a hash to the head of the free
+    # queue (vllm/hybrid/block_pool.py SPLIT, 0.24.0 on; WINDOW_SPLIT, 0.23.x; TAIL, none)
     sparse_retention: bool = True
-    free_unhashed_first: bool = True
+    free_order: str = "split"
 
 
 @dataclass

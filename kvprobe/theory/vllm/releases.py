@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvprobe.releases import VLLM_DEFAULT_VERSION, version_tuple
+from kvprobe.theory.vllm.hybrid.block_pool import SPLIT, TAIL, WINDOW_SPLIT
 from kvprobe.theory.vllm.memory_profile import profile_rules
 
 # The first release that makes the whole prompt fit before admitting it: 0.19.0 brought
@@ -112,13 +113,15 @@ WINDOW_IN_FLIGHT_FROM = (0, 26)
 #   0.20.0; 0.20.1 L1699-1706).
 KV_SIZE_LINE_FROM = (0, 20, 1)
 # The block pool a hybrid model's groups share (what a preempted request finds of itself when it comes back):
-# - a freed block without a hash goes to the head of the free queue, reused first, from 0.23.0: a window
-#   group's, in remove_skipped_blocks and SlidingWindowManager.free (single_type_kv_cache_manager.py L470-501,
-#   L752-764 in 0.23.0), every group's from 0.24.0 (block_pool.py free_blocks, L615-640). Through 0.22.1
-#   every freed block goes to the tail (append_n: block_pool.py L409-423 in 0.18.1, L420 in 0.21.0, L431 in
-#   0.22.1), so a preempted request's last hashed blocks are evicted first. On 0.23.x a full group's unhashed
-#   blocks (a request's partial last block) still go to the tail: taken at 0.24.0's rule.
-UNHASHED_FIRST_FROM = (0, 23)
+# - a freed block without a hash goes to the head of the free queue, reused first: on 0.23.x a group's skipped
+#   blocks (remove_skipped_blocks, single_type_kv_cache_manager.py L470-501) and a window group's freed request
+#   (SlidingWindowManager.free, L752-764) only, a full or chunked group's request (the base free, L363-378)
+#   and a Mamba state block (L1045) still to the tail; every free from 0.24.0 (block_pool.py free_blocks,
+#   L615-640). Through 0.22.1 every freed block goes to the tail (append_n: block_pool.py L409-423 in 0.18.1,
+#   L420 in 0.21.0, L431 in 0.22.1), so a preempted request's last hashed blocks are evicted first.
+#   (tests/theory/matrix_real_vllm_hybrid_releases.py: 0.23.0's own scheduler, step by step.)
+UNHASHED_FIRST_WINDOW_FROM = (0, 23)
+UNHASHED_FIRST_FROM = (0, 24)
 # - window and Mamba groups cache sparsely, only the checkpoints a later hit can use, from 0.29.0, whose
 #   prefix_cache_retention_interval defaults to 0 (config/cache.py L60-66, L156; 0.33.0 L275); through
 #   0.28.0 VLLM_PREFIX_CACHE_RETENTION_INTERVAL defaults to None, every full block cached (envs.py L1157-1161
@@ -134,7 +137,7 @@ class WindowRules:
 
     admission_cap: bool = True  # the full-sequence check caps a window group's charge
     in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
-    unhashed_first: bool = True  # freed blocks without a hash are reused first
+    free_order: str = SPLIT  # which frees reuse blocks without a hash first (hybrid/block_pool.py)
     sparse_retention: bool = True  # window and Mamba groups keep only the checkpoints a hit can use
 
     def admission_text(self) -> str:
@@ -142,8 +145,11 @@ class WindowRules:
                 else f"the full-sequence check charges window groups the whole prompt (before {_v(WINDOW_CAP_FROM)})")
 
     def pool_text(self) -> str:
-        free = (f"freed blocks without a hash reused first (from {_v(UNHASHED_FIRST_FROM)})" if self.unhashed_first
-                else f"every freed block to the free queue's tail (before {_v(UNHASHED_FIRST_FROM)})")
+        free = {SPLIT: f"freed blocks without a hash reused first (from {_v(UNHASHED_FIRST_FROM)})",
+                WINDOW_SPLIT: f"a window group's freed blocks without a hash reused first, the rest to the free "
+                              f"queue's tail ({'.'.join(map(str, UNHASHED_FIRST_WINDOW_FROM))}.x)",
+                TAIL: f"every freed block to the free queue's tail (before {_v(UNHASHED_FIRST_WINDOW_FROM)})"}[
+            self.free_order]
         keep = (f"window and Mamba groups cache sparsely (from {_v(SPARSE_RETENTION_FROM)})" if self.sparse_retention
                 else f"every full block of every group cached (before {_v(SPARSE_RETENTION_FROM)})")
         return f"{free}; {keep}"
@@ -156,7 +162,9 @@ class WindowRules:
 def window_rules(version: str) -> WindowRules:
     v = version_tuple(version)
     return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM,
-                       unhashed_first=v >= UNHASHED_FIRST_FROM, sparse_retention=v >= SPARSE_RETENTION_FROM)
+                       free_order=SPLIT if v >= UNHASHED_FIRST_FROM else
+                       WINDOW_SPLIT if v >= UNHASHED_FIRST_WINDOW_FROM else TAIL,
+                       sparse_retention=v >= SPARSE_RETENTION_FROM)
 
 
 def legacy_kv_size_line(version: str) -> bool:

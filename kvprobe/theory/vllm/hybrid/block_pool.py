@@ -11,6 +11,12 @@ from kvprobe.theory.model.sizes import cdiv
 
 NEVER = 1 << 60
 NULL = 0  # block 0 is the null block: a table entry that holds nothing (block_pool.py L180-186)
+# Where a freed block goes in the free queue, by release (theory/vllm/releases.py UNHASHED_FIRST_FROM):
+# SPLIT, every free sends the blocks without a hash to the head, reused first, and the hashed ones to the tail
+# (0.24.0 on: block_pool.py free_blocks); WINDOW_SPLIT, only a group's skipped blocks and a window group's
+# freed request do (0.23.x: single_type_kv_cache_manager.py L470-501, L752-764), the rest go to the tail;
+# TAIL, every freed block to the tail in the order given (through 0.22.1: `append_n` alone).
+SPLIT, WINDOW_SPLIT, TAIL = "split", "window split", "tail"
 
 
 def checkpoint_position(num_tokens: int, block: int) -> int:
@@ -67,10 +73,10 @@ class KVRequest:
 class BlockPool:
     """`BlockPool` with explicit block ids; see the module doc."""
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool, unhashed_first: bool = True):
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, free_order: str = SPLIT):
         self.num_gpu_blocks = num_gpu_blocks
         self.caching = enable_caching
-        self.unhashed_first = unhashed_first  # free_blocks: see there
+        self.free_order = free_order  # SPLIT, WINDOW_SPLIT or TAIL: the managers' free calls read it
         self.ref = [0] * num_gpu_blocks
         self.hash: list = [None] * num_gpu_blocks
         self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
@@ -104,19 +110,18 @@ class BlockPool:
                 del self.queue[block]
             self.ref[block] += 1
 
-    def free_blocks(self, ordered) -> None:
-        """Blocks in eviction order (the first is evicted first): those without a hash to the head
-        of the free queue, reused first, the hashed ones to the tail (0.33.0 L816-849). Without
-        `unhashed_first` every freed block goes to the tail in the order given, hashed or not:
-        `free_blocks` of 0.18.1 (block_pool.py L409-423, `append_n` alone; so through 0.22.1, split
-        from 0.23.0 on: theory/vllm/releases.py UNHASHED_FIRST_FROM)."""
+    def free_blocks(self, ordered, split: bool = True) -> None:
+        """Blocks in eviction order (the first is evicted first): with `split`, those without a hash to
+        the head of the free queue, reused first, the hashed ones to the tail (0.33.0 L816-849); without,
+        every freed block to the tail in the order given, hashed or not (0.18.1 block_pool.py L409-423,
+        `append_n` alone). Which free splits is the release's `free_order`."""
         first, last = [], []
         for block in ordered:
             if block == NULL:
                 continue
             self.ref[block] -= 1
             if self.ref[block] == 0:
-                head = self.unhashed_first and (self.hash[block] is None or not self.caching)
+                head = split and (self.hash[block] is None or not self.caching)
                 (first if head else last).append(block)
         queue = self.queue
         for block in reversed(first):  # prepend_n keeps their order at the head

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 from kvprobe.theory.model.sizes import cdiv
-from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, BlockPool, KVGroup, KVRequest  # noqa: F401
+from kvprobe.theory.vllm.hybrid.block_pool import NEVER, NULL, SPLIT, BlockPool, KVGroup, KVRequest  # noqa: F401
 
 # the public API is imported from here
 from kvprobe.theory.vllm.hybrid.single_type_managers import (  # noqa: F401
@@ -58,9 +58,9 @@ class HybridKVManager:
 
     def __init__(self, groups: tuple[KVGroup, ...], num_gpu_blocks: int, *, block_size: int, caching: bool,
                  max_model_len: int, in_flight: int, watermark_blocks: int = 0, retention: int | None = 0,
-                 admission_cap: bool = True, free_processed: bool = True, unhashed_first: bool = True):
-        # retention None: dense (every full block cached); unhashed_first: BlockPool.free_blocks
-        self.pool = BlockPool(num_gpu_blocks, caching, unhashed_first)
+                 admission_cap: bool = True, free_processed: bool = True, free_order: str = SPLIT):
+        # retention None: dense (every full block cached); free_order: block_pool.SPLIT, WINDOW_SPLIT, TAIL
+        self.pool = BlockPool(num_gpu_blocks, caching, free_order)
         # older releases (theory/vllm/releases.py WindowRules): no cap in the full-sequence check before
         # 0.20.0; skipped blocks freed on num_computed, not num_computed - num_in_flight, before 0.26.0
         self.free_processed = free_processed

@@ -68,7 +68,7 @@ class HybridVllmScheduler(VllmScheduler):
                                    in_flight=in_flight_tokens(config), watermark_blocks=self.watermark,
                                    retention=retention, admission_cap=config.window_admission_cap,
                                    free_processed=config.window_in_flight,
-                                   unhashed_first=config.free_unhashed_first)
+                                   free_order=config.free_order)
         # "align" mode: prefill chunks end on block boundaries (scheduler.py L430-434); with prefill
         # checkpoint blocks in every Mamba group, the first group's alignment (L435-449)
         self.align_split = bool(mamba) and config.enable_prefix_caching

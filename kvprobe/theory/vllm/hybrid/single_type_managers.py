@@ -15,6 +15,8 @@ from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.vllm.hybrid.block_pool import (
     NEVER,
     NULL,
+    SPLIT,
+    WINDOW_SPLIT,
     BlockPool,
     KVGroup,
     KVRequest,
@@ -39,6 +41,13 @@ class Manager:
 
     def skipped_tokens(self, computed: int) -> int:
         return 0
+
+    def split(self, skipped: bool) -> bool:
+        """Whether this free sends blocks without a hash to the free queue's head (BlockPool.free_blocks):
+        every free from 0.24.0; on 0.23.x a group's skipped blocks (remove_skipped_blocks) and a window
+        group's freed request (SlidingWindowManager.free) only."""
+        order = self.pool.free_order
+        return order == SPLIT or (order == WINDOW_SPLIT and (skipped or self.kind == SLIDING))
 
     def hashable(self, req: KVRequest, start: int, end: int, align: int, retention, boundaries) -> list[bool] | None:
         return None  # reachable_block_mask: dense
@@ -89,7 +98,7 @@ class Manager:
             freed.append(table[i])
             table[i] = NULL
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, self.split(skipped=True))
 
     def cache_blocks(self, req: KVRequest, num_tokens: int, align: int, retention, boundaries) -> None:
         """cache_blocks up to `num_tokens` (already aligned by the coordinator)."""
@@ -110,7 +119,7 @@ class Manager:
         start = 0
         while start < len(table) and table[start] == NULL:  # trim_null_head
             start += 1
-        self.pool.free_blocks(reversed(table[start:]))
+        self.pool.free_blocks(reversed(table[start:]), self.split(skipped=False))
 
     def held(self, rid: str) -> int:
         return sum(1 for b in self.tables.get(rid, ()) if b != NULL)
@@ -317,7 +326,7 @@ class MambaAlignManager(Manager):
             freed.append(table[i])
             table[i] = NULL
         if freed:
-            self.pool.free_blocks(freed)
+            self.pool.free_blocks(freed, self.split(skipped=True))
         self.retired[rid] = last
 
     def remove_skipped(self, req, processed):
@@ -326,7 +335,7 @@ class MambaAlignManager(Manager):
         if last is not None and last < cdiv(processed, self.B) - 1:
             table = self.tables[req.rid]
             if table[last] != NULL:
-                self.pool.free_blocks([table[last]])
+                self.pool.free_blocks([table[last]], self.split(skipped=False))  # 0.23.0 L1045: to the tail
                 table[last] = NULL
 
     def internal_checkpoint(self, req: KVRequest, start: int, end: int, prefill_end: int) -> int:
