@@ -11,6 +11,7 @@ import numpy as np
 
 from kvprobe.theory.sglang.releases import MAX_PREFILL_TOKENS
 from kvprobe.theory.sim.pools import VOCAB, rid_seed
+from kvprobe.theory.vllm.hybrid.block_pool import SPLIT
 
 # --------------------------------------------------------------------------- public data
 
@@ -40,7 +41,7 @@ class VllmConfig:
     # every full block; `free_order`, which frees send the blocks without a hash to the head of the free
     # queue (vllm/hybrid/block_pool.py SPLIT, 0.24.0 on; WINDOW_SPLIT, 0.23.x; TAIL, none)
     sparse_retention: bool = True
-    free_order: str = "split"
+    free_order: str = SPLIT
 
 
 @dataclass
