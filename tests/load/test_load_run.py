@@ -131,6 +131,8 @@ def test_sigterm_during_shape_flushes_records(sse_server, tmp_path):
         wait_for(lambda: n_requests(run) >= 3, 20, "first records")
         run.terminate()  # SIGTERM while the shape runs: Locust's own handler is not installed yet
         wait_for(lambda: not run.group_alive(), 10, "Locust to exit on SIGTERM")
+        # the group can look gone (its leader a zombie) a moment before poll() reaps the leader's status
+        wait_for(lambda: run.returncode is not None, 10, "Locust's exit status")
         assert run.returncode == 143
     finally:
         run.stop(timeout=5)
