@@ -71,6 +71,10 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-block-size-shadow
 	-$(BIN)/kvprobe diff expectations/hybrid-vllm-qwen3-next.yaml --versions 0.33.0,0.34.0 --install \
 		--artifacts artifacts/matrix/vllm-mamba-block-size-shadow
+	-$(BIN)/kvprobe diff expectations/diff/vllm-mamba-cache-mode-shadow.yaml --versions 0.27.1,0.28.0,0.33.0 \
+		--install --artifacts artifacts/matrix/vllm-mamba-cache-mode-shadow
+	-$(BIN)/kvprobe probe expectations/shadow-vllm-shapes.yaml --name shadow-vllm-kv-cache-memory-bytes \
+		--artifacts artifacts/matrix/shadow-vllm-kv-cache-memory-bytes
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/vllm-installed
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \

@@ -65,7 +65,7 @@ def test_each_interface_takes_its_release_branch(compat_of, version):
     assert compat.default_kv_cache_layouts() == (["NHD"] if new_specs else [])
     assert compat.PLANNER_MODULE is new_specs
     reason = compat.refusal("a DSA indexer")
-    assert (reason is None) if new_specs else f"and MLA models on vLLM {version}; this model has a DSA" in reason
+    assert (reason is None) if new_specs else f"models on vLLM {version}; this model has a DSA" in reason
 
 
 def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):
@@ -92,18 +92,23 @@ def test_the_mla_spec_takes_the_fields_its_releases_mla_layer_passes(compat_of, 
     assert got.get("max_tp_shards", 1) == 1
 
 
-@pytest.mark.parametrize(("version", "dsa", "mamba"), [("0.18.1", True, True), ("0.29.0", True, True),
-                                                       ("0.30.0", False, True), ("0.32.0", False, True),
-                                                       ("0.33.0", False, False)])
-def test_dsa_is_refused_through_0_29_and_mamba_through_0_32_naming_the_release(compat_of, version, dsa, mamba):
+@pytest.mark.parametrize(("version", "dsa", "mamba"), [
+    ("0.18.1", True, True), ("0.24.0", True, True), ("0.25.1", True, False), ("0.27.1", True, False),
+    ("0.28.0", True, False), ("0.29.0", True, True), ("0.30.0", False, True), ("0.32.0", False, True),
+    ("0.33.0", False, False), ("0.34.0", False, False)])
+def test_dsa_is_refused_through_0_29_and_mamba_outside_0_25_to_0_28_and_from_0_33(compat_of, version, dsa, mamba):
+    """Mamba specs are written in 0.25.1-0.28.0's form (no prefill checkpoints) and 0.33.0's; 0.18.1's
+    `mamba_type: str` and 0.29.0-0.32.0's checkpoint fields are refused, naming the release."""
     compat = compat_of(version)
     for kind, refused in ((compat.DSA_KIND, dsa), (compat.MAMBA_KIND, mamba)):
         reason = compat.refusal(kind)
         assert (reason is not None) is refused, (kind, reason)
         if refused:
             assert f"on vLLM {version}; this model has {kind}" in reason
-    assert compat.dsa_leader_fields(2048, True) == ({"is_index_group_leader": True, "topk_buffer_width": 2048}
-                                                    if version == "0.33.0" else {"is_index_group_leader": True})
+            # what the release is described with: Mamba named where it is written
+            assert ("Mamba models" in reason) is (not mamba), reason
+    width = {"topk_buffer_width": 2048} if version in ("0.33.0", "0.34.0") else {}
+    assert compat.dsa_leader_fields(2048, True) == {"is_index_group_leader": True, **width}
 
 
 @pytest.mark.parametrize(("version", "sliding_head_v"), [("0.18.1", False), ("0.19.1", False), ("0.20.2", True),
@@ -115,7 +120,29 @@ def test_window_specs_take_the_value_head_field_their_release_has(compat_of, ver
     assert compat.attention_fields("SlidingWindowSpec", 64) == ({"head_size_v": 64} if sliding_head_v else {})
     assert compat.attention_fields("FullAttentionSpec", 64) == {"head_size_v": 64}
     assert compat.attention_fields("ChunkedLocalAttentionSpec", 64) == {}
-    assert not hasattr(compat, "HYBRID_KIND") and set(compat.REFUSED_THROUGH) == {compat.DSA_KIND, compat.MAMBA_KIND}
+    assert not hasattr(compat, "HYBRID_KIND") and set(compat.REFUSED) == {compat.DSA_KIND, compat.MAMBA_KIND}
+
+
+CHECKPOINTED = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 576}
+
+
+@pytest.mark.parametrize(("version", "fields"), [("0.25.1", {}), ("0.27.1", {}), ("0.28.0", {}),
+                                                 ("0.29.0", CHECKPOINTED), ("0.33.0", CHECKPOINTED)])
+def test_mamba_specs_take_prefill_checkpoint_fields_from_0_29(compat_of, version, fields):
+    """0.28.0's MambaSpec has no prefill-checkpoint fields (kv_cache_interface.py L668-674; the dataclass
+    refuses unknown keywords), 0.29.0 adds num_prefill_checkpoint_blocks (L858); 0.33.0's worker writes both."""
+    compat = compat_of(version)
+    spec = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 576, "mamba_cache_mode": "align"}
+    assert compat.mamba_fields(spec) == fields
+    assert compat.MAMBA_NO_CHECKPOINTS is (not fields)
+
+
+def test_the_mamba_thresholds_name_the_newest_release_with_the_old_form(compat_of):
+    compat = compat_of("0.33.0")
+    assert compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.28.0")
+    assert not compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.29.0")
+    assert compat.refused(compat.MAMBA_KIND, "0.24.0") and not compat.refused(compat.MAMBA_KIND, "0.25.1")
+    assert compat.refused(compat.MAMBA_KIND, "0.32.0") and not compat.refused(compat.MAMBA_KIND, "0.33.0")
 
 
 @pytest.mark.parametrize("version", ["0.18.1", "0.25.1", "0.33.0", "0.34.0"])

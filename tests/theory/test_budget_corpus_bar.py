@@ -11,7 +11,9 @@ it); 65 of 73 with CodeLlama-7B (corpus10 pass: +0.0%); 67 of 73, the bar met, o
 non-torch memory of a profiling window that captures no CUDA graphs (vLLM up to 0.17, --enforce-eager, the V2
 runner's dense models up to 0.26) as the A40 logs print it, 0.08 GiB, not the H100 logs' 0.25 of a window that
 does (memory_profile.py non_torch_bytes): the seven RTX 3090 logs of 0.17.1, two of them misses before, all
-within 1.4% but the smallest pool's -4.1%.
+within 1.4% but the smallest pool's -4.1%. 67 of 75, the bar not met, once the two other TP 1 runs of the
+0.29.0 gpt-oss-20b L4 smoke log were added (--block-size 96: +72%; --max-num-batched-tokens 8192 with fp8 KV:
++65%): the same unknown non-KV term as tp1-auto's, so one missing term now costs three cases.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import test_budget_corpus_sglang as sglang_corpus
 BAR = (9, 10)  # of the runnable cases, within 5%: nine in ten
 WITHIN = 0.05
 WITHIN_AT_LEAST = 67  # the ratchet: runnable cases within 5% today
-# Beyond 15% (the issue asks for none): a token-only log whose graph memory no line splits, and the second
-# server of a shared card. Each is a named miss with its reason in its engine's file.
-BEYOND_15 = {"vllm-0.29.0-l4-gpt-oss-20b", "vllm-0.27.1-rtx4090-wsl2-qwen25-1.5b-gmu030-shared"}
+# Beyond 15% (the issue asks for none): three token-only runs of one L4 smoke log (0.29.0 gpt-oss-20b) whose
+# 1.5-1.7 GiB of non-KV memory no line splits, and the second server of a shared card. Each is a named miss with its
+# reason in its engine's file.
+BEYOND_15 = {"vllm-0.29.0-l4-gpt-oss-20b", "vllm-0.29.0-l4-gpt-oss-20b-block96",
+             "vllm-0.29.0-l4-gpt-oss-20b-kvfp8-mnbt8192", "vllm-0.27.1-rtx4090-wsl2-qwen25-1.5b-gmu030-shared"}
 
 
 def errors() -> dict[str, float]:

@@ -24,6 +24,7 @@ from kvprobe.theory.sglang.unmodelled import SglangFacts
 from kvprobe.theory.sglang.unmodelled import unmodelled as sglang_unmodelled
 from kvprobe.theory.vllm import memory_profile as vllm_memory
 from kvprobe.theory.vllm import releases as vllm_releases
+from kvprobe.theory.vllm import unmodelled as vllm_unmodelled_module
 from kvprobe.theory.vllm.unmodelled import ROWS as VLLM_ROWS
 from kvprobe.theory.vllm.unmodelled import VllmFacts
 from kvprobe.theory.vllm.unmodelled import unmodelled as vllm_unmodelled
@@ -50,7 +51,6 @@ VLLM_CASES = {
     "V10@0.28.0": ("0.28.0", "0.27.1", dict(gpu_memory_bytes=180 * GIB),
                    dict(gpu_memory_bytes=180 * GIB, max_num_batched_tokens_given=True)),
     "V14@0.14.0": ("0.14.0", "0.13.0", dict(max_model_len_auto=True), dict()),
-    "V15@0.28.0": ("0.28.0", "0.27.1", dict(kinds=MAMBA, prefix_caching=True), dict(kinds=MAMBA, prefix_caching=False)),
     # the extensible KV cache sizes a profiled pool after warm-up; a pool given (or the flag off) turns it off
     "V16@0.34.0": ("0.33.0", "0.34.0", dict(pool_after_warmup=True, gpu_memory_bytes=80 * GIB),
                    dict(pool_after_warmup=False, gpu_memory_bytes=80 * GIB)),
@@ -73,6 +73,18 @@ def test_a_vllm_row_applies_on_its_side_and_only_when_the_inputs_reach_it(case):
     assert not hits(modelled, reach), (case, "the modelled side")
     assert not hits(unmodelled, miss), (case, "inputs that do not reach the change")
     assert not hits(modelled, miss)
+
+
+def test_v15_reaches_only_a_class_that_supports_mamba_prefix_caching(monkeypatch):
+    """0.18.1-0.27.1 resolve 'all' only for SupportsMambaPrefixCaching classes: Qwen3-Next's Gated DeltaNet
+    resolves 'align' there too (run on both releases' engines: expectations/diff/vllm-mamba-cache-mode-shadow.yaml),
+    so the row does not fire for it; for a kind whose class does, it fires before 0.28.0 with prefix caching."""
+    qwen3_next = dict(kinds=MAMBA, prefix_caching=True)
+    assert "V15@0.28.0" not in vllm_entries(version="0.27.1", **qwen3_next)
+    monkeypatch.setattr(vllm_unmodelled_module, "ALL_MODE_KINDS", frozenset({LINEAR}))  # as if LINEAR were Mamba2's
+    assert "V15@0.28.0" in vllm_entries(version="0.27.1", **qwen3_next)
+    assert "V15@0.28.0" not in vllm_entries(version="0.28.0", **qwen3_next)
+    assert "V15@0.28.0" not in vllm_entries(version="0.27.1", kinds=MAMBA, prefix_caching=False)
 
 
 SGLANG_CASES = {

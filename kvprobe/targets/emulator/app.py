@@ -97,7 +97,8 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
     opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
                        enable_prefix_caching=bool(flags["enable-prefix-caching"]),
-                       window_in_flight=window_rules(version).in_flight if version else True)
+                       window_in_flight=window_rules(version).in_flight if version else True,
+                       prefill_checkpoints=window_rules(version).mamba_checkpoints if version else True)
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 

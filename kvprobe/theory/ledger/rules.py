@@ -63,18 +63,21 @@ class ReleaseRules:
 # A hybrid model's window groups under a release's rules (theory/vllm/releases.py WindowRules): what the
 # full-sequence check charges them, and the blocks a request holds in flight.
 WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL = "window admission", "window blocks in flight", "hybrid block pool"
+# A Gated DeltaNet layer's blocks a request (releases.py MAMBA_CHECKPOINTS_FROM): both the capacity line and
+# what a request holds move with it.
+MAMBA_CHECKPOINTS = "Mamba checkpoint blocks"
 # The aspects of the release rules that set what vLLM's "GPU KV cache size" line says of a pool (its
 # semantics, and the blocks a window group's max-length request is counted for): `kvprobe diff` names them
 # where that line moved beyond its pool.
 KV_SIZE_LINE = "KV cache size figure"
-CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, WINDOW_IN_FLIGHT)
+CAPACITY_LINE_ASPECTS = (KV_SIZE_LINE, WINDOW_IN_FLIGHT, MAMBA_CHECKPOINTS)
 # The block size a release takes when none is given moves the pool's blocks and every request's: named
 # wherever a figure moved with it.
 BLOCK_SIZE = "block size"
 # The aspects that move admission itself without a change of policy: a window group's charge in the
 # full-sequence check and its blocks in flight (release-changes.md V4, V5), what a preempted request finds of
 # itself in the hybrid pool (releases.py UNHASHED_FIRST_FROM, SPARSE_RETENTION_FROM), and the block size.
-ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL, BLOCK_SIZE)
+ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL, MAMBA_CHECKPOINTS, BLOCK_SIZE)
 
 
 def _block_size_rule(inputs, geom, bud, version: str, plan_opts) -> str:
@@ -139,6 +142,8 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
         applied.append((WINDOW_ADMISSION, window.admission_text()))
         applied.append((WINDOW_IN_FLIGHT, window.in_flight_text()))
         applied.append((HYBRID_POOL, window.pool_text()))
+        if geom.layers.count(LINEAR):
+            applied.append((MAMBA_CHECKPOINTS, window.checkpoint_text()))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "

@@ -128,6 +128,15 @@ UNHASHED_FIRST_FROM = (0, 24)
 #   in 0.28.0; 0.18.1's cache_blocks has no mask at all, single_type_kv_cache_manager.py L250-274). Dense, a
 #   preempted request's window blocks stay hittable, and its admission charges them with the prompt's rest.
 SPARSE_RETENTION_FROM = (0, 29)
+# - a Gated DeltaNet layer in "align" mode takes a prefill checkpoint block beside its two state blocks, and
+#   the attention block is grown to the FlashInfer GDN kernel's 64-token grid, from 0.29.0, whose MambaSpec
+#   has `num_prefill_checkpoint_blocks` (v1/kv_cache_interface.py L858; `prefill_checkpoint_alignment` from
+#   0.30.0, L1001). Through 0.28.0 MambaSpec has neither (L668-674; 0.27.1 L710-716), the GDN layer's spec is
+#   the base Mamba layer's (layers/mamba/abstract.py L63-79) and `_align_hybrid_block_size` sizes the block by
+#   the kernel alignment alone (platforms/interface.py L901-907, L917-918 in 0.27.1 and 0.28.0): two state
+#   blocks a request (run on both engines: expectations/diff/vllm-mamba-cache-mode-shadow.yaml). 0.29.0-0.32.0's
+#   GDN layer is not read: they take 0.33.0's rule.
+MAMBA_CHECKPOINTS_FROM = (0, 29)
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,7 @@ class WindowRules:
     in_flight: bool = True  # async's second batch counts, and window blocks are freed on processed tokens
     free_order: str = SPLIT  # which frees reuse blocks without a hash first (hybrid/block_pool.py)
     sparse_retention: bool = True  # window and Mamba groups keep only the checkpoints a hit can use
+    mamba_checkpoints: bool = True  # a GDN layer's prefill checkpoint block and 64-token grid ("align" mode)
 
     def admission_text(self) -> str:
         return (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
@@ -154,6 +164,12 @@ class WindowRules:
                 else f"every full block of every group cached (before {_v(SPARSE_RETENTION_FROM)})")
         return f"{free}; {keep}"
 
+    def checkpoint_text(self) -> str:
+        return (f"in 'align' mode a Gated DeltaNet request holds a prefill checkpoint block beside its two state "
+                f"blocks, the block on a 64-token grid (from {_v(MAMBA_CHECKPOINTS_FROM)})" if self.mamba_checkpoints
+                else f"a Gated DeltaNet request holds two state blocks, no checkpoint block nor grid (before "
+                     f"{_v(MAMBA_CHECKPOINTS_FROM)})")
+
     def in_flight_text(self) -> str:
         return (f"W-1+2T with async scheduling, freed on processed tokens (from {_v(WINDOW_IN_FLIGHT_FROM)})"
                 if self.in_flight else f"W-1+T, freed on scheduled tokens (before {_v(WINDOW_IN_FLIGHT_FROM)})")
@@ -164,7 +180,7 @@ def window_rules(version: str) -> WindowRules:
     return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM,
                        free_order=SPLIT if v >= UNHASHED_FIRST_FROM else
                        WINDOW_SPLIT if v >= UNHASHED_FIRST_WINDOW_FROM else TAIL,
-                       sparse_retention=v >= SPARSE_RETENTION_FROM)
+                       sparse_retention=v >= SPARSE_RETENTION_FROM, mamba_checkpoints=v >= MAMBA_CHECKPOINTS_FROM)
 
 
 def legacy_kv_size_line(version: str) -> bool:

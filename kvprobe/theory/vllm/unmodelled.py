@@ -64,8 +64,15 @@ def _pool_after_warmup(f: VllmFacts) -> bool:
     return f.pool_after_warmup
 
 
-def _mamba_prefix_caching(f: VllmFacts) -> bool:
-    return f.has(LINEAR) and f.prefix_caching
+# Layer kinds whose vLLM model classes are SupportsMambaPrefixCaching, so that 0.18.1-0.27.1 resolve "all" for
+# them (V15): none of kvprobe's. Its linear layers are Gated DeltaNet (Qwen3-Next; theory/model/layers.py refuses
+# Mamba-state configs), and Qwen3NextForCausalLM is not one (qwen3_next.py L767-775 in 0.27.1, L1549-1556 in
+# 0.18.1): those releases resolve "align" for it, as 0.28.0 does.
+ALL_MODE_KINDS: frozenset[str] = frozenset()
+
+
+def _mamba_all_mode(f: VllmFacts) -> bool:
+    return f.prefix_caching and any(f.has(kind) for kind in ALL_MODE_KINDS)
 
 
 ROWS: tuple[Unmodelled, ...] = (
@@ -111,14 +118,21 @@ ROWS: tuple[Unmodelled, ...] = (
         _auto_len),
     Unmodelled(
         "V15", ENGINE, "0.28.0", "before", "pool",
-        "with prefix caching a Mamba hybrid model's mamba_cache_mode resolved to 'all' where the model "
-        "supports it (0.28.0 on: always 'align', which kvprobe models)",
+        "with prefix caching a Mamba hybrid model whose vLLM class supports Mamba prefix caching resolved "
+        "mamba_cache_mode 'all' (0.28.0 on: always 'align', which kvprobe models; Qwen3-Next's Gated DeltaNet "
+        "resolved 'align' before 0.28.0 too)",
         ("0.27.1 model_executor/models/config.py L614-617 MambaModelConfig.verify_and_update_config: 'all' if "
          "supports_mamba_prefix_caching else 'align' (0.18.1 L368-371, every release 0.19.0-0.27.1 the same; "
          "0.20.0-0.21.0 L352-362 'align' only with speculative decoding)",
          "0.28.0 model_executor/models/config.py L603-604: 'align' (0.33.0 L764-765); first in 0.28.0, not "
-         "0.33.0 as taken from release-changes.md V15 (which names no first release for it)"),
-        _mamba_prefix_caching),
+         "0.33.0 as taken from release-changes.md V15 (which names no first release for it)",
+         # the trigger reads layer kinds only, and kvprobe's linear layers are all Gated DeltaNet
+         "'all' reaches only classes that are SupportsMambaPrefixCaching (0.27.1: mamba.py, mamba2.py, jamba.py, "
+         "nemotron_h.py, zamba2.py L807, falcon_h1.py L502, granitemoehybrid.py L583), none of which kvprobe "
+         "reads; Qwen3NextForCausalLM is not (0.27.1 qwen3_next.py L767-775, 0.18.1 L1549-1556) and resolves "
+         "'align' on both sides, run on 0.27.1's and 0.28.0's engines by "
+         "expectations/diff/vllm-mamba-cache-mode-shadow.yaml"),
+        _mamba_all_mode),
     # Not in release-changes.md (it lists changes to 0.33.0): found in the 0.34.0 wheel against 0.33.0's.
     Unmodelled(
         "V16", ENGINE, "0.34.0", "since", "pool",

@@ -45,9 +45,19 @@ Each interface, new form first, then old (files under vllm/):
   by the hisparse layout only (v1/hisparse/layout.py L139), not by the planner. Which layers own an
   indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
   -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
-- Mamba / linear-attention layers (MambaSpec has `num_speculative_blocks` and no prefill checkpoints through
-  0.31.0: 0.20.2 L521-527, 0.25.1 L669-675; `prefill_checkpoint_alignment` 0.32.0 L1043): kvprobe writes them
-  with 0.33.0's fields. Old through 0.32.0; new in 0.33.0. -> `refusal`
+- Mamba / linear-attention layers (MambaSpec, v1/kv_cache_interface.py; the Gated DeltaNet layer's spec is the
+  base Mamba layer's, model_executor/layers/mamba/abstract.py L63-79 in 0.27.1 and 0.28.0), three forms:
+  `shapes, dtypes, page_size_padded, mamba_type` (the MambaAttentionBackendEnum), `mamba_cache_mode`,
+  `num_speculative_blocks` and nothing more in 0.25.1-0.28.0 (L669-675 in 0.25.1, L690-696 in 0.26.0, L710-716
+  in 0.27.1, L668-674 in 0.28.0), with "align" blocks sized by the kernel alignment alone and two state blocks
+  a request (platforms/interface.py L901-907, L917-918 and kv_cache_interface.py L693-694 in 0.28.0; L735-736 in
+  0.27.1); + `num_prefill_checkpoint_blocks` from 0.29.0 (L858) and `prefill_checkpoint_alignment` from
+  0.30.0 (L1001; 0.31.0 L1050, 0.32.0 L1043), which 0.33.0's worker writes (L1101-1102) and whose GDN layers
+  0.29.0-0.32.0 kvprobe has not read: refused there. 0.18.1's `mamba_type` is a str (L278), 0.19.1-0.24.0 are
+  not read: refused. The mode the specs carry must be the one the engine resolved
+  (model_executor/models/config.py MambaModelConfig: "align" with prefix caching for Qwen3-Next on every
+  release read, its class not SupportsMambaPrefixCaching through 0.27.1, qwen3_next.py L767-775 in 0.27.1),
+  else `kvspec` refuses. -> `MAMBA_STR_TYPE_THROUGH`, `MAMBA_NO_CHECKPOINTS_THROUGH`, `mamba_fields`, `refusal`
 - Window layers (sliding-window, chunked-local): SlidingWindowSpec takes no `head_size_v` through 0.19.1 (its
   fields are AttentionSpec's and `sliding_window`, kv_cache_interface.py L248-249 in 0.18.1 and 0.19.1; only
   FullAttentionSpec has one, L101), its own from 0.20.2 (L404-406), AttentionSpec's from 0.28.0 (L218-222);
@@ -96,9 +106,9 @@ Each interface, new form first, then old (files under vllm/):
   Triton and the launcher sets CUDA_VISIBLE_DEVICES="" (`target.py` TRITON_REQUIRED_FROM), so that
   vllm/triton_utils/importing.py L53-70 accepts a Triton with no active driver.
 
-So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, and
-DSA indexers from 0.30.0; Mamba layers (and DSA through 0.29.0) are refused at start-up there, naming the
-release and the kind.
+So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, DSA
+indexers from 0.30.0 and Mamba / Gated DeltaNet layers on 0.25.1-0.28.0; Mamba layers on 0.18.1-0.24.0 and
+0.29.0-0.32.0 (and DSA through 0.29.0) are refused at start-up there, naming the release and the kind.
 """
 
 from __future__ import annotations
@@ -120,6 +130,10 @@ NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_inter
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 SLIDING_NO_HEAD_SIZE_V_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L248-249 / 0.20.2 L404-406
 REQ_ID_TO_INDEX_THROUGH = (0, 33, 0)  # 0.33.0 v1/outputs.py L271 req_id_to_index / 0.34.0 L267-305 none
+# Mamba: refused through this one (0.18.1 kv_cache_interface.py L278 `mamba_type: str`, 0.19.1-0.24.0 not read /
+# 0.25.1 L673 the MambaAttentionBackendEnum)
+MAMBA_STR_TYPE_THROUGH = (0, 24, 0)
+MAMBA_NO_CHECKPOINTS_THROUGH = (0, 28, 0)  # 0.28.0 kv_cache_interface.py L668-674 / 0.29.0 L858 checkpoint blocks
 
 
 def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
@@ -141,9 +155,12 @@ NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
 NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
 SLIDING_NO_HEAD_SIZE_V = through(SLIDING_NO_HEAD_SIZE_V_THROUGH)
 REQ_ID_TO_INDEX = through(REQ_ID_TO_INDEX_THROUGH)
-# the layer kinds kvprobe writes with fields some releases lack: the newest release that is refused
+MAMBA_NO_CHECKPOINTS = through(MAMBA_NO_CHECKPOINTS_THROUGH)
+# the layer kinds kvprobe writes with fields some releases lack: the releases refused, as (newest release
+# described before, newest refused) spans, None for the first release read
 DSA_KIND, MAMBA_KIND = "a DSA indexer", "Mamba / linear-attention layers"
-REFUSED_THROUGH = {DSA_KIND: NO_INDEXER_ROLE_THROUGH, MAMBA_KIND: OLD_SPEC_FIELDS_THROUGH}
+REFUSED = {DSA_KIND: ((None, NO_INDEXER_ROLE_THROUGH),),
+           MAMBA_KIND: ((None, MAMBA_STR_TYPE_THROUGH), (MAMBA_NO_CHECKPOINTS_THROUGH, OLD_SPEC_FIELDS_THROUGH))}
 
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
 # L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
@@ -234,15 +251,31 @@ def attention_fields(spec: str, head_size_v: int) -> dict:
     return {"head_size_v": head_size_v}
 
 
+def mamba_fields(spec: dict) -> dict:
+    """A Mamba spec's prefill-checkpoint fields, from 0.29.0 (0.33.0 L1101-1102); none through 0.28.0, whose
+    MambaSpec has no such fields (L668-674)."""
+    if MAMBA_NO_CHECKPOINTS:
+        return {}
+    return {"num_prefill_checkpoint_blocks": spec["num_prefill_checkpoint_blocks"],
+            "prefill_checkpoint_alignment": spec.get("prefill_checkpoint_alignment")}
+
+
+def refused(kind: str, version: str = VLLM_VERSION) -> bool:
+    return any((after is None or not through(after, version)) and through(last, version)
+               for after, last in REFUSED[kind])
+
+
 def refusal(kind: str, version: str = VLLM_VERSION) -> str | None:
     """The reason a model with `kind` (DSA_KIND, MAMBA_KIND) is refused on this release (kvspec raises it at
     start-up), or None where kvprobe writes that kind's specs."""
-    if not through(REFUSED_THROUGH[kind], version):
+    if not refused(kind, version):
         return None
-    described = "full-attention (MHA/GQA), window and MLA" if through(NO_INDEXER_ROLE_THROUGH, version) \
-        else "full-attention (MHA/GQA), window, MLA and DSA-indexer"
+    kinds = ["full-attention (MHA/GQA)", "window", "MLA"]
+    kinds += [] if refused(DSA_KIND, version) else ["DSA-indexer"]
+    kinds += [] if refused(MAMBA_KIND, version) else ["Mamba"]
+    described = ", ".join(kinds[:-1]) + " and " + kinds[-1]
     return (f"kvprobe's shadow worker describes only {described} models on vLLM {version}; this model has "
-            f"{kind}, whose KV specs are written with the fields of later vLLM releases")
+            f"{kind}, whose KV specs are written with the fields of other vLLM releases")
 
 
 def prompt_len(new_request) -> int:

@@ -76,9 +76,7 @@ def to_vllm_spec(d: dict) -> KVCacheSpec:
             block_size=d["block_size"], shapes=tuple(tuple(s) for s in d["shapes"]),
             dtypes=tuple(getattr(torch, t) for t in d["dtypes"]),
             page_size_padded=d["page_size_padded"], mamba_type=_MAMBA_TYPES[d["mamba_type"]],
-            mamba_cache_mode=d["mamba_cache_mode"],
-            num_prefill_checkpoint_blocks=d["num_prefill_checkpoint_blocks"],
-            prefill_checkpoint_alignment=d.get("prefill_checkpoint_alignment"))
+            mamba_cache_mode=d["mamba_cache_mode"], **compat.mamba_fields(d))  # the release's fields (compat.py)
     cls = _ATTENTION[d["spec"]]
     kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
               dtype=getattr(torch, d["dtype"]), **compat.quant_fields(d["cache_dtype"]))
@@ -157,7 +155,7 @@ def _geometry(vllm_config: VllmConfig) -> ModelGeometry:
 
 def layout(vllm_config: VllmConfig) -> Layout:
     lay = _layout(vllm_config)
-    # MLA alone is written per release (compat.mla_fields); these two with 0.33's fields only
+    # kinds whose specs some releases' fields do not take (compat.REFUSED)
     mamba = lay.hybrid is not None and lay.hybrid.layers.count(LINEAR) > 0
     kind = compat.MAMBA_KIND if mamba else compat.DSA_KIND if lay.indexer_layers else None
     reason = compat.refusal(kind) if kind else None  # a release whose spec fields kvprobe has not written
@@ -254,16 +252,25 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
     return VllmOptions(cache_dtype=cc.cache_dtype, block_size=block_size, tp=pc.tensor_parallel_size,
                        pp=pc.pipeline_parallel_size, max_num_batched_tokens=sc.max_num_batched_tokens,
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
-                       mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype)
+                       mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
+                       prefill_checkpoints=not compat.MAMBA_NO_CHECKPOINTS)
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
     """A hybrid model's layers as a CUDA GPU's runner registers them (`vllm_layer_specs`,
     theory/vllm/hybrid/kv_cache_spec.py); vLLM's planner groups them (and promotes the window layers itself when
     the hybrid manager is off)."""
+    opts = hybrid_options(vllm_config, block_size)
+    resolved = vllm_config.cache_config.mamba_cache_mode
+    if geom.layers.count(LINEAR) and resolved != opts.mamba_cache_mode:
+        # the engine's planner and scheduler read the resolved mode (kv_cache_interface.py MambaSpec
+        # max_memory_usage_bytes, v1/core/sched/scheduler.py), the GPU layer writes it into its spec
+        # (layers/mamba/abstract.py L73 in 0.27.1): specs of another mode would describe another engine
+        raise UnsupportedModelError(
+            f"kvprobe's shadow worker cannot describe this model's KV cache: vLLM {VLLM_VERSION} resolved "
+            f"mamba_cache_mode {resolved!r}, and kvprobe writes Mamba specs for {opts.mamba_cache_mode!r} only")
     try:
-        specs = vllm_layer_specs(geom, hybrid_options(vllm_config, block_size),
-                                 max_model_len=vllm_config.model_config.max_model_len)
+        specs = vllm_layer_specs(geom, opts, max_model_len=vllm_config.model_config.max_model_len)
     except ConfigError as err:
         raise UnsupportedModelError(f"kvprobe's shadow worker cannot describe this model's KV cache: {err}") from err
     return to_vllm_specs([dataclasses.asdict(s) for s in specs])

@@ -115,6 +115,9 @@ class VllmOptions:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     gdn_prefill_backend: str = "flashinfer"  # Hopper; "triton" elsewhere (no checkpoint blocks)
+    # a GDN layer's prefill checkpoint block and its 64-token grid in "align" mode: 0.29.0 on; through 0.28.0
+    # two state blocks a request, whatever the prefill backend (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM)
+    prefill_checkpoints: bool = True
     # the release's in-flight rule (theory/vllm/releases.py WINDOW_IN_FLIGHT_FROM): through 0.25.1 a window
     # group's most blocks count one batch, max_num_batched_tokens, whatever the scheduling
     window_in_flight: bool = True
@@ -131,6 +134,11 @@ class VllmOptions:
     def mamba_cache_mode(self) -> str:
         """MambaModelConfig (models/config.py L750-787): "align" with prefix caching, else "none"."""
         return "align" if self.enable_prefix_caching else "none"
+
+
+def _checkpoints(opts: VllmOptions) -> bool:
+    """Does a GDN layer take a prefill checkpoint block (and its grid) in this configuration?"""
+    return opts.prefill_checkpoints and opts.mamba_cache_mode == "align" and opts.gdn_prefill_backend == "flashinfer"
 
 
 def hybrid_kv_cache_manager(geom: ModelGeometry, opts: VllmOptions) -> tuple[bool, str]:
@@ -180,7 +188,7 @@ def hybrid_block_size(geom: ModelGeometry, opts: VllmOptions) -> tuple[int, int 
     attn_1 = max(1, geom.num_kv_heads // opts.tp) * (geom.head_dim + geom.v_head_dim) * \
         DTYPE_BYTES[_torch_dtype(opts.cache_dtype, geom)]
     align = max(FLASH_ATTN_BLOCK_MULTIPLE, opts.block_size)
-    if opts.mamba_cache_mode == "align" and opts.gdn_prefill_backend == "flashinfer":
+    if _checkpoints(opts):
         align = math.lcm(align, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
     block = align * cdiv(mamba_page, align * attn_1)
     block = FLASH_ATTN_BLOCK_MULTIPLE * cdiv(block, FLASH_ATTN_BLOCK_MULTIPLE)
@@ -210,7 +218,7 @@ def vllm_layer_specs(geom: ModelGeometry, opts: VllmOptions | None = None, *,
     for i, kind in enumerate(lk.kinds):
         if kind == LINEAR:
             shapes, dtypes = _gdn_state(geom, opts)
-            ckpt = int(opts.mamba_cache_mode == "align" and opts.gdn_prefill_backend == "flashinfer")
+            ckpt = int(_checkpoints(opts))
             specs.append(VllmLayerSpec(
                 f"model.layers.{i}.linear_attn", MAMBA_SPEC,
                 block if opts.mamba_cache_mode == "align" else _mamba_len(max_model_len), opts.cache_dtype,

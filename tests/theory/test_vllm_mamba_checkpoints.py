@@ -1,0 +1,76 @@
+"""A Gated DeltaNet layer's spec with and without the release's prefill checkpoints
+(kvprobe/theory/vllm/hybrid/kv_cache_spec.py `VllmOptions.prefill_checkpoints`): 0.33.0's "align" mode takes
+FlashInfer's 64-token grid and one checkpoint block a request (Qwen3-Next: 576-token blocks, 3 state blocks);
+vLLM 0.25.1-0.28.0's MambaSpec has no checkpoint fields, so "align" there is the kernel alignment alone and two
+state blocks (544-token blocks), as the shadow worker writes them on those releases (compat.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvprobe.theory.ledger.build import build_ledger
+from kvprobe.theory.ledger.inputs import LedgerInputs
+from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import MAMBA_SPEC, VllmOptions, hybrid_block_size, vllm_layer_specs
+
+QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def geom():
+    cfg, _ = load_model_config(QWEN3_NEXT)
+    return geometry_from_config(cfg, QWEN3_NEXT)
+
+
+@pytest.mark.parametrize(("checkpoints", "caching", "block", "ckpt", "state_blocks"), [
+    (True, True, 576, 1, 3),  # 0.33.0 "align": lcm(16, 64) grid, + the checkpoint block
+    (False, True, 544, 0, 2),  # 0.27.1 / 0.28.0 "align": 16 raised until a page holds a state
+    (True, False, 544, 0, 1),  # "none": no grid, no checkpoint, on any release
+    (False, False, 544, 0, 1),
+])
+def test_align_takes_the_checkpoint_grid_only_where_the_release_has_checkpoints(geom, checkpoints, caching, block,
+                                                                                ckpt, state_blocks):
+    opts = VllmOptions(max_num_batched_tokens=512, enable_prefix_caching=caching, prefill_checkpoints=checkpoints)
+    assert hybrid_block_size(geom, opts)[0] == block
+    specs = vllm_layer_specs(geom, opts, max_model_len=4096)
+    mamba = [s for s in specs if s.spec == MAMBA_SPEC]
+    assert len(mamba) == 36 and all(s.num_prefill_checkpoint_blocks == ckpt for s in mamba)
+    assert all(s.blocks_per_request(4096, 1024) == state_blocks for s in mamba)
+    assert all(s.prefill_checkpoint_alignment == (block if ckpt else None) for s in mamba)
+    assert {s.block_size for s in specs if s.spec != MAMBA_SPEC} == {block}
+
+
+def test_a_given_block_on_the_grid_is_the_same_block_either_way(geom):
+    """--block-size 576 (expectations/diff/vllm-mamba-cache-mode-shadow.yaml): both forms plan 576-token blocks."""
+    for checkpoints in (True, False):
+        opts = VllmOptions(block_size=576, max_num_batched_tokens=512, prefill_checkpoints=checkpoints)
+        assert hybrid_block_size(geom, opts)[0] == 576
+
+
+LOGGED = Path(__file__).resolve().parents[1] / "engines" / "published" / "vllm-qwen3-next-capacity-lines.log"
+
+
+def _logged_tokens() -> dict[str, int]:
+    """Each release's "KV cache size: N tokens", as its own engine logged it."""
+    out, version = {}, None
+    for line in LOGGED.read_text().splitlines():
+        if line.startswith("# vLLM "):
+            version = line.removeprefix("# vLLM ")
+        elif found := re.search(r"KV cache size: ([\d,]+) tokens", line):
+            out[version] = int(found.group(1).replace(",", ""))
+    return out
+
+
+@pytest.mark.parametrize("version", ["0.27.1", "0.28.0", "0.33.0"])
+def test_the_ledgers_capacity_line_is_the_one_each_release_logged(version):
+    """The shape of expectations/diff/vllm-mamba-cache-mode-shadow.yaml, no --block-size: the release rule
+    (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM) gives each release's line, 11,702 tokens before 0.29.0 and
+    9,637 after (a checkpoint block a request in each of the 3 Mamba groups)."""
+    inputs = LedgerInputs(engine="vllm", model=QWEN3_NEXT, engine_version=version, num_gpu_blocks_override=40,
+                          max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512, enable_prefix_caching=True,
+                          prompt_tokens=1000, output_tokens=200)
+    led = build_ledger(inputs)
+    assert led.capacity.kv_tokens == _logged_tokens()[version]
