@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.errors import ConfigError
 from kvprobe.theory.ledger.build import build_ledger
 from kvprobe.theory.ledger.inputs import LedgerInputs
 from kvprobe.theory.model.geometry import geometry_from_config, load_model_config
@@ -74,3 +75,27 @@ def test_the_ledgers_capacity_line_is_the_one_each_release_logged(version):
                           prompt_tokens=1000, output_tokens=200)
     led = build_ledger(inputs)
     assert led.capacity.kv_tokens == _logged_tokens()[version]
+
+
+# What vLLM 0.25.1's and 0.26.0's own start-up said of this shape (the EngineCore's last line, 2026-12-07:
+# `kvprobe diff expectations/diff/vllm-mamba-cache-mode-shadow.yaml --versions 0.25.1,0.26.0`), verbatim.
+REFUSED_AS = "AssertionError: In Mamba cache align mode, block_size (544) must be <= max_num_batched_tokens (512)."
+
+
+@pytest.mark.parametrize(("version", "tokens", "caching", "refused"), [
+    ("0.25.1", 512, True, True), ("0.26.0", 512, True, True),
+    ("0.26.0", 1024, True, False),  # the block fits a step
+    ("0.26.0", 512, False, False),  # "none" mode: no such check
+    ("0.27.1", 512, True, False), ("0.33.0", 512, True, False),  # the check is gone (0.27.1 config/vllm.py)
+])
+def test_an_align_block_beyond_the_token_budget_is_refused_before_0_27(version, tokens, caching, refused):
+    inputs = LedgerInputs(engine="vllm", model=QWEN3_NEXT, engine_version=version, num_gpu_blocks_override=40,
+                          max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=tokens,
+                          enable_prefix_caching=caching, prompt_tokens=1000, output_tokens=200)
+    led = build_ledger(inputs, explain_refusal=True)
+    if refused:
+        assert led.refusal.startswith(REFUSED_AS.removeprefix("AssertionError: ")), led.refusal
+        with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+            build_ledger(inputs)
+    else:
+        assert led.refusal is None

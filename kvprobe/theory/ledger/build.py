@@ -18,6 +18,7 @@ from kvprobe.theory.model.geometry import (
     load_model_config,
     weight_bytes,
 )
+from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
 from kvprobe.theory.model.sizes import cdiv
 from kvprobe.theory.sglang.budget import sglang_budget
@@ -40,6 +41,7 @@ from kvprobe.theory.vllm.releases import (
     extensible_kv_cache,
     extensible_kv_cache_refusal,
     kv_cache_memory_refusal,
+    mamba_align_block_refusal,
     running_cap,
     watermark_refusal,
     window_rules,
@@ -161,6 +163,11 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         auto_fit=inputs.max_model_len == -1, refuse=refuse, plan_opts=plan_opts,
         gpu_arch=inputs.gpu_arch or DEFAULT_GPU_ARCH, gpu_sms=inputs.gpu_sms, enforce_eager=inputs.enforce_eager,
         extensible=extensible)
+    mamba_refusal = None if plan_opts is None or not geom.layers.count(LINEAR) else mamba_align_block_refusal(
+        version, align_mode=plan_opts.mamba_cache_mode == "align", block_size=bud.block_size,
+        max_num_batched_tokens=tokens)
+    if mamba_refusal is not None and refuse:
+        raise ConfigError(mamba_refusal, key="max_num_batched_tokens")
     groups, not_modelled = (), None
     if bud.plan is not None:
         try:
@@ -183,7 +190,7 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
     policy = inputs.policy or admission.policy_for("vllm", version, reserve_full_isl=inputs.reserve_full_isl)
     rules = vllm_release_rules(inputs, geom, bud, version=version, seqs=seqs, caching=caching,
                                policy=policy if request is not None else None, plan_opts=plan_opts)
-    refusal = flag_refusal or active_refusal or startup or bud.refusal
+    refusal = flag_refusal or active_refusal or startup or bud.refusal or mamba_refusal
     if refusal is not None:  # the engine would not start: nothing is admitted
         return _with_rules(Ledger(inputs, model, bud, cap, request, None, None, version, refusal), rules)
     if not_modelled is not None:

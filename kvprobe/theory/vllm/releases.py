@@ -209,6 +209,24 @@ def policy(version: str, *, reserve_full_isl: bool = True) -> str:
 KV_CACHE_MEMORY_BYTES_FROM = (0, 10, 2)
 
 
+# Through 0.26.0 VllmConfig asserts that in Mamba "align" mode the block (after the hybrid alignment) fits one
+# step's token budget (config/vllm.py L2265-2271 in 0.26.0, L2186-2192 in 0.25.1, L1684-1690 in 0.18.1): Qwen3-Next's
+# 544-token block refuses to start under --max-num-batched-tokens 512 (both engines, on the shadow). 0.27.1 keeps
+# only the chunked-MM assert there (L2303-2309); 0.27.0 is not read.
+MAMBA_ALIGN_BLOCK_UNCHECKED_FROM = (0, 27)
+
+
+def mamba_align_block_refusal(version: str, *, align_mode: bool, block_size: int,
+                              max_num_batched_tokens: int) -> str | None:
+    """The engine's start-up assertion, in its words, when `version` refuses this Mamba "align" block."""
+    if not align_mode or version_tuple(version) >= MAMBA_ALIGN_BLOCK_UNCHECKED_FROM or \
+            block_size <= max_num_batched_tokens:
+        return None
+    return (f"In Mamba cache align mode, block_size ({block_size}) must be <= max_num_batched_tokens "
+            f"({max_num_batched_tokens}). (vLLM {version}'s config/vllm.py asserts it at start-up; no release from "
+            f"{_v(MAMBA_ALIGN_BLOCK_UNCHECKED_FROM)} checks it)")
+
+
 def watermark_refusal(version: str, watermark: float) -> str | None:
     """What `vllm serve` of a release before 0.24.0 says when given `--watermark`, or None."""
     if not watermark or version_tuple(version) >= WATERMARK_FROM:
