@@ -45,7 +45,8 @@ def test_align_takes_the_checkpoint_grid_only_where_the_release_has_checkpoints(
 
 
 def test_a_given_block_on_the_grid_is_the_same_block_either_way(geom):
-    """--block-size 576 (expectations/diff/vllm-mamba-cache-mode-shadow.yaml): both forms plan 576-token blocks."""
+    """--block-size 576 given (the first run of expectations/diff/vllm-mamba-cache-mode-shadow.yaml, docs/diff.md):
+    both forms plan 576-token blocks."""
     for checkpoints in (True, False):
         opts = VllmOptions(block_size=576, max_num_batched_tokens=512, prefill_checkpoints=checkpoints)
         assert hybrid_block_size(geom, opts)[0] == 576
