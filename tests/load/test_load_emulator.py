@@ -137,10 +137,20 @@ def test_a_level_may_name_its_own_start_jitter(emulator, tmp_path, processes):
         deadline = time.monotonic() + 60
         while len([r for r in run.records("request") if r.t_send]) < 16 and time.monotonic() < deadline:
             time.sleep(0.2)
-    at_once = first_sends(run.records("request"), 8)
-    spread_in = first_sends(run.records("request"), 16)[:8]
+    records = run.records("request")
+    at_once = first_sends(records, 8)
+    spread_in = first_sends(records, 16)[:8]
     assert len(at_once) == 8 and len(spread_in) == 8, (at_once, spread_in)
-    assert at_once[-1] - at_once[0] < 0.3 * JITTER and at_once[0] >= t8 - 0.5, (at_once, t8)
+    assert at_once[0] >= t8 - 0.5, (at_once, t8)
+    # at once within each Locust process: two workers get the level's message each in its turn, which on a
+    # busy machine can be most of a second apart (0.69 s seen), and that is delivery, not jitter
+    by_worker: dict[str | None, list[float]] = {}
+    for r in records:
+        if r.kind == "request" and r.users == 8 and r.t_send and r.t_send <= at_once[-1]:
+            by_worker.setdefault(r.worker, []).append(r.t_send)
+    assert len(by_worker) == processes, sorted(by_worker, key=str)
+    for worker, sends in by_worker.items():
+        assert max(sends) - min(sends) < 0.3 * JITTER, (worker, sorted(sends))
     spread = spread_in[-1] - spread_in[0]
     assert 0.3 * JITTER <= spread and spread_in[-1] - t16 <= JITTER + 1.0, (spread, spread_in[-1] - t16)
 
