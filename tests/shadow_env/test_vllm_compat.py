@@ -94,11 +94,11 @@ def test_the_mla_spec_takes_the_fields_its_releases_mla_layer_passes(compat_of, 
 
 @pytest.mark.parametrize(("version", "dsa", "mamba"), [
     ("0.18.1", True, True), ("0.24.0", True, True), ("0.25.1", True, False), ("0.27.1", True, False),
-    ("0.28.0", True, False), ("0.29.0", True, True), ("0.30.0", False, True), ("0.32.0", False, True),
+    ("0.28.0", True, False), ("0.29.0", True, False), ("0.30.0", False, False), ("0.32.0", False, False),
     ("0.33.0", False, False), ("0.34.0", False, False)])
-def test_dsa_is_refused_through_0_29_and_mamba_outside_0_25_to_0_28_and_from_0_33(compat_of, version, dsa, mamba):
-    """Mamba specs are written in 0.25.1-0.28.0's form (no prefill checkpoints) and 0.33.0's; 0.18.1's
-    `mamba_type: str` and 0.29.0-0.32.0's checkpoint fields are refused, naming the release."""
+def test_dsa_is_refused_through_0_29_and_mamba_before_0_25(compat_of, version, dsa, mamba):
+    """Mamba specs are written from 0.25.1 on, with the checkpoint fields each release's MambaSpec has;
+    0.18.1's `mamba_type: str` (and 0.19.1-0.24.0, not read) are refused, naming the release."""
     compat = compat_of(version)
     for kind, refused in ((compat.DSA_KIND, dsa), (compat.MAMBA_KIND, mamba)):
         reason = compat.refusal(kind)
@@ -127,22 +127,29 @@ CHECKPOINTED = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignmen
 
 
 @pytest.mark.parametrize(("version", "fields"), [("0.25.1", {}), ("0.27.1", {}), ("0.28.0", {}),
-                                                 ("0.29.0", CHECKPOINTED), ("0.33.0", CHECKPOINTED)])
-def test_mamba_specs_take_prefill_checkpoint_fields_from_0_29(compat_of, version, fields):
+                                                 ("0.29.0", {"num_prefill_checkpoint_blocks": 1}),
+                                                 ("0.30.0", CHECKPOINTED), ("0.32.0", CHECKPOINTED),
+                                                 ("0.33.0", CHECKPOINTED)])
+def test_mamba_specs_take_the_prefill_checkpoint_fields_their_release_has(compat_of, version, fields):
     """0.28.0's MambaSpec has no prefill-checkpoint fields (kv_cache_interface.py L668-674; the dataclass
-    refuses unknown keywords), 0.29.0 adds num_prefill_checkpoint_blocks (L858); 0.33.0's worker writes both."""
+    refuses unknown keywords), 0.29.0 adds num_prefill_checkpoint_blocks (L858), 0.30.0 its alignment (L1001).
+    The values are the layer spec's, whatever they are."""
     compat = compat_of(version)
     spec = {"num_prefill_checkpoint_blocks": 1, "prefill_checkpoint_alignment": 576, "mamba_cache_mode": "align"}
     assert compat.mamba_fields(spec) == fields
     assert compat.MAMBA_NO_CHECKPOINTS is (not fields)
+    none = {"num_prefill_checkpoint_blocks": 0, "prefill_checkpoint_alignment": None}
+    assert compat.mamba_fields(none) == {k: none[k] for k in fields}
 
 
 def test_the_mamba_thresholds_name_the_newest_release_with_the_old_form(compat_of):
     compat = compat_of("0.33.0")
     assert compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.28.0")
     assert not compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.29.0")
+    assert compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.29.0")
+    assert not compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.30.0")
     assert compat.refused(compat.MAMBA_KIND, "0.24.0") and not compat.refused(compat.MAMBA_KIND, "0.25.1")
-    assert compat.refused(compat.MAMBA_KIND, "0.32.0") and not compat.refused(compat.MAMBA_KIND, "0.33.0")
+    assert not any(compat.refused(compat.MAMBA_KIND, v) for v in ("0.28.0", "0.29.0", "0.32.0", "0.33.0"))
 
 
 @pytest.mark.parametrize("version", ["0.18.1", "0.25.1", "0.33.0", "0.34.0"])

@@ -1,8 +1,9 @@
 """A Gated DeltaNet layer's spec with and without the release's prefill checkpoints
 (kvprobe/theory/vllm/hybrid/kv_cache_spec.py `VllmOptions.prefill_checkpoints`): 0.33.0's "align" mode takes
 FlashInfer's 64-token grid and one checkpoint block a request (Qwen3-Next: 576-token blocks, 3 state blocks);
-vLLM 0.25.1-0.28.0's MambaSpec has no checkpoint fields, so "align" there is the kernel alignment alone and two
-state blocks (544-token blocks), as the shadow worker writes them on those releases (compat.py)."""
+through 0.32.0 the GDN layer sets no checkpoint (0.25.1-0.28.0's MambaSpec has no such field, 0.29.0-0.32.0's
+leaves it 0), so "align" there is the kernel alignment alone and two state blocks (544-token blocks), as the
+shadow worker writes them on those releases (compat.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def geom():
 
 @pytest.mark.parametrize(("checkpoints", "caching", "block", "ckpt", "state_blocks"), [
     (True, True, 576, 1, 3),  # 0.33.0 "align": lcm(16, 64) grid, + the checkpoint block
-    (False, True, 544, 0, 2),  # 0.27.1 / 0.28.0 "align": 16 raised until a page holds a state
+    (False, True, 544, 0, 2),  # 0.27.1-0.32.0 "align": 16 raised until a page holds a state
     (True, False, 544, 0, 1),  # "none": no grid, no checkpoint, on any release
     (False, False, 544, 0, 1),
 ])
@@ -66,11 +67,15 @@ def _logged_tokens() -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("version", ["0.27.1", "0.28.0", "0.33.0"])
+def test_every_release_the_log_holds_is_tested():
+    assert sorted(_logged_tokens()) == ["0.27.1", "0.28.0", "0.29.0", "0.32.0", "0.33.0"]
+
+
+@pytest.mark.parametrize("version", ["0.27.1", "0.28.0", "0.29.0", "0.32.0", "0.33.0"])
 def test_the_ledgers_capacity_line_is_the_one_each_release_logged(version):
     """The shape of expectations/diff/vllm-mamba-cache-mode-shadow.yaml, no --block-size: the release rule
-    (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM) gives each release's line, 11,702 tokens before 0.29.0 and
-    9,637 after (a checkpoint block a request in each of the 3 Mamba groups)."""
+    (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM) gives each release's line, 11,702 tokens before 0.33.0 and
+    9,637 from it (a checkpoint block a request in each of the 3 Mamba groups)."""
     inputs = LedgerInputs(engine="vllm", model=QWEN3_NEXT, engine_version=version, num_gpu_blocks_override=40,
                           max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512, enable_prefix_caching=True,
                           prompt_tokens=1000, output_tokens=200)

@@ -46,18 +46,20 @@ Each interface, new form first, then old (files under vllm/):
   indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
   -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
 - Mamba / linear-attention layers (MambaSpec, v1/kv_cache_interface.py; the Gated DeltaNet layer's spec is the
-  base Mamba layer's, model_executor/layers/mamba/abstract.py L63-79 in 0.27.1 and 0.28.0), three forms:
+  base Mamba layer's through 0.32.0, model_executor/layers/mamba/abstract.py L63-79 in 0.27.1 and 0.28.0, L67-86
+  in 0.29.0, L65 in 0.31.0 and 0.32.0), three forms:
   `shapes, dtypes, page_size_padded, mamba_type` (the MambaAttentionBackendEnum), `mamba_cache_mode`,
   `num_speculative_blocks` and nothing more in 0.25.1-0.28.0 (L669-675 in 0.25.1, L690-696 in 0.26.0, L710-716
-  in 0.27.1, L668-674 in 0.28.0), with "align" blocks sized by the kernel alignment alone and two state blocks
-  a request (platforms/interface.py L901-907, L917-918 and kv_cache_interface.py L693-694 in 0.28.0; L735-736 in
-  0.27.1); + `num_prefill_checkpoint_blocks` from 0.29.0 (L858) and `prefill_checkpoint_alignment` from
-  0.30.0 (L1001; 0.31.0 L1050, 0.32.0 L1043), which 0.33.0's worker writes (L1101-1102) and whose GDN layers
-  0.29.0-0.32.0 kvprobe has not read: refused there. 0.18.1's `mamba_type` is a str (L278), 0.19.1-0.24.0 are
-  not read: refused. The mode the specs carry must be the one the engine resolved
-  (model_executor/models/config.py MambaModelConfig: "align" with prefix caching for Qwen3-Next on every
-  release read, its class not SupportsMambaPrefixCaching through 0.27.1, qwen3_next.py L767-775 in 0.27.1),
-  else `kvspec` refuses. -> `MAMBA_STR_TYPE_THROUGH`, `MAMBA_NO_CHECKPOINTS_THROUGH`, `mamba_fields`, `refusal`
+  in 0.27.1, L668-674 in 0.28.0); + `num_prefill_checkpoint_blocks` from 0.29.0 (L858) and
+  `prefill_checkpoint_alignment` from 0.30.0 (L1001; 0.31.0 L1050, 0.32.0 L1043; 0.33.0 L1101-1102). The worker
+  fills them with what the release's GDN layer sets: 0 and None through 0.32.0, whose layer leaves the
+  defaults; one block on the 64-token grid from 0.33.0 (a theory rule: `theory/vllm/releases.py`
+  MAMBA_CHECKPOINTS_FROM). 0.18.1's `mamba_type` is a str (L278), 0.19.1-0.24.0 are not read: refused. The
+  mode the specs carry must be the one the engine resolved (model_executor/models/config.py MambaModelConfig:
+  "align" with prefix caching for Qwen3-Next on every release read, its class not SupportsMambaPrefixCaching,
+  qwen3_next.py L767-775 in 0.27.1, L798-806 in 0.29.0, L813-821 in 0.32.0), else `kvspec` refuses.
+  -> `MAMBA_STR_TYPE_THROUGH`, `MAMBA_NO_CHECKPOINTS_THROUGH`, `MAMBA_NO_ALIGNMENT_THROUGH`, `mamba_fields`,
+  `refusal`
 - Window layers (sliding-window, chunked-local): SlidingWindowSpec takes no `head_size_v` through 0.19.1 (its
   fields are AttentionSpec's and `sliding_window`, kv_cache_interface.py L248-249 in 0.18.1 and 0.19.1; only
   FullAttentionSpec has one, L101), its own from 0.20.2 (L404-406), AttentionSpec's from 0.28.0 (L218-222);
@@ -107,8 +109,8 @@ Each interface, new form first, then old (files under vllm/):
   vllm/triton_utils/importing.py L53-70 accepts a Triton with no active driver.
 
 So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, DSA
-indexers from 0.30.0 and Mamba / Gated DeltaNet layers on 0.25.1-0.28.0; Mamba layers on 0.18.1-0.24.0 and
-0.29.0-0.32.0 (and DSA through 0.29.0) are refused at start-up there, naming the release and the kind.
+indexers from 0.30.0 and Mamba / Gated DeltaNet layers from 0.25.1; Mamba layers on 0.18.1-0.24.0 (and DSA
+through 0.29.0) are refused at start-up there, naming the release and the kind.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ REQ_ID_TO_INDEX_THROUGH = (0, 33, 0)  # 0.33.0 v1/outputs.py L271 req_id_to_inde
 # 0.25.1 L673 the MambaAttentionBackendEnum)
 MAMBA_STR_TYPE_THROUGH = (0, 24, 0)
 MAMBA_NO_CHECKPOINTS_THROUGH = (0, 28, 0)  # 0.28.0 kv_cache_interface.py L668-674 / 0.29.0 L858 checkpoint blocks
+MAMBA_NO_ALIGNMENT_THROUGH = (0, 29, 0)  # 0.29.0 L851-863 / 0.30.0 L1001 prefill_checkpoint_alignment
 
 
 def through(threshold: tuple[int, ...], version: str = VLLM_VERSION) -> bool:
@@ -156,11 +159,12 @@ NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
 SLIDING_NO_HEAD_SIZE_V = through(SLIDING_NO_HEAD_SIZE_V_THROUGH)
 REQ_ID_TO_INDEX = through(REQ_ID_TO_INDEX_THROUGH)
 MAMBA_NO_CHECKPOINTS = through(MAMBA_NO_CHECKPOINTS_THROUGH)
+MAMBA_NO_ALIGNMENT = through(MAMBA_NO_ALIGNMENT_THROUGH)
 # the layer kinds kvprobe writes with fields some releases lack: the releases refused, as (newest release
 # described before, newest refused) spans, None for the first release read
 DSA_KIND, MAMBA_KIND = "a DSA indexer", "Mamba / linear-attention layers"
 REFUSED = {DSA_KIND: ((None, NO_INDEXER_ROLE_THROUGH),),
-           MAMBA_KIND: ((None, MAMBA_STR_TYPE_THROUGH), (MAMBA_NO_CHECKPOINTS_THROUGH, OLD_SPEC_FIELDS_THROUGH))}
+           MAMBA_KIND: ((None, MAMBA_STR_TYPE_THROUGH),)}
 
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
 # L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
@@ -252,12 +256,15 @@ def attention_fields(spec: str, head_size_v: int) -> dict:
 
 
 def mamba_fields(spec: dict) -> dict:
-    """A Mamba spec's prefill-checkpoint fields, from 0.29.0 (0.33.0 L1101-1102); none through 0.28.0, whose
-    MambaSpec has no such fields (L668-674)."""
-    if MAMBA_NO_CHECKPOINTS:
-        return {}
-    return {"num_prefill_checkpoint_blocks": spec["num_prefill_checkpoint_blocks"],
-            "prefill_checkpoint_alignment": spec.get("prefill_checkpoint_alignment")}
+    """A Mamba spec's prefill-checkpoint fields, as many as the release's MambaSpec has: none through 0.28.0
+    (L668-674), the block count from 0.29.0 (L858), its alignment too from 0.30.0 (L1001). Their values are
+    the layer spec's (0 and None where the release's GDN layer sets no checkpoint, theory/vllm/releases.py)."""
+    fields = {}
+    if not MAMBA_NO_CHECKPOINTS:
+        fields["num_prefill_checkpoint_blocks"] = spec["num_prefill_checkpoint_blocks"]
+    if not MAMBA_NO_ALIGNMENT:
+        fields["prefill_checkpoint_alignment"] = spec.get("prefill_checkpoint_alignment")
+    return fields
 
 
 def refused(kind: str, version: str = VLLM_VERSION) -> bool:

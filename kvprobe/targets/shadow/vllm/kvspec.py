@@ -50,7 +50,7 @@ from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, w
 from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.vllm import budget
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
-from kvprobe.theory.vllm.releases import default_block_size
+from kvprobe.theory.vllm.releases import default_block_size, window_rules
 
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
 # `layer_types` spellings that keep a full KV cache: vLLM's _ATTENTION_LAYER_TYPES (config/model.py
@@ -253,7 +253,8 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
                        pp=pc.pipeline_parallel_size, max_num_batched_tokens=sc.max_num_batched_tokens,
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
                        mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
-                       prefill_checkpoints=not compat.MAMBA_NO_CHECKPOINTS)
+                       # what the release's GDN layer puts in its spec (a GPU layer's code, not run here)
+                       prefill_checkpoints=window_rules(VLLM_VERSION).mamba_checkpoints)
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:

@@ -115,7 +115,7 @@ class VllmOptions:
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
     gdn_prefill_backend: str = "flashinfer"  # Hopper; "triton" elsewhere (no checkpoint blocks)
-    # a GDN layer's prefill checkpoint block and its 64-token grid in "align" mode: 0.29.0 on; through 0.28.0
+    # a GDN layer's prefill checkpoint block and its 64-token grid in "align" mode: 0.33.0 on; through 0.32.0
     # two state blocks a request, whatever the prefill backend (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM)
     prefill_checkpoints: bool = True
     # the release's in-flight rule (theory/vllm/releases.py WINDOW_IN_FLIGHT_FROM): through 0.25.1 a window
