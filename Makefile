@@ -34,7 +34,7 @@ bench: $(STAMP)
 # engine's shape on every release installed here (`--versions installed`: 2-3 min per release). Last,
 # SGLang 0.5.19, 0.5.21 and 0.5.22's own Scheduler step by step against the simulation of each (~1 min each),
 # and every installed vLLM release's own KV planner on the shadow worker's MLA specs (~30 s each). Between
-# them, the vLLM shadow pool sizing `make test` leaves out (--kv-cache-memory-bytes).
+# them, the vLLM shadow pool sizings `make test` leaves out (--kv-cache-memory-bytes, --gpu-memory-utilization).
 matrix: $(STAMP)
 	-$(BIN)/kvprobe diff expectations/diff/vllm-first-chunk.yaml --versions 0.9.2,0.11.0,0.19.0,0.24.0,0.33.0 \
 		--artifacts artifacts/matrix/vllm
@@ -76,6 +76,8 @@ matrix: $(STAMP)
 		--install --artifacts artifacts/matrix/vllm-mamba-cache-mode-shadow
 	-$(BIN)/kvprobe probe expectations/shadow-vllm-shapes.yaml --name shadow-vllm-kv-cache-memory-bytes \
 		--artifacts artifacts/matrix/shadow-vllm-kv-cache-memory-bytes
+	-$(BIN)/kvprobe probe expectations/shadow-vllm-shapes.yaml --name shadow-vllm-gpu-memory-utilization \
+		--artifacts artifacts/matrix/shadow-vllm-gpu-memory-utilization
 	-$(BIN)/kvprobe diff expectations/diff/vllm-full-prompt-shadow.yaml --versions installed \
 		--artifacts artifacts/matrix/vllm-installed
 	-$(BIN)/kvprobe diff expectations/diff/sglang-ignore-eos-shadow.yaml --versions installed \
