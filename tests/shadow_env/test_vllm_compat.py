@@ -21,12 +21,14 @@ def _stand_in_vllm(monkeypatch, version: str) -> None:
     returns its keywords."""
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.worker", "vllm.v1.worker.worker_base", "vllm.v1.kv_cache_interface",
-        "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils", "vllm.v1.outputs")}
+        "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.attention.backends.utils", "vllm.v1.outputs",
+        "vllm.v1.attention.backends.registry")}
     modules["vllm.v1.outputs"].ModelRunnerOutput = lambda **kw: kw  # the keywords the worker passes
     modules["vllm"].__version__ = version
     modules["vllm.v1.worker.worker_base"].CompilationTimes = namedtuple("CompilationTimes", "language_model encoder")
     modules["vllm.v1.kv_cache_interface"].get_kv_quant_mode = lambda dtype: f"mode({dtype})"
     modules["vllm.v1.attention.backends.utils"]._DEFAULT_LAYOUT_PREFERENCE = [types.SimpleNamespace(name="NHD")]
+    modules["vllm.v1.attention.backends.registry"].MambaAttentionBackendEnum = {"GDN_ATTN": "<GDN_ATTN>"}
     for name, mod in modules.items():
         monkeypatch.setitem(sys.modules, name, mod)
 
@@ -93,12 +95,12 @@ def test_the_mla_spec_takes_the_fields_its_releases_mla_layer_passes(compat_of, 
 
 
 @pytest.mark.parametrize(("version", "dsa", "mamba"), [
-    ("0.18.1", True, True), ("0.24.0", True, True), ("0.25.1", True, False), ("0.27.1", True, False),
+    ("0.18.1", True, False), ("0.24.0", True, False), ("0.25.1", True, False), ("0.27.1", True, False),
     ("0.28.0", True, False), ("0.29.0", True, False), ("0.30.0", False, False), ("0.32.0", False, False),
     ("0.33.0", False, False), ("0.34.0", False, False)])
-def test_dsa_is_refused_through_0_29_and_mamba_before_0_25(compat_of, version, dsa, mamba):
-    """Mamba specs are written from 0.25.1 on, with the checkpoint fields each release's MambaSpec has;
-    0.18.1's `mamba_type: str` (and 0.19.1-0.24.0, not read) are refused, naming the release."""
+def test_dsa_is_refused_through_0_29_and_mamba_never(compat_of, version, dsa, mamba):
+    """Mamba specs are written on every release read (0.18.1-0.34.0), with the `mamba_type` and checkpoint
+    fields each release's MambaSpec has; DSA indexers are refused through 0.29.0, naming the release."""
     compat = compat_of(version)
     for kind, refused in ((compat.DSA_KIND, dsa), (compat.MAMBA_KIND, mamba)):
         reason = compat.refusal(kind)
@@ -142,14 +144,23 @@ def test_mamba_specs_take_the_prefill_checkpoint_fields_their_release_has(compat
     assert compat.mamba_fields(none) == {k: none[k] for k in fields}
 
 
+@pytest.mark.parametrize(("version", "expected"), [("0.18.1", "gdn_attention"), ("0.20.2", "gdn_attention"),
+                                                   ("0.21.0", "<GDN_ATTN>"), ("0.33.0", "<GDN_ATTN>")])
+def test_a_gdn_layers_mamba_type_is_a_str_through_0_20_and_the_enum_after(compat_of, version, expected):
+    """MambaSpec's `mamba_type: str` (kv_cache_interface.py L525 in 0.20.2; "gdn_attention", the layer's own
+    property, gdn_linear_attn.py L217-218) / the MambaAttentionBackendEnum from 0.21.0 (L547)."""
+    assert compat_of(version).mamba_type("gdn_attn") == expected
+
+
 def test_the_mamba_thresholds_name_the_newest_release_with_the_old_form(compat_of):
     compat = compat_of("0.33.0")
     assert compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.28.0")
     assert not compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.29.0")
     assert compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.29.0")
     assert not compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.30.0")
-    assert compat.refused(compat.MAMBA_KIND, "0.24.0") and not compat.refused(compat.MAMBA_KIND, "0.25.1")
-    assert not any(compat.refused(compat.MAMBA_KIND, v) for v in ("0.28.0", "0.29.0", "0.32.0", "0.33.0"))
+    assert compat.through(compat.MAMBA_STR_TYPE_THROUGH, "0.20.2")
+    assert not compat.through(compat.MAMBA_STR_TYPE_THROUGH, "0.21.0")
+    assert not any(compat.refused(compat.MAMBA_KIND, v) for v in ("0.18.1", "0.24.0", "0.28.0", "0.32.0", "0.33.0"))
 
 
 @pytest.mark.parametrize("version", ["0.18.1", "0.25.1", "0.33.0", "0.34.0"])

@@ -1,5 +1,5 @@
-"""The Gated DeltaNet checkpoint rule (kvprobe/theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM) read in each
-installed vLLM's own source.
+"""The Gated DeltaNet checkpoint rule (kvprobe/theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM) and the step a
+hybrid block is raised in (ALIGN_ON_GIVEN_BLOCK_FROM) read in each installed vLLM's own source.
 
 The shadow worker writes a GDN layer's KV spec itself (the real layer needs a model built on a GPU), so a
 shadow's capacity line follows kvprobe's rule whichever release it names: running the releases either side
@@ -25,19 +25,23 @@ from kvprobe.theory.vllm.releases import window_rules
 from tests.engine_envs import engine_env
 
 pytestmark = pytest.mark.slow
-GDN_CLASSES = ("QwenGatedDeltaNetAttention", "Qwen3NextGatedDeltaNet")  # 0.25.1 on / 0.18.1 (models/qwen3_next.py)
+# Qwen3-Next's GDN layer, first found first: layers/mamba/gdn/qwen_gdn_linear_attn.py from 0.22.1, whose base
+# GatedDeltaNetAttention (gdn/base.py) is the layer itself in 0.19.1-0.21.0 (layers/mamba/gdn_linear_attn.py);
+# models/qwen3_next.py's own class in 0.18.1
+GDN_CLASSES = ("QwenGatedDeltaNetAttention", "GatedDeltaNetAttention", "Qwen3NextGatedDeltaNet")
 RELEASES = sorted({"0.18.1", "0.33.0", *recipes.installed("vllm")}, key=lambda v: tuple(map(int, v.split("."))))
 
 
 def _class(root: Path, names: tuple[str, ...]) -> tuple[Path, ast.ClassDef, str]:
-    """The first class named one of `names` defined under `root`: its file, node and source."""
-    for path in sorted(root.rglob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not any(re.search(rf"^class {name}\b", text, re.M) for name in names):
-            continue
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef) and node.name in names:
-                return path, node, text
+    """The class named the first of `names` that `root` defines: its file, node and source."""
+    sources = [(path, path.read_text(encoding="utf-8", errors="replace")) for path in sorted(root.rglob("*.py"))]
+    for name in names:
+        for path, text in sources:
+            if not re.search(rf"^class {name}\b", text, re.M):
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef) and node.name == name:
+                    return path, node, text
     raise AssertionError(f"no class {' or '.join(names)} under {root}")
 
 
@@ -74,7 +78,9 @@ def read_rule(vllm: Path) -> dict:
     where, align = _aligner(vllm)
     return {"layer": f"{path.relative_to(vllm)}::{gdn.name}", "aligner": where,
             "layer_checkpoint": spec is not None and "num_prefill_checkpoint_blocks" in spec,
-            "grid": "checkpoint_alignment" in align}
+            "grid": "checkpoint_alignment" in align,
+            # max(the backend's smallest kernel block, cache_config.block_size) / a fixed 16 (0.18.1 L149)
+            "align_on_given": re.search(r"kernel_block_alignment_size = max\(", align) is not None}
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -83,6 +89,8 @@ def test_the_gdn_checkpoint_rule_is_the_one_in_the_releases_source(pytestconfig,
     got = read_rule(env.site_packages / "vllm")
     expected = window_rules(version).mamba_checkpoints
     assert got["layer_checkpoint"] is expected and got["grid"] is expected, (version, expected, got)
+    # the step a hybrid block is raised in (releases.py ALIGN_ON_GIVEN_BLOCK_FROM)
+    assert got["align_on_given"] is window_rules(version).align_on_given_block, (version, got)
 
 
 def test_the_reader_sees_a_layer_that_sets_checkpoints(tmp_path):
@@ -98,6 +106,6 @@ def test_the_reader_sees_a_layer_that_sets_checkpoints(tmp_path):
                      "        return replace(spec, num_prefill_checkpoint_blocks=1)\n")
     assert read_rule(tmp_path) == {"layer": "model_executor/gdn.py::QwenGatedDeltaNetAttention",
                                    "aligner": "platforms/interface.py::_align_hybrid_block_size",
-                                   "layer_checkpoint": True, "grid": True}
+                                   "layer_checkpoint": True, "grid": True, "align_on_given": False}
     layer.write_text("class QwenGatedDeltaNetAttention(Base):\n    pass\n")
     assert read_rule(tmp_path)["layer_checkpoint"] is False

@@ -7,6 +7,7 @@ shadow worker writes them on those releases (compat.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -105,3 +106,33 @@ def test_an_align_block_beyond_the_token_budget_is_refused_before_0_27(version, 
             build_ledger(inputs)
     else:
         assert led.refusal is None
+
+
+ALIGNMENT_LOG = LOGGED.parent / "vllm-0.18.1-qwen3-next-block-alignment.log"
+
+
+@pytest.mark.parametrize(("align_on_given", "given", "block"), [
+    (False, 128, 544), (True, 128, 640),  # through 0.19.1 a fixed 16 / from 0.20.2 max(16, 128)
+    (False, 16, 544), (True, 16, 544),  # from the default both agree
+    (False, 1024, 1024), (True, 1024, 1024),  # a block that holds a state already is kept
+])
+def test_a_hybrid_block_is_raised_in_steps_of_16_through_0_19_and_of_the_given_block_after(geom, align_on_given, given,
+                                                                                          block):
+    opts = VllmOptions(block_size=given, enable_prefix_caching=False, align_on_given_block=align_on_given)
+    assert hybrid_block_size(geom, opts)[0] == block
+
+
+def test_the_0_18_1_ledger_is_the_engines_own_alignment_of_a_given_128():
+    """vLLM 0.18.1's own config resolution (HybridAttentionMambaModelConfig, models/config.py) logged 544-token
+    blocks and 3,808 tokens for Qwen3-Next with the 128-token block its CPU platform gave it (published so in
+    its config); the ledger, told 128 as the probe was, says the same (640 and 4,480 with 0.20.2's step)."""
+    text = ALIGNMENT_LOG.read_text()
+    logged_block = int(re.search(r"Setting attention block size to (\d+) tokens", text).group(1))
+    logged_tokens = int(re.search(r"KV cache size: ([\d,]+) tokens", text).group(1).replace(",", ""))
+    inputs = LedgerInputs(engine="vllm", model=QWEN3_NEXT, engine_version="0.18.1", num_gpu_blocks_override=30,
+                          max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=512, enable_prefix_caching=False,
+                          block_size=128, prompt_tokens=1000, output_tokens=200)
+    led = build_ledger(inputs)
+    assert (led.capacity.block_size, led.capacity.kv_tokens) == (logged_block, logged_tokens) == (544, 3808)
+    later = build_ledger(dataclasses.replace(inputs, engine_version="0.20.2"))
+    assert (later.capacity.block_size, later.capacity.kv_tokens) == (640, 12288)

@@ -98,7 +98,8 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
                        enable_prefix_caching=bool(flags["enable-prefix-caching"]),
                        window_in_flight=window_rules(version).in_flight if version else True,
-                       prefill_checkpoints=window_rules(version).mamba_checkpoints if version else True)
+                       prefill_checkpoints=window_rules(version).mamba_checkpoints if version else True,
+                       align_on_given_block=window_rules(version).align_on_given_block if version else True)
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 

@@ -153,7 +153,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
                                 default_block_size(version), tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching,
-                                window_in_flight=window.in_flight, prefill_checkpoints=window.mamba_checkpoints)
+                                window_in_flight=window.in_flight, prefill_checkpoints=window.mamba_checkpoints,
+                                align_on_given_block=window.align_on_given_block)
     bud = vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,

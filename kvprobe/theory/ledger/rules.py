@@ -91,6 +91,12 @@ def _block_size_rule(inputs, geom, bud, version: str, plan_opts) -> str:
     own = default
     if plan_opts is not None and geom.layers.count(LINEAR):
         own = hybrid_block_size(geom, dataclasses.replace(plan_opts, block_size=default))[0]
+        planned = hybrid_block_size(geom, plan_opts)[0]
+        if inputs.block_size and planned != inputs.block_size:
+            step = "max(16, the block given)" if plan_opts.align_on_given_block else "16 (through vLLM 0.19.1)"
+            return (f"{planned} tokens: {inputs.block_size} given, raised to the smallest multiple of {step} whose "
+                    "attention page holds a Mamba state (platforms/interface.py _align_hybrid_block_size; "
+                    "models/config.py through 0.19.1)")
     if inputs.block_size and inputs.block_size != own:
         return f"{inputs.block_size} tokens, given"
     if own != default:

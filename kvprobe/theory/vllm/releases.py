@@ -140,6 +140,13 @@ SPARSE_RETENTION_FROM = (0, 29)
 #   0.31.0, L1084-1088 in 0.32.0; 0.27.1 and 0.28.0 L901-907). Two state blocks a request through 0.32.0 (run
 #   on the engines either side: expectations/diff/vllm-mamba-cache-mode-shadow.yaml).
 MAMBA_CHECKPOINTS_FROM = (0, 33)
+# - a Mamba hybrid's attention block is raised to a multiple of the kernel alignment whose page holds a Mamba
+#   state; that alignment is max(16, the block size given or defaulted) from 0.20.2
+#   (Platform._align_hybrid_block_size, platforms/interface.py L577 in 0.20.2, L861 in 0.25.1), a fixed 16
+#   through 0.19.1 (models/config.py HybridAttentionMambaModelConfig L149 in 0.18.1, L218 in 0.19.1): with a
+#   block of 128 given, Qwen3-Next's is 640 tokens on 0.20.2, 544 on 0.18.1 (its engine's own log, run on the
+#   shadow, whose CPU platform gives 128). 0.20.0 and 0.20.1 are not read: 0.20.2's rule.
+ALIGN_ON_GIVEN_BLOCK_FROM = (0, 20)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,7 @@ class WindowRules:
     free_order: str = SPLIT  # which frees reuse blocks without a hash first (hybrid/block_pool.py)
     sparse_retention: bool = True  # window and Mamba groups keep only the checkpoints a hit can use
     mamba_checkpoints: bool = True  # a GDN layer's prefill checkpoint block and 64-token grid ("align" mode)
+    align_on_given_block: bool = True  # a Mamba hybrid's block is a multiple of max(16, the block size given)
 
     def admission_text(self) -> str:
         return (f"window groups capped in the full-sequence check (from {_v(WINDOW_CAP_FROM)})" if self.admission_cap
@@ -183,7 +191,8 @@ def window_rules(version: str) -> WindowRules:
     return WindowRules(admission_cap=v >= WINDOW_CAP_FROM, in_flight=v >= WINDOW_IN_FLIGHT_FROM,
                        free_order=SPLIT if v >= UNHASHED_FIRST_FROM else
                        WINDOW_SPLIT if v >= UNHASHED_FIRST_WINDOW_FROM else TAIL,
-                       sparse_retention=v >= SPARSE_RETENTION_FROM, mamba_checkpoints=v >= MAMBA_CHECKPOINTS_FROM)
+                       sparse_retention=v >= SPARSE_RETENTION_FROM, mamba_checkpoints=v >= MAMBA_CHECKPOINTS_FROM,
+                       align_on_given_block=v >= ALIGN_ON_GIVEN_BLOCK_FROM)
 
 
 def legacy_kv_size_line(version: str) -> bool:

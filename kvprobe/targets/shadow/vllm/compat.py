@@ -46,20 +46,24 @@ Each interface, new form first, then old (files under vllm/):
   indexer (`index_topk_freq`, `index_topk_pattern`) is the same code in 0.30.0 (L1141-1152) as in 0.33.0.
   -> `NO_INDEXER_ROLE_THROUGH`, `dsa_leader_fields`, `indexer_fields`, `refusal`
 - Mamba / linear-attention layers (MambaSpec, v1/kv_cache_interface.py; the Gated DeltaNet layer's spec is the
-  base Mamba layer's through 0.32.0, model_executor/layers/mamba/abstract.py L63-79 in 0.27.1 and 0.28.0, L67-86
-  in 0.29.0, L65 in 0.31.0 and 0.32.0), three forms:
-  `shapes, dtypes, page_size_padded, mamba_type` (the MambaAttentionBackendEnum), `mamba_cache_mode`,
-  `num_speculative_blocks` and nothing more in 0.25.1-0.28.0 (L669-675 in 0.25.1, L690-696 in 0.26.0, L710-716
-  in 0.27.1, L668-674 in 0.28.0); + `num_prefill_checkpoint_blocks` from 0.29.0 (L858) and
-  `prefill_checkpoint_alignment` from 0.30.0 (L1001; 0.31.0 L1050, 0.32.0 L1043; 0.33.0 L1101-1102). The worker
-  fills them with what the release's GDN layer sets: 0 and None through 0.32.0, whose layer leaves the
-  defaults; one block on the 64-token grid from 0.33.0 (a theory rule: `theory/vllm/releases.py`
-  MAMBA_CHECKPOINTS_FROM). 0.18.1's `mamba_type` is a str (L278), 0.19.1-0.24.0 are not read: refused. The
+  base Mamba layer's through 0.32.0, model_executor/layers/mamba/abstract.py L43-58 in 0.18.1, L44-60 in
+  0.21.0-0.25.1, L63-79 in 0.27.1 and 0.28.0, L67-86 in 0.29.0, L65 in 0.31.0 and 0.32.0), four forms:
+  `shapes, dtypes, page_size_padded, mamba_type, mamba_cache_mode, num_speculative_blocks` with `mamba_type` a
+  str ("gdn_attention" for Gated DeltaNet, the layer's own property: models/qwen3_next.py L375-376 in 0.18.1,
+  layers/mamba/gdn_linear_attn.py L217-218 in 0.20.2; the attention selector looks it up in
+  MAMBA_TYPE_TO_BACKEND_MAP, v1/attention/backends/registry.py L196-202) through 0.20.2 (L278 in 0.18.1 and
+  0.19.1, L525 in 0.20.2); the same fields with the MambaAttentionBackendEnum from 0.21.0 (L547; the map is gone
+  and the selector asserts the enum, v1/attention/selector.py L150) through 0.28.0 (L567 in 0.22.1, L633 in
+  0.24.0, L669-675 in 0.25.1, L690-696 in 0.26.0, L710-716 in 0.27.1, L668-674 in 0.28.0);
+  + `num_prefill_checkpoint_blocks` from 0.29.0 (L858) and `prefill_checkpoint_alignment` from 0.30.0 (L1001;
+  0.31.0 L1050, 0.32.0 L1043; 0.33.0 L1101-1102). The worker fills them with what the release's GDN layer
+  sets: 0 and None through 0.32.0, whose layer leaves the defaults; one block on the 64-token grid from 0.33.0
+  (a theory rule: `theory/vllm/releases.py` MAMBA_CHECKPOINTS_FROM). The
   mode the specs carry must be the one the engine resolved (model_executor/models/config.py MambaModelConfig:
   "align" with prefix caching for Qwen3-Next on every release read, its class not SupportsMambaPrefixCaching,
   qwen3_next.py L767-775 in 0.27.1, L798-806 in 0.29.0, L813-821 in 0.32.0), else `kvspec` refuses.
-  -> `MAMBA_STR_TYPE_THROUGH`, `MAMBA_NO_CHECKPOINTS_THROUGH`, `MAMBA_NO_ALIGNMENT_THROUGH`, `mamba_fields`,
-  `refusal`
+  -> `MAMBA_STR_TYPE_THROUGH`, `MAMBA_NO_CHECKPOINTS_THROUGH`, `MAMBA_NO_ALIGNMENT_THROUGH`, `mamba_type`,
+  `mamba_fields`
 - Window layers (sliding-window, chunked-local): SlidingWindowSpec takes no `head_size_v` through 0.19.1 (its
   fields are AttentionSpec's and `sliding_window`, kv_cache_interface.py L248-249 in 0.18.1 and 0.19.1; only
   FullAttentionSpec has one, L101), its own from 0.20.2 (L404-406), AttentionSpec's from 0.28.0 (L218-222);
@@ -109,8 +113,8 @@ Each interface, new form first, then old (files under vllm/):
   vllm/triton_utils/importing.py L53-70 accepts a Triton with no active driver.
 
 So on 0.18.1-0.32.0 the worker describes full-attention, window (sliding / chunked-local) and MLA models, DSA
-indexers from 0.30.0 and Mamba / Gated DeltaNet layers from 0.25.1; Mamba layers on 0.18.1-0.24.0 (and DSA
-through 0.29.0) are refused at start-up there, naming the release and the kind.
+indexers from 0.30.0 and Mamba / Gated DeltaNet layers; DSA through 0.29.0 is refused at start-up there, naming
+the release and the kind.
 """
 
 from __future__ import annotations
@@ -132,9 +136,7 @@ NO_MAX_TP_SHARDS_THROUGH = (0, 30, 0)  # 0.30.0 no field / 0.31.0 kv_cache_inter
 NO_PLANNER_MODULE_THROUGH = (0, 32, 0)  # 0.32.0 kv_cache_utils.py / 0.33.0 v1/core/kv_cache_planning.py
 SLIDING_NO_HEAD_SIZE_V_THROUGH = (0, 19, 1)  # 0.19.1 kv_cache_interface.py L248-249 / 0.20.2 L404-406
 REQ_ID_TO_INDEX_THROUGH = (0, 33, 0)  # 0.33.0 v1/outputs.py L271 req_id_to_index / 0.34.0 L267-305 none
-# Mamba: refused through this one (0.18.1 kv_cache_interface.py L278 `mamba_type: str`, 0.19.1-0.24.0 not read /
-# 0.25.1 L673 the MambaAttentionBackendEnum)
-MAMBA_STR_TYPE_THROUGH = (0, 24, 0)
+MAMBA_STR_TYPE_THROUGH = (0, 20, 2)  # 0.20.2 kv_cache_interface.py L525 `mamba_type: str` / 0.21.0 L547 the enum
 MAMBA_NO_CHECKPOINTS_THROUGH = (0, 28, 0)  # 0.28.0 kv_cache_interface.py L668-674 / 0.29.0 L858 checkpoint blocks
 MAMBA_NO_ALIGNMENT_THROUGH = (0, 29, 0)  # 0.29.0 L851-863 / 0.30.0 L1001 prefill_checkpoint_alignment
 
@@ -158,13 +160,13 @@ NO_MAX_TP_SHARDS = through(NO_MAX_TP_SHARDS_THROUGH)
 NO_INDEXER_ROLE = through(NO_INDEXER_ROLE_THROUGH)
 SLIDING_NO_HEAD_SIZE_V = through(SLIDING_NO_HEAD_SIZE_V_THROUGH)
 REQ_ID_TO_INDEX = through(REQ_ID_TO_INDEX_THROUGH)
+MAMBA_STR_TYPE = through(MAMBA_STR_TYPE_THROUGH)
 MAMBA_NO_CHECKPOINTS = through(MAMBA_NO_CHECKPOINTS_THROUGH)
 MAMBA_NO_ALIGNMENT = through(MAMBA_NO_ALIGNMENT_THROUGH)
 # the layer kinds kvprobe writes with fields some releases lack: the releases refused, as (newest release
 # described before, newest refused) spans, None for the first release read
 DSA_KIND, MAMBA_KIND = "a DSA indexer", "Mamba / linear-attention layers"
-REFUSED = {DSA_KIND: ((None, NO_INDEXER_ROLE_THROUGH),),
-           MAMBA_KIND: ((None, MAMBA_STR_TYPE_THROUGH),)}
+REFUSED = {DSA_KIND: ((None, NO_INDEXER_ROLE_THROUGH),), MAMBA_KIND: ()}
 
 # ds_mla layouts pack NoPE + RoPE + scales into one opaque per-token blob (0.33.0 mla_attention.py
 # L1383-1389; 0.28.0 and 0.29.0 know fp8_ds_mla alone, L1159; through 0.27.1 the spec's own 656, L197-200)
@@ -253,6 +255,21 @@ def attention_fields(spec: str, head_size_v: int) -> dict:
     if spec == "ChunkedLocalAttentionSpec" or (spec == "SlidingWindowSpec" and SLIDING_NO_HEAD_SIZE_V):
         return {}
     return {"head_size_v": head_size_v}
+
+
+# a Mamba layer kind kvprobe writes -> (the str through MAMBA_STR_TYPE_THROUGH, the enum member's name after)
+MAMBA_TYPES = {"gdn_attn": ("gdn_attention", "GDN_ATTN")}
+
+
+def mamba_type(kind: str):
+    """A Mamba spec's `mamba_type` as this release's layer gives it: the str through 0.20.2, the
+    MambaAttentionBackendEnum member from 0.21.0."""
+    old, member = MAMBA_TYPES[kind]
+    if MAMBA_STR_TYPE:
+        return old
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+    return MambaAttentionBackendEnum[member]
 
 
 def mamba_fields(spec: dict) -> dict:

@@ -34,7 +34,6 @@ import torch
 from vllm import __version__ as VLLM_VERSION
 from vllm.config import VllmConfig
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -65,7 +64,6 @@ class UnsupportedModelError(ValueError):
 
 _ATTENTION = {"FullAttentionSpec": FullAttentionSpec, "SlidingWindowSpec": SlidingWindowSpec,
               "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec}
-_MAMBA_TYPES = {"gdn_attn": MambaAttentionBackendEnum.GDN_ATTN}
 
 
 def to_vllm_spec(d: dict) -> KVCacheSpec:
@@ -75,7 +73,7 @@ def to_vllm_spec(d: dict) -> KVCacheSpec:
         return MambaSpec(
             block_size=d["block_size"], shapes=tuple(tuple(s) for s in d["shapes"]),
             dtypes=tuple(getattr(torch, t) for t in d["dtypes"]),
-            page_size_padded=d["page_size_padded"], mamba_type=_MAMBA_TYPES[d["mamba_type"]],
+            page_size_padded=d["page_size_padded"], mamba_type=compat.mamba_type(d["mamba_type"]),
             mamba_cache_mode=d["mamba_cache_mode"], **compat.mamba_fields(d))  # the release's fields (compat.py)
     cls = _ATTENTION[d["spec"]]
     kw = dict(block_size=d["block_size"], num_kv_heads=d["num_kv_heads"], head_size=d["head_size"],
@@ -254,7 +252,8 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
                        mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
                        # what the release's GDN layer puts in its spec (a GPU layer's code, not run here)
-                       prefill_checkpoints=window_rules(VLLM_VERSION).mamba_checkpoints)
+                       prefill_checkpoints=window_rules(VLLM_VERSION).mamba_checkpoints,
+                       align_on_given_block=window_rules(VLLM_VERSION).align_on_given_block)
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:

@@ -118,6 +118,9 @@ class VllmOptions:
     # a GDN layer's prefill checkpoint block and its 64-token grid in "align" mode: 0.33.0 on; through 0.32.0
     # two state blocks a request, whatever the prefill backend (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM)
     prefill_checkpoints: bool = True
+    # the kernel alignment a hybrid block is raised in steps of: max(16, block_size) from 0.20.2, a fixed 16
+    # through 0.19.1 (theory/vllm/releases.py ALIGN_ON_GIVEN_BLOCK_FROM)
+    align_on_given_block: bool = True
     # the release's in-flight rule (theory/vllm/releases.py WINDOW_IN_FLIGHT_FROM): through 0.25.1 a window
     # group's most blocks count one batch, max_num_batched_tokens, whatever the scheduling
     window_in_flight: bool = True
@@ -187,7 +190,7 @@ def hybrid_block_size(geom: ModelGeometry, opts: VllmOptions) -> tuple[int, int 
     mamba_page = sum(math.prod(s) * DTYPE_BYTES[d] for s, d in zip(shapes, dtypes, strict=True))
     attn_1 = max(1, geom.num_kv_heads // opts.tp) * (geom.head_dim + geom.v_head_dim) * \
         DTYPE_BYTES[_torch_dtype(opts.cache_dtype, geom)]
-    align = max(FLASH_ATTN_BLOCK_MULTIPLE, opts.block_size)
+    align = max(FLASH_ATTN_BLOCK_MULTIPLE, opts.block_size) if opts.align_on_given_block else FLASH_ATTN_BLOCK_MULTIPLE
     if _checkpoints(opts):
         align = math.lcm(align, FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
     block = align * cdiv(mamba_page, align * attn_1)
