@@ -72,6 +72,8 @@ matrix: $(STAMP)
 		--artifacts artifacts/matrix/vllm-block-size-shadow
 	-$(BIN)/kvprobe diff expectations/hybrid-vllm-qwen3-next.yaml --versions 0.33.0,0.34.0 --install \
 		--artifacts artifacts/matrix/vllm-mamba-block-size-shadow
+	-$(BIN)/kvprobe diff expectations/hybrid-vllm-qwen3-next.yaml --versions 0.18.1,0.25.1,0.33.0 --install \
+		--artifacts artifacts/matrix/vllm-mamba-releases-shadow
 	-$(BIN)/kvprobe diff expectations/diff/vllm-mamba-cache-mode-shadow.yaml --versions 0.26.0,0.27.1,0.28.0,0.32.0,0.33.0 \
 		--install --artifacts artifacts/matrix/vllm-mamba-cache-mode-shadow
 	-$(BIN)/kvprobe probe expectations/shadow-vllm-shapes.yaml --name shadow-vllm-kv-cache-memory-bytes \

@@ -224,7 +224,7 @@ KV_CACHE_MEMORY_BYTES_FROM = (0, 10, 2)
 # Through 0.26.0 VllmConfig asserts that in Mamba "align" mode the block (after the hybrid alignment) fits one
 # step's token budget (config/vllm.py L2265-2271 in 0.26.0, L2186-2192 in 0.25.1, L1684-1690 in 0.18.1): Qwen3-Next's
 # 544-token block refuses to start under --max-num-batched-tokens 512 (both engines, on the shadow). 0.27.1 keeps
-# only the chunked-MM assert there (L2303-2309); 0.27.0 is not read.
+# only the chunked-MM assert there (L2303-2309), as 0.27.0 does (L2304-2310: read in its wheel).
 MAMBA_ALIGN_BLOCK_UNCHECKED_FROM = (0, 27)
 
 
