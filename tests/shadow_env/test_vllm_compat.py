@@ -70,13 +70,13 @@ def test_each_interface_takes_its_release_branch(compat_of, version):
     assert (reason is None) if new_specs else f"models on vLLM {version}; this model has a DSA" in reason
 
 
-def test_thresholds_name_the_newest_release_with_the_old_form(compat_of):
+@pytest.mark.parametrize(("threshold", "old", "new"), [
+    ("COMPILE_TIMES_FLOAT_THROUGH", "0.19.1", "0.20.0"), ("NO_LAYOUT_RPC_THROUGH", "0.25.1", "0.33.0"),
+    ("OLD_SPEC_FIELDS_THROUGH", "0.25.1+cpu", "0.33.0"), ("MAMBA_STR_TYPE_THROUGH", "0.20.2", "0.21.0"),
+    ("MAMBA_NO_CHECKPOINTS_THROUGH", "0.28.0", "0.29.0"), ("MAMBA_NO_ALIGNMENT_THROUGH", "0.29.0", "0.30.0")])
+def test_thresholds_name_the_newest_release_with_the_old_form(compat_of, threshold, old, new):
     compat = compat_of("0.33.0")
-    assert compat.through(compat.COMPILE_TIMES_FLOAT_THROUGH, "0.19.1")
-    assert not compat.through(compat.COMPILE_TIMES_FLOAT_THROUGH, "0.20.0")
-    assert compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.25.1")
-    assert not compat.through(compat.NO_LAYOUT_RPC_THROUGH, "0.33.0")
-    assert compat.through(compat.OLD_SPEC_FIELDS_THROUGH, "0.25.1+cpu")
+    assert compat.through(getattr(compat, threshold), old) and not compat.through(getattr(compat, threshold), new)
 
 
 @pytest.mark.parametrize(("version", "fields"), [
@@ -152,14 +152,8 @@ def test_a_gdn_layers_mamba_type_is_a_str_through_0_20_and_the_enum_after(compat
     assert compat_of(version).mamba_type("gdn_attn") == expected
 
 
-def test_the_mamba_thresholds_name_the_newest_release_with_the_old_form(compat_of):
+def test_mamba_is_refused_on_no_release_read(compat_of):
     compat = compat_of("0.33.0")
-    assert compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.28.0")
-    assert not compat.through(compat.MAMBA_NO_CHECKPOINTS_THROUGH, "0.29.0")
-    assert compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.29.0")
-    assert not compat.through(compat.MAMBA_NO_ALIGNMENT_THROUGH, "0.30.0")
-    assert compat.through(compat.MAMBA_STR_TYPE_THROUGH, "0.20.2")
-    assert not compat.through(compat.MAMBA_STR_TYPE_THROUGH, "0.21.0")
     assert not any(compat.refused(compat.MAMBA_KIND, v) for v in ("0.18.1", "0.24.0", "0.28.0", "0.32.0", "0.33.0"))
 
 
