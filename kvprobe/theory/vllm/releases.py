@@ -131,14 +131,15 @@ SPARSE_RETENTION_FROM = (0, 29)
 # - a Gated DeltaNet layer in "align" mode takes a prefill checkpoint block beside its two state blocks, and
 #   the attention block is grown to the FlashInfer GDN kernel's 64-token grid, from 0.33.0: its
 #   QwenGatedDeltaNetAttention.get_kv_cache_spec sets `num_prefill_checkpoint_blocks=1` and the grid
-#   (layers/mamba/gdn/qwen_gdn_linear_attn.py L736-750) and `_align_hybrid_block_size` puts the block on it
+#   (layers/mamba/gdn/qwen_gdn_linear_attn.py L739-750) and `_align_hybrid_block_size` puts the block on it
 #   (platforms/interface.py L1089-1094). MambaSpec has the field from 0.29.0 (v1/kv_cache_interface.py L858;
 #   `prefill_checkpoint_alignment` from 0.30.0, L1001), but through 0.32.0 only Kimi's KDA layers (and from
 #   0.32.0 MambaMixer2, mamba_mixer2.py L1107) set it: the GDN layer has no spec of its own, the base Mamba
 #   layer's leaves it 0 (layers/mamba/abstract.py L67-86 in 0.29.0, L65 in 0.31.0 and 0.32.0), and the block is
 #   sized by the kernel alignment alone (platforms/interface.py L909-915 in 0.29.0, L921 in 0.30.0, L977 in
-#   0.31.0, L1084-1088 in 0.32.0; 0.27.1 and 0.28.0 L901-907). Two state blocks a request through 0.32.0 (run
-#   on the engines either side: expectations/diff/vllm-mamba-cache-mode-shadow.yaml).
+#   0.31.0, L1084-1088 in 0.32.0; 0.27.1 and 0.28.0 L901-907). Two state blocks a request through 0.32.0 (read in
+#   each installed release's source: tests/shadow_env/test_vllm_gdn_checkpoints_source.py; the releases either
+#   side run on the shadow, whose worker writes the layer's spec: expectations/diff/vllm-mamba-cache-mode-shadow.yaml).
 MAMBA_CHECKPOINTS_FROM = (0, 33)
 # - a Mamba hybrid's attention block is raised to a multiple of the kernel alignment whose page holds a Mamba
 #   state; that alignment is max(16, the block size given or defaulted) from 0.20.2
