@@ -94,7 +94,7 @@ def test_the_worker_answers_each_release_in_its_own_interface(vllm_release_env, 
     if version == OLD:
         assert got["old"] is True and got["compile"] == "0.0" and got["layouts"] == []
         assert got["blocks"] == 2000  # the override's pool passes 0.18.1's memory check and comes back whole
-        assert f"only full-attention (MHA/GQA), window and MLA models on vLLM {OLD}" in got["refusal"]
+        assert f"only full-attention (MHA/GQA), window, MLA and Mamba models on vLLM {OLD}" in got["refusal"]
     else:
         assert got["old"] is False and got["compile"].startswith("CompilationTimes(") and got["layouts"]
         assert got["pool"] == 0 and got["refusal"] is None
