@@ -350,6 +350,10 @@ def test_sglang_ignore_eos_reservation_is_found_and_named(capsys, tmp_path):
 
 
 @pytest.mark.slow
+# Two runs of one emulated release must agree within the tolerances, so a level's dip on a loaded machine is a
+# change: a clean clone's second run held 3.71 running at N=8 (usage 69.4% against 76.5%) while the other lane
+# started engines. It runs while the other lane starts none (tests/conftest.py).
+@pytest.mark.needs_a_quiet_machine
 def test_the_same_release_twice_changes_nothing(capsys, tmp_path):
     # the vLLM pair's shape: its requests live ~10x shorter than the SGLang pair's (O=32 against 256)
     rc, out, err = run(capsys, "diff", VLLM_PAIR, "--versions", "0.33.0,0.33.0", "--artifacts", str(tmp_path))
