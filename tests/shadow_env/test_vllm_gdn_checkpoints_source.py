@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from kvprobe.releases import version_tuple
 from kvprobe.targets.shadow import recipes
 from kvprobe.theory.vllm.releases import window_rules
 from tests.engine_envs import engine_env
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 # GatedDeltaNetAttention (gdn/base.py) is the layer itself in 0.19.1-0.21.0 (layers/mamba/gdn_linear_attn.py);
 # models/qwen3_next.py's own class in 0.18.1
 GDN_CLASSES = ("QwenGatedDeltaNetAttention", "GatedDeltaNetAttention", "Qwen3NextGatedDeltaNet")
-RELEASES = sorted({"0.18.1", "0.33.0", *recipes.installed("vllm")}, key=lambda v: tuple(map(int, v.split("."))))
+RELEASES = sorted({"0.18.1", "0.33.0", *recipes.installed("vllm")}, key=version_tuple)
 
 
 def _class(root: Path, names: tuple[str, ...]) -> tuple[Path, ast.ClassDef, str]:

@@ -34,6 +34,7 @@ from kvprobe.theory.vllm.hybrid.groups import sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
 from kvprobe.theory.vllm.releases import (
+    WindowRules,
     active_seqs_refusal,
     default_block_size,
     running_cap,
@@ -94,12 +95,11 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
     geom = geometry_from_config(cfg, model, source=source)
     if not geom.layers.hybrid:
         return None
+    rules = window_rules(version) if version else WindowRules()  # no version: the newest release's rules
     opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
-                       enable_prefix_caching=bool(flags["enable-prefix-caching"]),
-                       window_in_flight=window_rules(version).in_flight if version else True,
-                       prefill_checkpoints=window_rules(version).mamba_checkpoints if version else True,
-                       align_on_given_block=window_rules(version).align_on_given_block if version else True)
+                       enable_prefix_caching=bool(flags["enable-prefix-caching"]), window_in_flight=rules.in_flight,
+                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block)
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 

@@ -20,6 +20,7 @@ from kvprobe.theory.vllm.hybrid.kv_cache_spec import hybrid_block_size
 from kvprobe.theory.vllm.releases import (
     ACTIVE_SEQS_FROM,
     ACTIVE_SEQS_RULE,
+    ALIGN_ON_GIVEN_BLOCK_FROM,
     ASYNC_DEFAULT_FROM,
     BLOCK_SIZE_64_FROM,
     KV_SIZE_LINE_FROM,
@@ -93,7 +94,8 @@ def _block_size_rule(inputs, geom, bud, version: str, plan_opts) -> str:
         own = hybrid_block_size(geom, dataclasses.replace(plan_opts, block_size=default))[0]
         planned = hybrid_block_size(geom, plan_opts)[0]
         if inputs.block_size and planned != inputs.block_size:
-            step = "max(16, the block given)" if plan_opts.align_on_given_block else "16 (through vLLM 0.19.1)"
+            step = ("max(16, the block given)" if plan_opts.align_on_given_block else
+                    f"16 (before vLLM {'.'.join(map(str, ALIGN_ON_GIVEN_BLOCK_FROM))}.0)")
             return (f"{planned} tokens: {inputs.block_size} given, raised to the smallest multiple of {step} whose "
                     "attention page holds a Mamba state (platforms/interface.py _align_hybrid_block_size; "
                     "models/config.py through 0.19.1)")

@@ -247,13 +247,13 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
     """The settings a hybrid model's layer specs depend on, from the engine's config (after the
     worker put back what the CPU platform changed)."""
     cc, sc, pc = vllm_config.cache_config, vllm_config.scheduler_config, vllm_config.parallel_config
+    rules = window_rules(VLLM_VERSION)
     return VllmOptions(cache_dtype=cc.cache_dtype, block_size=block_size, tp=pc.tensor_parallel_size,
                        pp=pc.pipeline_parallel_size, max_num_batched_tokens=sc.max_num_batched_tokens,
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
                        mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
                        # what the release's GDN layer puts in its spec (a GPU layer's code, not run here)
-                       prefill_checkpoints=window_rules(VLLM_VERSION).mamba_checkpoints,
-                       align_on_given_block=window_rules(VLLM_VERSION).align_on_given_block)
+                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block)
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
