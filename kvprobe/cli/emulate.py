@@ -8,6 +8,7 @@ model (--step-ms, --prefill-us-per-token, --decode-us-per-seq), --seed, --fault,
 from __future__ import annotations
 
 import argparse
+import re
 
 from kvprobe.engines import get_dialect
 from kvprobe.releases import ENGINES
@@ -18,6 +19,12 @@ _TM = TimeModel()
 # A packaged preset: `kvprobe probe --url` against the emulator finds the model's geometry by its
 # served name, as it would for a real engine serving that model.
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def _capability(text: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+", text):
+        raise argparse.ArgumentTypeError(f"expected a compute capability such as 8.0 or 9.0, got {text!r}")
+    return text
 
 
 def _add_engine(sub, engine: str) -> None:
@@ -57,6 +64,10 @@ def _add_engine(sub, engine: str) -> None:
     tm.add_argument("--step-ms", type=float, default=_TM.step_ms, help="fixed cost per engine step (ms)")
     tm.add_argument("--prefill-us-per-token", type=float, default=_TM.prefill_us_per_token)
     tm.add_argument("--decode-us-per-seq", type=float, default=_TM.decode_us_per_seq)
+    if engine == "vllm":
+        p.add_argument("--gpu-capability", default=None, metavar="MAJOR.MINOR", type=_capability,
+                       help="the emulated card's compute capability, where vLLM picks a kernel by it (a Gated "
+                            "DeltaNet layer's prefill; default 9.0, a Hopper, as the ledger)")
     p.add_argument("--seed", type=int, default=0, help="pseudo-EOS of requests without ignore_eos")
     p.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                    help="inject a fault (repeatable): " + ", ".join(FAULTS))
@@ -83,5 +94,6 @@ def run(args) -> int:
     settings = Settings(engine=args.engine, model=model, flags=flags, version=args.engine_version,
                         host=args.host, port=args.port,
                         time_model=TimeModel(args.step_ms, args.prefill_us_per_token, args.decode_us_per_seq),
-                        seed=args.seed, faults=args.fault, trace=args.trace)
+                        seed=args.seed, faults=args.fault, trace=args.trace,
+                        gpu_capability=getattr(args, "gpu_capability", None))
     return serve(settings)

@@ -84,7 +84,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpu-free-memory", metavar="SIZE", help=GPU_FREE_MEMORY_HELP)
     p.add_argument("--gpu-arch", choices=GPU_ARCHS,
                    help="GPU family, for kernel-padded weights (MXFP4 experts): sm90 Hopper (default), "
-                        "sm100 Blackwell, sm89 Ada (L4, L40S, RTX 4090; vLLM only); default: the family of --gpu")
+                        "sm100 Blackwell, sm89 Ada (L4, L40S, RTX 4090; vLLM only), and vLLM's Gated DeltaNet prefill "
+                        "kernel; default: the family of --gpu")
     p.add_argument("--estimate", action="append", default=[], metavar="NAME=BYTES",
                    help="override a vLLM non-KV estimate: activation_bytes, cudagraph_bytes, other_bytes")
     p.add_argument("--json", action="store_true", help="print the ledger as JSON (a refusal under `startup`)")
@@ -224,6 +225,8 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
         gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch or (None if gpu is None or gpu.gpu is None else gpu.gpu.arch), estimates=estimates,
         gpu_sms=None if gpu is None or gpu.gpu is None else gpu.gpu.sms,
+        # an explicit --gpu-arch names the family the card's capability would: ARCH_CAPABILITY's then
+        gpu_capability=None if args.gpu_arch or gpu is None or gpu.gpu is None else gpu.gpu.capability,
         **request,
         **flag_ledger_kwargs(args.engine, given_flags(args), args.engine_version))
 

@@ -90,6 +90,7 @@ def run(args) -> int:
     req = launch.ShadowLaunch(
         engine="vllm", version=args.engine_version, model=args.model, config=config, served_model_name=served,
         flags=flags, host=args.host, port=args.port, gpu_memory_bytes=gpu,
+        gpu_capability=None if gpu_said is None or gpu_said.gpu is None else gpu_said.gpu.capability,
         time_model=TimeModel(args.step_ms, args.prefill_us_per_token, args.decode_us_per_seq))
     argv, environ = launch.command(req)
     if gpu_said is not None:

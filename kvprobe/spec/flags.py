@@ -179,7 +179,7 @@ def ledger_kwargs(exp: Expectation, *, users: int | None = None) -> dict:
         prompt_tokens=exp.profile.request.prompt_tokens, output_tokens=exp.profile.request.output_tokens,
         users=users, estimates=dict(exp.estimates), base_dir=exp.model_base_dir, policy=exp.policy,
         shared_prefix_tokens=exp.profile.request.shared_prefix_tokens, gpu_arch=arch_of(exp.hardware.name),
-        gpu_sms=sms_of(exp.hardware.name),
+        gpu_sms=sms_of(exp.hardware.name), gpu_capability=exp.hardware.capability,
     )
     kw.update(flag_ledger_kwargs(exp.engine, exp.flags, exp.version))
     return kw

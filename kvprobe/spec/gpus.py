@@ -40,6 +40,10 @@ class Gpu:
     # compute capability, 9.0 Hopper "sm90", 8.9 Ada "sm89"; None where no rule is read (Ampere, RTX 5090's
     # sm120): the ledger's default then holds
     arch: str | None = None
+    # the compute capability, "major.minor", as the source prints it (deviceQuery's "CUDA Capability Major/Minor
+    # version number", torch's major=, minor=): vLLM picks kernels by it (a GDN layer's prefill kernel,
+    # theory/vllm/hybrid/kv_cache_spec.py resolve_gdn_prefill_backend)
+    capability: str | None = None
     # streaming multiprocessors (deviceQuery "(N) Multiprocessors"), where the card's source prints them: vLLM's
     # triton top-k/top-p kernel keeps one vocab row per SM it launches (theory/vllm/memory_profile.py)
     sms: int | None = None
@@ -54,51 +58,56 @@ class Gpu:
 def _torch_repr(line: str) -> str:
     return "https://github.com/search?type=code&q=" + quote(f'"{line}"')
 
-# Each row: deviceQuery's "Total amount of global memory: N MBytes (B bytes)" on that card.
+# Each row: deviceQuery's "Total amount of global memory: N MBytes (B bytes)" on that card, and its "CUDA Capability
+# Major/Minor version number" (torch's repr: major=, minor=).
 GPUS = (
     # H100 SXM, driver 565.57.01 / CUDA 12.7: 81106 MBytes (85045477376 bytes)
-    Gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 85045477376, _DQ + "H100SXMx8_deviceQuery.py", arch="sm90"),
+    Gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 85045477376, _DQ + "H100SXMx8_deviceQuery.py", arch="sm90",
+        capability="9.0"),
     # H100 PCIe: "_CudaDeviceProperties(name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB,
     # multi_processor_count=114)"
     Gpu("H100-PCIe", "NVIDIA H100 PCIe", 81008 * 2**20,
-        _torch_repr("name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB"), arch="sm90"),
+        _torch_repr("name='NVIDIA H100 PCIe', major=9, minor=0, total_memory=81008MB"), arch="sm90", capability="9.0"),
     # H200 (SXM, 141 GB HBM3e): "_CudaDeviceProperties(name='NVIDIA H200', major=9, minor=0,
     # total_memory=143156MB, multi_processor_count=132, ...)"
     Gpu("H200", "NVIDIA H200", 143156 * 2**20,
-        _torch_repr("name='NVIDIA H200', major=9, minor=0, total_memory=143156MB"), arch="sm90"),
+        _torch_repr("name='NVIDIA H200', major=9, minor=0, total_memory=143156MB"), arch="sm90", capability="9.0"),
     # H20 (96 GB HBM3): "_CudaDeviceProperties(name='NVIDIA H20', major=9, minor=0, total_memory=97285MB,
     # multi_processor_count=78)"
     Gpu("H20", "NVIDIA H20", 97285 * 2**20,
-        _torch_repr("name='NVIDIA H20', major=9, minor=0, total_memory=97285MB"), arch="sm90"),
+        _torch_repr("name='NVIDIA H20', major=9, minor=0, total_memory=97285MB"), arch="sm90", capability="9.0"),
     # H100 NVL, driver 550.54.14: 95235 MBytes (99861594112 bytes)
-    Gpu("H100-NVL", "NVIDIA H100 NVL", 99861594112, _DQ + "H100NVLx2_deviceQuery.py", arch="sm90"),
+    Gpu("H100-NVL", "NVIDIA H100 NVL", 99861594112, _DQ + "H100NVLx2_deviceQuery.py", arch="sm90", capability="9.0"),
     # A100 SXM4 80GB, driver 555.42.02: 81158 MBytes (85100068864 bytes)
-    Gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 85100068864, _DQ + "A100SXMx4_deviceQuery.py"),
+    Gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 85100068864, _DQ + "A100SXMx4_deviceQuery.py", capability="8.0"),
     # A100 SXM4 40GB, CUDA 12.2: 40339 MBytes (42298834944 bytes), a deviceQuery pasted in the PR
-    Gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 42298834944, "https://github.com/bottlerocket-os/bottlerocket/pull/3873"),
+    Gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 42298834944, "https://github.com/bottlerocket-os/bottlerocket/pull/3873",
+        capability="8.0"),
     # L40S, driver 550.127.05: 45589 MBytes (47803596800 bytes)
-    Gpu("L40S", "NVIDIA L40S", 47803596800, _DQ + "L40S_deviceQuery.py", arch="sm89"),
+    Gpu("L40S", "NVIDIA L40S", 47803596800, _DQ + "L40S_deviceQuery.py", arch="sm89", capability="8.9"),
     # A40, driver 550.127.05: 45403 MBytes (47608692736 bytes)
-    Gpu("A40", "NVIDIA A40", 47608692736, _DQ + "A40x10_deviceQuery.py"),
+    Gpu("A40", "NVIDIA A40", 47608692736, _DQ + "A40x10_deviceQuery.py", capability="8.6"),
     # L4, driver 550.90.07: 22478 MBytes (23570219008 bytes)
-    Gpu("L4", "NVIDIA L4", 23570219008, _DQ + "L4_deviceQuery.py", arch="sm89"),
+    Gpu("L4", "NVIDIA L4", 23570219008, _DQ + "L4_deviceQuery.py", arch="sm89", capability="8.9"),
     # A10, CUDA 12.2: 21.99 GBytes (23609475072 bytes), a device query in the README
     Gpu("A10", "NVIDIA A10", 23609475072,
-        "https://github.com/aalanwyr/face2cuda/blob/9ad81566c5da19bc4950596a37d3820a595b280a/step2cuda/README.md"),
+        "https://github.com/aalanwyr/face2cuda/blob/9ad81566c5da19bc4950596a37d3820a595b280a/step2cuda/README.md",
+        capability="8.6"),
     # A10G (AWS g5, 24 GB GDDR6): "_CudaDeviceProperties(name='NVIDIA A10G', major=8, minor=6,
     # total_memory=22587MB, multi_processor_count=80, ...)", torch 2.15 / CUDA 13.0
     Gpu("A10G", "NVIDIA A10G", 22587 * 2**20,
-        _torch_repr("name='NVIDIA A10G', major=8, minor=6, total_memory=22587MB")),
+        _torch_repr("name='NVIDIA A10G', major=8, minor=6, total_memory=22587MB"), capability="8.6"),
     # RTX 6000 Ada, CUDA 12.4: 48640 MBytes (51002867712 bytes)
     Gpu("RTX-6000-Ada", "NVIDIA RTX 6000 Ada Generation", 51002867712, _DQ + "RTX6000Ada_x8_deviceQuery.py",
-        arch="sm89"),
+        arch="sm89", capability="8.9"),
     # GeForce RTX 3090, driver 560.35.03: 24154 MBytes (25327697920 bytes); "(082) Multiprocessors"
-    Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 25327697920, _DQ + "RTX3090_deviceQuery.py", sms=82),
+    Gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 25327697920, _DQ + "RTX3090_deviceQuery.py", sms=82, capability="8.6"),
     # GeForce RTX 4090, driver 550.127.05: 24210 MBytes (25386352640 bytes)
-    Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 25386352640, _DQ + "RTX4090_deviceQuery.py", arch="sm89"),
+    Gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 25386352640, _DQ + "RTX4090_deviceQuery.py", arch="sm89",
+        capability="8.9"),
     # GeForce RTX 5090, driver 570.133.04 / CUDA 12.8: 32117 MBytes (33677180928 bytes), deviceQuery in the issue
     Gpu("RTX-5090", "NVIDIA GeForce RTX 5090", 33677180928,
-        "https://github.com/aikitoria/open-gpu-kernel-modules/issues/1"),
+        "https://github.com/aikitoria/open-gpu-kernel-modules/issues/1", capability="12.0"),
 )
 # Other spellings of a listed card (the interface, the marketing name).
 _ALIASES = {"H100-SXM": "H100-80GB", "H100": "H100-80GB", "A100-SXM4-80GB": "A100-80GB",

@@ -103,6 +103,7 @@ class Hardware:
     gpu_count: int = 1
     name: str | None = None
     gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: all of it
+    capability: str | None = None  # the named card's compute capability (spec/gpus.py); None: none named
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,10 @@ def emulator_argv(exp, dialect, *, port: int) -> list[str]:
     """The emulator serving `exp.model` as the engine would, under the name the load sends."""
     served = _served_alias(exp)
     flags = {**exp.flags, "served-model-name": served} if served else exp.flags
-    return dialect.emulator_command(exp.model, flags, host="127.0.0.1", port=port,
-                                    extra=emulator_args(exp.target.emulator), version=exp.version)
+    extra = emulator_args(exp.target.emulator)
+    if exp.engine == "vllm" and exp.hardware.capability:  # the declared card's kernels, as the ledger takes them
+        extra += ["--gpu-capability", exp.hardware.capability]
+    return dialect.emulator_command(exp.model, flags, host="127.0.0.1", port=port, extra=extra, version=exp.version)
 
 
 def engine_argv(exp, dialect, *, port: int, command: tuple[str, ...] | None = None) -> list[str]:

@@ -64,8 +64,12 @@ def test_real_vllm_dev_server_info_gives_the_scheduler_limits():
             "gpu-memory-utilization": 0.92, "kv-cache-dtype": "auto", "kv-cache-memory-bytes": None,
             "enable-prefix-caching": True, "tensor-parallel-size": 1, "pipeline-parallel-size": 1,
             "data-parallel-size": 1, "max-model-len": 4096, "dtype": "bfloat16", "quantization": None,
-            "max-num-active-seqs": None, "enable-expert-parallel": False, "enforce-eager": False}
+            "max-num-active-seqs": None, "enable-expert-parallel": False, "enforce-eager": False,
+            "gdn-prefill-backend": None}  # additional_config {}: the platform's choice
     assert rep.flags == want
+    # the flag given: its additional_config as the same release's server dumps it (the fixture's README)
+    body["vllm_config"]["additional_config"] = {"gdn_prefill_backend": "triton"}
+    assert vllm.reported_from_info("/server_info?config_format=json", body).flags["gdn-prefill-backend"] == "triton"
     # every published flag is one an expectation can write, under the same name
     assert set(rep.flags) <= set(vllm.FLAGS)
     # config_format=text is one str(VllmConfig): nothing is read from it

@@ -22,9 +22,11 @@ from kvprobe.theory.model.geometry import geometry_from_config, load_model_confi
 from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import vllm_kv_plan
 from kvprobe.theory.vllm.hybrid.kv_cache_spec import (
+    GDN_PREFILL_BACKENDS,
     VllmOptions,
     hybrid_block_size,
     hybrid_kv_cache_manager,
+    resolve_gdn_prefill_backend,
     vllm_layer_specs,
 )
 from tests.engine_envs import engine_env
@@ -73,7 +75,7 @@ def facts(vllm_env, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid-vllm")
     folders = {m: model_folder(tmp, m, load_model_config(m)[0]) for m in HYBRID}
     answer = run_json(vllm_env, [str(HERE / "vllm_hybrid_facts.py")],
-                      {"models": list(folders.values()), "gdn": _gdn_cases()[1]})
+                      {"models": list(folders.values()), "gdn": _gdn_cases()[1], "gdn_backends": GDN_BACKENDS})
     return folders, answer
 
 
@@ -145,6 +147,27 @@ def test_spec_choices_come_from_vllms_own_functions(facts):
         block, padded = hybrid_block_size(g, opts)
         assert (block, padded) == (got["block_size"], got["mamba_page_size_padded"]), opts
         assert state.block_size == got["mamba_block_size"]
+
+
+# The cards kvprobe names (spec/gpus.py) and the Blackwell families, the two head sizes that part them, and each
+# value of --gdn-prefill-backend: what 0.33.0's _resolve_gdn_prefill_backend picks (or refuses) on each.
+GDN_BACKENDS = [{"capability": cap, "head_k_dim": k, "requested": asked}
+                for cap in ([8, 0], [8, 6], [8, 9], [9, 0], [10, 0], [10, 3], [12, 0], [12, 1])
+                for k in (128, 64) for asked in (None, *GDN_PREFILL_BACKENDS)]
+
+
+def test_the_gdn_prefill_kernel_is_vllms_choice_on_each_card(facts):
+    _, facts = facts
+    checkpoints = 0
+    for req, got in zip(GDN_BACKENDS, facts["gdn_backends"], strict=True):
+        try:
+            ours = {"backend": resolve_gdn_prefill_backend(req["requested"], "{}.{}".format(*req["capability"]),
+                                                           req["head_k_dim"])}
+        except ConfigError as err:
+            ours = {"error": str(err).removeprefix(f"{err.key}: ")}
+        assert ours == got, req
+        checkpoints += ours.get("backend") == "flashinfer"
+    assert checkpoints == 12  # auto or flashinfer: on 9.0 at either head, on 10.x and 12.x at 128 only
 
 
 def _cases():

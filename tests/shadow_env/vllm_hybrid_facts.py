@@ -122,6 +122,37 @@ def gdn_facts(req: dict) -> dict:
             "mamba_page_size_padded": cc.mamba_page_size_padded}
 
 
+def gdn_backend_facts(req: dict) -> dict:
+    """The GDN prefill kernel `_resolve_gdn_prefill_backend` picks on a CUDA GPU of compute capability
+    `req["capability"]` (a stand-in platform: vLLM's own capability tests, the wheel's CUDA 13 runtime), for
+    `linear_key_head_dim` and `--gdn-prefill-backend` (additional_config, engine/arg_utils.py L2865-2866):
+    {"backend": ...}, or {"error": ...} where vLLM refuses the request."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+    from vllm.platforms.interface import DeviceCapability, PlatformEnum
+
+    class Cuda(Platform):
+        _enum = PlatformEnum.CUDA
+        device_name = "cuda"
+
+        @classmethod
+        def get_device_capability(cls, device_id=0):
+            return DeviceCapability(*req["capability"])
+
+        @classmethod
+        def get_cuda_runtime_major(cls):
+            return 13
+
+    gdn.current_platform = Cuda()
+    extra = {} if req["requested"] is None else {"gdn_prefill_backend": req["requested"]}
+    vc = types.SimpleNamespace(additional_config=extra, model_config=types.SimpleNamespace(
+        hf_text_config=types.SimpleNamespace(linear_key_head_dim=req["head_k_dim"],
+                                             linear_value_head_dim=req["head_k_dim"])))
+    try:
+        return {"backend": gdn._resolve_gdn_prefill_backend(vc)[1]}
+    except (RuntimeError, ValueError) as e:
+        return {"error": str(e)}
+
+
 def backend_facts() -> dict:
     sizes = FlashAttentionBackend.get_supported_kernel_block_sizes()
     # a window layer with 8 KV heads of 64, bf16 (gpt-oss), primary block 16 (attention.py L641-663)
@@ -156,7 +187,8 @@ def main() -> int:
         return 0
     out = {"configs": {m: config_facts(m) for m in req.get("models", [])},
            "backend": backend_facts(),
-           "gdn": [gdn_facts(g) for g in req.get("gdn", [])]}
+           "gdn": [gdn_facts(g) for g in req.get("gdn", [])],
+           "gdn_backends": [gdn_backend_facts(g) for g in req.get("gdn_backends", [])]}
     json.dump(out, sys.stdout, default=str)
     return 0
 

@@ -71,6 +71,10 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enable-expert-parallel", None, False, "place the MoE experts whole over the TP x DP ranks (expert "
          "parallelism) instead of splitting each by TP", negatable=True, emulated=False,
          ledger="enable_expert_parallel"),
+    # engine/arg_utils.py L1947-1953 (0.33.0; in every release from 0.18.1): the kernel of a Gated DeltaNet layer's
+    # prefill, of which only FlashInfer's takes a checkpoint block (theory/vllm/hybrid/kv_cache_spec.py)
+    Flag("gdn-prefill-backend", str, None, "a Gated DeltaNet layer's prefill kernel: flashinfer, triton, cutedsl "
+         "(default: FlashInfer's where the GPU runs it, Triton/FLA elsewhere)", ledger="gdn_prefill_backend"),
     # gpu_worker.py (0.18.1 L397-399, 0.33.0 the same): no graph profiled in the memory window, none captured
     Flag("enforce-eager", None, False, "no CUDA graphs: none profiled or captured, no graph memory "
          "(and less non-torch memory) before the KV pool", emulated=False, ledger="enforce_eager"),

@@ -29,6 +29,9 @@ SERVER_INFO_FLAGS = {
 }
 
 
+# VllmConfig.additional_config (config/vllm.py L429, a dict dumped whole): where --gdn-prefill-backend lands
+# (engine/arg_utils.py L2865-2866); the dict without the key is the platform's choice
+ADDITIONAL_CONFIG_FLAGS = {"gdn_prefill_backend": "gdn-prefill-backend"}
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # envs.py L1468: "1" mounts the dev routers, /server_info among them
 
 
@@ -36,7 +39,8 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
                          watermark: float, reserve_full_isl: bool, block_size: int, num_gpu_blocks: int,
                          num_gpu_blocks_override: int | None, enable_prefix_caching: bool, max_model_len: int,
                          model: str, served_model_name: str, user_specified_block_size: bool,
-                         gpu_memory_utilization: float = 0.92, max_num_active_seqs: int | None = None) -> dict:
+                         gpu_memory_utilization: float = 0.92, max_num_active_seqs: int | None = None,
+                         gdn_prefill_backend: str | None = None) -> dict:
     """GET /server_info?config_format=json in dev mode (serve/dev/server_info/api_router.py L43-60):
     `vllm_config` dumped by pydantic (mode json, str fallback), with the sections and fields kvprobe
     reads as a real 0.33.0 server writes them (tests/engines/published/vllm-0.33.0-server_info.json;
@@ -55,6 +59,7 @@ def dev_server_info_body(*, max_num_seqs: int, max_num_batched_tokens: int, enab
                              "enable_chunked_prefill": enable_chunked_prefill, "policy": "fcfs",
                              "scheduler_reserve_full_isl": reserve_full_isl, "watermark": watermark,
                              "max_num_active_seqs": max_num_active_seqs, "async_scheduling": False},
+        "additional_config": {"gdn_prefill_backend": gdn_prefill_backend} if gdn_prefill_backend else {},
     }, "vllm_env": {}, "system_env": {}}
 
 
@@ -74,6 +79,9 @@ def _from_server_info(body: dict, path: str) -> ReportedCapacity:
         for name, flag in fields.items():
             if name in values:
                 flags[flag] = _config_value(flag, values[name])
+    extra = config.get("additional_config")
+    if isinstance(extra, dict):
+        flags.update({flag: extra.get(name) for name, flag in ADDITIONAL_CONFIG_FLAGS.items()})
     sched, model = config.get("scheduler_config") or {}, config.get("model_config") or {}
     out = {"max_running": sched.get("max_num_seqs"), "token_budget": sched.get("max_num_batched_tokens"),
            "max_model_len": model.get("max_model_len"), "served_model_name": model.get("served_model_name"),

@@ -32,7 +32,7 @@ from kvprobe.theory.sim.steptime import TimeModel
 from kvprobe.theory.vllm.budget import plan_kv_tokens
 from kvprobe.theory.vllm.hybrid.groups import sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, gdn_prefill_backend
 from kvprobe.theory.vllm.releases import (
     WindowRules,
     active_seqs_refusal,
@@ -77,6 +77,7 @@ class Settings:
     seed: int = 0
     faults: list[str] = field(default_factory=list)
     trace: str | None = None
+    gpu_capability: str | None = None  # vLLM: the card's compute capability (None: a Hopper's, the ledger's default)
 
     def __repr__(self) -> str:  # the api key must not reach a log or a traceback through repr
         fields = {**self.__dict__, "flags": _redacted(self.flags)}
@@ -84,7 +85,7 @@ class Settings:
 
 
 def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
-                version: str | None = None) -> VllmKVPlan | None:
+                version: str | None = None, capability: str | None = None) -> VllmKVPlan | None:
     """vLLM's plan of a hybrid model's pool (theory/vllm/hybrid) when `model` is one kvprobe has a
     config.json for (a preset id or a path) and its layers are not all full attention; None otherwise:
     the uniform pool the flags describe, as before. Unknown layer kinds are an error naming the key."""
@@ -99,7 +100,9 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
     opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
                        enable_prefix_caching=bool(flags["enable-prefix-caching"]), window_in_flight=rules.in_flight,
-                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block)
+                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block,
+                       gdn_prefill_backend=gdn_prefill_backend(geom, flags.get("gdn-prefill-backend"),
+                                                               capability, checkpoints=rules.mamba_checkpoints))
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 
@@ -163,9 +166,15 @@ class Emulator:
             # a flag this release's `vllm serve` does not have, or a cap it refuses, as the ledger reads them
             self.argument_refusal = (watermark_refusal(self.version, f["watermark"])
                                      or active_seqs_refusal(self.version, f["max-num-seqs"], f["max-num-active-seqs"]))
-            self.kv_plan = plan = hybrid_plan(s.model, f, blocks, d.async_scheduling_default(self.version)
-                                              if f["async-scheduling"] is None else f["async-scheduling"],
-                                              self.version)
+            try:
+                self.kv_plan = plan = hybrid_plan(s.model, f, blocks, d.async_scheduling_default(self.version)
+                                                  if f["async-scheduling"] is None else f["async-scheduling"],
+                                                  self.version, s.gpu_capability)
+            except ConfigError as err:  # a GDN prefill kernel a CUDA GPU has not: the layer's build fails
+                if err.key != "gdn_prefill_backend":
+                    raise
+                self.kv_plan = plan = None
+                self.refusal = self.refusal or str(err).removeprefix(f"{err.key}: ")
             window = window_rules(self.version)
             groups = ()
             if plan is not None:  # a hybrid model: its groups share the pool, as vLLM plans them
@@ -264,7 +273,7 @@ class Emulator:
             enable_prefix_caching=f["enable-prefix-caching"], max_model_len=self.max_model_len, model=self.model,
             served_model_name=self.served_model_name,
             user_specified_block_size=self.settings.flags.get("block-size") is not None,
-            gpu_memory_utilization=self.published_utilisation)
+            gpu_memory_utilization=self.published_utilisation, gdn_prefill_backend=f["gdn-prefill-backend"])
 
     def server_info(self) -> dict:
         # Every server argument, as SGLang's ServerArgs.resolved_dict (server_args.py L316-333): the

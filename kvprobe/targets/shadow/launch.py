@@ -33,6 +33,7 @@ class ShadowLaunch:
     host: str = "127.0.0.1"
     port: int = 0
     gpu_memory_bytes: int | None = None  # a declared GPU: sizes the pool when no pool flag is given
+    gpu_capability: str | None = None  # a named card's compute capability: the kernels vLLM picks by it
     time_model: TimeModel = field(default_factory=TimeModel)
     extra_env: dict[str, str] = field(default_factory=dict)  # target.env
     # the expectation's ledger estimates (bytes): a shadow sizing the pool from a declared GPU uses the same

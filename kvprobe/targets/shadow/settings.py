@@ -50,6 +50,8 @@ class WorkerSettings:
     # for its accelerated GDN kernels (platforms/cpu.py L318-337); a CUDA GPU keeps it
     mamba_ssm_cache_dtype: str = "auto"
     gpu_memory_bytes: int | None = None  # a declared GPU (hardware.gpu_memory / --gpu-memory)
+    # a named card's compute capability (hardware.gpu): a GDN layer's prefill kernel, so its checkpoint block
+    gpu_capability: str | None = None
     estimates: dict[str, int] = field(default_factory=dict)  # the ledger's non-KV overrides, bytes
 
     def encode(self) -> str:

@@ -30,7 +30,8 @@ def launch_request(exp, *, port: int, host: str = "127.0.0.1") -> launch.ShadowL
     return launch.ShadowLaunch(
         engine=exp.engine, version=exp.version, model=exp.model, config=config,
         served_model_name=exp.served_name, flags=dict(exp.flags), host=host, port=port,
-        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, time_model=TimeModel(**exp.target.time_model),
+        gpu_memory_bytes=exp.hardware.gpu_memory_bytes, gpu_capability=exp.hardware.capability,
+        time_model=TimeModel(**exp.target.time_model),
         extra_env=dict(exp.target.env), estimates=dict(exp.estimates), engine_args=tuple(exp.target.engine_args))
 
 

@@ -4,6 +4,7 @@ the scheduler, the request shape), as a face writes it ("24GiB", "8k", "auto"), 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
@@ -21,6 +22,9 @@ class LedgerInputs:
     gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: the whole card
     gpu_name: str | None = None  # the card by name (--gpu): vLLM's batch defaults set an A100 apart
     gpu_arch: str | None = None  # "sm90" (Hopper, the default) / "sm100": MXFP4 expert padding (mxfp4.py)
+    # compute capability "major.minor" of the card (spec/gpus.py; from gpu_arch where only that is given); None: a
+    # Hopper, as gpu_arch. vLLM picks a Gated DeltaNet layer's prefill kernel by it (gdn_prefill_backend)
+    gpu_capability: str | None = None
     gpu_sms: int | None = None  # the card's SMs where known by name (spec/gpus.py); else its arch's (memory_profile.py)
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None
@@ -63,6 +67,7 @@ class LedgerInputs:
     mamba_full_memory_ratio: float | None = None
     mamba_ssm_dtype: str | None = None
     reserve_full_isl: bool = True
+    gdn_prefill_backend: str | None = None  # vLLM --gdn-prefill-backend; None: the platform's choice
     watermark: float = 0.0  # vLLM --watermark (0.24.0 on; theory/vllm/releases.py WATERMARK_FROM)
     async_scheduling: bool | None = None  # vLLM; None: not given (the faces pass the engine's default)
     shared_prefix_tokens: int = 0  # K tokens shared by every prompt (a system prompt)
@@ -84,6 +89,9 @@ def validate(inp: LedgerInputs) -> None:
         _positive(name, getattr(inp, name), allow_none=False)
     if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
         raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
+    if inp.gpu_capability is not None and not re.fullmatch(r"\d+\.\d+", str(inp.gpu_capability)):
+        raise ConfigError(f"expected a compute capability such as 8.0 or 9.0, got {inp.gpu_capability!r}",
+                          key="gpu_capability")
     for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_num_active_seqs",
                  "max_running_requests",
                  "max_num_batched_tokens", "num_gpu_blocks_override", "max_total_tokens",

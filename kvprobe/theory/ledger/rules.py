@@ -81,6 +81,22 @@ BLOCK_SIZE = "block size"
 ADMISSION_ASPECTS = (WINDOW_ADMISSION, WINDOW_IN_FLIGHT, HYBRID_POOL, MAMBA_CHECKPOINTS, BLOCK_SIZE)
 
 
+def _checkpoint_rule(window, inputs, plan_opts) -> str:
+    """The release's checkpoint rule, and whether this card's GDN prefill kernel takes the block: only
+    FlashInfer's does (qwen_gdn_linear_attn.py L688-696 in 0.33.0; kv_cache_spec.resolve_gdn_prefill_backend)."""
+    text = window.checkpoint_text()
+    if not window.mamba_checkpoints or plan_opts is None or plan_opts.mamba_cache_mode != "align":
+        return text
+    card = (f"compute capability {inputs.gpu_capability}" if inputs.gpu_capability else
+            inputs.gpu_arch if inputs.gpu_arch else "a Hopper, sm90: no card declared")
+    why = f"--gdn-prefill-backend {inputs.gdn_prefill_backend} on {card}" if inputs.gdn_prefill_backend else card
+    if plan_opts.gdn_prefill_backend == "flashinfer":
+        return f"{text}; here FlashInfer's GDN prefill kernel ({why})"
+    kernel = {"triton": "Triton/FLA", "cutedsl": "CuteDSL"}[plan_opts.gdn_prefill_backend]
+    return (f"two state blocks, no checkpoint block nor grid: the GDN prefill kernel is {kernel} ({why}), and only "
+            "FlashInfer's takes one (0.33.0 on: qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend)")
+
+
 def _block_size_rule(inputs, geom, bud, version: str, plan_opts) -> str:
     """The block size and where it came from: given, this release's default, or (a Mamba hybrid) the
     default raised until an attention page holds a Mamba state — so a diff of 0.33.0 against 0.34.0 names
@@ -151,7 +167,7 @@ def vllm_release_rules(inputs, geom, bud, *, version: str, seqs: int, caching: b
         applied.append((WINDOW_IN_FLIGHT, window.in_flight_text()))
         applied.append((HYBRID_POOL, window.pool_text()))
         if geom.layers.count(LINEAR):
-            applied.append((MAMBA_CHECKPOINTS, window.checkpoint_text()))
+            applied.append((MAMBA_CHECKPOINTS, _checkpoint_rule(window, inputs, plan_opts)))
     if inputs.watermark and version_tuple(version) >= WATERMARK_FROM:  # kv_cache_manager.py L163, 0.24.0
         applied.append(("watermark", f"{int(inputs.watermark * bud.num_blocks)} blocks ({inputs.watermark:g} x "
                                      f"{bud.num_blocks}) kept free when a request is admitted while others are "

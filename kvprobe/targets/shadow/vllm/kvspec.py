@@ -48,7 +48,7 @@ from kvprobe.targets.shadow.vllm import compat
 from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, weight_bytes
 from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.vllm import budget
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, vllm_layer_specs
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, gdn_prefill_backend, vllm_layer_specs
 from kvprobe.theory.vllm.releases import default_block_size, window_rules
 
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
@@ -210,11 +210,12 @@ def attention_block_size(kv_cache_config, default: int) -> int:
     return default
 
 
-def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCacheSpec]:
-    """{layer name: spec}, one per attention layer (and per DSA indexer cache) of this rank."""
+def kv_cache_spec(vllm_config: VllmConfig, block_size: int, capability: str | None = None) -> dict[str, KVCacheSpec]:
+    """{layer name: spec}, one per attention layer (and per DSA indexer cache) of this rank; `capability`: the
+    declared card's (None: a Hopper's, the ledger's default)."""
     lay = layout(vllm_config)
     if lay.hybrid is not None:
-        return hybrid_kv_cache_spec(vllm_config, lay.hybrid, block_size)
+        return hybrid_kv_cache_spec(vllm_config, lay.hybrid, block_size, capability)
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     cache_dtype = cc.cache_dtype
     dtype = kv_cache_dtype_str_to_dtype(cache_dtype, mc)
@@ -243,9 +244,10 @@ def kv_cache_spec(vllm_config: VllmConfig, block_size: int) -> dict[str, KVCache
     return specs
 
 
-def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
+def hybrid_options(vllm_config: VllmConfig, block_size: int, geom: ModelGeometry,
+                   capability: str | None = None) -> VllmOptions:
     """The settings a hybrid model's layer specs depend on, from the engine's config (after the
-    worker put back what the CPU platform changed)."""
+    worker put back what the CPU platform changed) and the declared card's compute capability."""
     cc, sc, pc = vllm_config.cache_config, vllm_config.scheduler_config, vllm_config.parallel_config
     rules = window_rules(VLLM_VERSION)
     return VllmOptions(cache_dtype=cc.cache_dtype, block_size=block_size, tp=pc.tensor_parallel_size,
@@ -253,14 +255,19 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int) -> VllmOptions:
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
                        mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
                        # what the release's GDN layer puts in its spec (a GPU layer's code, not run here)
-                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block)
+                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block,
+                       # --gdn-prefill-backend as the engine parsed it (engine/arg_utils.py L2865-2866 in 0.33.0)
+                       gdn_prefill_backend=gdn_prefill_backend(
+                           geom, (vllm_config.additional_config or {}).get("gdn_prefill_backend"), capability,
+                           checkpoints=rules.mamba_checkpoints))
 
 
-def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int) -> dict[str, KVCacheSpec]:
+def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int,
+                         capability: str | None = None) -> dict[str, KVCacheSpec]:
     """A hybrid model's layers as a CUDA GPU's runner registers them (`vllm_layer_specs`,
     theory/vllm/hybrid/kv_cache_spec.py); vLLM's planner groups them (and promotes the window layers itself when
     the hybrid manager is off)."""
-    opts = hybrid_options(vllm_config, block_size)
+    opts = hybrid_options(vllm_config, block_size, geom, capability)
     resolved = vllm_config.cache_config.mamba_cache_mode
     if geom.layers.count(LINEAR) and resolved != opts.mamba_cache_mode:
         # the engine's planner and scheduler read the resolved mode (kv_cache_interface.py MambaSpec

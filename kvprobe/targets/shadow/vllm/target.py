@@ -98,7 +98,7 @@ def gpu_batch_flags(config: dict, flags: dict, gpu_memory_bytes: int | None,
 
 
 def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
-                    version: str = dialect.DEFAULT_VERSION) -> WorkerSettings:
+                    version: str = dialect.DEFAULT_VERSION, gpu_capability: str | None = None) -> WorkerSettings:
     """What the worker must put back or size by: from the flags as written (a bare switch is True,
     `--no-x` is False, absent is vLLM's default on a CUDA GPU for this version, as the ledger takes it)."""
     prefix = flags.get("enable-prefix-caching")
@@ -109,7 +109,7 @@ def worker_settings(flags: dict, gpu_memory_bytes: int | None, estimates: dict,
                           prefix_caching=None if prefix is None else bool(prefix),
                           max_num_batched_tokens=_int(flags.get("max-num-batched-tokens")),
                           mamba_ssm_cache_dtype=str(flags.get("mamba-ssm-cache-dtype") or "auto"),
-                          gpu_memory_bytes=gpu_memory_bytes,
+                          gpu_memory_bytes=gpu_memory_bytes, gpu_capability=gpu_capability,
                           estimates={k: int(v) for k, v in (estimates or {}).items()})
 
 
@@ -148,7 +148,7 @@ def command(req, env: EngineEnv) -> tuple[list[str], dict[str, str]]:
     argv = dialect.launch_command(str(folder), flags, host=req.host, port=req.port,
                                   binary=[str(env.bin("vllm")), "serve"])
     argv += ["--served-model-name", req.served_model_name, "--worker-cls", WORKER_CLS, *executor_flags(req.version)]
-    settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version)
+    settings = worker_settings(flags, req.gpu_memory_bytes, req.estimates, req.version, req.gpu_capability)
     environ = {"PYTHONPATH": str(kvprobe_pythonpath()), ENV_SETTINGS: settings.encode(), **triton_env(req.version)}
     return argv, environ
 

@@ -157,7 +157,7 @@ class ShadowWorker(WorkerBase):
         return ("generate",)
 
     def get_kv_cache_spec(self):
-        return vllm_kvspec.kv_cache_spec(self.vllm_config, self.block_size)
+        return vllm_kvspec.kv_cache_spec(self.vllm_config, self.block_size, self.settings.gpu_capability)
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         # No attention backend declares a layout: vLLM's default preference (utils.py L243-262)

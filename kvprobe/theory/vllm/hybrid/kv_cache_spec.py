@@ -114,7 +114,9 @@ class VllmOptions:
     enable_prefix_caching: bool = True  # default on for hybrid models (config/model.py L2277-2279)
     mamba_cache_dtype: str = "auto"  # --mamba-cache-dtype
     mamba_ssm_cache_dtype: str = "auto"  # --mamba-ssm-cache-dtype
-    gdn_prefill_backend: str = "flashinfer"  # Hopper; "triton" elsewhere (no checkpoint blocks)
+    # the GDN prefill kernel the layer runs (resolve_gdn_prefill_backend): FlashInfer's on a Hopper, the
+    # ledger's default card; only it emits the mid-prefill states a checkpoint block holds
+    gdn_prefill_backend: str = "flashinfer"
     # a GDN layer's prefill checkpoint block and its 64-token grid in "align" mode: 0.33.0 on; through 0.32.0
     # two state blocks a request, whatever the prefill backend (theory/vllm/releases.py MAMBA_CHECKPOINTS_FROM)
     prefill_checkpoints: bool = True
@@ -137,6 +139,48 @@ class VllmOptions:
     def mamba_cache_mode(self) -> str:
         """MambaModelConfig (models/config.py L750-787): "align" with prefix caching, else "none"."""
         return "align" if self.enable_prefix_caching else "none"
+
+
+# --gdn-prefill-backend's choices (engine/arg_utils.py L1947-1953 in 0.33.0); None (auto): the platform's choice
+GDN_PREFILL_BACKENDS = ("flashinfer", "triton", "cutedsl", "aiter_flydsl", "sycl")
+HOPPER = "9.0"  # the compute capability the ledger assumes where no card is declared (its default, sm90)
+ARCH_CAPABILITY = {"sm89": "8.9", "sm90": "9.0", "sm100": "10.0"}  # the ledger's --gpu-arch families
+
+
+def resolve_gdn_prefill_backend(requested: str | None, capability: str | None, head_k_dim: int | None) -> str:
+    """The GDN prefill kernel vLLM 0.33.0/0.34.0 runs on a CUDA GPU of compute `capability` ("8.0"; None:
+    HOPPER) when `--gdn-prefill-backend` asked for `requested` (None: auto). FlashInfer's kernel on exactly 9.0,
+    or on the 10.x and 12.x families when `head_k_dim` is 128 and the CUDA runtime is 13 (the PyPI wheels of both
+    releases are built for CUDA 13: their nvidia-cutlass-dsl[cu13] requirement); CuteDSL only when asked for, on
+    10.x with head_k_dim 128; Triton/FLA otherwise, whatever was asked (model_executor/layers/mamba/gdn/
+    qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend, 0.33.0 L148-270; 0.34.0 the same for FlashInfer, its
+    11.x family CuteDSL-only). kvprobe sizes CUDA GPUs: the XPU and ROCm kernels are refused as vLLM refuses
+    them on one (L183-184, L237-241)."""
+    if requested is not None and requested not in GDN_PREFILL_BACKENDS:
+        raise ConfigError(f"expected one of {', '.join(GDN_PREFILL_BACKENDS)}, got {requested!r}",
+                          key="gdn_prefill_backend")
+    if requested == "sycl":
+        raise ConfigError("GDN prefill backend 'sycl' is only supported on XPU.", key="gdn_prefill_backend")
+    if requested == "aiter_flydsl":
+        raise ConfigError("GDN prefill backend 'aiter_flydsl' was requested but it is a ROCm AITER backend and the "
+                          "current platform is cuda.", key="gdn_prefill_backend")
+    major, _, minor = (capability or HOPPER).partition(".")
+    family, wide = int(major), head_k_dim == 128
+    flashinfer = (family, minor) == (9, "0") or (family in (10, 12) and wide)
+    if requested in (None, "flashinfer") and flashinfer:
+        return "flashinfer"
+    if requested == "cutedsl" and family == 10 and wide:
+        return "cutedsl"
+    return "triton"
+
+
+def gdn_prefill_backend(geom: ModelGeometry, requested: str | None, capability: str | None, *,
+                        checkpoints: bool) -> str:
+    """A model's GDN prefill kernel where it moves the pool: GDN layers on a release whose layer takes a
+    checkpoint block with FlashInfer's kernel (`checkpoints`: WindowRules.mamba_checkpoints); else the default."""
+    if not (checkpoints and geom.layers.linear):
+        return VllmOptions.gdn_prefill_backend
+    return resolve_gdn_prefill_backend(requested, capability, geom.layers.linear.head_k_dim)
 
 
 def _checkpoints(opts: VllmOptions) -> bool:
