@@ -171,7 +171,7 @@ def empty_figures(exp, artifacts: Path) -> dict:
             "engine_claim": None, "claim_tokens": None, "ledger_claim_tokens": None, "release_rules": {},
             "predicted": None, "predicted_mean": None, "predicted_binding": None, "predicted_usage": None,
             "rejection_point": None, "uncertainty": None, "deep_levels": [],
-            "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None,
+            "preemptions_per_deep_level": None, "preemptions_per_1k_steps": None, "deep_level_steps": None,
             "ledger_preemption_rate": None, "ledger_preemption_users": None,
             "usage_at_saturation": None, "binding": None, "status": None, "reason": None, "memory": None,
             "artifacts": str(artifacts)}
@@ -221,6 +221,7 @@ def release_figures(result, artifacts: Path) -> dict:
     deep = [lv for lv in result.levels if lv.users in set(out["deep_levels"])]
     out["preemptions_per_deep_level"] = _per_level_preemptions(exp.engine, deep)
     out["preemptions_per_1k_steps"] = _per_1k_steps(out["preemptions_per_deep_level"], deep)
+    out["deep_level_steps"] = _steps(deep)
     if deep:
         out["ledger_preemption_users"] = users = max(lv.users for lv in deep)
         out["ledger_preemption_rate"] = _ledger_preemption_rate(exp, users)
@@ -250,11 +251,16 @@ def _per_1k_steps(per_level: float | None, levels: list) -> float | None:
         return None
     if per_level == 0:
         return 0.0
-    counts = [lv.preemptions or 0.0 for lv in levels]
-    steps = [getattr(lv, "engine_steps", None) for lv in levels]
-    if any(n is None for n in steps) or not sum(steps):
+    steps = _steps(levels)
+    if steps is None:
         return None
-    return _round(1000 * sum(counts) / sum(steps), 2)
+    return _round(1000 * sum(lv.preemptions or 0.0 for lv in levels) / steps, 2)
+
+
+def _steps(levels: list) -> float | None:
+    """The engine steps the deep levels lasted (the streams' timing); None when a level could not time one."""
+    steps = [getattr(lv, "engine_steps", None) for lv in levels]
+    return None if not steps or any(n is None for n in steps) or not sum(steps) else _round(sum(steps), 1)
 
 
 def _ledger_preemption_rate(exp, users: int) -> float | None:
@@ -309,6 +315,9 @@ class Quantity:
     # a "state" read from another field than the one shown (the preemptions' presence: from the
     # count, known even where the streams could not time a step for the rate)
     state_field: str | None = None
+    # a "state" that differs counts when this says the measurements differ beyond chance, or when the ledger's
+    # figure changes to the same new state (the theory predicted it: few events then suffice)
+    significant: Callable[[dict, dict], bool] = lambda ra, rb: True
     # the factor by which the figure moves when only other figures do (the capacity line follows its
     # pool), measured (False) or the ledger's (True); None: it does not
     follows: Callable[[dict, dict, bool], float] | None = None
@@ -325,7 +334,9 @@ class Quantity:
     def moved(self, ra: dict, rb: dict, tol) -> bool | None:
         if self.kind == "state":
             sa, sb = self.state(self._state_source(ra)), self.state(self._state_source(rb))
-            return None if sa is None or sb is None else sa != sb
+            if sa is None or sb is None:
+                return None
+            return sa != sb and (self.significant(ra, rb) or self.ledger_moved(ra, rb, tol))
         a, b = self.measured(ra), self.measured(rb)
         if a is None or b is None:
             return None
@@ -348,6 +359,30 @@ class Quantity:
 
 def _preempts(count) -> str | None:
     return None if count is None else ("preempts" if count > 0 else "none")
+
+
+SIGNIFICANCE = 0.05  # the chance one shared rate leaves for the counts seen, below which they differ
+
+
+def preemptions_differ(ra: dict, rb: dict) -> bool:
+    """Do two releases preempt at different rates beyond chance? A saturated engine may preempt now and then
+    whatever its release (one event a deep level where the ledger predicts none, docs/diff.md): under one
+    shared rate, the preemptions of both runs fall to each in proportion to its exposure (the deep levels'
+    engine steps, or their number where a run could not time its steps), so the larger side's count is
+    binomial; it differs when at least that many would fall to it with chance below SIGNIFICANCE. No
+    preemption against five over equal exposure differs (0.5^5 = 0.031), against four or fewer it does not
+    — unless the ledger predicts the change (Quantity.moved): SGLang 0.5.21's emulator retracts 1-2.5 times a
+    deep level where 0.5.23's never does, the rule the ledger has."""
+    counts = [r["preemptions_per_deep_level"] * len(r["deep_levels"]) for r in (ra, rb)]
+    steps = [r.get("deep_level_steps") for r in (ra, rb)]
+    exposure = steps if None not in steps else [len(r["deep_levels"]) for r in (ra, rb)]
+    if not all(exposure):
+        return True  # nothing to weigh the counts by: a difference in state stands as seen
+    total, big = round(sum(counts)), max((0, 1), key=lambda i: counts[i] / exposure[i])
+    share = exposure[big] / sum(exposure)
+    k = round(counts[big])
+    tail = sum(math.comb(total, j) * share**j * (1 - share) ** (total - j) for j in range(k, total + 1))
+    return tail < SIGNIFICANCE
 
 
 def _binding(limit: str | None) -> str | None:
@@ -376,7 +411,7 @@ QUANTITIES = (
     # whether deep levels preempt at all, shown per 1k engine steps on both sides (the ledger's unit;
     # the count per deep level, beside it in the table, follows the hold)
     Quantity("preemptions", "preemptions per 1k steps", "preemptions_per_1k_steps", "ledger_preemption_rate",
-             "state", state=_preempts, state_field="preemptions_per_deep_level"),
+             "state", state=_preempts, state_field="preemptions_per_deep_level", significant=preemptions_differ),
     Quantity("usage", "usage at saturation", "usage_at_saturation", "predicted_usage",
              allowance=lambda tol, a, b: tol.usage_gap),
     Quantity("binding", "binding limit", "binding", "predicted_binding", "state", state=_binding),

@@ -87,6 +87,28 @@ def test_a_move_the_ledger_does_not_make_is_unexplained():
     assert all(not c["explained"] and c["explanation"] == UNEXPLAINED for c in found.values())
 
 
+def test_preemptions_seen_on_one_side_change_only_beyond_chance():
+    """0.25.1 -> 0.33.0 on Qwen3-Next's shadow (docs/diff.md): one preemption in each of two deep levels against
+    none, where the ledger predicts none on either, was read as a change; SGLang 0.5.21's 2.5 a level against
+    0.5.23's none (a rule's change, docs/diff.md) still is."""
+    quiet = figures(deep_level_steps=540.0)
+    assert changes_between(quiet, figures(preemptions_per_deep_level=1.0, deep_level_steps=520.0)) == {}
+    assert changes_between(quiet, figures(preemptions_per_deep_level=2.0, deep_level_steps=530.0)) == {}  # 4: 0.06
+    found = changes_between(quiet, figures(preemptions_per_deep_level=2.5, deep_level_steps=530.0))  # 5: 0.03
+    assert set(found) == {"preemptions per 1k steps"}
+    # exposure weighs the counts: five in a run ten times as long as the quiet one's is what one rate gives
+    assert changes_between(figures(deep_level_steps=100.0),
+                           figures(preemptions_per_deep_level=2.5, deep_level_steps=1000.0)) == {}
+    # without steps, the deep levels are the exposure; 0.18.1's six a level over two levels is far beyond chance
+    found = changes_between(figures(preemptions_per_deep_level=6.0), figures())
+    assert set(found) == {"preemptions per 1k steps"}
+    # a change the ledger predicts needs no more than the measurement agreeing: two retractions against none
+    found = changes_between(figures(preemptions_per_deep_level=1.0, ledger_preemption_rate=3.91), quiet)
+    assert found["preemptions per 1k steps"]["explained"]
+    # both preempting is one state, whatever the rates (those are the table's to show)
+    assert changes_between(figures(preemptions_per_deep_level=1.0), figures(preemptions_per_deep_level=40.0)) == {}
+
+
 def test_a_move_within_tolerance_or_within_the_uncertainties_is_no_change():
     assert changes_between(figures(), figures(rejection_point=4.9, usage_at_saturation=0.8, pool=202)) == {}
     # 1.5 apart, but the two plateaus' uncertainties (hypot 0.6) leave less than the ±1 tolerance
