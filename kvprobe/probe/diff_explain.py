@@ -1,4 +1,4 @@
-"""Which release rule explains a change `kvprobe diff` found (`kvprobe.probe.diff.find_changes`): the
+"""Which release rule explains a change `kvprobe diff` found (`kvprobe.probe.diff_changes.find_changes`): the
 refusal the ledger gave where one release refuses to start, the admission policy the ledger applied
 on each side, and the memory rules it sized the pool by. A pool
 is named by the memory rules alone (an admission policy moves no pool); a figure that moved with the

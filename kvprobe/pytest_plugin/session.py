@@ -250,7 +250,8 @@ class ChangeItem(_ReportedItem):
     def runtest(self):
         from dataclasses import replace
 
-        from kvprobe.probe.diff import find_changes, release_figures
+        from kvprobe.probe.diff import release_figures
+        from kvprobe.probe.diff_changes import find_changes
         from kvprobe.report.diff import change_line
 
         session = self.config._kvprobe

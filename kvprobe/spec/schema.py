@@ -119,7 +119,7 @@ class StagingRecord:
     result: str | None = None  # the staging run's result.json
 
 
-# What `kvprobe diff` compares between releases (kvprobe.probe.diff.QUANTITIES), as `expect_change:` names it.
+# What `kvprobe diff` compares between releases (kvprobe.probe.diff_changes.QUANTITIES), as `expect_change:` names it.
 CHANGE_KEYS = ("startup", "pool", "rejection_point", "preemptions", "usage", "binding", "capacity_line")
 
 

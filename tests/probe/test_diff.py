@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from kvprobe.probe.diff import UNEXPLAINED, _per_1k_steps, find_changes, labels, memory_figures
+from kvprobe.probe.diff import _per_1k_steps, labels, memory_figures
+from kvprobe.probe.diff_changes import UNEXPLAINED, find_changes
 from kvprobe.report.diff import change_line, diff_table
 from kvprobe.spec.schema import Tolerances
 from kvprobe.theory.ledger.build import LedgerInputs, build_ledger
