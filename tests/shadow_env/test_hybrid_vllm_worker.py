@@ -38,6 +38,8 @@ CASES = {  # name -> (model, the expectation's keys)
     # hold a state (544 tokens; 576 in "align" mode with FlashInfer's 64-token checkpoints)
     "Qwen3-Next, prefix caching off (Mamba none)": (QWEN3_NEXT, {"flags": {**SMALL, "enable-prefix-caching": False}}),
     "Qwen3-Next, prefix caching on (Mamba align)": (QWEN3_NEXT, {"flags": SMALL}),
+    # an A100 runs Triton/FLA's GDN prefill, which takes no checkpoint block: 544-token blocks in "align" too
+    "Qwen3-Next, prefix caching on, an A100": (QWEN3_NEXT, {"flags": SMALL, "hardware": {"gpu": "A100-80GB"}}),
 }
 REFUSED = {"gpt-oss-20b, 300 blocks": (GPT_OSS, {"flags": {**SMALL, "num-gpu-blocks-override": 300}})}
 
@@ -90,6 +92,14 @@ def test_vllms_planner_on_the_workers_hybrid_specs_is_the_ledgers_pool(planned, 
     assert (plan["num_blocks"], plan["kv_tokens"]) == (cap["num_blocks"], cap["kv_tokens"])
     assert plan["max_concurrency"] == pytest.approx(cap["max_concurrency_at_max_model_len"], rel=1e-12)
     assert plan["max_model_len"] == cap["max_model_len"]
+
+
+def test_the_declared_card_reaches_the_workers_gdn_specs(planned):
+    """The worker is told the card (WorkerSettings.gpu_capability): FlashInfer's 64-token grid on the default
+    Hopper, none on an A100, as vLLM's planner then groups them."""
+    blocks = {name: {g["block_size"] for g in planned[name][1]["group_detail"]}
+              for name in ("Qwen3-Next, prefix caching on (Mamba align)", "Qwen3-Next, prefix caching on, an A100")}
+    assert list(blocks.values()) == [{576}, {544}]
 
 
 def test_a_pool_too_small_is_refused_by_vllm_in_the_ledgers_words(planned):
