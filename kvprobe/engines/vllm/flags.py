@@ -71,8 +71,9 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("enable-expert-parallel", None, False, "place the MoE experts whole over the TP x DP ranks (expert "
          "parallelism) instead of splitting each by TP", negatable=True, emulated=False,
          ledger="enable_expert_parallel"),
-    # engine/arg_utils.py L1947-1953 (0.33.0; in every release from 0.18.1): the kernel of a Gated DeltaNet layer's
-    # prefill, of which only FlashInfer's takes a checkpoint block (theory/vllm/hybrid/kv_cache_spec.py)
+    # engine/arg_utils.py L1947-1953 (0.33.0; in every release read from 0.18.1, whose L1326-1332 takes flashinfer or
+    # triton only): the kernel of a Gated DeltaNet layer's prefill, of which only FlashInfer's takes a checkpoint
+    # block (theory/vllm/hybrid/kv_cache_spec.py; the ledger reads it from 0.33.0, the first release with one)
     Flag("gdn-prefill-backend", str, None, "a Gated DeltaNet layer's prefill kernel: flashinfer, triton, cutedsl "
          "(default: FlashInfer's where the GPU runs it, Triton/FLA elsewhere)", ledger="gdn_prefill_backend"),
     # gpu_worker.py (0.18.1 L397-399, 0.33.0 the same): no graph profiled in the memory window, none captured
