@@ -115,8 +115,13 @@ def repro_document(pr) -> dict | None:
     }
     if exp.policy:
         doc["policy"] = exp.policy
+    # the card by name where staging named one: the kernels vLLM picks by it move the pool's layout (a Gated
+    # DeltaNet layer's checkpoint block on a Hopper, none on an A100); the pool itself is the flag above
+    hardware = {"gpu": exp.hardware.name} if exp.hardware.name else {}
     if exp.hardware.gpu_count > 1:
-        doc["hardware"] = {"count": exp.hardware.gpu_count}
+        hardware["count"] = exp.hardware.gpu_count
+    if hardware:
+        doc["hardware"] = hardware
     doc |= {
         "flags": flags,
         "target": {"launch": "shadow", "time_model": {"step_ms": step_ms, "prefill_us_per_token": 1,

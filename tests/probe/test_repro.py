@@ -19,6 +19,7 @@ from kvprobe.engines.base import ReportedCapacity
 from kvprobe.errors import ConfigError
 from kvprobe.probe import repro
 from kvprobe.probe.result import ProbeOptions, ProbeResult
+from kvprobe.probe.run import predict
 from kvprobe.probe.state import ProbeRun
 from kvprobe.report.console import verdict_table
 from kvprobe.spec.expectation import load_expectations
@@ -75,6 +76,25 @@ def test_an_attached_vllm_probe_writes_a_shadow_expectation_with_the_reported_po
         rejection_point=24.24, uncertainty=0.74, preemptions=57.0,
         running={10: 9.9, 20: 19.7, 29: 24.2, 33: 24.4, 38: 24.1}, url="http://***@staging:8000",
         result=str((tmp_path / "result.json").resolve()))
+
+
+def test_the_card_staging_named_travels_with_the_file(tmp_path):
+    """Qwen3-Next in "align" mode on an A100: 544-token blocks, no GDN checkpoint block (FlashInfer's prefill only
+    on a Hopper). The replay names the card, so its shadow plans what staging's engine planned."""
+    exp = load_expectations(REPO / "expectations" / "emulated-vllm.yaml")[0]
+    exp = replace(exp, model="Qwen/Qwen3-Next-80B-A3B-Instruct",
+                  flags={"num-gpu-blocks-override": 40, "max-model-len": 4096, "max-num-seqs": 16,
+                         "max-num-batched-tokens": 512, "enable-prefix-caching": True, "block-size": 544},
+                  hardware=replace(exp.hardware, name="A100-80GB", capability="8.0"))
+    levels = [level(4, 4.0), level(9, 6.4, 3), level(11, 6.4, 5)]
+    pr = attached_run(tmp_path, exp, ReportedCapacity(num_blocks=40), levels, plateau(6.4, 0.2, [9, 11]))
+    repro.after_probe(pr)
+    (loaded,) = load_expectations(tmp_path / "repro.yaml")
+    assert (loaded.hardware.name, loaded.hardware.capability) == ("A100-80GB", "8.0")
+    assert predict(loaded).capacity.block_size == 544
+    # with no card named, a Hopper: the published 544 raised to lcm(544, FlashInfer's 64-token grid) = 1088
+    assert predict(replace(loaded, hardware=replace(loaded.hardware, name=None, capability=None))).capacity.block_size \
+        == 1088
 
 
 def test_an_sglang_pool_is_the_token_cap_and_a_private_model_travels_with_the_file(tmp_path):
