@@ -8,12 +8,12 @@ model (--step-ms, --prefill-us-per-token, --decode-us-per-seq), --seed, --fault,
 from __future__ import annotations
 
 import argparse
-import re
 
 from kvprobe.engines import get_dialect
 from kvprobe.releases import ENGINES
 from kvprobe.targets.emulator.faults import FAULTS
 from kvprobe.theory.sim.steptime import TimeModel
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import CAPABILITY_FORM
 
 _TM = TimeModel()
 # A packaged preset: `kvprobe probe --url` against the emulator finds the model's geometry by its
@@ -22,7 +22,7 @@ DEFAULT_MODEL = "meta-llama/Llama-3.1-8B"
 
 
 def _capability(text: str) -> str:
-    if not re.fullmatch(r"\d+\.\d+", text):
+    if not CAPABILITY_FORM.fullmatch(text):
         raise argparse.ArgumentTypeError(f"expected a compute capability such as 8.0 or 9.0, got {text!r}")
     return text
 

@@ -225,7 +225,7 @@ def inputs_from_args(args: argparse.Namespace, gpu=None):
         gpu_name=None if gpu is None or gpu.gpu is None else gpu.gpu.smi_name,
         gpu_arch=args.gpu_arch or (None if gpu is None or gpu.gpu is None else gpu.gpu.arch), estimates=estimates,
         gpu_sms=None if gpu is None or gpu.gpu is None else gpu.gpu.sms,
-        # an explicit --gpu-arch names the family the card's capability would: ARCH_CAPABILITY's then
+        # an explicit --gpu-arch names the family the card's capability would (kv_cache_spec.card_capability)
         gpu_capability=None if args.gpu_arch or gpu is None or gpu.gpu is None else gpu.gpu.capability,
         **request,
         **flag_ledger_kwargs(args.engine, given_flags(args), args.engine_version))

@@ -111,8 +111,6 @@ def preemptions_differ(ra: dict, rb: dict) -> bool:
     counts = [r["preemptions_per_deep_level"] * len(r["deep_levels"]) for r in (ra, rb)]
     steps = [r.get("deep_level_steps") for r in (ra, rb)]
     exposure = steps if None not in steps else [len(r["deep_levels"]) for r in (ra, rb)]
-    if not all(exposure):
-        return True  # nothing to weigh the counts by: a difference in state stands as seen
     total, big = round(sum(counts)), max((0, 1), key=lambda i: counts[i] / exposure[i])
     share = exposure[big] / sum(exposure)
     k = round(counts[big])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvprobe.spec.gpus import find_gpu
 from kvprobe.targets.emulator.faults import FAULTS
 
 CHECKS = ("rejection_point", "reported_capacity", "no_preemption", "leak", "usage_gap", "length_limit", "exactness")
@@ -103,7 +104,11 @@ class Hardware:
     gpu_count: int = 1
     name: str | None = None
     gpu_free_memory_bytes: int | None = None  # free when the engine starts (a shared card); None: all of it
-    capability: str | None = None  # the named card's compute capability (spec/gpus.py); None: none named
+
+    @property
+    def capability(self) -> str | None:
+        """The named card's compute capability (spec/gpus.py); None where no card is named."""
+        return None if self.name is None else find_gpu(self.name, key="hardware.gpu").capability
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def test_the_card_staging_named_travels_with_the_file(tmp_path):
     exp = replace(exp, model="Qwen/Qwen3-Next-80B-A3B-Instruct",
                   flags={"num-gpu-blocks-override": 40, "max-model-len": 4096, "max-num-seqs": 16,
                          "max-num-batched-tokens": 512, "enable-prefix-caching": True, "block-size": 544},
-                  hardware=replace(exp.hardware, name="A100-80GB", capability="8.0"))
+                  hardware=replace(exp.hardware, name="A100-80GB"))
     levels = [level(4, 4.0), level(9, 6.4, 3), level(11, 6.4, 5)]
     pr = attached_run(tmp_path, exp, ReportedCapacity(num_blocks=40), levels, plateau(6.4, 0.2, [9, 11]))
     repro.after_probe(pr)
@@ -93,7 +93,7 @@ def test_the_card_staging_named_travels_with_the_file(tmp_path):
     assert (loaded.hardware.name, loaded.hardware.capability) == ("A100-80GB", "8.0")
     assert predict(loaded).capacity.block_size == 544
     # with no card named, a Hopper: the published 544 raised to lcm(544, FlashInfer's 64-token grid) = 1088
-    assert predict(replace(loaded, hardware=replace(loaded.hardware, name=None, capability=None))).capacity.block_size \
+    assert predict(replace(loaded, hardware=replace(loaded.hardware, name=None))).capacity.block_size \
         == 1088
 
 

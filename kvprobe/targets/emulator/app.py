@@ -32,7 +32,7 @@ from kvprobe.theory.sim.steptime import TimeModel
 from kvprobe.theory.vllm.budget import plan_kv_tokens
 from kvprobe.theory.vllm.hybrid.groups import sched_groups
 from kvprobe.theory.vllm.hybrid.kv_cache_planning import VllmKVPlan, vllm_kv_plan
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, gdn_prefill_backend
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, release_options
 from kvprobe.theory.vllm.releases import (
     WindowRules,
     active_seqs_refusal,
@@ -99,10 +99,8 @@ def hybrid_plan(model: str, flags: dict, blocks: int, async_scheduling: bool,
     rules = window_rules(version) if version else WindowRules()  # no version: the newest release's rules
     opts = VllmOptions(cache_dtype=flags.get("kv-cache-dtype") or "auto", block_size=flags["block-size"],
                        max_num_batched_tokens=flags["max-num-batched-tokens"], async_scheduling=async_scheduling,
-                       enable_prefix_caching=bool(flags["enable-prefix-caching"]), window_in_flight=rules.in_flight,
-                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block,
-                       gdn_prefill_backend=gdn_prefill_backend(geom, flags.get("gdn-prefill-backend"),
-                                                               capability, checkpoints=rules.mamba_checkpoints))
+                       enable_prefix_caching=bool(flags["enable-prefix-caching"]),
+                       **release_options(rules, geom, flags.get("gdn-prefill-backend"), capability))
     return vllm_kv_plan(geom, max_model_len=flags["max-model-len"], num_gpu_blocks_override=blocks, opts=opts,
                         refuse=False)
 

@@ -34,7 +34,7 @@ from kvprobe.theory.sglang.swa.request import FULL_POOL, window_pool_label
 from kvprobe.theory.vllm.batch import vllm_batch_sizes
 from kvprobe.theory.vllm.budget import vllm_budget
 from kvprobe.theory.vllm.hybrid.groups import group_label, group_layers, sched_groups
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import ARCH_CAPABILITY, VllmOptions, gdn_prefill_backend
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, card_capability, release_options
 from kvprobe.theory.vllm.releases import (
     active_seqs_refusal,
     default_block_size,
@@ -119,11 +119,6 @@ def _derived_len(inputs: LedgerInputs, geom: ModelGeometry, asked: int | None, k
     return asked
 
 
-def _capability(inputs: LedgerInputs) -> str:
-    """The card's compute capability: declared, or its family's (a Hopper's where neither is)."""
-    return inputs.gpu_capability or ARCH_CAPABILITY[inputs.gpu_arch or DEFAULT_GPU_ARCH]
-
-
 def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = True) -> Ledger:
     geom = model.geometry
     version = inputs.engine_version or VLLM_DEFAULT_VERSION
@@ -158,11 +153,8 @@ def _build_vllm(inputs: LedgerInputs, model: ModelSection, *, refuse: bool = Tru
         plan_opts = VllmOptions(cache_dtype=inputs.kv_cache_dtype, block_size=inputs.block_size or
                                 default_block_size(version), tp=inputs.tp, pp=inputs.pp, max_num_batched_tokens=tokens,
                                 async_scheduling=bool(inputs.async_scheduling), enable_prefix_caching=caching,
-                                window_in_flight=window.in_flight, prefill_checkpoints=window.mamba_checkpoints,
-                                align_on_given_block=window.align_on_given_block,
-                                gdn_prefill_backend=gdn_prefill_backend(
-                                    geom, inputs.gdn_prefill_backend, _capability(inputs),
-                                    checkpoints=window.mamba_checkpoints))
+                                **release_options(window, geom, inputs.gdn_prefill_backend,
+                                                  card_capability(inputs.gpu_capability, inputs.gpu_arch)))
     bud = vllm_budget(
         geom, model.kv, weights=model.weight_bytes, gpu_memory_bytes=inputs.gpu_memory_bytes,
         max_model_len=max_len, gpu_memory_utilization=inputs.gpu_memory_utilization, version=version,

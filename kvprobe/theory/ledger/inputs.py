@@ -4,12 +4,12 @@ the scheduler, the request shape), as a face writes it ("24GiB", "8k", "auto"), 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 
 from kvprobe.errors import ConfigError
 from kvprobe.releases import ENGINES
 from kvprobe.theory.model.mxfp4 import GPU_ARCHS
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import CAPABILITY_FORM
 from kvprobe.units import parse_bytes, parse_count
 
 
@@ -89,7 +89,7 @@ def validate(inp: LedgerInputs) -> None:
         _positive(name, getattr(inp, name), allow_none=False)
     if inp.gpu_arch is not None and inp.gpu_arch not in GPU_ARCHS:
         raise ConfigError(f"expected one of {', '.join(GPU_ARCHS)}, got {inp.gpu_arch!r}", key="gpu_arch")
-    if inp.gpu_capability is not None and not re.fullmatch(r"\d+\.\d+", str(inp.gpu_capability)):
+    if inp.gpu_capability is not None and not CAPABILITY_FORM.fullmatch(str(inp.gpu_capability)):
         raise ConfigError(f"expected a compute capability such as 8.0 or 9.0, got {inp.gpu_capability!r}",
                           key="gpu_capability")
     for name in ("block_size", "page_size", "context_length", "max_num_seqs", "max_num_active_seqs",

@@ -48,7 +48,7 @@ from kvprobe.targets.shadow.vllm import compat
 from kvprobe.theory.model.geometry import ModelGeometry, geometry_from_config, weight_bytes
 from kvprobe.theory.model.layers import LINEAR
 from kvprobe.theory.vllm import budget
-from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, gdn_prefill_backend, vllm_layer_specs
+from kvprobe.theory.vllm.hybrid.kv_cache_spec import VllmOptions, release_options, vllm_layer_specs
 from kvprobe.theory.vllm.releases import default_block_size, window_rules
 
 INDEXER_QUANT_BLOCK = 128  # Indexer.quant_block_size (deepseek_v2.py L724): one fp32 scale per 128
@@ -254,12 +254,10 @@ def hybrid_options(vllm_config: VllmConfig, block_size: int, geom: ModelGeometry
                        pp=pc.pipeline_parallel_size, max_num_batched_tokens=sc.max_num_batched_tokens,
                        async_scheduling=bool(sc.async_scheduling), enable_prefix_caching=bool(cc.enable_prefix_caching),
                        mamba_cache_dtype=cc.mamba_cache_dtype, mamba_ssm_cache_dtype=cc.mamba_ssm_cache_dtype,
-                       # what the release's GDN layer puts in its spec (a GPU layer's code, not run here)
-                       prefill_checkpoints=rules.mamba_checkpoints, align_on_given_block=rules.align_on_given_block,
+                       # what the release's GDN layer puts in its spec (a GPU layer's code, not run here), with
                        # --gdn-prefill-backend as the engine parsed it (engine/arg_utils.py L2865-2866 in 0.33.0)
-                       gdn_prefill_backend=gdn_prefill_backend(
-                           geom, (vllm_config.additional_config or {}).get("gdn_prefill_backend"), capability,
-                           checkpoints=rules.mamba_checkpoints))
+                       **release_options(rules, geom, (vllm_config.additional_config or {}).get("gdn_prefill_backend"),
+                                         capability))
 
 
 def hybrid_kv_cache_spec(vllm_config: VllmConfig, geom: ModelGeometry, block_size: int,

@@ -27,11 +27,13 @@ How the planner groups these specs into one block pool is `kvprobe.theory.vllm.h
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from kvprobe.errors import ConfigError
 from kvprobe.theory.model.geometry import ModelGeometry, kv_bytes_per_token
 from kvprobe.theory.model.layers import CHUNKED, FULL, LINEAR, SLIDING
+from kvprobe.theory.model.mxfp4 import DEFAULT_GPU_ARCH
 from kvprobe.theory.model.sizes import DTYPE_BYTES, cdiv
 
 FULL_SPEC, SLIDING_SPEC = "FullAttentionSpec", "SlidingWindowSpec"
@@ -143,8 +145,14 @@ class VllmOptions:
 
 # --gdn-prefill-backend's choices (engine/arg_utils.py L1947-1953 in 0.33.0); None (auto): the platform's choice
 GDN_PREFILL_BACKENDS = ("flashinfer", "triton", "cutedsl", "aiter_flydsl", "sycl")
-HOPPER = "9.0"  # the compute capability the ledger assumes where no card is declared (its default, sm90)
 ARCH_CAPABILITY = {"sm89": "8.9", "sm90": "9.0", "sm100": "10.0"}  # the ledger's --gpu-arch families
+HOPPER = ARCH_CAPABILITY[DEFAULT_GPU_ARCH]  # where no card is declared: the ledger's default family
+CAPABILITY_FORM = re.compile(r"\d+\.\d+")  # "major.minor", as deviceQuery and torch print it
+
+
+def card_capability(capability: str | None, arch: str | None) -> str:
+    """The card's compute capability: declared, else its family's (--gpu-arch), else HOPPER."""
+    return capability or ARCH_CAPABILITY[arch or DEFAULT_GPU_ARCH]
 
 
 def resolve_gdn_prefill_backend(requested: str | None, capability: str | None, head_k_dim: int | None) -> str:
@@ -174,13 +182,15 @@ def resolve_gdn_prefill_backend(requested: str | None, capability: str | None, h
     return "triton"
 
 
-def gdn_prefill_backend(geom: ModelGeometry, requested: str | None, capability: str | None, *,
-                        checkpoints: bool) -> str:
-    """A model's GDN prefill kernel where it moves the pool: GDN layers on a release whose layer takes a
-    checkpoint block with FlashInfer's kernel (`checkpoints`: WindowRules.mamba_checkpoints); else the default."""
-    if not (checkpoints and geom.layers.linear):
-        return VllmOptions.gdn_prefill_backend
-    return resolve_gdn_prefill_backend(requested, capability, geom.layers.linear.head_k_dim)
+def release_options(rules, geom: ModelGeometry, requested: str | None = None, capability: str | None = None) -> dict:
+    """The VllmOptions fields a release's rules set (theory/vllm/releases.py WindowRules), and the GDN prefill
+    kernel where it moves the pool (GDN layers on a release whose layer takes a checkpoint block with it): the one
+    place the ledger, the emulator and the shadow worker take them. `requested`: --gdn-prefill-backend."""
+    checkpoints = rules.mamba_checkpoints
+    kernel = (resolve_gdn_prefill_backend(requested, capability, geom.layers.linear.head_k_dim)
+              if checkpoints and geom.layers.linear else VllmOptions.gdn_prefill_backend)
+    return {"window_in_flight": rules.in_flight, "prefill_checkpoints": checkpoints,
+            "align_on_given_block": rules.align_on_given_block, "gdn_prefill_backend": kernel}
 
 
 def _checkpoints(opts: VllmOptions) -> bool:
