@@ -1,4 +1,4 @@
-"""`kvprobe diff EXPECTATION.yaml --versions A,B[,C...] [--json] [--artifacts DIR]` — the same
+"""`kvprobe diff EXPECTATION.yaml --versions A,B[,C...] [--repeat N] [--json] [--artifacts DIR]` — the same
 expectation probed on several releases of its engine, and what changed between consecutive ones
 (kvprobe.probe.diff).
 
@@ -36,6 +36,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--budget", type=float, help="time budget per release's probe in seconds")
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable): a move within it is no change")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each release N times in a row (default 1): a change must then show between every run "
+                   "of one release and every run of the next, and what moves between one release's own runs is "
+                   "printed as its noise (a preempting shape can settle differently from run to run)")
     p.add_argument("--install", action="store_true",
                    help="build a missing shadow engine environment (a target `launch: shadow`) instead of refusing")
     p.set_defaults(func=run)
@@ -72,6 +76,8 @@ def _run(args) -> int:
     from kvprobe.report.diff import plot_diff, render_diff
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
 
+    if args.repeat < 1:
+        raise ConfigError(f"expected a whole number of runs per release >= 1, got {args.repeat}", key="--repeat")
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     tolerances = tolerance_overrides(args.tolerance)
@@ -95,7 +101,7 @@ def _run(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     root = Path(args.artifacts)
     options = DiffOptions(artifacts_dir=root, install=args.install, tolerances=tolerances,
-                          budget_seconds=args.budget, profile=args.profile,
+                          budget_seconds=args.budget, profile=args.profile, repeat=args.repeat,
                           log=lambda line: print(line, file=out, flush=True))
     diff = run_diff(exp, versions, options)
     doc = {"expectation": {"name": exp.name, "path": str(exp.path), "engine": exp.engine}, **diff.to_dict()}

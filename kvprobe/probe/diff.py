@@ -9,6 +9,8 @@ ledger's simulated rate, beside the count per level), the usage gauge at saturat
 binding limit. Between consecutive releases every figure that moved beyond the expectation's
 tolerance is a change (`find_changes`); it is explained when the ledger's own figure, under each
 release's rules, moved the same way beyond the same tolerance, and named with the rule that changed.
+With each release run several times (`repeat`), a change must show between every run of one release
+and every run of the next, and what moved between one release's own runs is reported as its noise.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvprobe.errors import ConfigError, KvprobeError
-from kvprobe.probe.diff_changes import find_changes
+from kvprobe.probe.diff_changes import find_changes, find_noise
 from kvprobe.probe.diff_explain import memory_figures
 from kvprobe.releases import normalize_version
 
@@ -36,6 +38,7 @@ class DiffOptions:
     tolerances: dict[str, float] = field(default_factory=dict)
     budget_seconds: float | None = None
     profile: str | None = None
+    repeat: int = 1  # runs per release, in a row: what moves between them is the measurement's own spread
     log: Callable[[str], None] = lambda line: None
 
 
@@ -44,6 +47,8 @@ class DiffResult:
     versions: list[str]  # one label per release run, in order (a version given twice: `0.33.0#2`)
     results: dict[str, dict]
     changes: list[dict]
+    repeat: int = 1  # runs per release (`versions` holds each release's runs in a row)
+    noise: list[dict] = field(default_factory=list)  # figures that moved between one release's own runs
 
     @property
     def exit_code(self) -> int:
@@ -54,7 +59,8 @@ class DiffResult:
         return UNCHANGED
 
     def to_dict(self) -> dict:
-        return {"versions": self.versions, "results": self.results, "changes": self.changes}
+        return {"versions": self.versions, "results": self.results, "changes": self.changes,
+                "repeat": self.repeat, "noise": self.noise}
 
 
 def parse_versions(text: str) -> list[str]:
@@ -123,14 +129,19 @@ def run_diff(exp, versions: list[str], options: DiffOptions) -> DiffResult:
     """Every release checked first (nothing is launched for a bad one), then probed in order."""
     from kvprobe.probe.run import apply_overrides
 
+    if options.repeat < 1:
+        raise ConfigError(f"expected a whole number of runs per release >= 1, got {options.repeat}", key="--repeat")
     checked = [check_release(exp, v, install=options.install, log=options.log) for v in versions]
+    checked = [v for v in checked for _ in range(options.repeat)]
     runs = labels(checked)
     results = {}
     for label, version in zip(runs, checked, strict=True):
-        options.log(f"kvprobe diff: {exp.name} on {exp.engine} {version}")
+        run = "" if label == version else f" (run {label})"
+        options.log(f"kvprobe diff: {exp.name} on {exp.engine} {version}{run}")
         results[label] = run_release(with_version(exp, version), options, Path(options.artifacts_dir) / label)
     tol = apply_overrides(exp, _probe_options(options, Path(options.artifacts_dir))).tolerances
-    return DiffResult(runs, results, find_changes(runs, results, tol))
+    return DiffResult(runs, results, find_changes(runs, results, tol, repeat=options.repeat), repeat=options.repeat,
+                      noise=find_noise(runs, results, tol, repeat=options.repeat))
 
 
 def _probe_options(options: DiffOptions, artifacts: Path):

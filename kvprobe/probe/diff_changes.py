@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import combinations
 
 from kvprobe.probe.diff_explain import explanation
 from kvprobe.spec.schema import CHANGE_KEYS
@@ -15,22 +16,50 @@ from kvprobe.spec.schema import CHANGE_KEYS
 UNEXPLAINED = "unexplained: the theory has no rule for this change"
 
 
-def find_changes(runs: list[str], results: dict[str, dict], tol) -> list[dict]:
-    """Between consecutive releases: each figure that moved beyond tolerance, explained or not."""
+def release_groups(runs: list[str], repeat: int = 1) -> list[list[str]]:
+    """The runs of each release: `repeat` consecutive runs each (`kvprobe diff --repeat`), in order."""
+    if repeat < 1 or len(runs) % repeat:
+        raise ValueError(f"{len(runs)} runs do not split into releases of {repeat} runs each")
+    return [runs[i:i + repeat] for i in range(0, len(runs), repeat)]
+
+
+def find_changes(runs: list[str], results: dict[str, dict], tol, *, repeat: int = 1) -> list[dict]:
+    """Between consecutive releases: each figure that moved beyond tolerance, explained or not. A release
+    run `repeat` times changed a figure only when every run of it shows the move against every run of
+    the next: a move the runs of one release make among themselves (`find_noise`) is not the release's."""
     changes = []
-    for a, b in zip(runs, runs[1:], strict=False):
-        ra, rb = results[a], results[b]
+    groups = release_groups(runs, repeat)
+    for ga, gb in zip(groups, groups[1:], strict=False):
         for quantity in QUANTITIES:
-            moved = quantity.moved(ra, rb, tol)
-            if moved is None or not moved:
+            moves = {(a, b): quantity.moved(results[a], results[b], tol) for a in ga for b in gb}
+            pairs = [ab for ab, moved in moves.items() if moved is not None]  # both runs measured it
+            if not pairs or not all(moves[ab] for ab in pairs):
                 continue
+            a, b = min(pairs, key=lambda ab: quantity.distance(results[ab[0]], results[ab[1]]))
+            ra, rb = results[a], results[b]
             explained = quantity.ledger_moved(ra, rb, tol)
-            changes.append({"from": a, "to": b, "quantity": quantity.name, "key": quantity.key,
-                            "measured": [quantity.measured(ra), quantity.measured(rb)],
-                            "ledger": [quantity.ledger(ra), quantity.ledger(rb)],
-                            "policies": [ra["policy"], rb["policy"]], "explained": bool(explained),
-                            "explanation": explanation(ra, rb, quantity.key, tol) if explained else UNEXPLAINED})
+            change = {"from": ga[0], "to": gb[0], "quantity": quantity.name, "key": quantity.key,
+                      "measured": [quantity.measured(ra), quantity.measured(rb)],
+                      "ledger": [quantity.ledger(ra), quantity.ledger(rb)],
+                      "policies": [ra["policy"], rb["policy"]], "explained": bool(explained),
+                      "explanation": explanation(ra, rb, quantity.key, tol) if explained else UNEXPLAINED}
+            if repeat > 1:  # every run's figure; `measured` is the closest pair's
+                change["runs"] = [[quantity.measured(results[r]) for r in g] for g in (ga, gb)]
+            changes.append(change)
     return changes
+
+
+def find_noise(runs: list[str], results: dict[str, dict], tol, *, repeat: int = 1) -> list[dict]:
+    """Within each release run more than once: each figure that moved beyond tolerance from one of its runs
+    to another. The same code on the same shape, so the move is the run-to-run spread of the measurement
+    (a preempting shape settling into another regime), the floor below which no release change can be told."""
+    noise = []
+    for group in release_groups(runs, repeat):
+        for quantity in QUANTITIES:
+            if any(quantity.moved(results[a], results[b], tol) for a, b in combinations(group, 2)):
+                noise.append({"release": group[0], "runs": list(group), "quantity": quantity.name,
+                              "key": quantity.key, "measured": [quantity.measured(results[r]) for r in group]})
+    return noise
 
 
 @dataclass(frozen=True)
@@ -77,6 +106,11 @@ class Quantity:
             return None
         base = a if self.follows is None else a * self.follows(ra, rb, False)
         return abs(b - base) - self.spread(ra, rb) > self.allowance(tol, base, b) + 1e-9
+
+    def distance(self, ra: dict, rb: dict) -> float:
+        """How far two runs' figures lie apart (a "state" that differs: no distance to rank)."""
+        a, b = self.measured(ra), self.measured(rb)
+        return abs(b - a) if self.kind == "number" and a is not None and b is not None else 0.0
 
     def ledger_moved(self, ra: dict, rb: dict, tol) -> bool:
         """The ledger's figure moved as the measurement did: to the same new state, or the same

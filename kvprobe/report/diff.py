@@ -96,10 +96,17 @@ def diff_table(diff, *, title: str) -> str:
 
 
 def change_line(change: dict) -> str:
-    a, b = change["measured"]
+    # with repeated runs, every run's figure on each side
+    sides = change["runs"] if "runs" in change else [[x] for x in change["measured"]]
+    a, b = (", ".join(map(_show, side)) for side in sides)
     la, lb = change["ledger"]
-    return (f"{change['from']} -> {change['to']}: {change['quantity']} {_show(a)} -> {_show(b)} "
+    return (f"{change['from']} -> {change['to']}: {change['quantity']} {a} -> {b} "
             f"(ledger {_show(la)} -> {_show(lb)}); {change['explanation']}")
+
+
+def noise_line(noise: dict) -> str:
+    figures = ", ".join(map(_show, noise["measured"]))
+    return f"{noise['release']} ({', '.join(noise['runs'])}): {noise['quantity']} {figures}"
 
 
 def _show(x) -> str:
@@ -117,11 +124,16 @@ def render_diff(diff, exp) -> str:
             out.append(wrap_line(f"{label} {r['startup']}: {r['refusal']}"))
         elif r["status"] == "error":
             out.append(wrap_line(f"{label} could not be measured: {r['reason']}"))
+    if diff.noise:
+        out.append("noise (one release's own runs apart beyond the tolerances; no move that small between releases "
+                   "is called a change):")
+        out += [wrap_line(f"  {noise_line(n)}") for n in diff.noise]
+    every = " (each seen between every run of one release and every run of the next)" if diff.repeat > 1 else ""
     if diff.changes:
-        out.append("changes:")
+        out.append(f"changes{every}:")
         out += [wrap_line(f"  {change_line(c)}") for c in diff.changes]
     else:
-        out.append("changes: none beyond the expectation's tolerances")
+        out.append("changes: none beyond the expectation's tolerances" + every)
     out.append(f"artifacts: {', '.join(diff.results[v]['artifacts'] for v in diff.versions)}")
     return "\n".join(out)
 
