@@ -4,6 +4,8 @@ change. The figures are the ones two real shadow runs of one pair printed (docs/
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,21 +16,24 @@ from kvprobe.report.diff import change_line, render_diff
 from tests.cli.console import run
 from tests.probe.test_diff import TOL, VLLM_PAIR, figures
 
-# The Qwen3-Next Mamba cache-mode shape on a declared A100, vLLM 0.32.0 -> 0.33.0, run twice (2026-12-07): the
-# first pair's usage gauges 0.908 and 0.853 (0.32.0 preempting 26-27 times a deep level), the second's 0.899 and
-# 0.913; the rejection points 6.39 ± 0.22, 5.99 ± 0.10, then 6.34 ± 0.24, 6.45 ± 0.23; the ledger 87.8% on both.
+DATA = Path(__file__).resolve().parents[1] / "data" / "diff"
+
+# The Qwen3-Next Mamba cache-mode shape on a declared A100, vLLM 0.32.0 -> 0.33.0, run twice on 2026-12-07 (the
+# figures docs/diff.md keeps): the first pair's usage gauges 0.908 and 0.853 (0.32.0 preempting 26.5 times a deep
+# level; 0.33.0's count not kept), the second's 0.899 and 0.913 (6.5 and 7.0); the rejection points 6.39 ± 0.22,
+# 5.99 ± 0.10, then 6.34 ± 0.24, 6.45 ± 0.23; the ledger 6.13 and 87.8% on both.
 A100 = {
     "0.32.0": figures(version="0.32.0", usage_at_saturation=0.908, rejection_point=6.39, uncertainty=0.22,
-                      predicted_usage=0.878, preemptions_per_deep_level=26.5),
+                      preemptions_per_deep_level=26.5),
     "0.32.0#2": figures(version="0.32.0", usage_at_saturation=0.899, rejection_point=6.34, uncertainty=0.24,
-                        predicted_usage=0.878, preemptions_per_deep_level=6.5),
+                        preemptions_per_deep_level=6.5),
     "0.33.0": figures(version="0.33.0", usage_at_saturation=0.853, rejection_point=5.99, uncertainty=0.10,
-                      predicted_usage=0.878, preemptions_per_deep_level=7.0),
+                      preemptions_per_deep_level=None),
     "0.33.0#2": figures(version="0.33.0", usage_at_saturation=0.913, rejection_point=6.45, uncertainty=0.23,
-                        predicted_usage=0.878, preemptions_per_deep_level=7.0),
+                        preemptions_per_deep_level=7.0),
 }
 for _r in A100.values():
-    _r.update(predicted=6.13, preemptions_per_1k_steps=None)
+    _r.update(predicted=6.13, predicted_usage=0.878, preemptions_per_1k_steps=None)
 
 
 def test_one_run_each_calls_the_gauges_regime_a_change():
@@ -78,6 +83,18 @@ def test_a_run_that_could_not_measure_a_figure_leaves_the_pairings_that_did():
     # at 0.853 the pairing with 0.899 (0.046) is within the gap: no change
     results["0.33.0"]["usage_at_saturation"] = 0.853
     assert "usage" not in {c["key"] for c in find_changes(runs, results, TOL, repeat=2)}
+
+
+def test_the_real_engines_four_runs_of_the_pair_change_nothing_and_make_no_noise():
+    # the same pair on the real 0.32.0 and 0.33.0 shadows with --repeat 2 (docs/diff.md): what the CLI wrote
+    doc = json.loads((DATA / "vllm-a100-mamba-repeat2.json").read_text())
+    runs, results = doc["versions"], doc["results"]
+    assert runs == ["0.32.0", "0.32.0#2", "0.33.0", "0.33.0#2"] and doc["repeat"] == 2
+    assert find_changes(runs, results, TOL, repeat=2) == doc["changes"] == []
+    assert find_noise(runs, results, TOL, repeat=2) == doc["noise"] == []
+    # the widest pairing, 0.32.0#2's 0.909 against 0.33.0#2's 0.862, came within 0.003 of the usage gap
+    usage = [results[r]["usage_at_saturation"] for r in runs]
+    assert 0.045 < max(usage[:2]) - min(usage[2:]) < TOL.usage_gap
 
 
 def test_runs_split_into_releases_of_repeat_each():
