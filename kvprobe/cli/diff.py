@@ -36,8 +36,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--budget", type=float, help="time budget per release's probe in seconds")
     p.add_argument("--tolerance", action="append", default=[], metavar="NAME=VALUE",
                    help="override one tolerance, e.g. rejection_point=2 (repeatable): a move within it is no change")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="run each release N times in a row (default 1): a change must then show between every run "
+    p.add_argument("--repeat", type=int, metavar="N",
+                   help="run each release N times in a row (default: the expectation's `repeat:`, else 1): a change "
+                   "must then show between every run "
                    "of one release and every run of the next, and what moves between one release's own runs is "
                    "printed as its noise (a preempting shape can settle differently from run to run)")
     p.add_argument("--install", action="store_true",
@@ -76,7 +77,7 @@ def _run(args) -> int:
     from kvprobe.report.diff import plot_diff, render_diff
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
 
-    if args.repeat < 1:
+    if args.repeat is not None and args.repeat < 1:
         raise ConfigError(f"expected a whole number of runs per release >= 1, got {args.repeat}", key="--repeat")
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
@@ -101,7 +102,8 @@ def _run(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     root = Path(args.artifacts)
     options = DiffOptions(artifacts_dir=root, install=args.install, tolerances=tolerances,
-                          budget_seconds=args.budget, profile=args.profile, repeat=args.repeat,
+                          budget_seconds=args.budget, profile=args.profile,
+                          repeat=exp.repeat if args.repeat is None else args.repeat,
                           log=lambda line: print(line, file=out, flush=True))
     diff = run_diff(exp, versions, options)
     doc = {"expectation": {"name": exp.name, "path": str(exp.path), "engine": exp.engine}, **diff.to_dict()}

@@ -122,7 +122,8 @@ def with_version(exp, version: str, label: str | None = None):
     """The same expectation on another release (its ledger and its target follow the version);
     with a label, named after it (`NAME@0.11.0`: its own probe and artifacts in pytest)."""
     name = exp.name if label is None else f"{exp.name}@{label}"
-    return dataclasses.replace(exp, version=normalize_version(version), name=name, versions=(), expect_change=())
+    return dataclasses.replace(exp, version=normalize_version(version), name=name, versions=(), expect_change=(),
+                               repeat=1)
 
 
 def run_diff(exp, versions: list[str], options: DiffOptions) -> DiffResult:

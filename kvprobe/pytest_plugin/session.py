@@ -226,12 +226,13 @@ class KvprobeItem(_ReportedItem):
 
 def release_expectations(exp) -> list:
     """`versions: [A, B]`: the expectation once per release, named `NAME@A` (its own probe and
-    artifacts); without it, the expectation itself."""
+    artifacts), or `repeat` times in a row (`NAME@A`, `NAME@A#2`); without it, the expectation itself."""
     if not exp.versions:
         return [exp]
     from kvprobe.probe.diff import labels, with_version
 
-    return [with_version(exp, v, label) for v, label in zip(exp.versions, labels(list(exp.versions)), strict=True)]
+    runs = [v for v in exp.versions for _ in range(exp.repeat)]
+    return [with_version(exp, v, label) for v, label in zip(runs, labels(runs), strict=True)]
 
 
 class ChangeItem(_ReportedItem):
@@ -251,8 +252,8 @@ class ChangeItem(_ReportedItem):
         from dataclasses import replace
 
         from kvprobe.probe.diff import release_figures
-        from kvprobe.probe.diff_changes import find_changes
-        from kvprobe.report.diff import change_line
+        from kvprobe.probe.diff_changes import find_changes, find_noise
+        from kvprobe.report.diff import change_line, noise_line
 
         session = self.config._kvprobe
         runs = [one.name.rpartition("@")[2] for one in self.releases]
@@ -263,14 +264,19 @@ class ChangeItem(_ReportedItem):
         figures = {run: release_figures(r, session.artifacts / one.name)
                    for run, one, r in zip(runs, self.releases, results, strict=True)}
         tol = replace(self.expectation.tolerances, **session.options(self.expectation).tolerances)
-        changes = find_changes(runs, figures, tol)
+        repeat = self.expectation.repeat
+        changes = find_changes(runs, figures, tol, repeat=repeat)
+        noise = find_noise(runs, figures, tol, repeat=repeat)
         missing = [k for k in self.expectation.expect_change if k not in {c["key"] for c in changes}]
         if missing:
             seen = "\n".join(f"  {change_line(c)}" for c in changes) or "  none beyond the tolerances"
+            spread = "".join(f"\n  noise: {noise_line(n)}" for n in noise)
             raise CheckFailed(f"expected a change of {', '.join(missing)} between {' -> '.join(runs)}; "
-                              f"what changed:\n{seen}")
+                              f"what changed:\n{seen}{spread}")
         for c in changes:
             self.user_properties.append(("kvprobe_change", change_line(c)))
+        for n in noise:
+            self.user_properties.append(("kvprobe_noise", noise_line(n)))
 
 
 

@@ -46,7 +46,7 @@ from kvprobe.theory.model.geometry import PRESETS
 
 EXPECTATION_KEYS = ("name", "description", "enabled", "engine", "version", "policy", "model", "model_config",
                     "served_model_name", "flags", "hardware", "target", "profile", "tolerances", "checks",
-                    "expect_fail", "estimates", "staging", "versions", "expect_change")
+                    "expect_fail", "estimates", "staging", "versions", "expect_change", "repeat")
 REQUIRED_KEYS = ("engine", "version", "model", "target", "profile")
 
 
@@ -273,20 +273,21 @@ def _parse_expectation(node: Node, *, default_name: str | None, profile_dirs) ->
         policy=policy,
         staging=_parse_staging(keys["staging"]) if "staging" in keys else None,
     )
-    if "versions" in keys or "expect_change" in keys:
+    if "versions" in keys or "expect_change" in keys or "repeat" in keys:
         exp = dataclasses.replace(exp, **_parse_versions(keys, engine, policy))
     check_consistency(exp, node)
     return exp
 
 
 def _parse_versions(keys: dict, engine: str, policy: str | None) -> dict:
-    """`versions: [A, B]` (releases kvprobe has facts for; each release's own rule, so no `policy:`) and
-    `expect_change: [...]` (what must change between consecutive ones: kvprobe diff's figures)."""
+    """`versions: [A, B]` (releases kvprobe has facts for; each release's own rule, so no `policy:`),
+    `expect_change: [...]` (what must change between consecutive ones: kvprobe diff's figures) and
+    `repeat: N` (each release run N times: a change must show between every run of one and of the next)."""
     from kvprobe.spec.schema import CHANGE_KEYS
 
     if "versions" not in keys:
-        raise keys["expect_change"].error("`versions: [A, B]` beside it (a change is between releases)",
-                                          Shown("no versions"))
+        key = "expect_change" if "expect_change" in keys else "repeat"
+        raise keys[key].error("`versions: [A, B]` beside it (a change is between releases)", Shown("no versions"))
     node = keys["versions"]
     if policy is not None:
         raise node.error("no `policy:` beside it (each release's own rule is what is compared)", policy)
@@ -300,7 +301,8 @@ def _parse_versions(keys: dict, engine: str, policy: str | None) -> dict:
     if "expect_change" in keys:
         changes = tuple(n.choice(CHANGE_KEYS, what="a figure that changes, one of")
                         for n in keys["expect_change"].seq(nonempty=True, what="a list of figures"))
-    return {"versions": versions, "expect_change": changes}
+    repeat = keys["repeat"].integer(lo=1, what="a whole number of runs per release") if "repeat" in keys else 1
+    return {"versions": versions, "expect_change": changes, "repeat": repeat}
 
 
 def load_expectations(path: str | Path, *, profile_dirs=None) -> list[Expectation]:

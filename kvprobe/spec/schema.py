@@ -152,6 +152,7 @@ class Expectation:
     staging: StagingRecord | None = None  # a repro.yaml: what the attached probe it replays measured
     versions: tuple[str, ...] = ()  # `versions: [A, B]`: probed on each release (pytest: one item per release)
     expect_change: tuple[str, ...] = ()  # CHANGE_KEYS that must change between consecutive releases
+    repeat: int = 1  # `repeat: N`: each of `versions` run N times in a row (kvprobe diff --repeat)
 
     @property
     def served_name(self) -> str:

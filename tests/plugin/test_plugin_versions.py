@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from kvprobe.errors import ConfigError
+from kvprobe.pytest_plugin.session import release_expectations
 from kvprobe.spec.expectation import load_expectations
 from tests.plugin.conftest import REPO
 
@@ -19,9 +20,22 @@ def pair(**changes) -> str:
 
 def test_one_item_set_per_release_and_one_for_the_expected_change(kvp):
     (kvp.path / "expectations" / "pair.yaml").write_text(pair(expect_change=["preemptions"]))
-    out = kvp.runpytest("--collect-only", "-q").stdout.str()
+    # in a subprocess: an in-process run drops the modules it imported (numpy's among them), which the tests
+    # after it in this process cannot import again
+    out = kvp.runpytest_subprocess("--collect-only", "-q").stdout.str()
     for item in ("pair@0.11.0[rejection_point]", "pair@0.33.0[rejection_point]", "pair[expect_change]"):
         assert f"pair.yaml::{item}" in out
+
+
+def test_repeat_makes_a_probe_per_run_of_each_release(tmp_path):
+    # the expectations the plugin collects items for (loaded directly, as below)
+    path = tmp_path / "pair.yaml"
+    path.write_text(pair(expect_change=["preemptions"], repeat=2))
+    (exp,) = load_expectations(path)
+    runs = release_expectations(exp)
+    assert [r.name for r in runs] == ["pair@0.11.0", "pair@0.11.0#2", "pair@0.33.0", "pair@0.33.0#2"]
+    assert [r.version for r in runs] == ["0.11.0", "0.11.0", "0.33.0", "0.33.0"]
+    assert {r.repeat for r in runs} == {1} and not any(r.versions for r in runs)  # each run is one probe
 
 
 @pytest.mark.parametrize("changes, said", [
@@ -31,6 +45,10 @@ def test_one_item_set_per_release_and_one_for_the_expected_change(kvp):
     ({"versions": ["0.33.0"]}, "versions: expected two or more versions, got 1"),
     ({"expect_change": ["plateau"]}, "expect_change[0]: expected a figure that changes, one of"),
     ({"policy": "vllm-0.33"}, "versions: expected no `policy:` beside it"),
+    ({"repeat": 0}, "repeat: expected a whole number of runs per release >= 1, got 0"),
+    ({"repeat": "twice"}, "repeat: expected a whole number of runs per release"),
+    ({"repeat": 2, "versions": None},
+     "repeat: expected `versions: [A, B]` beside it (a change is between releases), got no versions"),
 ])
 def test_a_bad_versions_key_is_refused_naming_it(tmp_path, changes, said):
     # loaded directly: pytester's in-process runs cannot import the theory's compiled modules twice

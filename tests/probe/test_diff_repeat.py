@@ -9,7 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
+import kvprobe.probe.diff as diff
 from kvprobe.probe.diff import labels
 from kvprobe.probe.diff_changes import UNEXPLAINED, find_changes, find_noise, release_groups
 from kvprobe.report.diff import change_line, render_diff
@@ -114,3 +116,26 @@ def test_a_repeat_below_one_is_bad_input(capsys, tmp_path, repeat):
 
 def _with_artifacts(results: dict) -> dict:
     return {k: dict(r, artifacts=f"artifacts/{k}") for k, r in results.items()}
+
+
+def test_the_expectations_repeat_is_the_diffs_unless_the_command_line_says(capsys, tmp_path, monkeypatch):
+    # every release's probe replaced by its figures (no engine): what the command runs and writes
+    usage = iter([0.86, 0.87, 0.76, 0.75, 0.86, 0.76])
+    ran = []
+
+    def probe(exp, options, artifacts):
+        ran.append(artifacts.name)
+        return figures(version=exp.version, usage_at_saturation=next(usage), artifacts=str(artifacts))
+
+    monkeypatch.setattr(diff, "run_release", probe)
+    doc = yaml.safe_load(Path(VLLM_PAIR).read_text())
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(dict(doc, versions=["0.11.0", "0.33.0"], repeat=2), sort_keys=False))
+    rc, out, err = run(capsys, "diff", str(path), "--artifacts", str(tmp_path / "a"))
+    written = json.loads((tmp_path / "a" / "diff.json").read_text())
+    assert ran == ["0.11.0", "0.11.0#2", "0.33.0", "0.33.0#2"] and written["repeat"] == 2
+    assert rc == 1 and [c["runs"] for c in written["changes"]] == [[[0.86, 0.87], [0.76, 0.75]]], out + err
+    assert "0.11.0 -> 0.33.0: usage at saturation 0.86, 0.87 -> 0.76, 0.75" in out
+    ran.clear()
+    rc, out, err = run(capsys, "diff", str(path), "--repeat", "1", "--artifacts", str(tmp_path / "b"))
+    assert ran == ["0.11.0", "0.33.0"] and rc == 1, out + err
