@@ -125,8 +125,8 @@ def render_diff(diff, exp) -> str:
         elif r["status"] == "error":
             out.append(wrap_line(f"{label} could not be measured: {r['reason']}"))
     if diff.noise:
-        out.append("noise (one release's own runs apart beyond the tolerances; no move that small between releases "
-                   "is called a change):")
+        out.append("noise (one release's own runs, apart beyond the tolerances; a change is called only where every "
+                   "run of one release differs from every run of the next):")
         out += [wrap_line(f"  {noise_line(n)}") for n in diff.noise]
     every = " (each seen between every run of one release and every run of the next)" if diff.repeat > 1 else ""
     if diff.changes:
