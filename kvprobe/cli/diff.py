@@ -77,8 +77,6 @@ def _run(args) -> int:
     from kvprobe.report.diff import plot_diff, render_diff
     from kvprobe.spec.expectation import load_expectations, tolerance_overrides
 
-    if args.repeat is not None and args.repeat < 1:
-        raise ConfigError(f"expected a whole number of runs per release >= 1, got {args.repeat}", key="--repeat")
     if args.budget is not None and not args.budget > 0:
         raise ConfigError(f"expected a time budget in seconds > 0, got {args.budget:g}", key="--budget")
     tolerances = tolerance_overrides(args.tolerance)

@@ -168,8 +168,8 @@ def parse_hardware(node: Node) -> Hardware:
     free = gpu_free_memory(keys["gpu_free_memory"].value if "gpu_free_memory" in keys else None, total=said,
                            key=f"{prefix}gpu_free_memory", file=node.file)
     count = keys["count"].integer(lo=1, hi=4096, what="a number of GPUs") if "count" in keys else 1
-    return Hardware(None if said is None else said.total_bytes, count, said.gpu.name if said and said.gpu else name,
-                    free)
+    card = said.gpu if said else None  # a name given is a known card's (gpu_memory refuses any other)
+    return Hardware(None if said is None else said.total_bytes, count, card.name if card else None, free)
 
 
 def check_consistency(exp: Expectation, node: Node) -> None:
